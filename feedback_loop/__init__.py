@@ -1,0 +1,1 @@
+"""Predictions joined with labels into versioned snapshots; skew and consistency monitors."""

@@ -1,0 +1,6 @@
+"""Loopline's local stack: a real Kafka broker (KRaft), Redis and the Flink runtime + connector.
+
+Services are started as child processes detached from the caller, each with a pid file, a
+log file and a data directory, so that the stack outlives the command that started it.
+This package imports nothing else of Loopline's; it takes every path, port and limit as an argument.
+"""

@@ -1,0 +1,142 @@
+"""A single-node Apache Kafka broker in KRaft mode (combined broker + controller), run from Maven jars."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+from pathlib import Path
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient
+
+from infra.errors import StackError
+from infra.jars import kafka_jars_dir, pinned_versions, require_tool
+from infra.service import ManagedService
+
+NODE_ID = 1
+_LOG4J_CONFIG = Path(__file__).with_name("kafka-log4j2.properties")
+
+
+class KafkaBroker(ManagedService):
+    """Apache Kafka, storage formatted on first start; its data survives stop/start."""
+
+    name = "kafka"
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        controller_port: int,
+        data_dir: Path,
+        jars_dir: Path,
+        run_dir: Path,
+        log_dir: Path,
+        heap_mb: int = 512,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        super().__init__(run_dir, log_dir, start_timeout_s)
+        self.host, self.port, self.controller_port = host, port, controller_port
+        self.data_dir = data_dir / "kafka"
+        self.jars_dir = jars_dir
+        self.heap_mb = heap_mb
+        self.config_file = run_dir / "kafka-server.properties"
+        self.cluster_id_file = data_dir / "kafka-cluster-id"
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def ports(self) -> dict[str, tuple[str, int]]:
+        return {"listener": (self.host, self.port), "controller": (self.host, self.controller_port)}
+
+    def version(self) -> str:
+        return pinned_versions().kafka
+
+    def _java(self, main_class: str, *args: str, heap_mb: int = 256) -> list[str]:
+        java = require_tool("java", "openjdk-17-jre-headless")
+        classpath = kafka_jars_dir(self.jars_dir)
+        if not classpath.is_dir():
+            raise StackError(f"the Kafka jars are missing from {classpath}", "run `loopline stack setup`")
+        return [
+            java,
+            f"-Xmx{heap_mb}m",
+            f"-Xms{min(heap_mb, 256)}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            f"-Dlog4j2.configurationFile={_LOG4J_CONFIG}",
+            "-cp",
+            f"{classpath}/*",
+            main_class,
+            *args,
+        ]
+
+    def command(self) -> list[str]:
+        return self._java("kafka.Kafka", str(self.config_file), heap_mb=self.heap_mb)
+
+    def _write_config(self) -> None:
+        controller = f"{self.host}:{self.controller_port}"
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": NODE_ID,
+            "controller.quorum.bootstrap.servers": controller,
+            "listeners": f"PLAINTEXT://{self.address},CONTROLLER://{controller}",
+            "advertised.listeners": f"PLAINTEXT://{self.address}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            "log.dirs": self.data_dir,
+            "num.partitions": 1,
+            # One node: internal topics cannot have more than one replica.
+            "offsets.topic.replication.factor": 1,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+            # A lone consumer should not wait 3 s for peers that will never join.
+            "group.initial.rebalance.delay.ms": 0,
+            "auto.create.topics.enable": "false",
+        }
+        self.config_file.parent.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
+
+    def prepare(self) -> None:
+        """Write the config; format storage on first start; refuse a data dir of another cluster."""
+        self._write_config()
+        meta = self.data_dir / "meta.properties"
+        cluster_id = self.cluster_id_file.read_text().strip() if self.cluster_id_file.exists() else None
+        if meta.exists():
+            found = dict(
+                line.split("=", 1) for line in meta.read_text().splitlines() if "=" in line and not line.startswith("#")
+            )
+            if cluster_id is None or found.get("cluster.id") != cluster_id or found.get("node.id") != str(NODE_ID):
+                raise StackError(
+                    f"stale Kafka data dir {self.data_dir} belongs to cluster {found.get('cluster.id')} "
+                    f"(node {found.get('node.id')}), not this stack's",
+                    "run `loopline stack down --wipe` (deletes that data) or set LOOPLINE_DATA_DIR elsewhere",
+                )
+            return
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._run_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_file), "--standalone")
+        self.cluster_id_file.write_text(cluster_id)
+
+    def _run_tool(self, main_class: str, *args: str) -> None:
+        result = subprocess.run(self._java(main_class, *args), capture_output=True, text=True)
+        if result.returncode != 0:
+            last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-2:])
+            raise StackError(f"formatting Kafka storage in {self.data_dir} failed: {last}", f"check {self.data_dir}")
+
+    def ready(self) -> bool:
+        """A real metadata request answered by this broker."""
+        # log_level 0: a broker that is still starting is expected, not worth a log line per poll.
+        admin = AdminClient({"bootstrap.servers": self.address, "socket.timeout.ms": 1000, "log_level": 0})
+        try:
+            metadata = admin.list_topics(timeout=1.0)
+        except KafkaException:
+            return False
+        return NODE_ID in metadata.brokers
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+        self.cluster_id_file.unlink(missing_ok=True)

@@ -1,0 +1,194 @@
+"""A local service run as a detached child process with a pid file, a log file and readiness checks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.errors import StackError
+
+_POLL_INTERVAL_S = 0.1
+
+
+@dataclass(frozen=True)
+class ServiceStatus:
+    """What ``stack status`` shows for one service."""
+
+    name: str
+    state: str
+    address: str
+    version: str
+    pid: int | None = None
+    detail: str = ""
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether something already accepts connections on host:port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def wait_until(condition, timeout_s: float, interval_s: float = _POLL_INTERVAL_S) -> bool:
+    """Poll ``condition()`` until it is true or ``timeout_s`` passes; return its last value."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval_s)
+
+
+def tail(path: Path, lines: int) -> list[str]:
+    """The last ``lines`` lines of a text file (empty if it does not exist)."""
+    if not path.exists():
+        return []
+    with path.open("rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        size = handle.tell()
+        handle.seek(max(0, size - 256 * 1024))
+        return handle.read().decode(errors="replace").splitlines()[-lines:]
+
+
+class ManagedService(ABC):
+    """A server process the stack starts, watches and stops.
+
+    Subclasses say how to prepare its data, which command runs it, which ports it binds and
+    how to tell that it really answers.
+    """
+
+    name: str
+
+    def __init__(self, run_dir: Path, log_dir: Path, start_timeout_s: float) -> None:
+        self.run_dir = run_dir
+        self.log_file = log_dir / f"{self.name}.log"
+        self.pid_file = run_dir / f"{self.name}.pid"
+        self.start_timeout_s = start_timeout_s
+
+    @property
+    @abstractmethod
+    def address(self) -> str:
+        """Where clients reach the service."""
+
+    @abstractmethod
+    def ports(self) -> dict[str, tuple[str, int]]:
+        """Every (host, port) the service binds, by purpose, with the setting that changes it."""
+
+    @abstractmethod
+    def command(self) -> list[str]:
+        """The argv that runs the service in the foreground."""
+
+    @abstractmethod
+    def ready(self) -> bool:
+        """Whether the service answers a real request (not merely whether its port is open)."""
+
+    @abstractmethod
+    def version(self) -> str:
+        """The version of the server software."""
+
+    def prepare(self) -> None:
+        """Create or check the data directory before the first start (default: nothing)."""
+
+    def wipe(self) -> None:
+        """Delete the service's data (default: nothing)."""
+
+    def pid(self) -> int | None:
+        """The pid of our running process, or None (a stale pid file is removed)."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except (ProcessLookupError, FileNotFoundError):
+            self.pid_file.unlink(missing_ok=True)
+            return None
+        if self.command()[0].rsplit("/", 1)[-1] not in cmdline:
+            self.pid_file.unlink(missing_ok=True)
+            return None
+        return pid
+
+    def start(self) -> bool:
+        """Start the service unless it already runs; wait until it answers.
+
+        Returns True if a process was started, False if it was already running and ready.
+        """
+        if self.pid() is not None:
+            if not wait_until(self.ready, self.start_timeout_s):
+                raise StackError(
+                    f"{self.name} runs (pid {self.pid()}) but does not answer at {self.address}",
+                    f"see {self.log_file}, or restart it with `loopline stack down && loopline stack up`",
+                )
+            return False
+        for purpose, (host, port) in self.ports().items():
+            if port_in_use(host, port):
+                raise StackError(
+                    f"port {port} ({self.name} {purpose}) on {host} is already used by another process",
+                    "stop that process, or choose another port (`loopline config` shows the settings)",
+                )
+        self.prepare()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_file.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            process = subprocess.Popen(
+                self.command(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.pid_file.write_text(str(process.pid))
+        if not wait_until(lambda: process.poll() is not None or self.ready(), self.start_timeout_s):
+            self.stop()
+            raise StackError(
+                f"{self.name} did not answer at {self.address} within {self.start_timeout_s:.0f} s",
+                f"see {self.log_file}",
+            )
+        if process.poll() is not None:
+            self.pid_file.unlink(missing_ok=True)
+            last = " | ".join(line.strip() for line in tail(self.log_file, 3))
+            raise StackError(f"{self.name} exited with code {process.returncode}: {last}", f"see {self.log_file}")
+        return True
+
+    def stop(self, timeout_s: float = 30.0) -> bool:
+        """Stop the service gracefully (SIGTERM, then SIGKILL). Returns False if it was not running."""
+        pid = self.pid()
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        if not wait_until(lambda: not _alive(pid), timeout_s):
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not _alive(pid), 5.0)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+    def status(self) -> ServiceStatus:
+        """Whether it runs and answers, where, and which version."""
+        pid = self.pid()
+        if pid is None:
+            state = "stopped"
+        else:
+            state = "ready" if self.ready() else "not answering"
+        return ServiceStatus(self.name, state, self.address, self.version(), pid, str(self.log_file))
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie child of ours is reaped and counts as dead)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")

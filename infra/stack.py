@@ -1,0 +1,66 @@
+"""The local stack as a whole: set up, bring up, stop and report on Kafka, Redis and Flink."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.flink import FlinkRuntime
+from infra.jars import ensure_jars
+from infra.kafka import KafkaBroker
+from infra.redis import RedisServer
+from infra.service import ManagedService, ServiceStatus
+from infra.system_packages import ensure_packages
+
+
+@dataclass(frozen=True)
+class StartReport:
+    """What ``up`` did for one service and how long it took."""
+
+    name: str
+    started: bool
+    seconds: float
+
+
+class LocalStack:
+    """Kafka (KRaft) + Redis as managed processes, and the embedded Flink runtime."""
+
+    def __init__(self, kafka: KafkaBroker, redis: RedisServer, flink: FlinkRuntime, jars_dir: Path) -> None:
+        self.kafka = kafka
+        self.redis = redis
+        self.flink = flink
+        self.jars_dir = jars_dir
+
+    @property
+    def services(self) -> tuple[ManagedService, ...]:
+        """The processes the stack runs, in start order."""
+        return (self.kafka, self.redis)
+
+    def setup(self) -> list[str]:
+        """Install missing Debian packages and fetch missing jars; return what was added."""
+        installed = ensure_packages()
+        fetched = ensure_jars(self.jars_dir)
+        return installed + [path.name for path in fetched]
+
+    def up(self) -> list[StartReport]:
+        """Start every service that is not running and wait until each answers. Idempotent."""
+        self.flink.check()
+        reports = []
+        for service in self.services:
+            began = time.monotonic()
+            started = service.start()
+            reports.append(StartReport(service.name, started, time.monotonic() - began))
+        return reports
+
+    def down(self, wipe: bool = False) -> list[str]:
+        """Stop every service (reverse order); with ``wipe`` also delete their data. Returns what was stopped."""
+        stopped = [service.name for service in reversed(self.services) if service.stop()]
+        if wipe:
+            for service in self.services:
+                service.wipe()
+        return stopped
+
+    def status(self) -> list[ServiceStatus]:
+        """One status row per service, the Flink runtime last."""
+        return [service.status() for service in self.services] + [self.flink.status()]

@@ -1,0 +1,1 @@
+"""Loopline's composition root: the one place that reads settings and wires the components."""

@@ -1,0 +1,141 @@
+"""The ``loopline`` command: the local stack, topics, schemas, the synthetic producer and the demo."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+from confluent_kafka import KafkaException
+from rich.console import Console
+
+from infra.errors import StackError
+from infra.service import tail
+from loopline.components import build_stack
+from loopline.produce import produce_stream
+from loopline.settings import Settings
+from loopline.views import stack_table, topics_table
+from schemas.compatibility import CompatibilityError, check_registered, register
+from schemas.topics import TOPICS
+from streams.producer import DeliveryError
+from streams.topics import TopicSpecError, apply_topics
+
+app = typer.Typer(help="Loopline: streaming-first real-time features and inference.", pretty_exceptions_enable=False)
+stack_app = typer.Typer(help="The local stack: Kafka (KRaft), Redis, Flink runtime.")
+topics_app = typer.Typer(help="Kafka topics from the specs in schemas/.")
+schemas_app = typer.Typer(help="Record contracts and their compatibility.")
+app.add_typer(stack_app, name="stack")
+app.add_typer(topics_app, name="topics")
+app.add_typer(schemas_app, name="schemas")
+
+console = Console()
+
+#: Errors the user can act on: printed as one line, never as a trace.
+USER_ERRORS = (StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError)
+
+
+def settings() -> Settings:
+    """The settings in force for this command."""
+    return Settings()
+
+
+@app.command("config")
+def show_config() -> None:
+    """Print the settings in force (override with LOOPLINE_* variables or a loopline.yaml)."""
+    console.print_json(settings().model_dump_json())
+
+
+@stack_app.command("setup")
+def stack_setup() -> None:
+    """Install missing Debian packages (as root) and fetch the pinned jars from Maven Central."""
+    added = build_stack(settings()).setup()
+    console.print(f"set up: {', '.join(added)}" if added else "set up: nothing missing")
+
+
+@stack_app.command("up")
+def stack_up() -> None:
+    """Start Kafka and Redis unless running, wait until each answers, check Flink; print status."""
+    stack = build_stack(settings())
+    reports = stack.up()
+    console.print(stack_table(stack.status(), reports))
+
+
+@stack_app.command("down")
+def stack_down(wipe: Annotated[bool, typer.Option(help="Also delete Kafka's and Redis' data.")] = False) -> None:
+    """Stop the stack; its data stays unless --wipe."""
+    stopped = build_stack(settings()).down(wipe=wipe)
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}" + ("; data wiped" if wipe else ""))
+
+
+@stack_app.command("status")
+def stack_status() -> None:
+    """Show each service's state, address, version and pid."""
+    console.print(stack_table(build_stack(settings()).status()))
+
+
+@stack_app.command("logs")
+def stack_logs(
+    service: Annotated[str, typer.Argument(help="kafka or redis")],
+    lines: Annotated[int, typer.Option("-n", help="How many lines.")] = 50,
+) -> None:
+    """Print the last lines of a service's log."""
+    stack = build_stack(settings())
+    by_name = {s.name: s for s in stack.services}
+    if service not in by_name:
+        raise typer.BadParameter(f"unknown service {service!r}; choose from {', '.join(by_name)}")
+    for line in tail(by_name[service].log_file, lines):
+        print(line)
+
+
+@topics_app.command("apply")
+def topics_apply() -> None:
+    """Create or update every topic from its spec (idempotent)."""
+    console.print(topics_table(apply_topics(settings().kafka.bootstrap_servers, TOPICS)))
+
+
+@schemas_app.command("check")
+def schemas_check() -> None:
+    """Fail if a record contract changed in a way that breaks existing readers."""
+    for name, outcome in check_registered().items():
+        console.print(f"{name}: {outcome}")
+
+
+@schemas_app.command("register")
+def schemas_register() -> None:
+    """Record the current contracts as registered (refused if a change is breaking)."""
+    for path in register():
+        console.print(f"registered {path}")
+
+
+@app.command("produce")
+def produce(
+    rate: Annotated[float, typer.Option(help="Transactions per second (average; bursts go above).")] = 1000.0,
+    duration: Annotated[float, typer.Option(help="Seconds of stream time to publish.")] = 10.0,
+    seed: Annotated[int, typer.Option(help="Same seed and start: the same events.")] = 7,
+    start: Annotated[str, typer.Option(help="Stream start time, ISO-8601 or 'now'.")] = "now",
+    malformed_rate: Annotated[Optional[float], typer.Option(help="Share of deliberately broken records.")] = None,
+) -> None:
+    """Publish a realistic synthetic transaction stream (with fraud, late events and labels)."""
+    stats = produce_stream(settings(), rate, duration, seed, start, console, malformed_rate)
+    console.print(json.dumps({"delivered": dict(stats.delivered), "seconds": round(stats.seconds, 2)}))
+
+
+@app.command("demo")
+def demo(
+    seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 60.0,
+    rate: Annotated[float, typer.Option(help="Transactions per second.")] = 1000.0,
+) -> None:
+    """Run the loop end to end on the local stack and print a summary; the stack stays up."""
+    from loopline.demo import run_demo
+
+    run_demo(settings(), seconds=seconds, rate=rate, console=console)
+
+
+def main() -> None:
+    """Console entry point: user errors are one line on stderr and exit code 1."""
+    try:
+        app()
+    except USER_ERRORS as err:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {err}", highlight=False)
+        sys.exit(1)

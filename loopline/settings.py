@@ -1,0 +1,105 @@
+"""Loopline's one typed settings object.
+
+Sources, highest priority first: constructor arguments, ``LOOPLINE_*`` environment variables
+(nested with ``__``, e.g. ``LOOPLINE_KAFKA__PORT=19092``), the YAML file named by
+``LOOPLINE_CONFIG`` (or ``loopline.yaml`` in the working directory when present), defaults.
+Only this package reads settings; components receive plain values.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+DEFAULT_CONFIG_FILE = Path("loopline.yaml")
+
+
+class KafkaSettings(BaseModel):
+    """The local Kafka broker (KRaft, combined broker + controller)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9092, ge=1, le=65535)
+    controller_port: int = Field(default=9093, ge=1, le=65535)
+    heap_mb: int = Field(default=512, ge=128)
+    start_timeout_s: float = Field(default=60.0, gt=0)
+
+    @property
+    def bootstrap_servers(self) -> str:
+        """The address clients connect to."""
+        return f"{self.host}:{self.port}"
+
+
+class RedisSettings(BaseModel):
+    """The local Redis server (the Feast online store)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=6379, ge=1, le=65535)
+    start_timeout_s: float = Field(default=20.0, gt=0)
+
+
+class ProducerSettings(BaseModel):
+    """Defaults of the synthetic transaction producer."""
+
+    users: int = Field(default=5_000, ge=1)
+    merchants: int = Field(default=500, ge=1)
+    out_of_order_rate: float = Field(default=0.05, ge=0, le=1)
+    max_out_of_order_s: float = Field(default=5.0, ge=0)
+    late_rate: float = Field(default=0.005, ge=0, le=1)
+    malformed_rate: float = Field(default=0.0, ge=0, le=1)
+
+
+class Settings(BaseSettings):
+    """Everything Loopline can be configured with."""
+
+    model_config = SettingsConfigDict(env_prefix="LOOPLINE_", env_nested_delimiter="__", extra="forbid")
+
+    home: Path = Field(default=Path(".loopline"), description="Root of the local stack's state.")
+    data_dir: Path | None = Field(default=None, description="Service data; default <home>/data.")
+    logs_dir: Path | None = Field(default=None, description="Service logs; default <home>/logs.")
+    jars_dir: Path | None = Field(default=None, description="Cached Maven jars; default <home>/jars.")
+    kafka: KafkaSettings = KafkaSettings()
+    redis: RedisSettings = RedisSettings()
+    producer: ProducerSettings = ProducerSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config_file = Path(os.environ.get("LOOPLINE_CONFIG", DEFAULT_CONFIG_FILE))
+        if "LOOPLINE_CONFIG" in os.environ and not config_file.is_file():
+            raise FileNotFoundError(f"LOOPLINE_CONFIG names {config_file}, which does not exist")
+        yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
+        return init_settings, env_settings, yaml_source
+
+    @property
+    def resolved_data_dir(self) -> Path:
+        """Where services keep their data."""
+        return (self.data_dir or self.home / "data").absolute()
+
+    @property
+    def resolved_logs_dir(self) -> Path:
+        """Where services write their logs."""
+        return (self.logs_dir or self.home / "logs").absolute()
+
+    @property
+    def resolved_jars_dir(self) -> Path:
+        """Where the Maven jars are cached."""
+        return (self.jars_dir or self.home / "jars").absolute()
+
+    @property
+    def run_dir(self) -> Path:
+        """Pid files of the services the stack started."""
+        return (self.home / "run").absolute()

@@ -1,0 +1,1 @@
+"""Training from feedback snapshots, evaluation, ONNX export and registry release."""

@@ -1,0 +1,159 @@
+"""Event and record types carried on Loopline's topics.
+
+Every record is JSON with a ``schema_version`` field. Times are Unix epoch milliseconds (UTC)
+in ``*_ms`` fields: unambiguous, cheap to parse, and what Flink's ``TO_TIMESTAMP_LTZ(ms, 3)``
+takes directly. Unknown extra fields are ignored so that an additive change by a writer never
+breaks an existing reader (see ``schemas.compatibility``).
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+EpochMillis = int
+Channel = Literal["online", "pos", "atm"]
+LabelSource = Literal["chargeback", "manual_review", "customer_report"]
+
+
+class Record(BaseModel):
+    """Base of every contract: strict types, extra fields ignored, immutable."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    #: The schema version this reader understands; records carrying another are refused.
+    SCHEMA_VERSION: ClassVar[int] = 1
+    #: The stable name of the record type, used for registered schema snapshots.
+    RECORD_NAME: ClassVar[str] = ""
+
+    schema_version: int = Field(description="Version of this record's schema.")
+
+
+class TransactionEvent(Record):
+    """A card transaction, the main event domain (topic ``events.transactions``)."""
+
+    RECORD_NAME: ClassVar[str] = "transaction"
+
+    event_id: str = Field(min_length=1, description="Globally unique event id.")
+    event_time_ms: EpochMillis = Field(gt=0, description="When the transaction happened.")
+    user_id: str = Field(min_length=1)
+    merchant_id: str = Field(min_length=1)
+    amount: float = Field(ge=0, allow_inf_nan=False, description="Amount in the currency's major unit.")
+    currency: str = Field(pattern=r"^[A-Z]{3}$")
+    merchant_category: str = Field(min_length=1)
+    channel: Channel
+    country: str = Field(pattern=r"^[A-Z]{2}$")
+
+
+class LabelEvent(Record):
+    """The outcome of a transaction, known later (topic ``events.labels``)."""
+
+    RECORD_NAME: ClassVar[str] = "label"
+
+    event_id: str = Field(min_length=1, description="The transaction this label is about.")
+    user_id: str = Field(min_length=1)
+    is_fraud: bool
+    label_time_ms: EpochMillis = Field(gt=0)
+    source: LabelSource
+
+
+class ScoreRequest(Record):
+    """A request to score entities with request-time fields (topic ``scoring.requests``)."""
+
+    RECORD_NAME: ClassVar[str] = "score_request"
+
+    request_id: str = Field(min_length=1)
+    entity_keys: dict[str, str] = Field(min_length=1, description="Entity name -> key, e.g. user_id.")
+    request_fields: dict[str, float | int | str | bool] = Field(
+        default_factory=dict, description="Values known only at request time, e.g. the amount."
+    )
+    requested_at_ms: EpochMillis = Field(gt=0)
+    model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")
+
+
+class PredictionRecord(Record):
+    """One scored request with the exact features used (topic ``scoring.predictions``)."""
+
+    RECORD_NAME: ClassVar[str] = "prediction"
+
+    request_id: str = Field(min_length=1)
+    entity_keys: dict[str, str] = Field(min_length=1)
+    features: dict[str, float | int | str | bool | None] = Field(
+        description="The exact feature vector given to the model, by feature name."
+    )
+    defaulted_features: list[str] = Field(
+        default_factory=list, description="Features that fell back to their declared default."
+    )
+    model_name: str = Field(min_length=1)
+    model_version: str = Field(min_length=1)
+    score: float = Field(allow_inf_nan=False)
+    stage_latency_ms: dict[str, float] = Field(
+        default_factory=dict, description="Latency per stage: feature_fetch, queue_wait, inference, total."
+    )
+    requested_at_ms: EpochMillis = Field(gt=0)
+    scored_at_ms: EpochMillis = Field(gt=0)
+
+
+class DeadLetterRecord(Record):
+    """A record some Loopline consumer could not process, with why and where it came from."""
+
+    RECORD_NAME: ClassVar[str] = "dead_letter"
+
+    reason: str = Field(min_length=1, description="Short machine-friendly reason, e.g. 'invalid', 'late'.")
+    error_field: str | None = Field(default=None, description="The offending field, when one is known.")
+    error: str = Field(description="Human-readable explanation.")
+    source_topic: str = Field(min_length=1)
+    source_partition: int = Field(ge=0)
+    source_offset: int = Field(ge=0)
+    key: str | None = Field(default=None, description="The record key, decoded as UTF-8 (base64 if it is not).")
+    payload: str = Field(description="The original value, UTF-8 (base64 if it is not).")
+    payload_encoding: Literal["utf-8", "base64"] = "utf-8"
+    consumer: str = Field(min_length=1, description="Which consumer dead-lettered it.")
+    failed_at_ms: EpochMillis = Field(gt=0)
+
+    @classmethod
+    def for_payload(
+        cls,
+        *,
+        reason: str,
+        error: str,
+        error_field: str | None,
+        source_topic: str,
+        source_partition: int,
+        source_offset: int,
+        key: bytes | None,
+        payload: bytes | None,
+        consumer: str,
+    ) -> DeadLetterRecord:
+        """Wrap an unprocessable Kafka record, keeping its bytes exactly (base64 when not UTF-8)."""
+        raw = payload or b""
+        try:
+            text, encoding = raw.decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            text, encoding = base64.b64encode(raw).decode(), "base64"
+        return cls(
+            schema_version=cls.SCHEMA_VERSION,
+            reason=reason,
+            error=error,
+            error_field=error_field,
+            source_topic=source_topic,
+            source_partition=source_partition,
+            source_offset=source_offset,
+            key=None if key is None else key.decode("utf-8", errors="backslashreplace"),
+            payload=text,
+            payload_encoding=encoding,
+            consumer=consumer,
+            failed_at_ms=int(time.time() * 1000),
+        )
+
+
+RECORD_TYPES: tuple[type[Record], ...] = (
+    TransactionEvent,
+    LabelEvent,
+    ScoreRequest,
+    PredictionRecord,
+    DeadLetterRecord,
+)

@@ -1,0 +1,56 @@
+"""Topic specs: the name, shape and retention of every topic Loopline reads or writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.records import (
+    DeadLetterRecord,
+    LabelEvent,
+    PredictionRecord,
+    Record,
+    ScoreRequest,
+    TransactionEvent,
+)
+
+DAY_MS = 24 * 60 * 60 * 1000
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """How one topic is laid out and what it carries.
+
+    ``key`` names the record field used as the Kafka message key, so that all records of one
+    entity land on one partition in order.
+    """
+
+    name: str
+    record_type: type[Record]
+    key: str
+    partitions: int
+    retention_ms: int
+    cleanup_policy: Literal["delete", "compact", "compact,delete"] = "delete"
+
+    def configs(self) -> dict[str, str]:
+        """The topic-level Kafka configs this spec sets."""
+        return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+
+
+TRANSACTIONS = TopicSpec("events.transactions", TransactionEvent, key="user_id", partitions=6, retention_ms=7 * DAY_MS)
+LABELS = TopicSpec("events.labels", LabelEvent, key="event_id", partitions=3, retention_ms=30 * DAY_MS)
+SCORE_REQUESTS = TopicSpec("scoring.requests", ScoreRequest, key="request_id", partitions=6, retention_ms=1 * DAY_MS)
+PREDICTIONS = TopicSpec(
+    "scoring.predictions", PredictionRecord, key="request_id", partitions=6, retention_ms=30 * DAY_MS
+)
+DEAD_LETTERS = TopicSpec("events.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=30 * DAY_MS)
+
+TOPICS: tuple[TopicSpec, ...] = (TRANSACTIONS, LABELS, SCORE_REQUESTS, PREDICTIONS, DEAD_LETTERS)
+
+
+def topic_spec(name: str) -> TopicSpec:
+    """The spec of the topic called ``name``; KeyError names the known topics when there is none."""
+    for spec in TOPICS:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no topic spec named {name!r}; known: {', '.join(s.name for s in TOPICS)}")

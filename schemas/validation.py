@@ -1,0 +1,86 @@
+"""Decoding and validating records with precise errors (field and reason)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TypeVar
+
+from pydantic import ValidationError
+
+from schemas.records import Record
+
+R = TypeVar("R", bound=Record)
+
+#: Field name used when the problem is the payload as a whole (not JSON, not an object).
+WHOLE_PAYLOAD = "<payload>"
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One problem with one field."""
+
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}"
+
+
+class ContractViolation(ValueError):
+    """A payload does not satisfy its record contract. ``errors`` lists every problem found."""
+
+    def __init__(self, record_name: str, errors: list[FieldError]) -> None:
+        self.record_name = record_name
+        self.errors = errors
+        super().__init__(f"invalid {record_name}: " + "; ".join(str(e) for e in errors))
+
+    @property
+    def field(self) -> str:
+        """The first offending field."""
+        return self.errors[0].field
+
+    @property
+    def reason(self) -> str:
+        """Why the first offending field is wrong."""
+        return self.errors[0].reason
+
+
+def _violation(record_type: type[Record], field: str, reason: str) -> ContractViolation:
+    return ContractViolation(record_type.RECORD_NAME, [FieldError(field, reason)])
+
+
+def decode(record_type: type[R], payload: bytes | str) -> R:
+    """Parse and validate one JSON payload as ``record_type``.
+
+    Raises ContractViolation naming the field and the reason when the payload is not JSON,
+    not an object, carries a schema version this reader does not know, or breaks a field rule.
+    """
+    try:
+        data = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise _violation(record_type, WHOLE_PAYLOAD, f"not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise _violation(record_type, WHOLE_PAYLOAD, f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if version is None:
+        raise _violation(record_type, "schema_version", "missing")
+    if version != record_type.SCHEMA_VERSION:
+        raise _violation(
+            record_type,
+            "schema_version",
+            f"unsupported schema version {version!r} (this reader knows {record_type.SCHEMA_VERSION})",
+        )
+    try:
+        return record_type.model_validate(data)
+    except ValidationError as exc:
+        errors = [
+            FieldError(".".join(str(part) for part in err["loc"]) or WHOLE_PAYLOAD, err["msg"])
+            for err in exc.errors(include_url=False)
+        ]
+        raise ContractViolation(record_type.RECORD_NAME, errors) from None
+
+
+def encode(record: Record) -> bytes:
+    """Serialise a record to its JSON wire form."""
+    return record.model_dump_json().encode()

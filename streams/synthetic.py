@@ -1,0 +1,258 @@
+"""A realistic, deterministic synthetic transaction stream with planted fraud and late labels.
+
+The stream is infinite and fully determined by the seed, the start time and the config:
+any prefix of it is identical across runs. It has
+
+* many users with Zipf-like activity, home countries and typical amounts, and merchants
+  with categories and price levels;
+* traffic bursts (periods of several times the base rate);
+* planted fraud: velocity bursts (a compromised card used many times within a minute at
+  unfamiliar online merchants abroad) and amount spikes (10-40x the user's typical amount);
+* out-of-order events (event time up to ``max_out_of_order_s`` behind the stream) and late
+  events (far behind it), at configurable rates;
+* outcome labels for every fraud and a sample of legitimate transactions, emitted later;
+* optionally, malformed records (as real producers send) to exercise dead-lettering.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Literal
+
+from schemas.records import LabelEvent, Record, TransactionEvent
+from schemas.topics import LABELS, TRANSACTIONS
+from schemas.validation import encode
+
+COUNTRIES = {"US": "USD", "DE": "EUR", "FR": "EUR", "GB": "GBP", "NL": "EUR", "ES": "EUR", "PL": "PLN", "SE": "SEK"}
+_COUNTRY_WEIGHTS = (30, 18, 12, 12, 8, 8, 7, 5)
+CATEGORIES = {  # category -> (price level, share of merchants)
+    "grocery": (1.0, 25),
+    "restaurants": (1.2, 20),
+    "fuel": (1.6, 10),
+    "pharmacy": (0.8, 8),
+    "online_retail": (2.0, 15),
+    "electronics": (6.0, 7),
+    "travel": (9.0, 5),
+    "gaming": (1.5, 10),
+}
+_BURST_FACTOR = 4.0
+_BURST_SHARE = 0.1  # share of time spent in a traffic burst
+_MEAN_MS_BETWEEN_BURSTS = 6_000 * (1 - _BURST_SHARE) / _BURST_SHARE  # bursts last 6 s on average
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Knobs of the synthetic stream. Rates are per transaction unless said otherwise."""
+
+    users: int = 5_000
+    merchants: int = 500
+    rate_per_s: float = 1_000.0
+    out_of_order_rate: float = 0.05
+    max_out_of_order_s: float = 5.0
+    late_rate: float = 0.005
+    late_by_s: tuple[float, float] = (60.0, 600.0)
+    malformed_rate: float = 0.0
+    velocity_fraud_rate: float = 0.001
+    spike_fraud_rate: float = 0.002
+    legit_label_rate: float = 0.05
+    label_delay_s: tuple[float, float] = (5.0, 120.0)
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """One record to publish: where, with which key, the bytes, and when in stream time.
+
+    ``record`` is None for a deliberately malformed payload.
+    """
+
+    topic: str
+    key: str
+    value: bytes
+    emit_at_ms: int
+    record: Record | None
+
+
+@dataclass(frozen=True)
+class _User:
+    user_id: str
+    country: str
+    typical_amount: float
+    channel: Literal["online", "pos", "atm"]
+
+
+@dataclass(frozen=True)
+class _Merchant:
+    merchant_id: str
+    country: str
+    category: str
+
+
+def _cumulative(weights: list[float]) -> list[float]:
+    return list(itertools.accumulate(weights))
+
+
+class SyntheticStream:
+    """Iterate to get the stream's records in emission order (``emit_at_ms`` never decreases)."""
+
+    def __init__(self, config: SyntheticConfig, seed: int, start_ms: int) -> None:
+        self.config = config
+        self.start_ms = start_ms
+        self._rng = random.Random(seed)
+        rng = self._rng
+        countries = list(COUNTRIES)
+        self._users = [
+            _User(
+                f"u{i:06d}",
+                rng.choices(countries, weights=_COUNTRY_WEIGHTS)[0],
+                round(rng.lognormvariate(3.2, 0.7), 2),
+                rng.choices(["pos", "online", "atm"], weights=[60, 35, 5])[0],
+            )
+            for i in range(config.users)
+        ]
+        self._user_cum = _cumulative([1.0 / (rank + 1) ** 0.8 for rank in range(config.users)])
+        categories = list(CATEGORIES)
+        self._merchants = [
+            _Merchant(
+                f"m{i:05d}",
+                rng.choices(countries, weights=_COUNTRY_WEIGHTS)[0],
+                rng.choices(categories, weights=[share for _, share in CATEGORIES.values()])[0],
+            )
+            for i in range(config.merchants)
+        ]
+        self._merchant_cum = _cumulative([1.0 / (rank + 1) ** 0.6 for rank in range(config.merchants)])
+        # Long-run average rate equals rate_per_s despite bursts.
+        self._base_rate = config.rate_per_s / (1 + _BURST_SHARE * (_BURST_FACTOR - 1))
+        self._burst_until_ms = -1
+        self._pending: list[tuple[int, int, Emitted]] = []  # (emit_at_ms, tie-break, record)
+        self._sequence = itertools.count()
+
+    def _uuid(self) -> str:
+        return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
+
+    def _schedule(self, emitted: Emitted) -> None:
+        heapq.heappush(self._pending, (emitted.emit_at_ms, next(self._sequence), emitted))
+
+    def _transaction(self, now_ms: int, user: _User, merchant: _Merchant, amount: float, channel: str) -> Emitted:
+        event = TransactionEvent(
+            schema_version=TransactionEvent.SCHEMA_VERSION,
+            event_id=self._uuid(),
+            event_time_ms=self._event_time(now_ms),
+            user_id=user.user_id,
+            merchant_id=merchant.merchant_id,
+            amount=round(amount, 2),
+            currency=COUNTRIES[merchant.country],
+            merchant_category=merchant.category,
+            channel=channel,
+            country=merchant.country,
+        )
+        return Emitted(TRANSACTIONS.name, user.user_id, encode(event), now_ms, event)
+
+    def _event_time(self, now_ms: int) -> int:
+        """Event time: usually now, sometimes a little behind (out of order), rarely far behind (late)."""
+        draw = self._rng.random()
+        if draw < self.config.late_rate:
+            return now_ms - int(self._rng.uniform(*self.config.late_by_s) * 1000)
+        if draw < self.config.late_rate + self.config.out_of_order_rate:
+            return now_ms - int(self._rng.uniform(0, self.config.max_out_of_order_s) * 1000)
+        return now_ms
+
+    def _label(self, transaction: TransactionEvent, emitted_ms: int, is_fraud: bool) -> None:
+        delay_ms = int(self._rng.uniform(*self.config.label_delay_s) * 1000)
+        label = LabelEvent(
+            schema_version=LabelEvent.SCHEMA_VERSION,
+            event_id=transaction.event_id,
+            user_id=transaction.user_id,
+            is_fraud=is_fraud,
+            label_time_ms=emitted_ms + delay_ms,
+            source=self._rng.choice(["chargeback", "customer_report"]) if is_fraud else "manual_review",
+        )
+        self._schedule(Emitted(LABELS.name, transaction.event_id, encode(label), emitted_ms + delay_ms, label))
+
+    def _malformed(self, now_ms: int, user: _User) -> Emitted:
+        """A broken payload of one of the kinds real producers send."""
+        good = {
+            "schema_version": 1,
+            "event_id": self._uuid(),
+            "event_time_ms": now_ms,
+            "user_id": user.user_id,
+            "merchant_id": "m00000",
+            "amount": 10.0,
+            "currency": "EUR",
+            "merchant_category": "grocery",
+            "channel": "pos",
+            "country": "DE",
+        }
+        kind = self._rng.randrange(5)
+        if kind == 0:
+            value = json.dumps(good)[:-7].encode()  # truncated
+        else:
+            broken = dict(good)
+            if kind == 1:
+                broken["amount"] = "12,50"
+            elif kind == 2:
+                del broken["user_id"]
+            elif kind == 3:
+                broken["schema_version"] = 99
+            else:
+                broken["amount"] = -5.0
+            value = json.dumps(broken).encode()
+        return Emitted(TRANSACTIONS.name, user.user_id, value, now_ms, None)
+
+    def _velocity_burst(self, now_ms: int, user: _User) -> None:
+        """A compromised card: several quick online purchases abroad, all fraud."""
+        at = now_ms
+        foreign = [m for m in self._merchants[:200] if m.country != user.country] or self._merchants
+        for _ in range(self._rng.randint(5, 12)):
+            at += int(self._rng.uniform(2.0, 12.0) * 1000)
+            merchant = self._rng.choice(foreign)
+            amount = user.typical_amount * self._rng.uniform(1.5, 5.0)
+            emitted = self._transaction(at, user, merchant, amount, "online")
+            self._schedule(emitted)
+            assert isinstance(emitted.record, TransactionEvent)
+            self._label(emitted.record, at, is_fraud=True)
+
+    def _organic(self, now_ms: int) -> Emitted:
+        rng, config = self._rng, self.config
+        user = self._users[rng.choices(range(config.users), cum_weights=self._user_cum)[0]]
+        if rng.random() < config.malformed_rate:
+            return self._malformed(now_ms, user)
+        merchant = self._merchants[rng.choices(range(config.merchants), cum_weights=self._merchant_cum)[0]]
+        price_level = CATEGORIES[merchant.category][0]
+        amount = user.typical_amount * price_level * rng.lognormvariate(0.0, 0.5)
+        is_spike = rng.random() < config.spike_fraud_rate
+        if is_spike:
+            amount *= rng.uniform(10.0, 40.0)
+        channel = user.channel if rng.random() < 0.8 else rng.choice(["pos", "online"])
+        emitted = self._transaction(now_ms, user, merchant, amount, channel)
+        assert isinstance(emitted.record, TransactionEvent)
+        if is_spike:
+            self._label(emitted.record, now_ms, is_fraud=True)
+        elif rng.random() < config.legit_label_rate:
+            self._label(emitted.record, now_ms, is_fraud=False)
+        if rng.random() < config.velocity_fraud_rate:
+            self._velocity_burst(now_ms, user)
+        return emitted
+
+    def _next_arrival(self, now_ms: float) -> float:
+        """Poisson arrivals; bursts start as a Poisson process in time and last 2-10 s."""
+        rng = self._rng
+        in_burst = now_ms < self._burst_until_ms
+        next_ms = now_ms + rng.expovariate(self._base_rate * (_BURST_FACTOR if in_burst else 1.0) / 1000.0)
+        if not in_burst and rng.random() < (next_ms - now_ms) / _MEAN_MS_BETWEEN_BURSTS:
+            self._burst_until_ms = int(next_ms + rng.uniform(2_000, 10_000))
+        return next_ms
+
+    def __iter__(self) -> Iterator[Emitted]:
+        clock = float(self.start_ms)
+        while True:
+            clock = self._next_arrival(clock)
+            now_ms = int(clock)
+            while self._pending and self._pending[0][0] <= now_ms:
+                yield heapq.heappop(self._pending)[2]
+            yield self._organic(now_ms)

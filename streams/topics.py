@@ -1,0 +1,111 @@
+"""Create or update Kafka topics from their specs with the Kafka admin API, idempotently."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+    NewTopic,
+)
+
+from schemas.topics import TopicSpec
+
+_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class TopicChange:
+    """What ``apply_topics`` did to one topic."""
+
+    topic: str
+    action: str  # "created", "updated" or "unchanged"
+    detail: str = ""
+
+
+class TopicSpecError(ValueError):
+    """A topic spec cannot be applied to the existing topic (for example fewer partitions)."""
+
+
+def _admin(bootstrap_servers: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap_servers})
+
+
+def apply_topics(bootstrap_servers: str, specs: Iterable[TopicSpec]) -> list[TopicChange]:
+    """Make the cluster's topics match ``specs``: create missing ones, add partitions, set configs.
+
+    Running it again changes nothing. Kafka cannot remove partitions, so a spec with fewer
+    partitions than the topic has raises TopicSpecError.
+    """
+    admin = _admin(bootstrap_servers)
+    specs = list(specs)
+    existing = admin.list_topics(timeout=_TIMEOUT_S).topics
+    changes: list[TopicChange] = []
+
+    to_create = [spec for spec in specs if spec.name not in existing]
+    if to_create:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.configs()) for s in to_create],
+            operation_timeout=_TIMEOUT_S,
+        )
+        for spec in to_create:
+            futures[spec.name].result()
+            changes.append(TopicChange(spec.name, "created", f"{spec.partitions} partitions"))
+
+    present = [spec for spec in specs if spec.name in existing]
+    if not present:
+        return changes
+    resources = [ConfigResource(ConfigResource.Type.TOPIC, spec.name) for spec in present]
+    current_configs = {res.name: future.result() for res, future in admin.describe_configs(resources).items()}
+    for spec in present:
+        details = []
+        have = len(existing[spec.name].partitions)
+        if have > spec.partitions:
+            raise TopicSpecError(
+                f"topic {spec.name} has {have} partitions but its spec asks for {spec.partitions}; "
+                "Kafka cannot remove partitions (recreate the topic or raise the spec)"
+            )
+        if have < spec.partitions:
+            admin.create_partitions([NewPartitions(spec.name, spec.partitions)])[spec.name].result()
+            details.append(f"partitions {have} -> {spec.partitions}")
+        drifted = {
+            key: value for key, value in spec.configs().items() if current_configs[spec.name][key].value != value
+        }
+        if drifted:
+            resource = ConfigResource(
+                ConfigResource.Type.TOPIC,
+                spec.name,
+                incremental_configs=[
+                    ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+                    for key, value in drifted.items()
+                ],
+            )
+            admin.incremental_alter_configs([resource])[resource].result()
+            details.extend(f"{key}={value}" for key, value in drifted.items())
+        changes.append(TopicChange(spec.name, "updated" if details else "unchanged", ", ".join(details)))
+    return changes
+
+
+def topic_sizes(bootstrap_servers: str, names: Iterable[str]) -> dict[str, int]:
+    """Records currently held by each topic (high minus low watermark, summed over partitions)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "loopline-topic-sizes"})
+    try:
+        topics = consumer.list_topics(timeout=_TIMEOUT_S).topics
+        sizes = {}
+        for name in names:
+            if name not in topics:
+                continue
+            total = 0
+            for partition in topics[name].partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(name, partition), timeout=_TIMEOUT_S)
+                total += high - low
+            sizes[name] = total
+        return sizes
+    finally:
+        consumer.close()

@@ -1,0 +1,127 @@
+"""The local stack: idempotent up, data kept across down/up, --wipe, and one-line errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from confluent_kafka import Producer
+
+from conftest import REPO, stack_settings
+from infra.errors import StackError
+from infra.flink import check_connector_matches
+from infra.jars import require_tool
+from infra.stack import LocalStack
+from loopline.components import build_stack
+from loopline.settings import Settings
+from schemas.topics import DAY_MS, TopicSpec
+from schemas.records import TransactionEvent
+from streams.topics import apply_topics, topic_sizes
+
+PROBE = TopicSpec("test.persistence", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
+
+
+def test_up_twice_is_a_no_op(stack: LocalStack) -> None:
+    pids = {status.name: status.pid for status in stack.status()}
+    reports = stack.up()
+    assert [report.started for report in reports] == [False, False]
+    assert {status.name: status.pid for status in stack.status()} == pids
+    assert all(status.state == "ready" for status in stack.status())
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Iterator[tuple[LocalStack, Settings]]:
+    """A second, private stack that this test may stop, restart and wipe."""
+    settings = stack_settings(tmp_path)
+    local = build_stack(settings)
+    local.up()
+    yield local, settings
+    local.down(wipe=True)
+
+
+def _write_probe_data(settings: Settings) -> None:
+    apply_topics(settings.kafka.bootstrap_servers, [PROBE])
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    for i in range(10):
+        producer.produce(PROBE.name, f"value-{i}".encode(), f"key-{i}".encode())
+    assert producer.flush(10) == 0
+    redis.Redis(port=settings.redis.port).set("probe", "kept")
+
+
+def test_down_then_up_keeps_topics_and_data(scratch: tuple[LocalStack, Settings]) -> None:
+    local, settings = scratch
+    _write_probe_data(settings)
+    assert sorted(local.down()) == ["kafka", "redis"]
+    assert {s.name: s.state for s in local.status()[:2]} == {"kafka": "stopped", "redis": "stopped"}
+    assert [report.started for report in local.up()] == [True, True]
+    assert topic_sizes(settings.kafka.bootstrap_servers, [PROBE.name]) == {PROBE.name: 10}
+    assert redis.Redis(port=settings.redis.port).get("probe") == b"kept"
+
+
+def test_wipe_deletes_topics_and_data(scratch: tuple[LocalStack, Settings]) -> None:
+    local, settings = scratch
+    _write_probe_data(settings)
+    local.down(wipe=True)
+    local.up()
+    assert topic_sizes(settings.kafka.bootstrap_servers, [PROBE.name]) == {}
+    assert redis.Redis(port=settings.redis.port).get("probe") is None
+
+
+def test_port_clash_is_a_one_line_error(tmp_path: Path) -> None:
+    settings = stack_settings(tmp_path)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", settings.redis.port))
+        squatter.listen()
+        with pytest.raises(StackError) as caught:
+            build_stack(settings).redis.start()
+    message = str(caught.value)
+    assert f"port {settings.redis.port}" in message and "fix:" in message and "\n" not in message
+
+
+def test_cli_prints_one_line_not_a_trace(tmp_path: Path) -> None:
+    settings = stack_settings(tmp_path)
+    env = {
+        **os.environ,
+        "LOOPLINE_HOME": str(tmp_path),
+        "LOOPLINE_JARS_DIR": str(settings.resolved_jars_dir),
+        "LOOPLINE_KAFKA__PORT": str(settings.kafka.port),
+    }
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", settings.kafka.port))
+        squatter.listen()
+        result = subprocess.run(
+            [sys.executable, "-c", "from loopline.cli import main; main()", "stack", "up"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error: port")
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_stale_kafka_data_dir_is_refused(tmp_path: Path) -> None:
+    kafka = build_stack(stack_settings(tmp_path)).kafka
+    kafka.data_dir.mkdir(parents=True)
+    (kafka.data_dir / "meta.properties").write_text("version=1\ncluster.id=SomeOtherCluster\nnode.id=1\n")
+    with pytest.raises(StackError, match="stale Kafka data dir.*SomeOtherCluster.*--wipe"):
+        kafka.start()
+    assert kafka.pid() is None
+
+
+def test_missing_tool_names_the_package() -> None:
+    with pytest.raises(StackError, match="apt-get install some-package"):
+        require_tool("surely-not-installed-anywhere", "some-package")
+
+
+def test_flink_connector_must_match_pyflink() -> None:
+    check_connector_matches("2.2.1", "5.0.0-2.2")
+    with pytest.raises(StackError, match="built for Flink 2.2, but PyFlink is 2.1.0"):
+        check_connector_matches("2.1.0", "5.0.0-2.2")
