@@ -16,6 +16,7 @@ from infra.jars import kafka_jars_dir, pinned_versions, require_tool
 from infra.service import ManagedService
 
 NODE_ID = 1
+_READINESS_GROUP = "loopline-readiness"
 _LOG4J_CONFIG = Path(__file__).with_name("kafka-log4j2.properties")
 
 
@@ -128,14 +129,20 @@ class KafkaBroker(ManagedService):
             raise StackError(f"formatting Kafka storage in {self.data_dir} failed: {last}", f"check {self.data_dir}")
 
     def ready(self) -> bool:
-        """A real metadata request answered by this broker."""
+        """A metadata request answered by this broker, and a group coordinator that serves groups.
+
+        Right after a first start the metadata answers before ``__consumer_offsets`` is loaded;
+        consumers committing offsets then get NOT_COORDINATOR, so that counts as not ready yet.
+        """
         # log_level 0: a broker that is still starting is expected, not worth a log line per poll.
         admin = AdminClient({"bootstrap.servers": self.address, "socket.timeout.ms": 1000, "log_level": 0})
         try:
-            metadata = admin.list_topics(timeout=1.0)
+            if NODE_ID not in admin.list_topics(timeout=1.0).brokers:
+                return False
+            admin.describe_consumer_groups([_READINESS_GROUP], request_timeout=1.0)[_READINESS_GROUP].result()
         except KafkaException:
             return False
-        return NODE_ID in metadata.brokers
+        return True
 
     def wipe(self) -> None:
         shutil.rmtree(self.data_dir, ignore_errors=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -13,6 +14,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewPartitions,
     NewTopic,
+    OffsetSpec,
 )
 
 from schemas.topics import TopicSpec
@@ -37,6 +39,30 @@ def _admin(bootstrap_servers: str) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap_servers})
 
 
+def _wait_until_usable(admin: AdminClient, names: list[str]) -> None:
+    """Block until every partition of ``names`` answers a ListOffsets request, so the topics are usable on return.
+
+    Metadata names a leader a moment before that leader serves the partition; clients that ask
+    for offsets in between get NOT_LEADER_FOR_PARTITION.
+    """
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        topics = admin.list_topics(timeout=_TIMEOUT_S).topics
+        if all(name in topics and topics[name].partitions for name in names):
+            requests = {
+                TopicPartition(name, partition): OffsetSpec.latest() for name in names for partition in topics[name].partitions
+            }
+            try:
+                for future in admin.list_offsets(requests, request_timeout=_TIMEOUT_S).values():
+                    future.result()
+                return
+            except KafkaException:
+                pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"topics {', '.join(names)} not usable after {_TIMEOUT_S:.0f} s")
+        time.sleep(0.1)
+
+
 def apply_topics(bootstrap_servers: str, specs: Iterable[TopicSpec]) -> list[TopicChange]:
     """Make the cluster's topics match ``specs``: create missing ones, add partitions, set configs.
 
@@ -57,6 +83,7 @@ def apply_topics(bootstrap_servers: str, specs: Iterable[TopicSpec]) -> list[Top
         for spec in to_create:
             futures[spec.name].result()
             changes.append(TopicChange(spec.name, "created", f"{spec.partitions} partitions"))
+        _wait_until_usable(admin, [spec.name for spec in to_create])
 
     present = [spec for spec in specs if spec.name in existing]
     if not present:

@@ -1,0 +1,117 @@
+"""The synthetic producer: deterministic for a seed, realistic patterns, labels of real events, all delivered."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import subprocess
+import sys
+import uuid
+from collections import defaultdict
+
+from confluent_kafka import Consumer, TopicPartition
+
+from conftest import REPO
+from schemas import LabelEvent, TransactionEvent, decode
+from schemas.topics import LABELS, TRANSACTIONS
+from streams.producer import EventProducer
+from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
+
+START_MS = 1_760_000_000_000
+CONFIG = SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01)
+
+
+def first(n: int, seed: int, config: SyntheticConfig = CONFIG) -> list[Emitted]:
+    return list(itertools.islice(SyntheticStream(config, seed, START_MS), n))
+
+
+def test_same_seed_same_events_across_processes() -> None:
+    digest = hashlib.sha256(b"".join(e.topic.encode() + e.key.encode() + e.value for e in first(5_000, 11)))
+    script = (
+        "import hashlib, itertools\n"
+        "from streams.synthetic import SyntheticConfig, SyntheticStream\n"
+        f"s = SyntheticStream(SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01), 11, {START_MS})\n"
+        "print(hashlib.sha256(b''.join(e.topic.encode() + e.key.encode() + e.value"
+        " for e in itertools.islice(s, 5_000))).hexdigest())\n"
+    )
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, env=env, cwd=REPO)
+    assert other.stdout.strip() == digest.hexdigest()
+    assert first(200, 12) != first(200, 11)
+
+
+def test_labels_refer_to_earlier_real_transactions() -> None:
+    seen: dict[str, TransactionEvent] = {}
+    labels = 0
+    for emitted in first(60_000, 3):
+        if emitted.topic == TRANSACTIONS.name and emitted.record is not None:
+            seen[emitted.record.event_id] = emitted.record
+        elif emitted.topic == LABELS.name:
+            label = emitted.record
+            assert isinstance(label, LabelEvent)
+            assert label.event_id in seen, "a label must refer to a transaction already emitted"
+            assert label.user_id == seen[label.event_id].user_id
+            assert label.label_time_ms >= seen[label.event_id].event_time_ms
+            labels += 1
+    assert labels > 100
+
+
+def test_stream_has_the_planted_patterns() -> None:
+    stream = first(60_000, 5, SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01, label_delay_s=(1.0, 5.0)))
+    transactions = [e.record for e in stream if e.topic == TRANSACTIONS.name and e.record is not None]
+    malformed = [e for e in stream if e.record is None]
+    fraud_ids = {e.record.event_id for e in stream if e.topic == LABELS.name and e.record.is_fraud}
+    emitted_at = {e.record.event_id: e.emit_at_ms for e in stream if e.topic == TRANSACTIONS.name and e.record}
+
+    behind_s = [(emitted_at[t.event_id] - t.event_time_ms) / 1000 for t in transactions]
+    out_of_order = sum(0 < b <= CONFIG.max_out_of_order_s for b in behind_s) / len(behind_s)
+    late = sum(b >= CONFIG.late_by_s[0] for b in behind_s)
+    assert 0.02 < out_of_order < 0.08 and late > 50
+
+    by_user = defaultdict(list)
+    for t in transactions:
+        if t.event_id in fraud_ids and t.channel == "online":
+            by_user[t.user_id].append(t.event_time_ms)
+    velocity = [u for u, times in by_user.items() if len(times) >= 5 and max(times) - min(times) <= 150_000]
+    assert velocity, "some user should show a velocity burst of fraud"
+
+    typical = defaultdict(list)
+    for t in transactions:
+        typical[t.user_id].append(t.amount)
+    spikes = [t for t in transactions if t.event_id in fraud_ids and t.amount > 8 * sorted(typical[t.user_id])[len(typical[t.user_id]) // 2]]
+    assert spikes, "some fraud should be an amount spike"
+
+    assert 0.005 < len(malformed) / len(stream) < 0.02
+    assert len({e.key for e in stream}) > 1_000, "many users"
+    assert len({t.merchant_id for t in transactions}) > 300, "many merchants"
+
+
+def test_published_events_are_exactly_the_generated_ones(bootstrap: str) -> None:
+    config = SyntheticConfig(rate_per_s=5_000, malformed_rate=0.0, legit_label_rate=0.5, label_delay_s=(0.0, 0.5))
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}"})
+    topics = consumer.list_topics(timeout=10).topics
+    starts = {}
+    for topic in (TRANSACTIONS.name, LABELS.name):
+        for partition in topics[topic].partitions:
+            starts[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+
+    stats = EventProducer(bootstrap).publish(SyntheticStream(config, 21, START_MS), duration_s=2.0)
+    expected = list(itertools.takewhile(lambda e: e.emit_at_ms - START_MS < 2_000, SyntheticStream(config, 21, START_MS)))
+    assert stats.total == len(expected)
+    assert stats.delivered[LABELS.name] > 0
+
+    consumer.assign([TopicPartition(t, p, offset) for (t, p), offset in starts.items()])
+    read: dict[tuple[str, str], list[bytes]] = defaultdict(list)
+    for _ in range(200):
+        if sum(len(v) for v in read.values()) >= len(expected):
+            break
+        for msg in consumer.consume(1000, timeout=0.5):
+            assert msg.error() is None
+            read[(msg.topic(), msg.key().decode())].append(msg.value())
+    consumer.close()
+    wanted: dict[tuple[str, str], list[bytes]] = defaultdict(list)
+    for e in expected:
+        wanted[(e.topic, e.key)].append(e.value)
+    assert read == wanted, "every record delivered once, in order per key"
+    assert all(decode(TransactionEvent, v) for (t, _), vs in read.items() if t == TRANSACTIONS.name for v in vs)
