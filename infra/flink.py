@@ -65,7 +65,7 @@ class FlinkRuntime:
             self.name,
             state,
             "embedded",
-            f"{pyflink_version()} + connector {pinned_versions().flink_kafka_connector}",
+            f"{pyflink_version()} / connector {pinned_versions().flink_kafka_connector}",
             None,
             str(self.connector_jar),
         )

@@ -24,6 +24,7 @@ class KafkaBroker(ManagedService):
     """Apache Kafka, storage formatted on first start; its data survives stop/start."""
 
     name = "kafka"
+    cmdline_marker = "kafka.Kafka"
 
     def __init__(
         self,

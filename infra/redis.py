@@ -23,6 +23,7 @@ class RedisServer(ManagedService):
     """A local redis-server: the online store Feast writes features into."""
 
     name = "redis"
+    cmdline_marker = "redis-server"
 
     def __init__(
         self,

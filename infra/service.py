@@ -65,6 +65,8 @@ class ManagedService(ABC):
     """
 
     name: str
+    #: Part of the service's command line; a pid whose command line lacks it is not ours (pid reused).
+    cmdline_marker: str
 
     def __init__(self, run_dir: Path, log_dir: Path, start_timeout_s: float) -> None:
         self.run_dir = run_dir
@@ -111,7 +113,7 @@ class ManagedService(ABC):
         except (ProcessLookupError, FileNotFoundError):
             self.pid_file.unlink(missing_ok=True)
             return None
-        if self.command()[0].rsplit("/", 1)[-1] not in cmdline:
+        if self.cmdline_marker not in cmdline:
             self.pid_file.unlink(missing_ok=True)
             return None
         return pid
