@@ -1,0 +1,47 @@
+"""The Feast repository of this package and its configuration, with the stack's addresses applied."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+REPO_PATH = Path(__file__).with_name("repo")
+
+
+def feast_config(registry_path: Path | None = None, redis_address: str | None = None, repo_path: Path = REPO_PATH):
+    """The repo's ``feature_store.yaml`` with the registry file and Redis address overridden when given."""
+    import yaml
+    from feast.repo_config import RepoConfig
+
+    raw = yaml.safe_load((repo_path / "feature_store.yaml").read_text())
+    if registry_path is not None:
+        registry_path.parent.mkdir(parents=True, exist_ok=True)
+        raw["registry"] = str(registry_path)
+    if redis_address is not None:
+        raw["online_store"] = {**raw["online_store"], "connection_string": redis_address}
+    config = RepoConfig(**raw)
+    config.repo_path = repo_path
+    return config
+
+
+def feature_store(registry_path: Path | None = None, redis_address: str | None = None, repo_path: Path = REPO_PATH):
+    """A Feast FeatureStore on this repo (importing Feast takes seconds: keep it off hot paths)."""
+    from feast import FeatureStore
+
+    # Feast warns that stream feature views are alpha on every load; Loopline depends on them knowingly.
+    warnings.filterwarnings("ignore", message="Stream feature views are experimental", category=RuntimeWarning)
+    return FeatureStore(repo_path=str(repo_path), config=feast_config(registry_path, redis_address, repo_path))
+
+
+def apply_definitions(registry_path: Path | None = None, redis_address: str | None = None, repo_path: Path = REPO_PATH) -> list[str]:
+    """What ``feast apply`` does: register the repo's definitions and prepare the online store.
+
+    Returns the names of the feature views applied.
+    """
+    from feast.repo_operations import parse_repo
+
+    store = feature_store(registry_path, redis_address, repo_path)
+    contents = parse_repo(repo_path)
+    views = [*contents.feature_views, *contents.stream_feature_views]
+    store.apply([*contents.entities, *contents.data_sources, *views])
+    return sorted(view.name for view in views)

@@ -1,0 +1,107 @@
+"""Real-time transaction features: declared once here, compiled into the Flink job by ``streams/``.
+
+Window semantics (see ``streams/window_state.py``): each aggregation covers the events of the
+entity whose event time falls in the last ``time_window`` before the entity's latest event,
+counted in steps of ``slide_interval``; values update on every event. ``time_since_previous``
+is Loopline's own function: seconds between the entity's latest event and the one before it.
+"""
+
+from datetime import timedelta
+
+from feast import Entity, FileSource, KafkaSource, StreamFeatureView
+from feast.aggregation import Aggregation
+from feast.data_format import JsonFormat, ParquetFormat
+from feast.field import Field
+from feast.types import Float64, Int64
+from feast.value_type import ValueType
+
+from schemas.ddl import ddl
+from schemas.records import TransactionEvent
+from schemas.topics import TRANSACTIONS
+
+user = Entity(name="user", join_keys=["user_id"], value_type=ValueType.STRING, description="A card holder.")
+merchant = Entity(name="merchant", join_keys=["merchant_id"], value_type=ValueType.STRING, description="A merchant.")
+
+
+def _transactions(view: str) -> KafkaSource:
+    """The transactions topic; its feature rows are appended offline under data/offline/<view>."""
+    return KafkaSource(
+        name=f"transactions_for_{view}",
+        kafka_bootstrap_servers="localhost:9092",
+        topic=TRANSACTIONS.name,
+        timestamp_field="event_time_ms",
+        message_format=JsonFormat(schema_json=ddl(TransactionEvent)),
+        watermark_delay_threshold=timedelta(seconds=5),
+        batch_source=FileSource(
+            name=f"{view}_offline",
+            path=f"data/offline/{view}",
+            file_format=ParquetFormat(),
+            timestamp_field="event_timestamp",
+        ),
+    )
+
+
+def _agg(name: str, function: str, column: str, window: timedelta, slide: timedelta) -> Aggregation:
+    return Aggregation(name=name, function=function, column=column, time_window=window, slide_interval=slide)
+
+
+FIVE_MIN, HOUR, DAY = timedelta(minutes=5), timedelta(hours=1), timedelta(days=1)
+TEN_S, MINUTE, QUARTER = timedelta(seconds=10), timedelta(minutes=1), timedelta(minutes=15)
+
+user_transaction_features = StreamFeatureView(
+    name="user_transaction_features",
+    source=_transactions("user_transaction_features"),
+    entities=[user],
+    ttl=timedelta(days=2),
+    timestamp_field="event_time_ms",
+    aggregations=[
+        _agg("txn_count_5m", "count", "amount", FIVE_MIN, TEN_S),
+        _agg("txn_count_1h", "count", "amount", HOUR, MINUTE),
+        _agg("txn_count_24h", "count", "amount", DAY, QUARTER),
+        _agg("amount_sum_1h", "sum", "amount", HOUR, MINUTE),
+        _agg("amount_sum_24h", "sum", "amount", DAY, QUARTER),
+        _agg("amount_mean_1h", "mean", "amount", HOUR, MINUTE),
+        _agg("amount_mean_24h", "mean", "amount", DAY, QUARTER),
+        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),
+        _agg("distinct_merchants_1h", "count_distinct", "merchant_id", HOUR, MINUTE),
+        _agg("distinct_countries_24h", "count_distinct", "country", DAY, QUARTER),
+        Aggregation(name="secs_since_prev_txn", function="time_since_previous", column="event_time_ms"),
+    ],
+    schema=[
+        Field(name="txn_count_5m", dtype=Int64),
+        Field(name="txn_count_1h", dtype=Int64),
+        Field(name="txn_count_24h", dtype=Int64),
+        Field(name="amount_sum_1h", dtype=Float64),
+        Field(name="amount_sum_24h", dtype=Float64),
+        Field(name="amount_mean_1h", dtype=Float64),
+        Field(name="amount_mean_24h", dtype=Float64),
+        Field(name="amount_max_24h", dtype=Float64),
+        Field(name="distinct_merchants_1h", dtype=Int64),
+        Field(name="distinct_countries_24h", dtype=Int64),
+        Field(name="secs_since_prev_txn", dtype=Float64),
+    ],
+    online=True,
+    description="Velocity, spend and novelty of a card holder's recent transactions.",
+)
+
+merchant_transaction_features = StreamFeatureView(
+    name="merchant_transaction_features",
+    source=_transactions("merchant_transaction_features"),
+    entities=[merchant],
+    ttl=timedelta(days=2),
+    timestamp_field="event_time_ms",
+    aggregations=[
+        _agg("merchant_txn_count_5m", "count", "amount", FIVE_MIN, TEN_S),
+        _agg("merchant_txn_count_1h", "count", "amount", HOUR, MINUTE),
+        _agg("merchant_amount_mean_1h", "mean", "amount", HOUR, MINUTE),
+        _agg("merchant_distinct_users_1h", "count_distinct", "user_id", HOUR, MINUTE),
+    ],
+    schema=[
+        Field(name="merchant_txn_count_5m", dtype=Int64),
+        Field(name="merchant_txn_count_1h", dtype=Int64),
+        Field(name="merchant_amount_mean_1h", dtype=Float64),
+        Field(name="merchant_distinct_users_1h", dtype=Int64),
+    ],
+    online=True,
+    description="Traffic and customer spread of a merchant.",
+)

@@ -1,0 +1,144 @@
+"""Compile Feast stream feature views into a plan the Flink job and the offline recompute both run.
+
+The plan is plain, picklable data: for each view the entity key, the source topic, the allowed
+out-of-orderness and the aggregations with their windows in milliseconds. Anything the engine
+cannot compute is refused here, at compile time, naming the view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from feast import StreamFeatureView
+
+from schemas.topics import TopicSpec, topic_spec
+
+#: Functions the engine computes. ``time_since_previous`` is Loopline's own (no window).
+WINDOWED_FUNCTIONS = frozenset({"count", "sum", "mean", "max", "min", "count_distinct"})
+SUPPORTED_FUNCTIONS = WINDOWED_FUNCTIONS | {"time_since_previous"}
+_NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
+
+
+class PlanError(ValueError):
+    """A feature view asks for something the streaming engine cannot compute."""
+
+
+@dataclass(frozen=True)
+class AggregationSpec:
+    """One feature: ``function`` of ``column`` over the last ``window_ms``, in steps of ``slide_ms``."""
+
+    name: str
+    function: str
+    column: str
+    window_ms: int | None
+    slide_ms: int | None
+
+    @property
+    def window_buckets(self) -> int:
+        """How many slide buckets the window spans."""
+        assert self.window_ms is not None and self.slide_ms is not None
+        return self.window_ms // self.slide_ms
+
+
+@dataclass(frozen=True)
+class ViewPlan:
+    """What the job computes for one stream feature view."""
+
+    name: str
+    entity_key: str
+    topic: str
+    out_of_orderness_ms: int
+    aggregations: tuple[AggregationSpec, ...]
+    offline_path: str | None
+
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        """The view's features, in declaration order."""
+        return tuple(a.name for a in self.aggregations)
+
+
+@dataclass(frozen=True)
+class FeaturePlan:
+    """Every view of the job; all of them read the same topic."""
+
+    views: tuple[ViewPlan, ...]
+
+    @property
+    def topic(self) -> str:
+        """The one source topic."""
+        return self.views[0].topic
+
+    @property
+    def out_of_orderness_ms(self) -> int:
+        """The job's watermark bound: the most any view allows."""
+        return max(view.out_of_orderness_ms for view in self.views)
+
+
+def _ms(delta: timedelta | None) -> int | None:
+    return None if delta is None else int(delta.total_seconds() * 1000)
+
+
+def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields: set[str]) -> AggregationSpec:
+    function, column, name = aggregation.function, aggregation.column, aggregation.name
+    where = f"stream feature view '{view}', aggregation '{name or function}'"
+    if not name:
+        raise PlanError(f"{where}: give the aggregation a name (it becomes the feature name)")
+    if name not in schema_fields:
+        raise PlanError(f"{where}: no field named '{name}' in the view's schema")
+    if function not in SUPPORTED_FUNCTIONS:
+        raise PlanError(f"{where}: unsupported function '{function}'; supported: {', '.join(sorted(SUPPORTED_FUNCTIONS))}")
+    columns = spec.record_type.model_fields
+    if column not in columns:
+        raise PlanError(f"{where}: column '{column}' is not a field of {spec.record_type.__name__}")
+    if function in _NUMERIC_FUNCTIONS and columns[column].annotation not in (int, float):
+        raise PlanError(f"{where}: '{function}' needs a numeric column, '{column}' is not")
+    window, slide = _ms(aggregation.time_window), _ms(aggregation.slide_interval)
+    if function == "time_since_previous":
+        return AggregationSpec(name, function, column, None, None)
+    if not window or window <= 0:
+        raise PlanError(f"{where}: '{function}' needs a positive time_window")
+    if not slide or slide <= 0 or window % slide != 0:
+        raise PlanError(f"{where}: slide_interval must be positive and divide time_window ({window} ms)")
+    return AggregationSpec(name, function, column, window, slide)
+
+
+def compile_view(view: StreamFeatureView) -> ViewPlan:
+    """The plan of one stream feature view, or PlanError naming the view and the problem."""
+    source = view.stream_source
+    if source is None or getattr(source, "kafka_options", None) is None:
+        raise PlanError(f"stream feature view '{view.name}': needs a KafkaSource")
+    try:
+        spec = topic_spec(source.kafka_options.topic)
+    except KeyError as err:
+        raise PlanError(f"stream feature view '{view.name}': {err.args[0]}") from None
+    keys = [column.name for column in view.entity_columns]
+    if len(keys) != 1:
+        raise PlanError(f"stream feature view '{view.name}': needs exactly one entity join key, has {keys}")
+    if keys[0] not in spec.record_type.model_fields:
+        raise PlanError(f"stream feature view '{view.name}': join key '{keys[0]}' is not in {spec.name}")
+    if not view.aggregations:
+        raise PlanError(f"stream feature view '{view.name}': declares no aggregations")
+    schema_fields = {field.name for field in view.features}
+    delay = source.kafka_options.watermark_delay_threshold or timedelta(0)
+    batch = view.batch_source
+    return ViewPlan(
+        name=view.name,
+        entity_key=keys[0],
+        topic=spec.name,
+        out_of_orderness_ms=_ms(delay) or 0,
+        aggregations=tuple(_compile_aggregation(view.name, spec, a, schema_fields) for a in view.aggregations),
+        offline_path=getattr(batch, "path", None),
+    )
+
+
+def compile_plan(views: Iterable[StreamFeatureView]) -> FeaturePlan:
+    """The plan for all ``views``; they must read one topic (one Flink source)."""
+    plans = tuple(sorted((compile_view(v) for v in views), key=lambda p: p.name))
+    if not plans:
+        raise PlanError("the Feast registry has no stream feature views; run `loopline apply` first")
+    topics = {p.topic for p in plans}
+    if len(topics) != 1:
+        raise PlanError(f"stream feature views read several topics ({', '.join(sorted(topics))}); one job reads one")
+    return FeaturePlan(plans)
