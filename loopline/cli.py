@@ -18,6 +18,7 @@ from loopline.settings import Settings
 from loopline.views import stack_table, topics_table
 from schemas.compatibility import CompatibilityError, check_registered, register
 from schemas.topics import TOPICS
+from streams.feature_plan import PlanError
 from streams.producer import DeliveryError
 from streams.topics import TopicSpecError, apply_topics
 
@@ -28,11 +29,13 @@ schemas_app = typer.Typer(help="Record contracts and their compatibility.")
 app.add_typer(stack_app, name="stack")
 app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
+stream_app = typer.Typer(help="The streaming feature job compiled from the Feast stream feature views.")
+app.add_typer(stream_app, name="stream")
 
 console = Console()
 
 #: Errors the user can act on: printed as one line, never as a trace.
-USER_ERRORS = (StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError)
+USER_ERRORS = (StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError)
 
 
 def settings() -> Settings:
@@ -86,6 +89,31 @@ def stack_logs(
         raise typer.BadParameter(f"unknown service {service!r}; choose from {', '.join(by_name)}")
     for line in tail(by_name[service].log_file, lines):
         print(line)
+
+
+@app.command("apply")
+def apply_all() -> None:
+    """`feast apply` on the feature repo (registry and Redis of these settings), then `topics apply`."""
+    from feature_store.config import apply_definitions
+
+    config = settings()
+    views = apply_definitions(config.registry_path, config.redis_address)
+    console.print(f"feature views applied: {', '.join(views)} (registry {config.registry_path})")
+    console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS)))
+
+
+@stream_app.command("submit")
+def stream_submit(
+    restore: Annotated[bool, typer.Option(help="Resume from the newest checkpoint when there is one.")] = True,
+) -> None:
+    """Run the feature job on the embedded mini-cluster (until stopped)."""
+    from loopline.components import feature_plan, job_settings
+    from streams.feature_job import run_embedded
+
+    config = settings()
+    plan = feature_plan(config)
+    console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {plan.topic}")
+    run_embedded(plan, job_settings(config), restore=restore)
 
 
 @topics_app.command("apply")

@@ -7,6 +7,8 @@ from infra.kafka import KafkaBroker
 from infra.redis import RedisServer
 from infra.stack import LocalStack
 from loopline.settings import Settings
+from streams.job_settings import JobSettings
+from streams.feature_plan import FeaturePlan, compile_plan
 from streams.synthetic import SyntheticConfig
 
 
@@ -51,4 +53,31 @@ def synthetic_config(settings: Settings, rate_per_s: float, malformed_rate: floa
         max_out_of_order_s=producer.max_out_of_order_s,
         late_rate=producer.late_rate,
         malformed_rate=producer.malformed_rate if malformed_rate is None else malformed_rate,
+    )
+
+
+def feature_plan(settings: Settings) -> FeaturePlan:
+    """The streaming plan compiled from the stream feature views in the Feast registry."""
+    from feature_store.config import feature_store
+
+    plan = compile_plan(feature_store(settings.registry_path, settings.redis_address).list_stream_feature_views())
+    return plan.reading(settings.stream.source_topic) if settings.stream.source_topic else plan
+
+
+def job_settings(settings: Settings) -> JobSettings:
+    """Everything the streaming job needs to know about the stack it runs on."""
+    stream = settings.stream
+    return JobSettings(
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        connector_jar=build_stack(settings).flink.connector_jar,
+        checkpoint_dir=settings.checkpoint_dir,
+        registry_path=settings.registry_path,
+        redis_address=settings.redis_address,
+        offline_dir=settings.offline_dir,
+        group_id=stream.group_id,
+        dead_letter_topic=stream.dead_letter_topic,
+        checkpoint_interval_ms=stream.checkpoint_interval_ms,
+        flush_interval_ms=stream.flush_interval_ms,
+        max_batch_rows=stream.max_batch_rows,
+        parallelism=stream.parallelism,
     )

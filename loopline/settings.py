@@ -56,6 +56,24 @@ class ProducerSettings(BaseModel):
     malformed_rate: float = Field(default=0.0, ge=0, le=1)
 
 
+class FeatureStoreSettings(BaseModel):
+    """Where Feast keeps its registry (the repo itself is ``feature_store/repo``)."""
+
+    registry_path: Path | None = Field(default=None, description="Default <home>/feast/registry.db.")
+
+
+class StreamSettings(BaseModel):
+    """The streaming feature job."""
+
+    group_id: str = "loopline-features"
+    source_topic: str | None = Field(default=None, description="Read this topic instead of the Feast source's.")
+    dead_letter_topic: str = "events.dlq"
+    checkpoint_interval_ms: int = Field(default=5_000, ge=100)
+    flush_interval_ms: int = Field(default=50, ge=1)
+    max_batch_rows: int = Field(default=2_000, ge=1)
+    parallelism: int = Field(default=1, ge=1)
+
+
 class Settings(BaseSettings):
     """Everything Loopline can be configured with."""
 
@@ -68,6 +86,8 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     producer: ProducerSettings = ProducerSettings()
+    feature_store: FeatureStoreSettings = FeatureStoreSettings()
+    stream: StreamSettings = StreamSettings()
 
     @classmethod
     def settings_customise_sources(
@@ -98,6 +118,26 @@ class Settings(BaseSettings):
     def resolved_jars_dir(self) -> Path:
         """Where the Maven jars are cached."""
         return (self.jars_dir or self.home / "jars").absolute()
+
+    @property
+    def registry_path(self) -> Path:
+        """The Feast registry file."""
+        return (self.feature_store.registry_path or self.home / "feast" / "registry.db").absolute()
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        """Where the streaming job keeps its checkpoints."""
+        return (self.home / "checkpoints").absolute()
+
+    @property
+    def offline_dir(self) -> Path:
+        """Where the streaming job appends feature rows as parquet (the offline log)."""
+        return (self.home / "offline").absolute()
+
+    @property
+    def redis_address(self) -> str:
+        """host:port of the online store."""
+        return f"{self.redis.host}:{self.redis.port}"
 
     @property
     def run_dir(self) -> Path:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyflink.common import Types
@@ -26,33 +25,13 @@ from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
 from pyflink.table import StreamTableEnvironment
 
 from schemas.records import DeadLetterRecord, TransactionEvent
-from schemas.topics import DEAD_LETTERS
 from schemas.validation import ContractViolation, decode, encode
 from streams.feature_plan import FeaturePlan, ViewPlan
+from streams.job_settings import JobSettings
 from streams.window_state import EntityWindows
 
 JOB_NAME = "loopline-features"
 DEAD_LETTER_TAG_NAME = "dead-letters"
-
-
-@dataclass(frozen=True)
-class JobSettings:
-    """Where the job reads, writes and checkpoints, and its batching and checkpoint knobs."""
-
-    bootstrap_servers: str
-    connector_jar: Path
-    checkpoint_dir: Path
-    registry_path: Path | None = None
-    redis_address: str | None = None
-    offline_dir: Path | None = None
-    group_id: str = "loopline-features"
-    dead_letter_topic: str = DEAD_LETTERS.name
-    checkpoint_interval_ms: int = 5_000
-    flush_interval_ms: int = 50
-    max_batch_rows: int = 2_000
-    offline_flush_interval_ms: int = 5_000
-    parallelism: int = 1
-    python_options: dict[str, str] = field(default_factory=dict)
 
 
 def _dead_letter(reason: str, error: str, error_field: str | None, raw: dict) -> str:
@@ -281,6 +260,17 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
     env.set_parallelism(settings.parallelism)
     env.enable_checkpointing(settings.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
     return env
+
+
+def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True) -> None:
+    """Run the job on an embedded mini-cluster until it fails or the process is stopped.
+
+    With ``restore`` it resumes from the newest retained checkpoint, when there is one.
+    """
+    restore_from = latest_checkpoint(settings.checkpoint_dir) if restore else None
+    env = new_environment(settings, restore_from)
+    build_job(env, plan, settings)
+    env.execute(JOB_NAME)
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:

@@ -8,12 +8,14 @@ cannot compute is refused here, at compile time, naming the view.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
-
-from feast import StreamFeatureView
+from typing import TYPE_CHECKING
 
 from schemas.topics import TopicSpec, topic_spec
+
+if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled here
+    from feast import StreamFeatureView
 
 #: Functions the engine computes. ``time_since_previous`` is Loopline's own (no window).
 WINDOWED_FUNCTIONS = frozenset({"count", "sum", "mean", "max", "min", "count_distinct"})
@@ -74,6 +76,10 @@ class FeaturePlan:
     def out_of_orderness_ms(self) -> int:
         """The job's watermark bound: the most any view allows."""
         return max(view.out_of_orderness_ms for view in self.views)
+
+    def reading(self, topic: str) -> FeaturePlan:
+        """The same plan with every view reading ``topic`` (a replay or a test topic)."""
+        return FeaturePlan(tuple(replace(view, topic=topic) for view in self.views))
 
 
 def _ms(delta: timedelta | None) -> int | None:

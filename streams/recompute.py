@@ -16,6 +16,19 @@ from streams.window_state import SCALE
 EVENT_TIME = "event_time_ms"
 
 
+def split_late(events: pd.DataFrame, out_of_orderness_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Reproduce the job's lateness verdicts from the log: ``(accepted, late)``.
+
+    ``events`` needs ``partition`` and ``offset`` columns besides the record's. Within each
+    partition, in offset order, an event is late when its time is more than the bound behind the
+    newest event time seen before it in that partition (the job's per-partition watermark).
+    """
+    ordered = events.sort_values(["partition", "offset"], kind="stable")
+    newest_before = ordered.groupby("partition")[EVENT_TIME].transform(lambda t: t.cummax().shift())
+    late = ordered[EVENT_TIME] < newest_before - out_of_orderness_ms
+    return ordered[~late], ordered[late]
+
+
 def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = None) -> pd.DataFrame:
     """Features of ``plan`` for entities at points in time.
 

@@ -24,8 +24,8 @@ from streams.feature_plan import ViewPlan
 
 #: Fixed-point scale for exact sums (micro-units of the currency).
 SCALE = 1_000_000
-#: Row versions are microseconds: event time in ms * 1000 plus a sequence within that ms.
-_MAX_SEQ = 999
+#: Row versions are microseconds: event time in ms * 1000 plus the absorbed-event count mod 1000.
+_COUNT_IN_VERSION = 1000
 
 
 def quantize(value: float) -> int:
@@ -57,25 +57,30 @@ class EntityWindows:
 
     latest_ms: int | None = None
     previous_ms: int | None = None
-    sequence: int = 0
+    absorbed: int = 0
     #: slide_ms -> bucket index -> column -> bucket stats
     buckets: dict[int, dict[int, dict[str, _Bucket]]] = field(default_factory=dict)
 
     @property
     def version_us(self) -> int:
-        """Row version: a later, more complete row always has a larger version; a replay the same one."""
+        """Row version: it grows with every absorbed event, whatever their arrival order.
+
+        Both parts depend only on which events were absorbed (their newest time and their count),
+        so a replay after a restart, which may interleave partitions differently, reproduces the
+        same versions, and a row that includes more events is never taken for a duplicate. (It
+        could repeat only if 1,000 events in a row arrived without any being the entity's newest.)
+        """
         assert self.latest_ms is not None
-        return self.latest_ms * 1000 + min(self.sequence, _MAX_SEQ)
+        return self.latest_ms * 1000 + self.absorbed % _COUNT_IN_VERSION
 
     def absorb(self, plan: ViewPlan, event: dict) -> None:
         """Add one event (a decoded record as a dict) to the entity's windows."""
         ts = event["event_time_ms"]
+        self.absorbed += 1
         if self.latest_ms is None or ts > self.latest_ms:
-            self.previous_ms, self.latest_ms, self.sequence = self.latest_ms, ts, 0
-        else:
-            self.sequence += 1
-            if ts < self.latest_ms and (self.previous_ms is None or ts > self.previous_ms):
-                self.previous_ms = ts
+            self.previous_ms, self.latest_ms = self.latest_ms, ts
+        elif ts < self.latest_ms and (self.previous_ms is None or ts > self.previous_ms):
+            self.previous_ms = ts
         for slide_ms, columns in _columns_by_slide(plan).items():
             by_bucket = self.buckets.setdefault(slide_ms, {})
             stats = by_bucket.setdefault(ts // slide_ms, {})

@@ -1,0 +1,28 @@
+"""The streaming feature job's settings: plain values, so that building them needs no PyFlink."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.topics import DEAD_LETTERS
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Where the job reads, writes and checkpoints, and its batching and checkpoint knobs."""
+
+    bootstrap_servers: str
+    connector_jar: Path
+    checkpoint_dir: Path
+    registry_path: Path | None = None
+    redis_address: str | None = None
+    offline_dir: Path | None = None
+    group_id: str = "loopline-features"
+    dead_letter_topic: str = DEAD_LETTERS.name
+    checkpoint_interval_ms: int = 5_000
+    flush_interval_ms: int = 50
+    max_batch_rows: int = 2_000
+    offline_flush_interval_ms: int = 5_000
+    parallelism: int = 1
+    python_options: dict[str, str] = field(default_factory=dict)
