@@ -45,3 +45,9 @@ def apply_definitions(registry_path: Path | None = None, redis_address: str | No
     views = [*contents.feature_views, *contents.stream_feature_views]
     store.apply([*contents.entities, *contents.data_sources, *views])
     return sorted(view.name for view in views)
+
+
+def feature_fields(view) -> list:
+    """A feature view's features without its entity columns (which Feast's inference adds to the schema)."""
+    join_keys = {column.name for column in view.entity_columns}
+    return [field for field in view.features if field.name not in join_keys]

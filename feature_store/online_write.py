@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from feature_store.config import REPO_PATH, feature_store
+from feature_store.config import REPO_PATH, feature_fields, feature_store
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: Feast value-proto field for each feature dtype Loopline declares.
@@ -55,7 +55,7 @@ class OnlineWriter:
         self._online_store = get_online_store_from_config(store.config.online_store)
         self._views = {view.name: view for view in store.list_stream_feature_views()}
         self._value_fields = {
-            name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in view.features}
+            name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
             for name, view in self._views.items()
         }
         self._join_keys = {name: view.entity_columns[0].name for name, view in self._views.items()}
