@@ -20,6 +20,7 @@ from feature_store.config import REPO_PATH, feature_fields, feature_store
 @dataclass(frozen=True)
 class _ViewLayout:
     join_key: str
+    timestamp_field: bytes
     fields: dict[str, bytes]  # feature name -> hashed Redis field
 
 
@@ -39,6 +40,7 @@ class OnlineReader:
         self._views = {
             view.name: _ViewLayout(
                 join_key=view.entity_columns[0].name,
+                timestamp_field=f"_ts:{view.name}".encode(),
                 fields={f.name: _mmh3(f"{view.name}:{f.name}") for f in feature_fields(view)},
             )
             for view in [*store.list_feature_views(), *store.list_stream_feature_views()]
@@ -74,6 +76,17 @@ class OnlineReader:
                 for column, raw in zip(columns, next(replies)):
                     column.append(None if raw is None else self._decode(raw))
         return result
+
+    def row_timestamps_us(self, view: str, entities: list[str]) -> list[int | None]:
+        """When each entity's row was computed (its event time, in microseconds), or None if it has none."""
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        layout = self._views[view]
+        pipe = self._redis.pipeline(transaction=False)
+        for entity in entities:
+            pipe.hget(self._redis_key(layout.join_key, entity), layout.timestamp_field)
+        stamps = [None if raw is None else Timestamp.FromString(raw) for raw in pipe.execute()]
+        return [None if s is None else s.seconds * 1_000_000 + s.nanos // 1_000 for s in stamps]
 
     def _decode(self, raw: bytes):
         value = self._value.FromString(raw)

@@ -95,6 +95,10 @@ class ManagedService(ABC):
     def version(self) -> str:
         """The version of the server software."""
 
+    def environment(self) -> dict[str, str] | None:
+        """Environment of the service process (default: the caller's)."""
+        return None
+
     def prepare(self) -> None:
         """Create or check the data directory before the first start (default: nothing)."""
 
@@ -146,6 +150,7 @@ class ManagedService(ABC):
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=self.environment(),
             )
         self.pid_file.write_text(str(process.pid))
         if not wait_until(lambda: process.poll() is not None or self.ready(), self.start_timeout_s):

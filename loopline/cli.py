@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
 from confluent_kafka import KafkaException
 from rich.console import Console
+from rich.table import Table
 
 from infra.errors import StackError
 from infra.service import tail
@@ -102,18 +106,71 @@ def apply_all() -> None:
     console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS)))
 
 
+JobManagerOption = Annotated[
+    Optional[str], typer.Option("--jobmanager", help="REST host:port of a Flink cluster (default: embedded).")
+]
+
+
 @stream_app.command("submit")
 def stream_submit(
+    jobmanager: JobManagerOption = None,
     restore: Annotated[bool, typer.Option(help="Resume from the newest checkpoint when there is one.")] = True,
 ) -> None:
-    """Run the feature job on the embedded mini-cluster (until stopped)."""
+    """Run the feature job: on the embedded mini-cluster (until stopped), or submitted to a cluster."""
     from loopline.components import feature_plan, job_settings
-    from streams.feature_job import run_embedded
 
     config = settings()
     plan = feature_plan(config)
     console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {plan.topic}")
-    run_embedded(plan, job_settings(config), restore=restore)
+    if jobmanager is None:
+        from streams.feature_job import run_embedded
+
+        run_embedded(plan, job_settings(config), restore=restore)
+        return
+    from infra.flink_cluster import pyflink_home
+    from streams.feature_job import submit_command
+
+    command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job_settings(config), config.stream.source_topic)
+    result = subprocess.run(command, capture_output=True, text=True)
+    submitted = re.search(r"JobID ([0-9a-f]{32})", result.stdout)
+    if result.returncode != 0 or not submitted:
+        last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+        raise StackError(f"`flink run` failed: {last}", f"check the cluster at {jobmanager} and its logs")
+    console.print(f"submitted to {jobmanager}: job {submitted.group(1)}")
+
+
+@stream_app.command("status")
+def stream_status(jobmanager: JobManagerOption = None) -> None:
+    """Show the jobs of a Flink cluster."""
+    from infra.flink_cluster import list_jobs
+
+    if jobmanager is None:
+        console.print("the embedded job lives inside its `loopline stream submit` process; give --jobmanager for a cluster")
+        return
+    table = Table(title=f"Flink jobs at {jobmanager}")
+    for column in ("job", "name", "state", "started"):
+        table.add_column(column)
+    for job in list_jobs(jobmanager):
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job["start_ms"] / 1000))
+        table.add_row(job["id"], job["name"], job["state"], started)
+    console.print(table)
+
+
+@stream_app.command("cancel")
+def stream_cancel(
+    jobmanager: Annotated[str, typer.Option("--jobmanager", help="REST host:port of the Flink cluster.")],
+    job_id: Annotated[Optional[str], typer.Argument(help="Default: every running loopline-features job.")] = None,
+) -> None:
+    """Cancel the feature job on a Flink cluster."""
+    from infra.flink_cluster import cancel_job, list_jobs
+    from streams.feature_job import JOB_NAME
+
+    targets = [job_id] if job_id else [j["id"] for j in list_jobs(jobmanager) if j["name"] == JOB_NAME and j["state"] == "RUNNING"]
+    for target in targets:
+        cancel_job(jobmanager, target)
+        console.print(f"cancelling {target}")
+    if not targets:
+        console.print("no running feature job")
 
 
 @topics_app.command("apply")
@@ -152,7 +209,7 @@ def produce(
 @app.command("demo")
 def demo(
     seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 60.0,
-    rate: Annotated[float, typer.Option(help="Transactions per second.")] = 1000.0,
+    rate: Annotated[float, typer.Option(help="Transactions per second (the embedded job keeps up with ~300).")] = 150.0,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up."""
     from loopline.demo import run_demo

@@ -1,18 +1,31 @@
-"""``make demo``: the loop so far, end to end on the local stack, in bounded time."""
+"""``make demo``: the loop so far, end to end on the local stack, in bounded time.
+
+Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own
+process) → the synthetic producer → a live table of a few users' features as they update in
+Redis → every record validated (bad ones dead-lettered) → a summary. The stack stays up.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 
 from rich.console import Console
+from rich.live import Live
+from rich.table import Table
 
-from loopline.components import build_stack
-from loopline.produce import produce_stream
+from loopline.components import build_stack, synthetic_config
 from loopline.settings import Settings
 from loopline.views import counts_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
+from streams.producer import EventProducer, PublishStats
+from streams.synthetic import SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics, topic_sizes
 from streams.validating_consumer import ValidatingConsumer
 
@@ -20,25 +33,95 @@ from streams.validating_consumer import ValidatingConsumer
 _REPORT_RESERVE_S = 8.0
 #: The demo's producer sends a few broken records on purpose, to show dead-lettering.
 _DEMO_MALFORMED_RATE = 0.002
+_JOB_START_TIMEOUT_S = 120.0
+_USER_VIEW = "user_transaction_features"
+_SHOWN = ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")
+#: The synthetic stream's most active users (Zipf ranks 0-4): their rows change every second or so.
+_WATCHED_USERS = [f"u{i:06d}" for i in range(5)]
+
+
+def _features_table(reader, produced: int, elapsed_s: float) -> Table:
+    now_us = time.time() * 1e6
+    values = reader.get_online_features([f"{_USER_VIEW}:{f}" for f in _SHOWN], [{"user_id": u} for u in _WATCHED_USERS])
+    stamps = reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)
+    table = Table(title=f"live features in Redis — {produced:,} transactions produced in {elapsed_s:.0f} s")
+    for column in ("user", *_SHOWN, "row age"):
+        table.add_column(column, justify="left" if column == "user" else "right")
+    for index, user in enumerate(_WATCHED_USERS):
+        cells = [values[f][index] for f in _SHOWN]
+        age = "—" if stamps[index] is None else f"{(now_us - stamps[index]) / 1e6:.1f} s"
+        table.add_row(user, *("—" if v is None else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells), age)
+    return table
+
+
+def _wait_for_job(job: subprocess.Popen, bootstrap: str, reader, timeout_s: float) -> None:
+    """Publish one probe transaction and wait until its row is readable online."""
+    probe = next(e for e in SyntheticStream(SyntheticConfig(users=1), 1, int(time.time() * 1000)) if e.record and e.topic == TRANSACTIONS.name)
+    EventProducer(bootstrap).publish([probe])
+    deadline = time.monotonic() + timeout_s
+    while (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) < probe.record.event_time_ms * 1000:
+        if job.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("the feature job did not start; see .loopline/logs/feature-job.log")
+        time.sleep(0.2)
+
+
+def _start_feature_job(settings: Settings) -> subprocess.Popen:
+    log = settings.resolved_logs_dir / "feature-job.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
+        stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
 
 
 def run_demo(settings: Settings, seconds: float, rate: float, console: Console) -> None:
-    """Stack up, topics, produce for the rest of the budget, validate everything, report."""
+    """Stack up, features applied, job started, produce for the rest of the budget while showing features."""
+    from feature_store.config import apply_definitions
+    from feature_store.online_read import OnlineReader
+
     began = time.monotonic()
     stack = build_stack(settings)
     console.rule("1. local stack")
     reports = stack.up()
     console.print(stack_table(stack.status(), reports))
 
-    console.rule("2. topics")
+    console.rule("2. feature definitions and topics")
     bootstrap = settings.kafka.bootstrap_servers
+    views = apply_definitions(settings.registry_path, settings.redis_address)
+    console.print(f"feast apply: {', '.join(views)}")
     console.print(topics_table(apply_topics(bootstrap, TOPICS)))
 
+    console.rule("3. streaming feature job (PyFlink, embedded) and the producer")
+    job = _start_feature_job(settings)
+    reader = OnlineReader(settings.registry_path, settings.redis_address)
+    with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
+        _wait_for_job(job, bootstrap, reader, timeout_s=_JOB_START_TIMEOUT_S)
     duration = max(5.0, seconds - (time.monotonic() - began) - _REPORT_RESERVE_S)
-    console.rule(f"3. producing {rate:,.0f} transactions/s for {duration:.0f} s")
-    stats = produce_stream(
-        settings, rate, duration, seed=int(time.time()), start="now", console=console, malformed_rate=_DEMO_MALFORMED_RATE
+    stream = SyntheticStream(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), int(time.time()), int(time.time() * 1000))
+    produced = [0]
+    outcome: list[PublishStats] = []
+    producing = threading.Thread(
+        target=lambda: outcome.append(
+            EventProducer(bootstrap).publish(
+                stream, rate_per_s=rate, duration_s=duration, on_progress=lambda n: produced.__setitem__(0, n)
+            )
+        ),
+        daemon=True,
     )
+    started = time.monotonic()
+    producing.start()
+    try:
+        with Live(console=console, refresh_per_second=4) as live:
+            while producing.is_alive():
+                live.update(_features_table(reader, produced[0], time.monotonic() - started))
+                time.sleep(0.25)
+            live.update(_features_table(reader, produced[0], time.monotonic() - started))
+    finally:
+        os.killpg(job.pid, signal.SIGTERM)
+        job.wait(30)
+    if not outcome:
+        raise RuntimeError("the producer stopped without a result; see the lines above")
+    stats = outcome[0]
 
     console.rule("4. validating (bad records go to the dead-letter topic)")
     dead_letters: list[DeadLetterRecord] = []
@@ -58,18 +141,22 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS])))
     for record in dead_letters[:3]:
         console.print(
-            f"  dead letter from {record.source_topic}[{record.source_partition}]@{record.source_offset}: {record.error}",
+            f"  dead letter ({record.reason}, by {record.consumer}) from "
+            f"{record.source_topic}[{record.source_partition}]@{record.source_offset}: {record.error}",
             highlight=False,
         )
 
-    elapsed = time.monotonic() - began
     summary = {
-        "seconds": round(elapsed, 1),
+        "seconds": round(time.monotonic() - began, 1),
         "delivered": stats.total,
         "events_per_s": round(stats.total / max(stats.seconds, 1e-9)),
         "valid": sum(c.valid for t, c in counts.items() if t != DEAD_LETTERS.name),
         "dead_lettered": sum(c.dead_lettered for c in counts.values()),
+        "users_with_features": sum(s is not None for s in reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)),
     }
     console.rule("summary")
     console.print(json.dumps(summary))
-    console.print("The stack is still up for exploring (`loopline stack status`); `make down` stops it.")
+    console.print(
+        "The stack is still up for exploring (`loopline stack status`, `loopline stream submit` to run the"
+        " feature job again); `make down` stops it."
+    )

@@ -126,8 +126,9 @@ class Settings(BaseSettings):
 
     @property
     def checkpoint_dir(self) -> Path:
-        """Where the streaming job keeps its checkpoints."""
-        return (self.home / "checkpoints").absolute()
+        """Where the streaming job keeps its checkpoints: one folder per consumer group, so a job never
+        resumes from another job's offsets and state."""
+        return (self.home / "checkpoints" / self.stream.group_id).absolute()
 
     @property
     def offline_dir(self) -> Path:

@@ -13,6 +13,7 @@ skips as not newer. Rows buffered for writing live in keyed state too, so none i
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -273,9 +274,36 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
     env.execute(JOB_NAME)
 
 
+def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None) -> list[str]:
+    """The ``flink run`` command that submits this job, detached, to the cluster at ``jobmanager`` (REST host:port)."""
+    restore_from = latest_checkpoint(settings.checkpoint_dir)
+    return [
+        str(flink), "run", "--detached", "--jobmanager", jobmanager,
+        *(["--fromSavepoint", restore_from] if restore_from else []),
+        "--python", __file__, "--pyExecutable", sys.executable, "--pyClientExecutable", sys.executable,
+        settings.to_json(), source_topic or "",
+    ]  # fmt: skip
+
+
+def _main(settings_json: str, source_topic: str) -> None:
+    """Entry point under ``flink run``: compile the plan from the registry and submit the job to that cluster."""
+    from feature_store.config import feature_store
+    from streams.feature_plan import compile_plan
+
+    settings = JobSettings.from_json(settings_json)
+    plan = compile_plan(feature_store(settings.registry_path, settings.redis_address).list_stream_feature_views())
+    env = new_environment(settings)
+    build_job(env, plan.reading(source_topic) if source_topic else plan, settings)
+    env.execute(JOB_NAME)
+
+
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:
     """The newest completed checkpoint under ``checkpoint_dir`` (a ``chk-N`` folder with metadata)."""
     completed = [p for p in checkpoint_dir.glob("*/chk-*") if (p / "_metadata").exists()]
     if not completed:
         return None
     return str(max(completed, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1]))))
+
+
+if __name__ == "__main__":
+    _main(*sys.argv[1:3])

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from schemas.topics import DEAD_LETTERS
@@ -26,3 +27,14 @@ class JobSettings:
     offline_flush_interval_ms: int = 5_000
     parallelism: int = 1
     python_options: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The settings as JSON (paths as strings), to hand to a job started elsewhere."""
+        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSettings:
+        """The inverse of ``to_json``."""
+        data = json.loads(text)
+        paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
+        return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})

@@ -1,0 +1,238 @@
+"""Streaming freshness and the online read path, on a private embedded stack (127.0.0.1 only).
+
+Produces the synthetic transaction stream at a fixed rate into Kafka while the feature job runs
+(`loopline stream submit` on PyFlink's mini-cluster) and measures
+
+* sustained events/s: events produced / time until the last of them is readable online;
+* freshness: event produced -> the entity's new row readable online (sampled events), p50/p99;
+* the read path for 1 and 64 entities: Loopline's fast reader vs Feast's get_online_features vs a
+  raw pipelined redis-py HGETALL of the same keys, measured in the same run.
+
+Anchors: Tecton's stated freshness (< 1 s), Hopsworks' online ingest p99 (~250 ms), Feast's
+published Python feature server p99 (7.2 ms for 1 row). Machine: the 2-core box this runs on.
+The last line printed is one JSON object with every figure.
+
+    python benchmarks/stream_freshness.py [--quick] [--rate 400] [--seconds 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import redis
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from feature_store.config import apply_definitions, feature_fields, feature_store  # noqa: E402
+from feature_store.online_read import OnlineReader  # noqa: E402
+from loopline.components import build_stack  # noqa: E402
+from loopline.settings import KafkaSettings, RedisSettings, Settings  # noqa: E402
+from schemas.topics import TOPICS, TRANSACTIONS  # noqa: E402
+from streams.producer import EventProducer  # noqa: E402
+from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
+from streams.topics import apply_topics  # noqa: E402
+
+USER_VIEW = "user_transaction_features"
+ANCHORS = {"tecton_freshness_s": 1.0, "hopsworks_ingest_p99_ms": 250.0, "feast_server_p99_1_row_ms": 7.2}
+console = Console()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _start_job(settings: Settings) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "LOOPLINE_HOME": str(settings.home),
+        "LOOPLINE_JARS_DIR": str(settings.resolved_jars_dir),
+        "LOOPLINE_KAFKA__PORT": str(settings.kafka.port),
+        "LOOPLINE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
+        "LOOPLINE_REDIS__PORT": str(settings.redis.port),
+    }
+    log = open(settings.home / "job.log", "ab")
+    return subprocess.Popen(
+        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
+        env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_timeout_s: float) -> dict:
+    """Run the job, produce at ``rate`` for ``seconds`` and sample freshness of user rows."""
+    reader = OnlineReader(settings.registry_path, settings.redis_address)
+    producer = EventProducer(settings.kafka.bootstrap_servers)
+    job = _start_job(settings)
+    try:
+        # Warm-up: a first event must come through before timing starts (job start-up is not freshness).
+        probe = SyntheticStream(SyntheticConfig(users=1), seed=1, start_ms=int(time.time() * 1000))
+        first = next(e for e in probe if e.topic == TRANSACTIONS.name and e.record)
+        producer.publish([first])
+        deadline = time.monotonic() + warmup_timeout_s
+        while (reader.row_timestamps_us(USER_VIEW, [first.key])[0] or 0) < first.record.event_time_ms * 1000:
+            if time.monotonic() > deadline or job.poll() is not None:
+                raise RuntimeError(f"the feature job did not start; see {settings.home / 'job.log'}")
+            time.sleep(0.2)
+
+        samples: list[tuple[str, int, float]] = []  # (user, event time ms, produced at)
+        config = SyntheticConfig(rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
+        stream = SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000))
+        sample_every = max(1, int(rate // 20))
+
+        def sampled():
+            for index, emitted in enumerate(stream):
+                if emitted.topic == TRANSACTIONS.name and emitted.record is not None and index % sample_every == 0:
+                    samples.append((emitted.key, emitted.record.event_time_ms, time.time()))
+                yield emitted
+
+        freshness: list[float] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            pending: list[tuple[str, int, float]] = []
+            seen = 0
+            while not (done.is_set() and not pending and seen == len(samples)):
+                pending += samples[seen:]
+                seen = len(samples)
+                if pending:
+                    stamps = reader.row_timestamps_us(USER_VIEW, [user for user, _, _ in pending])
+                    now = time.time()
+                    still = []
+                    for (user, event_ms, produced_at), stamp in zip(pending, stamps):
+                        if stamp is not None and stamp >= event_ms * 1000:
+                            freshness.append(now - produced_at)
+                        else:
+                            still.append((user, event_ms, produced_at))
+                    pending = still
+                time.sleep(0.02)  # the watcher shares the 2 cores with the job it measures
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        began = time.monotonic()
+        stats = producer.publish(sampled(), rate_per_s=rate, duration_s=seconds)
+        done.set()
+        watcher.join(timeout=120)
+        elapsed = time.monotonic() - began
+        events = stats.delivered[TRANSACTIONS.name]
+        caught_up = not watcher.is_alive()
+        return {
+            "events": events,
+            "sustained_events_per_s": round(events / elapsed, 1) if caught_up else None,
+            "freshness_p50_s": round(statistics.median(freshness), 3) if freshness else None,
+            "freshness_p99_s": round(_percentile(freshness, 0.99), 3) if freshness else None,
+            "freshness_samples": len(freshness),
+        }
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait(30)
+
+
+def measure_reads(settings: Settings, iterations: int) -> dict:
+    """p50/p99 (ms) of the three read paths for 1 and 64 entities, same keys, same run."""
+    store = feature_store(settings.registry_path, settings.redis_address)
+    reader = OnlineReader(settings.registry_path, settings.redis_address)
+    client = redis.Redis(port=settings.redis.port)
+    features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
+    users = [f"u{i:06d}" for i in range(64)]  # the most active synthetic users: all have rows
+    figures = {}
+    for count in (1, 64):
+        rows = [{"user_id": u} for u in users[:count]]
+        keys = [reader._redis_key("user_id", u) for u in users[:count]]
+
+        def raw() -> None:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.hgetall(key)
+            pipe.execute()
+
+        paths = {
+            "loopline": lambda: reader.get_online_features(features, rows),
+            "feast_sdk": lambda: store.get_online_features(features, rows),
+            "raw_redis": raw,
+        }
+        for name, call in paths.items():
+            for _ in range(max(5, iterations // 10)):
+                call()
+            timings = []
+            for _ in range(iterations):
+                began = time.perf_counter()
+                call()
+                timings.append((time.perf_counter() - began) * 1000)
+            figures[f"read_{name}_{count}_p50_ms"] = round(statistics.median(timings), 3)
+            figures[f"read_{name}_{count}_p99_ms"] = round(_percentile(timings, 0.99), 3)
+        figures[f"read_{count}_feast_over_loopline_p50"] = round(
+            figures[f"read_feast_sdk_{count}_p50_ms"] / figures[f"read_loopline_{count}_p50_ms"], 2
+        )
+        figures[f"read_{count}_loopline_over_raw_p50"] = round(
+            figures[f"read_loopline_{count}_p50_ms"] / figures[f"read_raw_redis_{count}_p50_ms"], 2
+        )
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a short run (within a minute)")
+    parser.add_argument("--rate", type=float, default=400.0, help="transactions per second to produce")
+    parser.add_argument("--seconds", type=float, default=30.0, help="how long to produce")
+    args = parser.parse_args()
+    rate, seconds, iterations = (200.0, 5.0, 300) if args.quick else (args.rate, args.seconds, 2000)
+
+    home = Path(tempfile.mkdtemp(prefix="loopline-bench-"))
+    settings = Settings(
+        home=home,
+        jars_dir=REPO / ".loopline" / "jars",
+        kafka=KafkaSettings(port=_free_port(), controller_port=_free_port()),
+        redis=RedisSettings(port=_free_port()),
+    )
+    stack = build_stack(settings)
+    began = time.monotonic()
+    try:
+        with console.status("starting a private stack"):
+            stack.up()
+            apply_topics(settings.kafka.bootstrap_servers, TOPICS)
+            apply_definitions(settings.registry_path, settings.redis_address)
+        with console.status(f"streaming {rate:.0f} events/s for {seconds:.0f} s through the feature job"):
+            figures = measure_streaming(settings, rate, seconds, warmup_timeout_s=45 if args.quick else 120)
+        with console.status("timing the read paths"):
+            figures |= measure_reads(settings, iterations)
+    finally:
+        stack.down(wipe=True)
+
+    table = Table(title=f"stream freshness and reads — {os.cpu_count()} cores, {'quick' if args.quick else 'full'} run")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("anchor", justify="right")
+    anchors = {
+        "freshness_p50_s": f"Tecton < {ANCHORS['tecton_freshness_s']} s",
+        "freshness_p99_s": f"Hopsworks p99 ~{ANCHORS['hopsworks_ingest_p99_ms'] / 1000} s",
+        "read_loopline_1_p99_ms": f"Feast server p99 {ANCHORS['feast_server_p99_1_row_ms']} ms",
+    }
+    for name, value in figures.items():
+        table.add_row(name, str(value), anchors.get(name, ""))
+    console.print(table)
+    figures |= {"rate": rate, "seconds": seconds, "cores": os.cpu_count(), "wall_s": round(time.monotonic() - began, 1)}
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""A standalone Flink session cluster (JobManager + TaskManager) run from the PyFlink distribution.
+
+The embedded mini-cluster is the default; this is the same Flink as a long-running cluster, what
+``loopline stream submit --jobmanager`` targets. Both processes run in the foreground under the
+stack's supervision, configured by a ``config.yaml`` written into their own conf dir.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+from infra.flink import pyflink_version
+from infra.jars import require_tool
+from infra.service import ManagedService
+
+
+def pyflink_home() -> Path:
+    """Where the PyFlink distribution (bin/, conf/, lib/) is installed."""
+    import pyflink
+
+    return Path(pyflink.__file__).parent
+
+
+def rest_get(address: str, path: str, timeout_s: float = 2.0) -> dict:
+    """GET a Flink REST endpoint (``address`` is host:port) and parse its JSON."""
+    with urllib.request.urlopen(f"http://{address}{path}", timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+class _FlinkProcess(ManagedService):
+    """One process of the cluster; subclasses name the script and how to tell it is ready."""
+
+    script: str
+
+    def __init__(self, conf_dir: Path, host: str, rest_port: int, run_dir: Path, log_dir: Path) -> None:
+        super().__init__(run_dir, log_dir, start_timeout_s=90.0)
+        self.conf_dir, self.host, self.rest_port = conf_dir, host, rest_port
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.rest_port}"
+
+    def version(self) -> str:
+        return pyflink_version()
+
+    def command(self) -> list[str]:
+        require_tool("java", "openjdk-17-jre-headless")
+        return [str(pyflink_home() / "bin" / self.script), "start-foreground"]
+
+    @property
+    def lib_dir(self) -> Path:
+        """The cluster's lib/: PyFlink's, plus flink-python, which runs Python functions on a cluster."""
+        return self.conf_dir.parent / "lib"
+
+    def environment(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "FLINK_CONF_DIR": str(self.conf_dir),
+            "FLINK_LIB_DIR": str(self.lib_dir),
+            "FLINK_LOG_DIR": str(self.log_file.parent),
+        }
+
+
+class FlinkJobManager(_FlinkProcess):
+    """The cluster's JobManager; it serves the REST API that jobs are submitted to."""
+
+    name = "flink-jobmanager"
+    cmdline_marker = "StandaloneSessionClusterEntrypoint"
+    script = "jobmanager.sh"
+
+    def __init__(self, conf_dir: Path, host: str, rest_port: int, rpc_port: int, run_dir: Path, log_dir: Path,
+                 python_executable: str = sys.executable) -> None:  # fmt: skip
+        super().__init__(conf_dir, host, rest_port, run_dir, log_dir)
+        self.rpc_port = rpc_port
+        self.python_executable = python_executable
+
+    def ports(self) -> dict[str, tuple[str, int]]:
+        return {"REST": (self.host, self.rest_port), "RPC": (self.host, self.rpc_port)}
+
+    def prepare(self) -> None:
+        """Write the cluster's conf dir: PyFlink's defaults, this cluster's ports, small memory, our Python."""
+        self.lib_dir.mkdir(parents=True, exist_ok=True)
+        for jar in [*(pyflink_home() / "lib").glob("*.jar"), *(pyflink_home() / "opt").glob("flink-python-*.jar")]:
+            link = self.lib_dir / jar.name
+            if not link.exists():
+                link.symlink_to(jar)
+        base = pyflink_home() / "conf"
+        self.conf_dir.mkdir(parents=True, exist_ok=True)
+        for name in ("log4j-console.properties", "log4j.properties"):
+            shutil.copy(base / name, self.conf_dir / name)
+        config = yaml.safe_load((base / "config.yaml").read_text())
+        config["jobmanager"]["rpc"] = {"address": self.host, "port": self.rpc_port}
+        config["jobmanager"]["bind-host"] = self.host
+        config["jobmanager"]["memory"] = {"process": {"size": "1024m"}}
+        config["taskmanager"]["bind-host"] = self.host
+        config["taskmanager"]["host"] = self.host
+        config["taskmanager"]["numberOfTaskSlots"] = 2
+        config["taskmanager"]["memory"] = {"process": {"size": "2048m"}}
+        config["rest"] = {"address": self.host, "bind-address": self.host, "port": self.rest_port}
+        config["python"] = {"executable": self.python_executable, "client": {"executable": self.python_executable}}
+        (self.conf_dir / "config.yaml").write_text(yaml.safe_dump(config))
+
+    def ready(self) -> bool:
+        """The REST API answers."""
+        try:
+            rest_get(self.address, "/overview")
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+        return True
+
+
+class FlinkTaskManager(_FlinkProcess):
+    """The cluster's TaskManager (ready once it has registered with the JobManager)."""
+
+    name = "flink-taskmanager"
+    cmdline_marker = "TaskManagerRunner"
+    script = "taskmanager.sh"
+
+    def ports(self) -> dict[str, tuple[str, int]]:
+        return {}
+
+    def ready(self) -> bool:
+        try:
+            return rest_get(self.address, "/overview").get("taskmanagers", 0) >= 1
+        except (OSError, urllib.error.URLError, ValueError):
+            return False
+
+
+def list_jobs(address: str) -> list[dict]:
+    """The cluster's jobs (id, name, state, start time) from its REST API."""
+    return [
+        {"id": job["jid"], "name": job["name"], "state": job["state"], "start_ms": job["start-time"]}
+        for job in rest_get(address, "/jobs/overview")["jobs"]
+    ]
+
+
+def cancel_job(address: str, job_id: str) -> None:
+    """Ask the cluster to cancel a job."""
+    request = urllib.request.Request(f"http://{address}/jobs/{job_id}?mode=cancel", method="PATCH")
+    with urllib.request.urlopen(request, timeout=10):
+        pass
