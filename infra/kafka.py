@@ -120,7 +120,10 @@ class KafkaBroker(ManagedService):
             return
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._run_tool("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.config_file), "--standalone")
+        # `--cluster-id=` form: a base64 id may start with '-', which would read as an option.
+        self._run_tool(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.config_file), "--standalone"
+        )
         self.cluster_id_file.write_text(cluster_id)
 
     def _run_tool(self, main_class: str, *args: str) -> None:

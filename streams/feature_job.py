@@ -1,7 +1,7 @@
 """The streaming feature job, compiled from the Feast stream feature views (a FeaturePlan).
 
     Kafka (raw bytes + partition/offset) ─► decode & validate ──invalid──► events.dlq
-        ─► event-time watermarks (bounded out-of-orderness) ─► drop late ──late──► events.dlq
+        ─► per-partition watermark (bounded out-of-orderness) ─► drop late ──late──► events.dlq
         ─► per view: key by entity ─► sliding windows updated per event (keyed state)
         ─► batched, idempotent writes to the online store through Feast (+ offline parquet log)
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pyflink.common import Types
 from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream import KeyedProcessFunction, OutputTag, ProcessFunction
+from pyflink.datastream import KeyedProcessFunction, OutputTag
 from pyflink.datastream.connectors.base import DeliveryGuarantee
 from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
 from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
@@ -114,8 +114,9 @@ class AggregateView(KeyedProcessFunction):
 class WriteFeatures(KeyedProcessFunction):
     """Buffers rows in keyed state and writes them in batches on a short timer (or when full)."""
 
-    def __init__(self, settings: JobSettings) -> None:
+    def __init__(self, settings: JobSettings, join_keys: dict[str, str]) -> None:
         self.settings = settings
+        self.join_keys = join_keys
 
     def open(self, runtime_context):
         from feature_store.online_write import OnlineWriter
@@ -159,7 +160,7 @@ class WriteFeatures(KeyedProcessFunction):
         if since is None:
             self.offline_since.update(now_ms)
         elif now_ms - since >= self.settings.offline_flush_interval_ms:
-            _append_offline(self.settings.offline_dir, list(self.offline.get()))
+            _append_offline(self.settings.offline_dir, list(self.offline.get()), self.join_keys)
             self.offline.clear()
             self.offline_since.clear()
 
@@ -204,7 +205,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         )
         rows = view_rows if rows is None else rows.union(view_rows)
     assert rows is not None
-    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(WriteFeatures(settings)).name("write online + offline")
+    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(WriteFeatures(settings, {view.name: view.entity_key for view in plan.views})).name("write online + offline")
 
     on_time.get_side_output(DEAD_LETTERS_TAG).sink_to(
         KafkaSink.builder()
@@ -220,8 +221,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     ).name("dead letters")
 
 
-def _append_offline(offline_dir: Path, rows) -> None:
-    """Append feature rows as one parquet file per view (event_timestamp = row version)."""
+def _append_offline(offline_dir: Path, rows, join_keys: dict[str, str]) -> None:
+    """Append feature rows as one parquet file per view: join key, event_timestamp (the row version), features."""
     import pandas as pd
 
     by_view: dict[str, list] = {}
@@ -229,7 +230,7 @@ def _append_offline(offline_dir: Path, rows) -> None:
         by_view.setdefault(row.view, []).append(row)
     for view, view_rows in by_view.items():
         frame = pd.DataFrame(
-            [{"entity": r.entity, "event_timestamp": r.timestamp, **r.features} for r in view_rows]
+            [{join_keys[view]: r.entity, "event_timestamp": r.timestamp, **r.features} for r in view_rows]
         )
         target = offline_dir / view
         target.mkdir(parents=True, exist_ok=True)
