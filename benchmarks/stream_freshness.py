@@ -23,7 +23,6 @@ import os
 import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -40,6 +39,7 @@ sys.path.insert(0, str(REPO))
 from feature_store.config import apply_definitions, feature_fields, feature_store  # noqa: E402
 from feature_store.online_read import OnlineReader  # noqa: E402
 from loopline.components import build_stack  # noqa: E402
+from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving  # noqa: E402
 from loopline.settings import KafkaSettings, RedisSettings, Settings  # noqa: E402
 from schemas.topics import TOPICS, TRANSACTIONS  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
@@ -62,37 +62,14 @@ def _percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _start_job(settings: Settings) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        "LOOPLINE_HOME": str(settings.home),
-        "LOOPLINE_JARS_DIR": str(settings.resolved_jars_dir),
-        "LOOPLINE_KAFKA__PORT": str(settings.kafka.port),
-        "LOOPLINE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
-        "LOOPLINE_REDIS__PORT": str(settings.redis.port),
-    }
-    log = open(settings.home / "job.log", "ab")
-    return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
-        env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-
-
 def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_timeout_s: float) -> dict:
     """Run the job, produce at ``rate`` for ``seconds`` and sample freshness of user rows."""
     reader = OnlineReader(settings.registry_path, settings.redis_address)
     producer = EventProducer(settings.kafka.bootstrap_servers)
-    job = _start_job(settings)
+    job = start_feature_job(settings, settings.home / "job.log")
     try:
-        # Warm-up: a first event must come through before timing starts (job start-up is not freshness).
-        probe = SyntheticStream(SyntheticConfig(users=1), seed=1, start_ms=int(time.time() * 1000))
-        first = next(e for e in probe if e.topic == TRANSACTIONS.name and e.record)
-        producer.publish([first])
-        deadline = time.monotonic() + warmup_timeout_s
-        while (reader.row_timestamps_us(USER_VIEW, [first.key])[0] or 0) < first.record.event_time_ms * 1000:
-            if time.monotonic() > deadline or job.poll() is not None:
-                raise RuntimeError(f"the feature job did not start; see {settings.home / 'job.log'}")
-            time.sleep(0.2)
+        # Job start-up is not freshness: a first event must come through before timing starts.
+        wait_until_serving(job, settings, reader, warmup_timeout_s)
 
         samples: list[tuple[str, int, float]] = []  # (user, event time ms, produced at)
         config = SyntheticConfig(rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
@@ -143,8 +120,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_ti
             "freshness_samples": len(freshness),
         }
     finally:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.wait(30)
+        stop_feature_job(job, signal.SIGKILL)
 
 
 def measure_reads(settings: Settings, iterations: int) -> dict:

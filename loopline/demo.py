@@ -8,10 +8,6 @@ Redis → every record validated (bad ones dead-lettered) → a summary. The sta
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -20,12 +16,13 @@ from rich.live import Live
 from rich.table import Table
 
 from loopline.components import build_stack, synthetic_config
+from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving
 from loopline.settings import Settings
 from loopline.views import counts_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
 from streams.producer import EventProducer, PublishStats
-from streams.synthetic import SyntheticConfig, SyntheticStream
+from streams.synthetic import SyntheticStream
 from streams.topics import apply_topics, topic_sizes
 from streams.validating_consumer import ValidatingConsumer
 
@@ -54,26 +51,6 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
     return table
 
 
-def _wait_for_job(job: subprocess.Popen, bootstrap: str, reader, timeout_s: float) -> None:
-    """Publish one probe transaction and wait until its row is readable online."""
-    probe = next(e for e in SyntheticStream(SyntheticConfig(users=1), 1, int(time.time() * 1000)) if e.record and e.topic == TRANSACTIONS.name)
-    EventProducer(bootstrap).publish([probe])
-    deadline = time.monotonic() + timeout_s
-    while (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) < probe.record.event_time_ms * 1000:
-        if job.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("the feature job did not start; see .loopline/logs/feature-job.log")
-        time.sleep(0.2)
-
-
-def _start_feature_job(settings: Settings) -> subprocess.Popen:
-    log = settings.resolved_logs_dir / "feature-job.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
-        stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-
-
 def run_demo(settings: Settings, seconds: float, rate: float, console: Console) -> None:
     """Stack up, features applied, job started, produce for the rest of the budget while showing features."""
     from feature_store.config import apply_definitions
@@ -92,10 +69,10 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     console.print(topics_table(apply_topics(bootstrap, TOPICS)))
 
     console.rule("3. streaming feature job (PyFlink, embedded) and the producer")
-    job = _start_feature_job(settings)
+    job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log")
     reader = OnlineReader(settings.registry_path, settings.redis_address)
     with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
-        _wait_for_job(job, bootstrap, reader, timeout_s=_JOB_START_TIMEOUT_S)
+        wait_until_serving(job, settings, reader, timeout_s=_JOB_START_TIMEOUT_S)
     duration = max(5.0, seconds - (time.monotonic() - began) - _REPORT_RESERVE_S)
     stream = SyntheticStream(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), int(time.time()), int(time.time() * 1000))
     produced = [0]
@@ -117,8 +94,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
                 time.sleep(0.25)
             live.update(_features_table(reader, produced[0], time.monotonic() - started))
     finally:
-        os.killpg(job.pid, signal.SIGTERM)
-        job.wait(30)
+        stop_feature_job(job)
     if not outcome:
         raise RuntimeError("the producer stopped without a result; see the lines above")
     stats = outcome[0]

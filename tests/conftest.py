@@ -56,17 +56,3 @@ def stack(settings: Settings) -> Iterator[LocalStack]:
 def bootstrap(stack: LocalStack, settings: Settings) -> str:
     return settings.kafka.bootstrap_servers
 
-
-def settings_env(settings: Settings, **extra: str) -> dict[str, str]:
-    """Environment variables that make a `loopline` subprocess use ``settings`` (plus ``extra``)."""
-    import os
-
-    return {
-        **os.environ,
-        "LOOPLINE_HOME": str(settings.home),
-        "LOOPLINE_JARS_DIR": str(settings.resolved_jars_dir),
-        "LOOPLINE_KAFKA__PORT": str(settings.kafka.port),
-        "LOOPLINE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
-        "LOOPLINE_REDIS__PORT": str(settings.redis.port),
-        **extra,
-    }

@@ -12,10 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import REPO, free_port, settings_env
+from conftest import REPO, free_port
 from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from infra.flink_cluster import FlinkJobManager, FlinkTaskManager, list_jobs
+from loopline.feature_job_process import settings_environment
 from loopline.settings import Settings
 from schemas import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
@@ -40,7 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def loopline(settings: Settings, group: str, *args: str) -> subprocess.CompletedProcess:
-    env = settings_env(settings, LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__GROUP_ID=group)
+    env = settings_environment(settings, LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__GROUP_ID=group)
     return subprocess.run(
         [sys.executable, "-c", "from loopline.cli import main; main()", *args],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -7,10 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import replace
@@ -20,7 +17,7 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 
-from conftest import REPO, settings_env
+from loopline.feature_job_process import start_feature_job, stop_feature_job
 from feature_store.config import apply_definitions, feature_store
 from loopline.settings import Settings
 from schemas import DeadLetterRecord, TransactionEvent, decode
@@ -61,28 +58,15 @@ def _read(bootstrap: str, topic: str) -> list:
     return messages
 
 
-def _start_job(settings: Settings, group: str) -> subprocess.Popen:
-    env = settings_env(
+def _start_job(settings: Settings, group: str):
+    return start_feature_job(
         settings,
+        settings.home / f"job-{group}.log",
         LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name,
         LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
         LOOPLINE_STREAM__GROUP_ID=group,
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
     )
-    log = open(settings.home / f"job-{group}.log", "ab")
-    return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
-        env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
-
-
-def _kill(job: subprocess.Popen) -> None:
-    """SIGKILL the job's whole process group (the Python client, its JVM and Python workers)."""
-    try:
-        os.killpg(job.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    job.wait(30)
 
 
 def _committed(bootstrap: str, group: str) -> int:
@@ -143,7 +127,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     try:
         _wait(lambda: _committed(bootstrap, job_group) >= len(first) // 2, 180, "a checkpoint covering part of the first batch")
     finally:
-        _kill(job)  # mid-stream, without warning
+        stop_feature_job(job, signal.SIGKILL)  # mid-stream, without warning
 
     second = [e for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
     producer.publish(replace(e, topic=SOURCE.name) for e in second)
@@ -174,7 +158,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
         except AssertionError:
             pytest.fail(f"{len(problems)} online values differ from the recompute, e.g. {problems[:5]}")
     finally:
-        _kill(job)
+        stop_feature_job(job, signal.SIGKILL)
 
     offline = pd.concat(pd.read_parquet(part) for part in (settings.offline_dir / "user_transaction_features").glob("*.parquet"))
     assert {"user_id", "event_timestamp", "txn_count_5m"} <= set(offline.columns)

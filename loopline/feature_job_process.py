@@ -1,0 +1,63 @@
+"""The streaming feature job as a child process (`loopline stream submit`), for the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from loopline.settings import Settings
+from schemas.topics import TRANSACTIONS
+from streams.producer import EventProducer
+from streams.synthetic import SyntheticConfig, SyntheticStream
+
+_USER_VIEW = "user_transaction_features"
+
+
+def settings_environment(settings: Settings, **extra: str) -> dict[str, str]:
+    """Environment variables that make a `loopline` child process use ``settings`` (plus ``extra``)."""
+    return {
+        **os.environ,
+        "LOOPLINE_HOME": str(settings.home.absolute()),
+        "LOOPLINE_JARS_DIR": str(settings.resolved_jars_dir),
+        "LOOPLINE_KAFKA__PORT": str(settings.kafka.port),
+        "LOOPLINE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
+        "LOOPLINE_REDIS__PORT": str(settings.redis.port),
+        **extra,
+    }
+
+
+def start_feature_job(settings: Settings, log_file: Path, **extra_env: str) -> subprocess.Popen:
+    """Start `loopline stream submit` (embedded mini-cluster) in its own process group, logging to ``log_file``."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
+        env=settings_environment(settings, **extra_env),
+        stdout=log_file.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_feature_job(job: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Stop the job's whole process group (the client, its JVM and Python workers)."""
+    try:
+        os.killpg(job.pid, sig)
+    except ProcessLookupError:
+        pass
+    job.wait(30)
+
+
+def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, timeout_s: float) -> None:
+    """Publish one probe transaction and wait until its row is readable online (the job has started)."""
+    stream = SyntheticStream(SyntheticConfig(users=1), seed=1, start_ms=int(time.time() * 1000))
+    probe = next(e for e in stream if e.record is not None and e.topic == TRANSACTIONS.name)
+    EventProducer(settings.kafka.bootstrap_servers).publish([probe])
+    deadline = time.monotonic() + timeout_s
+    while (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) < probe.record.event_time_ms * 1000:
+        if job.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the feature job did not start within {timeout_s:.0f} s; see its log")
+        time.sleep(0.2)
