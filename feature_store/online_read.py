@@ -9,12 +9,20 @@ field names are computed once, when the reader is built from the registry.
 
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import redis
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
+
+
+#: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
+_DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
+_DOUBLE = struct.Struct("<d")
+_KEY_CACHE_SIZE = 100_000
 
 
 @dataclass(frozen=True)
@@ -47,8 +55,10 @@ class OnlineReader:
         }
         host, port = redis_address.rsplit(":", 1)
         self._redis = redis.Redis(host=host, port=int(port))
+        # Serialising an entity key costs ~10 µs; hot entities are read again and again.
+        self._redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(self._build_redis_key)
 
-    def _redis_key(self, join_key: str, value: str) -> bytes:
+    def _build_redis_key(self, join_key: str, value: str) -> bytes:
         key = self._entity_key(join_keys=[join_key], entity_values=[self._value(string_val=value)])
         return self._serialize(key, entity_key_serialization_version=self._key_version) + self._project
 
@@ -89,7 +99,21 @@ class OnlineReader:
         return [None if s is None else s.seconds * 1_000_000 + s.nanos // 1_000 for s in stamps]
 
     def _decode(self, raw: bytes):
+        """A Feast ValueProto's Python value; doubles and int64s (most features) are read directly."""
+        if len(raw) == 9 and raw[0] == _DOUBLE_TAG:
+            return _DOUBLE.unpack_from(raw, 1)[0]
+        if raw and raw[0] == _INT64_TAG and 1 < len(raw) <= 10:
+            return _varint_int64(raw, 1)
         value = self._value.FromString(raw)
         kind = value.WhichOneof("val")
         return None if kind is None or kind == "null_val" else getattr(value, kind)
+
+
+def _varint_int64(raw: bytes, start: int) -> int:
+    """Protobuf varint at ``start`` as a signed 64-bit integer (two's complement)."""
+    result, shift = 0, 0
+    for byte in raw[start:]:
+        result |= (byte & 0x7F) << shift
+        shift += 7
+    return result - (1 << 64) if result >= 1 << 63 else result
 
