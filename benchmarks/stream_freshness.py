@@ -78,7 +78,9 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_ti
 
         def sampled():
             for index, emitted in enumerate(stream):
-                if emitted.topic == TRANSACTIONS.name and emitted.record is not None and index % sample_every == 0:
+                # The producer stops at the first record past the duration without sending it: never sample that one.
+                inside = emitted.emit_at_ms - stream.start_ms < seconds * 1000
+                if inside and emitted.topic == TRANSACTIONS.name and emitted.record is not None and index % sample_every == 0:
                     samples.append((emitted.key, emitted.record.event_time_ms, time.time()))
                 yield emitted
 
