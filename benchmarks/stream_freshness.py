@@ -66,7 +66,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_ti
     """Run the job, produce at ``rate`` for ``seconds`` and sample freshness of user rows."""
     reader = OnlineReader(settings.registry_path, settings.redis_address)
     producer = EventProducer(settings.kafka.bootstrap_servers)
-    job = start_feature_job(settings, settings.home / "job.log")
+    job = start_feature_job(settings, settings.home / "job.log", LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"))
     try:
         # Job start-up is not freshness: a first event must come through before timing starts.
         wait_until_serving(job, settings, reader, warmup_timeout_s)

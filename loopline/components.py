@@ -73,7 +73,7 @@ def job_settings(settings: Settings) -> JobSettings:
         checkpoint_dir=settings.checkpoint_dir,
         registry_path=settings.registry_path,
         redis_address=settings.redis_address,
-        offline_dir=settings.offline_dir,
+        offline_dir=stream.offline_dir.absolute() if stream.offline_dir else None,
         group_id=stream.group_id,
         dead_letter_topic=stream.dead_letter_topic,
         checkpoint_interval_ms=stream.checkpoint_interval_ms,

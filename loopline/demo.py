@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from feature_store.online_read import OnlineReader
+
 from loopline.components import build_stack, synthetic_config
 from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving
 from loopline.settings import Settings
@@ -51,10 +53,42 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
     return table
 
 
+def _produce_while_showing_features(
+    settings: Settings, job, budget_s: float, rate: float, console: Console
+) -> tuple[PublishStats, OnlineReader]:
+    """Wait for the job, then produce for the rest of the budget while a live table shows features."""
+    reader = OnlineReader(settings.registry_path, settings.redis_address)
+    waited_from = time.monotonic()
+    with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
+        wait_until_serving(job, settings, reader, timeout_s=_JOB_START_TIMEOUT_S)
+    # The wait for the job counts against the budget too.
+    duration = max(5.0, budget_s - (time.monotonic() - waited_from) - _REPORT_RESERVE_S)
+    stream = SyntheticStream(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), int(time.time()), int(time.time() * 1000))
+    produced = [0]
+    outcome: list[PublishStats] = []
+    producing = threading.Thread(
+        target=lambda: outcome.append(
+            EventProducer(settings.kafka.bootstrap_servers).publish(
+                stream, rate_per_s=rate, duration_s=duration, on_progress=lambda n: produced.__setitem__(0, n)
+            )
+        ),
+        daemon=True,
+    )
+    started = time.monotonic()
+    producing.start()
+    with Live(console=console, refresh_per_second=4) as live:
+        while producing.is_alive():
+            live.update(_features_table(reader, produced[0], time.monotonic() - started))
+            time.sleep(0.25)
+        live.update(_features_table(reader, produced[0], time.monotonic() - started))
+    if not outcome:
+        raise RuntimeError("the producer stopped without a result; see the lines above")
+    return outcome[0], reader
+
+
 def run_demo(settings: Settings, seconds: float, rate: float, console: Console) -> None:
     """Stack up, features applied, job started, produce for the rest of the budget while showing features."""
     from feature_store.config import apply_definitions
-    from feature_store.online_read import OnlineReader
 
     began = time.monotonic()
     stack = build_stack(settings)
@@ -70,34 +104,10 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     console.rule("3. streaming feature job (PyFlink, embedded) and the producer")
     job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log")
-    reader = OnlineReader(settings.registry_path, settings.redis_address)
-    with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
-        wait_until_serving(job, settings, reader, timeout_s=_JOB_START_TIMEOUT_S)
-    duration = max(5.0, seconds - (time.monotonic() - began) - _REPORT_RESERVE_S)
-    stream = SyntheticStream(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), int(time.time()), int(time.time() * 1000))
-    produced = [0]
-    outcome: list[PublishStats] = []
-    producing = threading.Thread(
-        target=lambda: outcome.append(
-            EventProducer(bootstrap).publish(
-                stream, rate_per_s=rate, duration_s=duration, on_progress=lambda n: produced.__setitem__(0, n)
-            )
-        ),
-        daemon=True,
-    )
-    started = time.monotonic()
-    producing.start()
     try:
-        with Live(console=console, refresh_per_second=4) as live:
-            while producing.is_alive():
-                live.update(_features_table(reader, produced[0], time.monotonic() - started))
-                time.sleep(0.25)
-            live.update(_features_table(reader, produced[0], time.monotonic() - started))
+        stats, reader = _produce_while_showing_features(settings, job, seconds - (time.monotonic() - began), rate, console)
     finally:
         stop_feature_job(job)
-    if not outcome:
-        raise RuntimeError("the producer stopped without a result; see the lines above")
-    stats = outcome[0]
 
     console.rule("4. validating (bad records go to the dead-letter topic)")
     dead_letters: list[DeadLetterRecord] = []

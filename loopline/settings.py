@@ -72,6 +72,10 @@ class StreamSettings(BaseModel):
     flush_interval_ms: int = Field(default=50, ge=1)
     max_batch_rows: int = Field(default=2_000, ge=1)
     parallelism: int = Field(default=1, ge=1)
+    offline_dir: Path | None = Field(
+        default=None,
+        description="Append feature rows under <dir>/<view>; default: the path each view's FileSource declares.",
+    )
 
 
 class Settings(BaseSettings):
@@ -129,11 +133,6 @@ class Settings(BaseSettings):
         """Where the streaming job keeps its checkpoints: one folder per consumer group, so a job never
         resumes from another job's offsets and state."""
         return (self.home / "checkpoints" / self.stream.group_id).absolute()
-
-    @property
-    def offline_dir(self) -> Path:
-        """Where the streaming job appends feature rows as parquet (the offline log)."""
-        return (self.home / "offline").absolute()
 
     @property
     def redis_address(self) -> str:

@@ -114,9 +114,10 @@ class AggregateView(KeyedProcessFunction):
 class WriteFeatures(KeyedProcessFunction):
     """Buffers rows in keyed state and writes them in batches on a short timer (or when full)."""
 
-    def __init__(self, settings: JobSettings, join_keys: dict[str, str]) -> None:
+    def __init__(self, settings: JobSettings, join_keys: dict[str, str], offline_dirs: dict[str, Path]) -> None:
         self.settings = settings
         self.join_keys = join_keys
+        self.offline_dirs = offline_dirs
 
     def open(self, runtime_context):
         from feature_store.online_write import OnlineWriter
@@ -125,6 +126,7 @@ class WriteFeatures(KeyedProcessFunction):
         self.writer = OnlineWriter(self.settings.registry_path, self.settings.redis_address)
         self.pending = runtime_context.get_list_state(ListStateDescriptor("pending", pickled))
         self.pending_count = runtime_context.get_state(ValueStateDescriptor("pending_count", Types.LONG()))
+        self.flush_due = runtime_context.get_state(ValueStateDescriptor("flush_due", Types.LONG()))
         self.offline = runtime_context.get_list_state(ListStateDescriptor("offline", pickled))
         self.offline_since = runtime_context.get_state(ValueStateDescriptor("offline_since", Types.LONG()))
         self.rows_written = runtime_context.get_metrics_group().counter("feature_rows_written")
@@ -133,14 +135,19 @@ class WriteFeatures(KeyedProcessFunction):
         self.pending.add(row)
         count = (self.pending_count.value() or 0) + 1
         self.pending_count.update(count)
-        if count == 1:
-            now = ctx.timer_service().current_processing_time()
+        now = ctx.timer_service().current_processing_time()
+        due = self.flush_due.value()
+        # No flush scheduled, or the one scheduled before a restore is overdue: schedule one. A spare
+        # timer is harmless (flushing nothing is a no-op); a missing one would strand the rows.
+        if due is None or due < now:
+            self.flush_due.update(now + self.settings.flush_interval_ms)
             ctx.timer_service().register_processing_time_timer(now + self.settings.flush_interval_ms)
         if count >= self.settings.max_batch_rows:
-            self._flush(ctx.timer_service().current_processing_time())
+            self._flush(now)
         return ()  # a sink: nothing flows on
 
     def on_timer(self, timestamp, ctx):
+        self.flush_due.clear()
         self._flush(timestamp)
         return ()
 
@@ -153,14 +160,12 @@ class WriteFeatures(KeyedProcessFunction):
         if not rows:
             return
         self.rows_written.inc(self.writer.write(rows))
-        if self.settings.offline_dir is None:
-            return
         self.offline.add_all(rows)
         since = self.offline_since.value()
         if since is None:
             self.offline_since.update(now_ms)
         elif now_ms - since >= self.settings.offline_flush_interval_ms:
-            _append_offline(self.settings.offline_dir, list(self.offline.get()), self.join_keys)
+            _append_offline(list(self.offline.get()), self.join_keys, self.offline_dirs)
             self.offline.clear()
             self.offline_since.clear()
 
@@ -205,7 +210,9 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         )
         rows = view_rows if rows is None else rows.union(view_rows)
     assert rows is not None
-    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(WriteFeatures(settings, {view.name: view.entity_key for view in plan.views})).name("write online + offline")
+    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(WriteFeatures(
+            settings, {view.name: view.entity_key for view in plan.views}, _offline_dirs(plan, settings.offline_dir)
+        )).name("write online + offline")
 
     on_time.get_side_output(DEAD_LETTERS_TAG).sink_to(
         KafkaSink.builder()
@@ -221,7 +228,17 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     ).name("dead letters")
 
 
-def _append_offline(offline_dir: Path, rows, join_keys: dict[str, str]) -> None:
+def _offline_dirs(plan: FeaturePlan, root: Path | None) -> dict[str, Path]:
+    """Where each view's rows are appended: ``<root>/<view>``, or the path its FileSource declares in the repo."""
+    from feature_store.config import REPO_PATH
+
+    return {
+        view.name: root / view.name if root is not None else REPO_PATH / (view.offline_path or f"data/offline/{view.name}")
+        for view in plan.views
+    }
+
+
+def _append_offline(rows, join_keys: dict[str, str], offline_dirs: dict[str, Path]) -> None:
     """Append feature rows as one parquet file per view: join key, event_timestamp (the row version), features."""
     import pandas as pd
 
@@ -232,7 +249,7 @@ def _append_offline(offline_dir: Path, rows, join_keys: dict[str, str]) -> None:
         frame = pd.DataFrame(
             [{join_keys[view]: r.entity, "event_timestamp": r.timestamp, **r.features} for r in view_rows]
         )
-        target = offline_dir / view
+        target = offline_dirs[view]
         target.mkdir(parents=True, exist_ok=True)
         frame.to_parquet(target / f"part-{time.time_ns()}-{os.getpid()}.parquet", index=False)
 

@@ -18,6 +18,7 @@ class JobSettings:
     checkpoint_dir: Path
     registry_path: Path | None = None
     redis_address: str | None = None
+    #: Feature rows are appended under <offline_dir>/<view>; None: where each view's FileSource points.
     offline_dir: Path | None = None
     group_id: str = "loopline-features"
     dead_letter_topic: str = DEAD_LETTERS.name

@@ -41,7 +41,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def loopline(settings: Settings, group: str, *args: str) -> subprocess.CompletedProcess:
-    env = settings_environment(settings, LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__GROUP_ID=group)
+    env = settings_environment(
+        settings,
+        LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name,
+        LOOPLINE_STREAM__GROUP_ID=group,
+        LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"),
+    )
     return subprocess.run(
         [sys.executable, "-c", "from loopline.cli import main; main()", *args],
         env=env, cwd=REPO, capture_output=True, text=True, timeout=300,

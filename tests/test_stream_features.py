@@ -66,6 +66,7 @@ def _start_job(settings: Settings, group: str):
         LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
         LOOPLINE_STREAM__GROUP_ID=group,
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"),
     )
 
 
@@ -160,7 +161,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     finally:
         stop_feature_job(job, signal.SIGKILL)
 
-    offline = pd.concat(pd.read_parquet(part) for part in (settings.offline_dir / "user_transaction_features").glob("*.parquet"))
+    offline = pd.concat(pd.read_parquet(part) for part in (settings.home / "offline" / "user_transaction_features").glob("*.parquet"))
     assert {"user_id", "event_timestamp", "txn_count_5m"} <= set(offline.columns)
     assert set(offline["user_id"]) <= set(expected["user_transaction_features"]["user_id"])
 
