@@ -210,9 +210,10 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         )
         rows = view_rows if rows is None else rows.union(view_rows)
     assert rows is not None
-    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(WriteFeatures(
-            settings, {view.name: view.entity_key for view in plan.views}, _offline_dirs(plan, settings.offline_dir)
-        )).name("write online + offline")
+    writer = WriteFeatures(
+        settings, {view.name: view.entity_key for view in plan.views}, _offline_dirs(plan, settings.offline_dir)
+    )
+    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(writer).name("write online + offline")
 
     on_time.get_side_output(DEAD_LETTERS_TAG).sink_to(
         KafkaSink.builder()
