@@ -2,7 +2,8 @@
 
 Rows are idempotent by (entity key, row version): Feast's Redis store keeps a row's timestamp
 with it and skips any row that is not newer, so an older or replayed row never overwrites a newer
-one. Loopline's row version is a timestamp whose microseconds order the rows of one millisecond.
+one. Loopline's row version is a timestamp: the entity's newest event time in milliseconds, with
+the count of events absorbed (mod 1000) as its microseconds (see ``streams/window_state.py``).
 """
 
 from __future__ import annotations
