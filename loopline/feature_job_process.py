@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.service import wait_until
 from loopline.settings import Settings
 from schemas.topics import TRANSACTIONS
 from streams.producer import EventProducer
@@ -56,8 +57,11 @@ def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, timeou
     stream = SyntheticStream(SyntheticConfig(users=1), seed=1, start_ms=int(time.time() * 1000))
     probe = next(e for e in stream if e.record is not None and e.topic == TRANSACTIONS.name)
     EventProducer(settings.kafka.bootstrap_servers).publish([probe])
-    deadline = time.monotonic() + timeout_s
-    while (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) < probe.record.event_time_ms * 1000:
-        if job.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the feature job did not start within {timeout_s:.0f} s; see its log")
-        time.sleep(0.2)
+
+    def probe_visible_or_job_gone() -> bool:
+        return job.poll() is not None or (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) >= (
+            probe.record.event_time_ms * 1000
+        )
+
+    if not wait_until(probe_visible_or_job_gone, timeout_s, interval_s=0.2) or job.poll() is not None:
+        raise RuntimeError(f"the feature job did not start within {timeout_s:.0f} s; see its log")

@@ -16,6 +16,7 @@ from conftest import REPO, free_port
 from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from infra.flink_cluster import FlinkJobManager, FlinkTaskManager, list_jobs
+from infra.service import wait_until
 from loopline.feature_job_process import settings_environment
 from loopline.settings import Settings
 from schemas import TransactionEvent
@@ -67,19 +68,19 @@ def test_submit_status_cancel_on_a_standalone_cluster(settings: Settings, bootst
     EventProducer(bootstrap).publish(events)
     last = {e.key: e.record.event_time_ms for e in events}
     reader = OnlineReader(settings.registry_path, settings.redis_address)
-    deadline = time.monotonic() + 180
-    while True:
+
+    def newest_rows_written() -> bool:
         stamps = reader.row_timestamps_us("user_transaction_features", list(last))
-        if all(s is not None and s >= last[u] * 1000 for u, s in zip(last, stamps)):
-            break
-        assert time.monotonic() < deadline, "the cluster's job did not write every user's newest row"
-        time.sleep(1)
+        return all(s is not None and s >= last[u] * 1000 for u, s in zip(last, stamps))
+
+    assert wait_until(newest_rows_written, 180, interval_s=1), "the cluster's job did not write every user's newest row"
 
     status = loopline(settings, group, "stream", "status", "--jobmanager", cluster)
     assert "loopline-features" in status.stdout and "RUNNING" in status.stdout
     cancelled = loopline(settings, group, "stream", "cancel", "--jobmanager", cluster)
     assert cancelled.returncode == 0 and "cancelling" in cancelled.stdout
-    deadline = time.monotonic() + 60
-    while [job["state"] for job in list_jobs(cluster)] != ["CANCELED"]:
-        assert time.monotonic() < deadline, f"job not cancelled: {list_jobs(cluster)}"
-        time.sleep(0.5)
+
+    def cancelled() -> bool:
+        return [job["state"] for job in list_jobs(cluster)] == ["CANCELED"]
+
+    assert wait_until(cancelled, 60, interval_s=0.5), f"job not cancelled: {list_jobs(cluster)}"

@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from loopline.feature_job_process import start_feature_job, stop_feature_job
 from feature_store.config import apply_definitions, feature_store
+from infra.service import wait_until
 from loopline.settings import Settings
 from schemas import DeadLetterRecord, TransactionEvent, decode
 from schemas.topics import DAY_MS, TopicSpec
@@ -79,10 +80,7 @@ def _committed(bootstrap: str, group: str) -> int:
 
 
 def _wait(condition, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(0.5)
+    assert wait_until(condition, timeout_s, interval_s=0.5), f"timed out after {timeout_s:.0f} s waiting for {what}"
 
 
 def _differences(plan: FeaturePlan, store, expected: dict[str, pd.DataFrame]) -> list[str]:
