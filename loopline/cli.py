@@ -163,7 +163,7 @@ def stream_cancel(
 ) -> None:
     """Cancel the feature job on a Flink cluster."""
     from infra.flink_cluster import cancel_job, list_jobs
-    from streams.feature_job import JOB_NAME
+    from streams.job_settings import JOB_NAME
 
     targets = [job_id] if job_id else [j["id"] for j in list_jobs(jobmanager) if j["name"] == JOB_NAME and j["state"] == "RUNNING"]
     for target in targets:

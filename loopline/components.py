@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from infra.flink import FlinkRuntime
+from infra.jars import flink_connector_jar
 from infra.kafka import KafkaBroker
 from infra.redis import RedisServer
 from infra.stack import LocalStack
@@ -69,7 +70,7 @@ def job_settings(settings: Settings) -> JobSettings:
     stream = settings.stream
     return JobSettings(
         bootstrap_servers=settings.kafka.bootstrap_servers,
-        connector_jar=build_stack(settings).flink.connector_jar,
+        connector_jar=flink_connector_jar(settings.resolved_jars_dir),
         checkpoint_dir=settings.checkpoint_dir,
         registry_path=settings.registry_path,
         redis_address=settings.redis_address,

@@ -28,10 +28,9 @@ from pyflink.table import StreamTableEnvironment
 from schemas.records import DeadLetterRecord, TransactionEvent
 from schemas.validation import ContractViolation, decode, encode
 from streams.feature_plan import FeaturePlan, ViewPlan
-from streams.job_settings import JobSettings
+from streams.job_settings import JOB_NAME, JobSettings
 from streams.window_state import EntityWindows
 
-JOB_NAME = "loopline-features"
 DEAD_LETTER_TAG_NAME = "dead-letters"
 
 

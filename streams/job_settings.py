@@ -8,6 +8,9 @@ from pathlib import Path
 
 from schemas.topics import DEAD_LETTERS
 
+#: The feature job's name on Flink clusters and in dead-letter records.
+JOB_NAME = "loopline-features"
+
 
 @dataclass(frozen=True)
 class JobSettings:
