@@ -11,6 +11,7 @@ from infra.errors import StackError
 #: Command the stack needs -> the Debian package that provides it.
 REQUIRED_COMMANDS: dict[str, str] = {
     "java": "openjdk-17-jre-headless",
+    "javac": "openjdk-17-jdk-headless",
     "mvn": "maven",
     "redis-server": "redis-server",
     "kcat": "kcat",

@@ -10,6 +10,7 @@ from infra.stack import LocalStack
 from loopline.settings import Settings
 from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
+from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
 
 
@@ -71,6 +72,7 @@ def job_settings(settings: Settings) -> JobSettings:
     return JobSettings(
         bootstrap_servers=settings.kafka.bootstrap_servers,
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
+        operators_jar=operators_jar(settings.resolved_jars_dir / "loopline"),
         checkpoint_dir=settings.checkpoint_dir,
         registry_path=settings.registry_path,
         redis_address=settings.redis_address,

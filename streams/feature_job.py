@@ -1,13 +1,17 @@
 """The streaming feature job, compiled from the Feast stream feature views (a FeaturePlan).
 
-    Kafka (raw bytes + partition/offset) ─► decode & validate ──invalid──► events.dlq
-        ─► per-partition watermark (bounded out-of-orderness) ─► drop late ──late──► events.dlq
-        ─► per view: key by entity ─► sliding windows updated per event (keyed state)
-        ─► batched, idempotent writes to the online store through Feast (+ offline parquet log)
+    Kafka (raw bytes + partition/offset) ─► decode & validate [Python, Arrow batches] ──invalid──► events.dlq
+        ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
+        ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
+           ├─► batched, idempotent writes to the online store through Feast [Python, Arrow batches]
+           └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
-Kafka offsets and all window state are checkpointed together; a restarted job resumes from
+Python runs only where the contracts and Feast are needed, on Arrow batches of rows (pandas UDFs);
+the per-event state work runs in the JVM operators of ``streams/jvm`` (see ``streams/operators_jar.py``).
+Kafka offsets and all state are checkpointed together, and a Python step finishes its batch before a
+checkpoint completes, so every row before the checkpoint is written. A restarted job resumes from
 the last checkpoint and recomputes identical rows for replayed events, which the online store
-skips as not newer. Rows buffered for writing live in keyed state too, so none is lost.
+skips as not newer.
 """
 
 from __future__ import annotations
@@ -17,161 +21,162 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 from pyflink.common import Types
-from pyflink.common.serialization import SimpleStringSchema
-from pyflink.datastream import KeyedProcessFunction, OutputTag
-from pyflink.datastream.connectors.base import DeliveryGuarantee
-from pyflink.datastream.connectors.kafka import KafkaRecordSerializationSchema, KafkaSink
-from pyflink.datastream.state import ListStateDescriptor, ValueStateDescriptor
-from pyflink.table import StreamTableEnvironment
+from pyflink.datastream import OutputTag
+from pyflink.datastream.data_stream import DataStream
+from pyflink.java_gateway import get_gateway
+from pyflink.table import DataTypes, StreamTableEnvironment
+from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
+from schemas.ddl import column_types
 from schemas.records import DeadLetterRecord, TransactionEvent
 from schemas.validation import ContractViolation, decode, encode
-from streams.feature_plan import FeaturePlan, ViewPlan
+from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
 from streams.job_settings import JOB_NAME, JobSettings
-from streams.window_state import EntityWindows
 
-DEAD_LETTER_TAG_NAME = "dead-letters"
+#: SQL type -> (DataStream type, Table type) for the columns the job carries.
+_TYPES = {
+    "BYTES": (Types.PRIMITIVE_ARRAY(Types.BYTE()), DataTypes.BYTES()),
+    "INT": (Types.INT(), DataTypes.INT()),
+    "BIGINT": (Types.LONG(), DataTypes.BIGINT()),
+    "DOUBLE": (Types.DOUBLE(), DataTypes.DOUBLE()),
+    "STRING": (Types.STRING(), DataTypes.STRING()),
+    "BOOLEAN": (Types.BOOLEAN(), DataTypes.BOOLEAN()),
+}
+_RAW_COLUMNS = {"key": "BYTES", "value": "BYTES", "partition": "INT", "offset": "BIGINT"}
+_EVENT_COLUMNS = column_types(TransactionEvent)
+#: A decoded row: the Kafka record as read, its dead letter when invalid, and the event's fields.
+_DECODED_COLUMNS = {**_RAW_COLUMNS, "dead_letter": "STRING", **_EVENT_COLUMNS}
+_EVENT_TIME = "event_time_ms"
 
 
-def _dead_letter(reason: str, error: str, error_field: str | None, raw: dict) -> str:
+def _row_type(columns: dict[str, str]):
+    return Types.ROW_NAMED(list(columns), [_TYPES[sql][0] for sql in columns.values()])
+
+
+def _dead_letter(reason: str, error: str, error_field: str | None, topic: str, partition, offset, key, value) -> str:
     return encode(
         DeadLetterRecord.for_payload(
             reason=reason,
             error=error,
             error_field=error_field,
-            source_topic=raw["topic"],
-            source_partition=raw["partition"],
-            source_offset=raw["offset"],
-            key=raw["key"],
-            payload=raw["value"],
+            source_topic=topic,
+            source_partition=int(partition),
+            source_offset=int(offset),
+            key=key,
+            payload=value,
             consumer=JOB_NAME,
         )
     ).decode()
 
 
-DEAD_LETTERS_TAG = OutputTag(DEAD_LETTER_TAG_NAME, Types.STRING())
+class DecodeEvents(ScalarFunction):
+    """Validate a batch of records against their contract: the event's fields, or a dead letter saying why not."""
 
-
-class DecodeOnTimeEvents(KeyedProcessFunction):
-    """Validate each record against its contract and drop late ones; both become dead letters.
-
-    Keyed by Kafka partition. Lateness is judged against the partition's own watermark: the
-    newest event time seen in that partition minus the allowed out-of-orderness (the per-split
-    watermark Flink's Kafka source keeps before merging partitions). Unlike the merged watermark,
-    it does not depend on how fast the other partitions happen to be read, so a replay reaches
-    the same verdicts. Late events are counted in ``late_events``.
-    """
-
-    def __init__(self, topic: str, out_of_orderness_ms: int) -> None:
+    def __init__(self, topic: str) -> None:
         self.topic = topic
-        self.out_of_orderness_ms = out_of_orderness_ms
 
-    def open(self, runtime_context):
-        self.newest = runtime_context.get_state(ValueStateDescriptor("newest_event_time", Types.LONG()))
-        self.late = runtime_context.get_metrics_group().counter("late_events")
-        self.invalid = runtime_context.get_metrics_group().counter("invalid_events")
+    def open(self, function_context: FunctionContext) -> None:
+        self.invalid = function_context.get_metric_group().counter("invalid_events")
 
-    def process_element(self, row, ctx):
-        raw = {"topic": self.topic, "partition": row[2], "offset": row[3], "key": row[0], "value": row[1]}
-        try:
-            event = decode(TransactionEvent, raw["value"] or b"")
-        except ContractViolation as violation:
-            self.invalid.inc()
-            yield DEAD_LETTERS_TAG, _dead_letter("invalid", str(violation), violation.field, raw)
-            return
-        newest = self.newest.value()
-        watermark = None if newest is None else newest - self.out_of_orderness_ms
-        if watermark is not None and event.event_time_ms < watermark:
-            self.late.inc()
-            behind = watermark - event.event_time_ms
-            yield DEAD_LETTERS_TAG, _dead_letter(
-                "late", f"event time is {behind} ms behind the partition's watermark", "event_time_ms", raw
-            )
-            return
-        if newest is None or event.event_time_ms > newest:
-            self.newest.update(event.event_time_ms)
-        yield event.model_dump()
+    def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
+        columns: dict[str, list] = {name: [] for name in ("dead_letter", *_EVENT_COLUMNS)}
+        for k, v, p, o in zip(key, value, partition, offset):
+            try:
+                event = decode(TransactionEvent, v or b"").model_dump()
+                event["dead_letter"] = None
+            except ContractViolation as violation:
+                self.invalid.inc()
+                event = {"dead_letter": _dead_letter("invalid", str(violation), violation.field, self.topic, p, o, k, v)}
+            for name, values in columns.items():
+                values.append(event.get(name))
+        return pd.DataFrame({name: pd.Series(values, dtype=object) for name, values in columns.items()})
 
 
-class AggregateView(KeyedProcessFunction):
-    """One view's sliding windows for one entity, updated per event."""
+class LateDeadLetters(ScalarFunction):
+    """The dead letters of a batch of late events."""
 
-    def __init__(self, view: ViewPlan) -> None:
-        self.view = view
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
 
-    def open(self, runtime_context):
-        self.windows = runtime_context.get_state(ValueStateDescriptor("windows", Types.PICKLED_BYTE_ARRAY()))
+    def eval(self, key, value, partition, offset, behind_ms) -> pd.Series:
+        return pd.Series(
+            [
+                _dead_letter("late", f"event time is {b} ms behind the partition's watermark", _EVENT_TIME, self.topic, p, o, k, v)
+                for k, v, p, o, b in zip(key, value, partition, offset, behind_ms)
+            ]
+        )
 
-    def process_element(self, event, ctx):
-        windows = self.windows.value() or EntityWindows()
-        windows.absorb(self.view, event)
-        self.windows.update(windows)
-        yield self.view.name, event[self.view.entity_key], windows.version_us, windows.features(self.view)
 
+class WriteOnline(ScalarFunction):
+    """Write a batch of one view's rows to the online store through Feast (idempotent by row version)."""
 
-class WriteFeatures(KeyedProcessFunction):
-    """Buffers rows in keyed state and writes them in batches on a short timer (or when full)."""
-
-    def __init__(self, settings: JobSettings, join_keys: dict[str, str], offline_dirs: dict[str, Path]) -> None:
+    def __init__(self, settings: JobSettings, view: ViewPlan) -> None:
         self.settings = settings
-        self.join_keys = join_keys
-        self.offline_dirs = offline_dirs
+        self.view = view.name
+        self.features = view.feature_names
 
-    def open(self, runtime_context):
+    def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
 
-        pickled = Types.PICKLED_BYTE_ARRAY()
         self.writer = OnlineWriter(self.settings.registry_path, self.settings.redis_address)
-        self.pending = runtime_context.get_list_state(ListStateDescriptor("pending", pickled))
-        self.pending_count = runtime_context.get_state(ValueStateDescriptor("pending_count", Types.LONG()))
-        self.flush_due = runtime_context.get_state(ValueStateDescriptor("flush_due", Types.LONG()))
-        self.offline = runtime_context.get_list_state(ListStateDescriptor("offline", pickled))
-        self.offline_since = runtime_context.get_state(ValueStateDescriptor("offline_since", Types.LONG()))
-        self.rows_written = runtime_context.get_metrics_group().counter("feature_rows_written")
+        self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
-    def process_element(self, row, ctx):
-        self.pending.add(row)
-        count = (self.pending_count.value() or 0) + 1
-        self.pending_count.update(count)
-        now = ctx.timer_service().current_processing_time()
-        due = self.flush_due.value()
-        # No flush scheduled, or the one scheduled before a restore is overdue: schedule one. A spare
-        # timer is harmless (flushing nothing is a no-op); a missing one would strand the rows.
-        if due is None or due < now:
-            self.flush_due.update(now + self.settings.flush_interval_ms)
-            ctx.timer_service().register_processing_time_timer(now + self.settings.flush_interval_ms)
-        if count >= self.settings.max_batch_rows:
-            self._flush(now)
-        return ()  # a sink: nothing flows on
-
-    def on_timer(self, timestamp, ctx):
-        self.flush_due.clear()
-        self._flush(timestamp)
-        return ()
-
-    def _flush(self, now_ms: int) -> None:
+    def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
         from feature_store.online_write import FeatureRow
 
-        rows = [FeatureRow(*row) for row in self.pending.get()]
-        self.pending.clear()
-        self.pending_count.clear()
-        if not rows:
-            return
+        columns = [column.astype(object).where(column.notna(), None) for column in features]
+        rows = [
+            FeatureRow(self.view, key, int(version), dict(zip(self.features, values)))
+            for key, version, *values in zip(entity, version_us, *columns)
+        ]
         self.rows_written.inc(self.writer.write(rows))
-        self.offline.add_all(rows)
-        since = self.offline_since.value()
-        if since is None:
-            self.offline_since.update(now_ms)
-        elif now_ms - since >= self.settings.offline_flush_interval_ms:
-            _append_offline(list(self.offline.get()), self.join_keys, self.offline_dirs)
-            self.offline.clear()
-            self.offline_since.clear()
+        return pd.Series([True] * len(entity))
+
+
+class AppendOffline(ScalarFunction):
+    """Append a batch of one view's rows to its offline log as a parquet file: join key, event_timestamp, features."""
+
+    def __init__(self, view: ViewPlan, directory: Path) -> None:
+        self.join_key = view.entity_key
+        self.features = view.feature_names
+        self.directory = directory
+
+    def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
+        frame = pd.DataFrame(
+            {
+                self.join_key: entity,
+                # The row version is a timestamp in microseconds (see streams/jvm SlidingWindows).
+                "event_timestamp": pd.to_datetime(version_us, unit="us", utc=True),
+                **dict(zip(self.features, features)),
+            }
+        )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(self.directory / f"part-{time.time_ns()}-{os.getpid()}.parquet", index=False)
+        return pd.Series([True] * len(entity))
+
+
+def _feature_columns(view: ViewPlan) -> dict[str, str]:
+    """A view's rows: entity, row version, then each feature (counts are integers)."""
+    integral = {"count", "count_distinct"}
+    features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
+    return {view.entity_key: "STRING", "version_us": "BIGINT", **features}
+
+
+def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
+    """The view's aggregations in the text form SlidingWindows takes (columns by position)."""
+    return ";".join(
+        f"{a.name},{a.function},{positions[a.column]},{a.window_ms or 0},{a.slide_ms or 0}" for a in view.aggregations
+    )
+
+
+def _quoted(names) -> str:
+    return ", ".join(f"`{name}`" for name in names)
 
 
 def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     """Add the feature pipeline for ``plan`` to a PyFlink StreamExecutionEnvironment."""
-    pickled = Types.PICKLED_BYTE_ARRAY()
     t_env = StreamTableEnvironment.create(env)
     # The value stays raw bytes, so a bad record is dead-lettered exactly as it came.
     t_env.execute_sql(
@@ -194,38 +199,79 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
           'value.fields-include' = 'EXCEPT_KEY'
         )"""
     )
-    on_time = (
-        t_env.to_data_stream(t_env.from_path("raw_events"))
-        .key_by(lambda row: row[2], key_type=Types.INT())
-        .process(DecodeOnTimeEvents(plan.topic, plan.out_of_orderness_ms), output_type=pickled)
-        .name("decode, validate, drop late")
+    t_env.execute_sql(
+        f"""
+        CREATE TABLE dead_letters (`value` STRING) WITH (
+          'connector' = 'kafka',
+          'topic' = '{settings.dead_letter_topic}',
+          'properties.bootstrap.servers' = '{settings.bootstrap_servers}',
+          'format' = 'raw',
+          'sink.delivery-guarantee' = 'at-least-once'
+        )"""
     )
-    rows = None
-    for view in plan.views:
-        view_rows = (
-            on_time.key_by(lambda event, key=view.entity_key: event[key], key_type=Types.STRING())
-            .process(AggregateView(view), output_type=pickled)
+    t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
+
+    decoded_row = DataTypes.ROW(
+        [DataTypes.FIELD(name, _TYPES[sql][1]) for name, sql in {"dead_letter": "STRING", **_EVENT_COLUMNS}.items()]
+    )
+    t_env.create_temporary_function("decode_event", udf(DecodeEvents(plan.topic), result_type=decoded_row, func_type="pandas"))
+    t_env.create_temporary_function(
+        "late_dead_letter", udf(LateDeadLetters(plan.topic), result_type=DataTypes.STRING(), func_type="pandas")
+    )
+    decoded = t_env.sql_query(
+        f"SELECT {_quoted(_RAW_COLUMNS)}, {', '.join(f'e.`{c}`' for c in ('dead_letter', *_EVENT_COLUMNS))} "
+        f"FROM (SELECT *, decode_event({_quoted(_RAW_COLUMNS)}) AS e FROM raw_events)"
+    )
+
+    operators = get_gateway().jvm.dev.loopline.streams
+    positions = {name: i for i, name in enumerate(_DECODED_COLUMNS)}
+    decoded_type = _row_type(_DECODED_COLUMNS).get_java_type_info()
+    invalid = OutputTag("invalid", Types.STRING()).get_java_output_tag()
+    late = OutputTag("late", _row_type({**_DECODED_COLUMNS, "behind_ms": "BIGINT"})).get_java_output_tag()
+    valid = (
+        t_env.to_data_stream(decoded)
+        ._j_data_stream.process(operators.DeadLetterSplit(positions["dead_letter"], invalid), decoded_type)
+        .name("route invalid events")
+    )
+    on_time = (
+        valid.keyBy(operators.FieldKey(positions["partition"]))
+        .process(operators.PartitionLateness(positions[_EVENT_TIME], plan.out_of_orderness_ms, late), decoded_type)
+        .name("drop late events")
+    )
+    t_env.create_temporary_view("invalid_events", t_env.from_data_stream(DataStream(valid.getSideOutput(invalid))))
+    t_env.create_temporary_view("late_events", t_env.from_data_stream(DataStream(on_time.getSideOutput(late))))
+    statements = t_env.create_statement_set()
+    statements.add_insert_sql(
+        "INSERT INTO dead_letters SELECT f0 FROM invalid_events UNION ALL "
+        f"SELECT late_dead_letter({_quoted(_RAW_COLUMNS)}, behind_ms) FROM late_events"
+    )
+
+    offline_dirs = _offline_dirs(plan, settings.offline_dir)
+    for index, view in enumerate(plan.views):
+        columns = _feature_columns(view)
+        row_type = _row_type(columns).get_java_type_info()
+        rows = (
+            on_time.keyBy(operators.FieldKey(positions[view.entity_key]))
+            .process(operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE), row_type)
             .name(f"aggregate {view.name}")
         )
-        rows = view_rows if rows is None else rows.union(view_rows)
-    assert rows is not None
-    writer = WriteFeatures(
-        settings, {view.name: view.entity_key for view in plan.views}, _offline_dirs(plan, settings.offline_dir)
-    )
-    rows.key_by(lambda row: row[0], key_type=Types.STRING()).process(writer).name("write online + offline")
-
-    on_time.get_side_output(DEAD_LETTERS_TAG).sink_to(
-        KafkaSink.builder()
-        .set_bootstrap_servers(settings.bootstrap_servers)
-        .set_record_serializer(
-            KafkaRecordSerializationSchema.builder()
-            .set_topic(settings.dead_letter_topic)
-            .set_value_serialization_schema(SimpleStringSchema())
-            .build()
+        held = (
+            rows.keyBy(operators.FieldKey(-1))
+            .process(operators.TimedBatches(settings.offline_flush_interval_ms, row_type), row_type)
+            .name(f"hold {view.name} for the offline log")
         )
-        .set_delivery_guarantee(DeliveryGuarantee.AT_LEAST_ONCE)
-        .build()
-    ).name("dead letters")
+        t_env.create_temporary_view(f"rows_{index}", t_env.from_data_stream(DataStream(rows)))
+        t_env.create_temporary_view(f"held_{index}", t_env.from_data_stream(DataStream(held)))
+        t_env.create_temporary_function(
+            f"write_online_{index}", udf(WriteOnline(settings, view), result_type=DataTypes.BOOLEAN(), func_type="pandas")
+        )
+        t_env.create_temporary_function(
+            f"append_offline_{index}",
+            udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
+        )
+        statements.add_insert_sql(f"INSERT INTO written SELECT write_online_{index}({_quoted(columns)}) FROM rows_{index}")
+        statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({_quoted(columns)}) FROM held_{index}")
+    statements.attach_as_datastream()
 
 
 def _offline_dirs(plan: FeaturePlan, root: Path | None) -> dict[str, Path]:
@@ -238,36 +284,21 @@ def _offline_dirs(plan: FeaturePlan, root: Path | None) -> dict[str, Path]:
     }
 
 
-def _append_offline(rows, join_keys: dict[str, str], offline_dirs: dict[str, Path]) -> None:
-    """Append feature rows as one parquet file per view: join key, event_timestamp (the row version), features."""
-    import pandas as pd
-
-    by_view: dict[str, list] = {}
-    for row in rows:
-        by_view.setdefault(row.view, []).append(row)
-    for view, view_rows in by_view.items():
-        frame = pd.DataFrame(
-            [{join_keys[view]: r.entity, "event_timestamp": r.timestamp, **r.features} for r in view_rows]
-        )
-        target = offline_dirs[view]
-        target.mkdir(parents=True, exist_ok=True)
-        frame.to_parquet(target / f"part-{time.time_ns()}-{os.getpid()}.parquet", index=False)
-
-
 def new_environment(settings: JobSettings, restore_from: str | None = None):
     """A StreamExecutionEnvironment configured for the job: connector jar, checkpoints, Python bundles."""
     from pyflink.common import Configuration
     from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+    from pyflink.util.java_utils import add_jars_to_context_class_loader
 
     config = Configuration()
-    config.set_string("pipeline.jars", settings.connector_jar.as_uri())
+    config.set_string("pipeline.jars", ";".join(jar.as_uri() for jar in (settings.connector_jar, settings.operators_jar)))
     config.set_string("pipeline.name", JOB_NAME)
-    # Small bundles and buffers: freshness matters more than the last bit of throughput.
-    config.set_string("python.fn-execution.bundle.time", "20")
-    config.set_string("python.fn-execution.bundle.size", "500")
+    # A Python step gets its rows in Arrow batches of up to max_batch_rows, waiting at most
+    # flush_interval_ms for one to fill: the knobs that trade freshness for throughput.
+    config.set_string("python.fn-execution.bundle.time", str(settings.flush_interval_ms))
+    config.set_string("python.fn-execution.bundle.size", str(settings.max_batch_rows))
+    config.set_string("python.fn-execution.arrow.batch.size", str(settings.max_batch_rows))
     config.set_string("execution.buffer-timeout.interval", "10 ms")
-    # Window state of every active entity stays in the Python worker's cache, not behind a round trip.
-    config.set_string("python.state.cache-size", "100000")
     for key, value in settings.python_options.items():
         config.set_string(key, value)
     config.set_string("execution.checkpointing.storage", "filesystem")
@@ -276,6 +307,8 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
     if restore_from:
         config.set_string("execution.state-recovery.path", restore_from)
     env = StreamExecutionEnvironment.get_execution_environment(config)
+    # The client builds the job graph with the operators' classes, so its class loader needs them too.
+    add_jars_to_context_class_loader([settings.operators_jar.as_uri()])
     env.set_parallelism(settings.parallelism)
     env.enable_checkpointing(settings.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
     return env

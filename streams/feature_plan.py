@@ -21,6 +21,8 @@ if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled
 WINDOWED_FUNCTIONS = frozenset({"count", "sum", "mean", "max", "min", "count_distinct"})
 SUPPORTED_FUNCTIONS = WINDOWED_FUNCTIONS | {"time_since_previous"}
 _NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
+#: Sums are kept exact, as integers of 1/SCALE (the job and the recompute both round values to it).
+SCALE = 1_000_000
 
 
 class PlanError(ValueError):

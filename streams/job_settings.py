@@ -18,6 +18,8 @@ class JobSettings:
 
     bootstrap_servers: str
     connector_jar: Path
+    #: The job's JVM operators (streams/operators_jar.py).
+    operators_jar: Path
     checkpoint_dir: Path
     registry_path: Path | None = None
     redis_address: str | None = None

@@ -1,8 +1,8 @@
 """The offline recompute: the job's aggregations in batch over the raw event log, point in time.
 
-This is what training sets and consistency checks use. It follows the window semantics of
-``streams/window_state.py`` but is written independently (sorted arrays, binary search), so a
-test comparing the two really checks the streaming path.
+This is what training sets and consistency checks use. It follows the window semantics of the
+job's ``SlidingWindows`` operator (``streams/jvm``) but is written independently (pandas, sorted
+arrays, binary search), so a test comparing the two really checks the streaming path.
 """
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from streams.feature_plan import ViewPlan
-from streams.window_state import SCALE
+from streams.feature_plan import SCALE, ViewPlan
 
 EVENT_TIME = "event_time_ms"
 
