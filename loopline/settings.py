@@ -69,8 +69,10 @@ class StreamSettings(BaseModel):
     source_topic: str | None = Field(default=None, description="Read this topic instead of the Feast source's.")
     dead_letter_topic: str = "events.dlq"
     checkpoint_interval_ms: int = Field(default=5_000, ge=100)
-    flush_interval_ms: int = Field(default=50, ge=1)
-    max_batch_rows: int = Field(default=2_000, ge=1)
+    flush_interval_ms: int = Field(
+        default=50, ge=1, description="Longest a row waits for a Python batch (decode, online write): freshness."
+    )
+    max_batch_rows: int = Field(default=2_000, ge=1, description="Rows per Python batch (Arrow): throughput.")
     parallelism: int = Field(default=1, ge=1)
     offline_dir: Path | None = Field(
         default=None,

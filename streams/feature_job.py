@@ -153,7 +153,10 @@ class AppendOffline(ScalarFunction):
             }
         )
         self.directory.mkdir(parents=True, exist_ok=True)
-        frame.to_parquet(self.directory / f"part-{time.time_ns()}-{os.getpid()}.parquet", index=False)
+        name = f"part-{time.time_ns()}-{os.getpid()}.parquet"
+        # Written under a hidden name and renamed, so readers of the folder never see half a file.
+        frame.to_parquet(self.directory / f".{name}", index=False)
+        os.replace(self.directory / f".{name}", self.directory / name)
         return pd.Series([True] * len(entity))
 
 
@@ -192,6 +195,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
           'properties.bootstrap.servers' = '{settings.bootstrap_servers}',
           'properties.group.id' = '{settings.group_id}',
           'properties.auto.offset.reset' = 'earliest',
+          'properties.fetch.min.bytes' = '65536',
+          'properties.fetch.max.wait.ms' = '20',
           'scan.startup.mode' = 'group-offsets',
           'key.format' = 'raw',
           'key.fields' = 'key',
@@ -299,6 +304,8 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
     config.set_string("python.fn-execution.bundle.size", str(settings.max_batch_rows))
     config.set_string("python.fn-execution.arrow.batch.size", str(settings.max_batch_rows))
     config.set_string("execution.buffer-timeout.interval", "10 ms")
+    # No operator of the job keeps a reference to its input rows, so chained operators can share them.
+    config.set_string("pipeline.object-reuse", "true")
     for key, value in settings.python_options.items():
         config.set_string(key, value)
     config.set_string("execution.checkpointing.storage", "filesystem")

@@ -28,8 +28,10 @@ class JobSettings:
     group_id: str = "loopline-features"
     dead_letter_topic: str = DEAD_LETTERS.name
     checkpoint_interval_ms: int = 5_000
+    #: The longest a row waits for its Python batch (decoding, online writes), and the batch size.
     flush_interval_ms: int = 50
     max_batch_rows: int = 2_000
+    #: Feature rows are held (checkpointed) this long, then appended offline as one file per view.
     offline_flush_interval_ms: int = 5_000
     parallelism: int = 1
     python_options: dict[str, str] = field(default_factory=dict)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 import signal
 import time
 import uuid
@@ -18,7 +19,7 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 
 from loopline.feature_job_process import start_feature_job, stop_feature_job
-from feature_store.config import apply_definitions, feature_store
+from feature_store.config import REPO_PATH, apply_definitions, feature_store
 from infra.service import wait_until
 from loopline.settings import Settings
 from schemas import DeadLetterRecord, TransactionEvent, decode
@@ -67,8 +68,26 @@ def _start_job(settings: Settings, group: str):
         LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
         LOOPLINE_STREAM__GROUP_ID=group,
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
-        LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"),
+        LOOPLINE_STREAM__OFFLINE_DIR=str(_offline_root(settings)),
     )
+
+
+def _offline_root(settings: Settings):
+    """Where the job appends offline rows: the FileSource paths of a copy of the repo (see ``_offline_store``)."""
+    return settings.home / "repo" / "data" / "offline"
+
+
+def _offline_store(settings: Settings):
+    """Feast on a copy of the repo config, so its FileSources (``data/offline/<view>``) resolve to the test's log."""
+    repo = settings.home / "repo"
+    repo.mkdir(exist_ok=True)
+    shutil.copy(REPO_PATH / "feature_store.yaml", repo)
+    return feature_store(settings.registry_path, settings.redis_address, repo)
+
+
+def _offline_rows(settings: Settings, view: str) -> pd.DataFrame:
+    parts = list((_offline_root(settings) / view).glob("*.parquet"))
+    return pd.concat(map(pd.read_parquet, parts)) if parts else pd.DataFrame()
 
 
 def _committed(bootstrap: str, group: str) -> int:
@@ -83,15 +102,14 @@ def _wait(condition, timeout_s: float, what: str) -> None:
     assert wait_until(condition, timeout_s, interval_s=0.5), f"timed out after {timeout_s:.0f} s waiting for {what}"
 
 
-def _differences(plan: FeaturePlan, store, expected: dict[str, pd.DataFrame]) -> list[str]:
+def _differences(plan: FeaturePlan, expected: dict[str, pd.DataFrame], read) -> list[str]:
+    """Every (view, entity, feature) where ``read(view, offline_frame)`` differs from the recompute."""
     problems = []
     for view in plan.views:
         offline = expected[view.name]
-        rows = [{view.entity_key: k} for k in offline[view.entity_key]]
-        online = store.get_online_features(
-            features=[f"{view.name}:{f}" for f in view.feature_names], entity_rows=rows
-        ).to_df()
-        merged = offline.merge(online, on=view.entity_key, suffixes=("_offline", "_online"))
+        merged = offline.merge(read(view, offline), on=view.entity_key, suffixes=("_offline", "_online"))
+        if len(merged) != len(offline):
+            problems.append(f"{view.name}: {len(offline) - len(merged)} entities missing")
         for feature in view.feature_names:
             for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"]):
                 same = (pd.isna(want) and pd.isna(got)) or (
@@ -100,6 +118,30 @@ def _differences(plan: FeaturePlan, store, expected: dict[str, pd.DataFrame]) ->
                 if not same:
                     problems.append(f"{view.name}[{entity}].{feature}: online {got}, offline {want}")
     return problems
+
+
+def _online(store):
+    def read(view, offline: pd.DataFrame) -> pd.DataFrame:
+        rows = [{view.entity_key: k} for k in offline[view.entity_key]]
+        return store.get_online_features(features=[f"{view.name}:{f}" for f in view.feature_names], entity_rows=rows).to_df()
+
+    return read
+
+
+def _historical(store):
+    """Feast's point-in-time retrieval from the offline log, at each entity's latest event.
+
+    A row's timestamp is its version: the event time plus up to 999 µs of absorbed-event count,
+    so the query time is the event's millisecond plus 999 µs.
+    """
+
+    def read(view, offline: pd.DataFrame) -> pd.DataFrame:
+        at = pd.to_datetime(offline["event_time_ms"] * 1000 + 999, unit="us", utc=True)
+        entities = pd.DataFrame({view.entity_key: offline[view.entity_key], "event_timestamp": at})
+        features = [f"{view.name}:{f}" for f in view.feature_names]
+        return store.get_historical_features(entity_df=entities, features=features).to_df().drop(columns="event_timestamp")
+
+    return read
 
 
 @pytest.fixture(scope="module")
@@ -149,19 +191,27 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
         problems: list[str] = []
 
         def agrees() -> bool:
-            problems[:] = _differences(plan, store, expected)
+            problems[:] = _differences(plan, expected, _online(store))
             return not problems
 
         try:
             _wait(agrees, 240, "online features to equal the offline recompute")
         except AssertionError:
             pytest.fail(f"{len(problems)} online values differ from the recompute, e.g. {problems[:5]}")
+
+        def logged_offline() -> bool:  # every entity's newest row, appended within the offline flush interval
+            newest = {view.name: expected[view.name]["event_time_ms"].max() * 1000 for view in plan.views}
+            return all(
+                not (rows := _offline_rows(settings, name)).empty and rows["event_timestamp"].max().value // 1000 >= at_us
+                for name, at_us in newest.items()
+            )
+
+        _wait(logged_offline, 60, "the newest rows in the offline log")
     finally:
         stop_feature_job(job, signal.SIGKILL)
 
-    offline = pd.concat(pd.read_parquet(part) for part in (settings.home / "offline" / "user_transaction_features").glob("*.parquet"))
-    assert {"user_id", "event_timestamp", "txn_count_5m"} <= set(offline.columns)
-    assert set(offline["user_id"]) <= set(expected["user_transaction_features"]["user_id"])
+    problems = _differences(plan, expected, _historical(_offline_store(settings)))
+    assert not problems, f"{len(problems)} historical values differ from the recompute, e.g. {problems[:5]}"
 
     letters = [decode(DeadLetterRecord, m.value()) for m in _read(bootstrap, DEAD.name)]
     ours = {(d.source_partition, d.source_offset): d for d in letters if d.source_topic == SOURCE.name}

@@ -37,12 +37,11 @@ public final class TimedBatches extends KeyedProcessFunction<String, Row, Row> {
     @Override
     public void processElement(Row row, Context ctx, Collector<Row> out) throws Exception {
         held.add(row);
-        long now = ctx.timerService().currentProcessingTime();
-        Long scheduled = due.value();
-        // A timer scheduled before a restore may be gone with the old process: schedule again once it is overdue.
-        if (scheduled == null || scheduled < now) {
-            due.update(now + intervalMs);
-            ctx.timerService().registerProcessingTimeTimer(now + intervalMs);
+        // Timers are checkpointed with the state, so one scheduled before a restart still fires after it.
+        if (due.value() == null) {
+            long at = ctx.timerService().currentProcessingTime() + intervalMs;
+            due.update(at);
+            ctx.timerService().registerProcessingTimeTimer(at);
         }
     }
 
