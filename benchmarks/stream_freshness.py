@@ -6,6 +6,8 @@ Produces the synthetic transaction stream at a fixed rate into Kafka while the f
 * sustained events/s: events of the measured window / time from its first event produced until
   its last sampled event is readable online (a warm-up at the same rate precedes the window);
 * freshness: event produced -> the entity's new row readable online (sampled events), p50/p99;
+* catch-up events/s (full runs): a backlog published first, worked off by a fresh job with the
+  machine to itself (from its first row online to the last event's row online);
 * the read path for 1 and 64 entities: Loopline's fast reader vs Feast's get_online_features vs a
   raw pipelined redis-py HGETALL of the same keys, measured in the same run.
 
@@ -13,7 +15,7 @@ Anchors: Tecton's stated freshness (< 1 s), Hopsworks' online ingest p99 (~250 m
 published Python feature server p99 (7.2 ms for 1 row). Machine: the 2-core box this runs on.
 The last line printed is one JSON object with every figure.
 
-    python benchmarks/stream_freshness.py [--quick] [--rate 5000] [--seconds 30]
+    python benchmarks/stream_freshness.py [--quick] [--rate 5000] [--seconds 30] [--backlog 150000]
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import redis
@@ -43,6 +46,7 @@ from feature_store.config import apply_definitions, feature_fields, feature_stor
 from feature_store.online_read import OnlineReader  # noqa: E402
 from loopline.components import build_stack  # noqa: E402
 from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving  # noqa: E402
+from infra.service import wait_until  # noqa: E402
 from loopline.settings import KafkaSettings, RedisSettings, Settings  # noqa: E402
 from schemas.topics import TOPICS, TRANSACTIONS  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
@@ -138,6 +142,43 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
         stop_feature_job(job, signal.SIGKILL)
 
 
+def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) -> dict:
+    """Publish ``events`` transactions first, then start the job: how fast it works off the backlog.
+
+    The job's capacity with the machine to itself (no producer competing), timed from its first
+    row online to the last event's row online, so start-up does not count.
+    """
+    reader = OnlineReader(settings.registry_path, settings.redis_address)
+    config = SyntheticConfig(rate_per_s=5000.0, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
+    stream = SyntheticStream(config, seed=12, start_ms=int(time.time() * 1000))
+    topic = replace(TRANSACTIONS, name="bench.catch-up")  # holds only the backlog
+    transactions = (replace(e, topic=topic.name) for e in stream if e.topic == TRANSACTIONS.name)
+    backlog = list(itertools.islice(transactions, events))
+    with console.status(f"publishing a backlog of {events:,} events"):
+        apply_topics(settings.kafka.bootstrap_servers, [topic])
+        EventProducer(settings.kafka.bootstrap_servers).publish(backlog)
+    last = backlog[-1]
+    client = redis.Redis(port=settings.redis.port)
+    client.flushdb()  # the stack is the benchmark's own: an empty store shows the job's first row
+    job = start_feature_job(settings, settings.home / "catch-up.log", LOOPLINE_STREAM__GROUP_ID="catch-up",
+                            LOOPLINE_STREAM__SOURCE_TOPIC=topic.name,
+                            LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline-catch-up"))  # fmt: skip
+    try:
+        with console.status("waiting for the job's first rows"):
+            if not wait_until(lambda: client.dbsize() > 0 or job.poll() is not None, start_timeout_s, 0.05):
+                raise RuntimeError("the feature job wrote nothing; see catch-up.log")
+        began = time.monotonic()
+        with console.status("working off the backlog"):
+            caught_up = wait_until(
+                lambda: (reader.row_timestamps_us(USER_VIEW, [last.key])[0] or 0) >= last.record.event_time_ms * 1000,
+                300,
+                0.05,
+            )
+        return {"catch_up_events_per_s": round(events / (time.monotonic() - began), 1) if caught_up else None}
+    finally:
+        stop_feature_job(job, signal.SIGKILL)
+
+
 def measure_reads(settings: Settings, iterations: int) -> dict:
     """p50/p99 (ms) of the three read paths for 1 and 64 entities, same keys, same run."""
     store = feature_store(settings.registry_path, settings.redis_address)
@@ -185,8 +226,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run (within a minute)")
     parser.add_argument("--rate", type=float, default=5000.0, help="transactions per second to produce")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long to produce")
+    parser.add_argument("--backlog", type=int, default=150_000, help="events of the catch-up run (0: skip it)")
     args = parser.parse_args()
-    rate, seconds, warmup, iterations = (1000.0, 5.0, 3.0, 300) if args.quick else (args.rate, args.seconds, 15.0, 2000)
+    rate, seconds, warmup, iterations = (1000.0, 5.0, 3.0, 200) if args.quick else (args.rate, args.seconds, 15.0, 2000)
 
     home = Path(tempfile.mkdtemp(prefix="loopline-bench-"))
     settings = Settings(
@@ -203,6 +245,8 @@ def main() -> None:
             apply_topics(settings.kafka.bootstrap_servers, TOPICS)
             apply_definitions(settings.registry_path, settings.redis_address)
         figures = measure_streaming(settings, rate, seconds, warmup, start_timeout_s=45 if args.quick else 120)
+        if args.backlog and not args.quick:
+            figures |= measure_catch_up(settings, args.backlog, start_timeout_s=120)
         with console.status("timing the read paths"):
             figures |= measure_reads(settings, iterations)
     finally:
