@@ -23,6 +23,7 @@ from loopline.views import stack_table, topics_table
 from schemas.compatibility import CompatibilityError, check_registered, register
 from schemas.topics import TOPICS
 from streams.feature_plan import PlanError
+from streams.job_settings import JobStateError
 from streams.producer import DeliveryError
 from streams.topics import TopicSpecError, apply_topics
 
@@ -39,7 +40,9 @@ app.add_typer(stream_app, name="stream")
 console = Console()
 
 #: Errors the user can act on: printed as one line, never as a trace.
-USER_ERRORS = (StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError)
+USER_ERRORS = (
+    StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
+)  # fmt: skip
 
 
 def settings() -> Settings:
@@ -114,7 +117,10 @@ JobManagerOption = Annotated[
 @stream_app.command("submit")
 def stream_submit(
     jobmanager: JobManagerOption = None,
-    restore: Annotated[bool, typer.Option(help="Resume from the newest checkpoint when there is one.")] = True,
+    restore: Annotated[
+        bool,
+        typer.Option(help="Resume from the newest checkpoint; --no-restore rebuilds the state from the oldest retained event."),
+    ] = True,
 ) -> None:
     """Run the feature job: on the embedded mini-cluster (until stopped), or submitted to a cluster."""
     from loopline.components import feature_plan, job_settings
@@ -209,7 +215,7 @@ def produce(
 @app.command("demo")
 def demo(
     seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 60.0,
-    rate: Annotated[float, typer.Option(help="Transactions per second (the embedded job keeps up with ~300).")] = 150.0,
+    rate: Annotated[float, typer.Option(help="Transactions per second (the embedded job keeps up with ~3,000).")] = 1000.0,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up."""
     from loopline.demo import run_demo

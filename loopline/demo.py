@@ -103,7 +103,9 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     console.print(topics_table(apply_topics(bootstrap, TOPICS)))
 
     console.rule("3. streaming feature job (PyFlink, embedded) and the producer")
-    job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log")
+    # The demo rebuilds the job's state from the retained events, so a checkpoint left by an
+    # earlier Loopline (other operators) never stands in its way.
+    job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False)
     try:
         stats, reader = _produce_while_showing_features(settings, job, seconds - (time.monotonic() - began), rate, console)
     finally:

@@ -31,11 +31,14 @@ def settings_environment(settings: Settings, **extra: str) -> dict[str, str]:
     }
 
 
-def start_feature_job(settings: Settings, log_file: Path, **extra_env: str) -> subprocess.Popen:
-    """Start `loopline stream submit` (embedded mini-cluster) in its own process group, logging to ``log_file``."""
+def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
+    """Start `loopline stream submit` (embedded mini-cluster) in its own process group, logging to ``log_file``.
+
+    Without ``restore`` the job rebuilds its state from the oldest retained event.
+    """
     log_file.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit"],
+        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit", *([] if restore else ["--no-restore"])],
         env=settings_environment(settings, **extra_env),
         stdout=log_file.open("ab"),
         stderr=subprocess.STDOUT,

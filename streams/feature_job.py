@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -33,7 +34,7 @@ from schemas.ddl import column_types
 from schemas.records import DeadLetterRecord, TransactionEvent
 from schemas.validation import ContractViolation, decode, encode
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
-from streams.job_settings import JOB_NAME, JobSettings
+from streams.job_settings import JOB_NAME, JobSettings, JobStateError
 
 #: SQL type -> (DataStream type, Table type) for the columns the job carries.
 _TYPES = {
@@ -178,8 +179,16 @@ def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
 
-def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
-    """Add the feature pipeline for ``plan`` to a PyFlink StreamExecutionEnvironment."""
+# PyFlink's own Table/DataStream bridge calls APIs it deprecated itself; that is not the user's to fix.
+warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pyflink\.")
+
+
+def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool = False) -> None:
+    """Add the feature pipeline for ``plan`` to a PyFlink StreamExecutionEnvironment.
+
+    The source starts where the consumer group committed (or a restored checkpoint says), or with
+    ``from_earliest`` at the oldest retained event, to rebuild the window state from the log.
+    """
     t_env = StreamTableEnvironment.create(env)
     # The value stays raw bytes, so a bad record is dead-lettered exactly as it came.
     t_env.execute_sql(
@@ -197,7 +206,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
           'properties.auto.offset.reset' = 'earliest',
           'properties.fetch.min.bytes' = '65536',
           'properties.fetch.max.wait.ms' = '20',
-          'scan.startup.mode' = 'group-offsets',
+          'scan.startup.mode' = '{"earliest-offset" if from_earliest else "group-offsets"}',
           'key.format' = 'raw',
           'key.fields' = 'key',
           'value.format' = 'raw',
@@ -237,11 +246,13 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         t_env.to_data_stream(decoded)
         ._j_data_stream.process(operators.DeadLetterSplit(positions["dead_letter"], invalid), decoded_type)
         .name("route invalid events")
+        .uid("route-invalid-events")
     )
     on_time = (
         valid.keyBy(operators.FieldKey(positions["partition"]))
         .process(operators.PartitionLateness(positions[_EVENT_TIME], plan.out_of_orderness_ms, late), decoded_type)
         .name("drop late events")
+        .uid("drop-late-events")
     )
     t_env.create_temporary_view("invalid_events", t_env.from_data_stream(DataStream(valid.getSideOutput(invalid))))
     t_env.create_temporary_view("late_events", t_env.from_data_stream(DataStream(on_time.getSideOutput(late))))
@@ -259,11 +270,13 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
             on_time.keyBy(operators.FieldKey(positions[view.entity_key]))
             .process(operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE), row_type)
             .name(f"aggregate {view.name}")
+            .uid(f"aggregate-{view.name}")
         )
         held = (
             rows.keyBy(operators.FieldKey(-1))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, row_type), row_type)
             .name(f"hold {view.name} for the offline log")
+            .uid(f"hold-offline-{view.name}")
         )
         t_env.create_temporary_view(f"rows_{index}", t_env.from_data_stream(DataStream(rows)))
         t_env.create_temporary_view(f"held_{index}", t_env.from_data_stream(DataStream(held)))
@@ -324,12 +337,25 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
 def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True) -> None:
     """Run the job on an embedded mini-cluster until it fails or the process is stopped.
 
-    With ``restore`` it resumes from the newest retained checkpoint, when there is one.
+    With ``restore`` it resumes from the newest retained checkpoint, when there is one; without,
+    it rebuilds its state from the oldest retained event. JobStateError when the checkpoint's
+    state does not fit this job's operators.
     """
+    from py4j.protocol import Py4JJavaError
+
     restore_from = latest_checkpoint(settings.checkpoint_dir) if restore else None
     env = new_environment(settings, restore_from)
-    build_job(env, plan, settings)
-    env.execute(JOB_NAME)
+    build_job(env, plan, settings, from_earliest=not restore)
+    try:
+        env.execute(JOB_NAME)
+    except Py4JJavaError as err:
+        if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
+            raise JobStateError(
+                f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
+                "(Loopline or the feature views changed) — fix: rebuild the state from the retained events "
+                "with `loopline stream submit --no-restore`"
+            ) from None
+        raise
 
 
 def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None) -> list[str]:

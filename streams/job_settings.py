@@ -12,6 +12,10 @@ from schemas.topics import DEAD_LETTERS
 JOB_NAME = "loopline-features"
 
 
+class JobStateError(RuntimeError):
+    """The job cannot resume from its checkpoint; the message says what to do instead."""
+
+
 @dataclass(frozen=True)
 class JobSettings:
     """Where the job reads, writes and checkpoints, and its batching and checkpoint knobs."""
