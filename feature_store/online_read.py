@@ -17,6 +17,7 @@ from pathlib import Path
 import redis
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
+from feature_store.defaults import declared_default
 
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
@@ -35,7 +36,10 @@ class _ViewLayout:
 class OnlineReader:
     """Reads feature vectors of registered feature views from the Redis online store."""
 
-    def __init__(self, registry_path: Path | None, redis_address: str, repo_path: Path = REPO_PATH) -> None:
+    def __init__(
+        self, registry_path: Path | None, redis_address: str, repo_path: Path = REPO_PATH, timeout_s: float | None = None
+    ) -> None:
+        """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes)."""
         from feast.infra.key_encoding_utils import serialize_entity_key
         from feast.infra.online_stores.helpers import _mmh3
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
@@ -45,16 +49,19 @@ class OnlineReader:
         self._project = store.config.project.encode()
         self._key_version = store.config.entity_key_serialization_version
         self._serialize, self._entity_key, self._value = serialize_entity_key, EntityKey, Value
+        views = [*store.list_feature_views(), *store.list_stream_feature_views()]
+        #: The default each feature declares ("view:feature" -> value or None), for callers that fall back.
+        self.defaults = {f"{view.name}:{f.name}": declared_default(f) for view in views for f in feature_fields(view)}
         self._views = {
             view.name: _ViewLayout(
                 join_key=view.entity_columns[0].name,
                 timestamp_field=f"_ts:{view.name}".encode(),
                 fields={f.name: _mmh3(f"{view.name}:{f.name}") for f in feature_fields(view)},
             )
-            for view in [*store.list_feature_views(), *store.list_stream_feature_views()]
+            for view in views
         }
         host, port = redis_address.rsplit(":", 1)
-        self._redis = redis.Redis(host=host, port=int(port))
+        self._redis = redis.Redis(host=host, port=int(port), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         # Serialising an entity key costs ~10 µs; hot entities are read again and again.
         self._redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(self._build_redis_key)
 

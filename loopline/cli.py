@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -210,6 +211,21 @@ def produce(
     """Publish a realistic synthetic transaction stream (with fraud, late events and labels)."""
     stats = produce_stream(settings(), rate, duration, seed, start, console, malformed_rate)
     console.print(json.dumps({"delivered": dict(stats.delivered), "seconds": round(stats.seconds, 2)}))
+
+
+@app.command("serve")
+def serve(
+    model: Annotated[Optional[Path], typer.Option(help="ONNX model to serve (default: serving.model_path).")] = None,
+) -> None:
+    """Serve the scorer over HTTP: POST /v1/score, GET /v1/models/status, /v1/models/ready, /metrics."""
+    from loopline.serving import serve_http
+
+    config = settings()
+    path = model or config.serving.model_path
+    if path is None or not path.exists():
+        raise StackError(f"no model file at {path}", "pass --model PATH or set LOOPLINE_SERVING__MODEL_PATH")
+    console.print(f"scoring on http://{config.serving.http_host}:{config.serving.http_port} with {path}")
+    serve_http(config, path)
 
 
 @app.command("demo")

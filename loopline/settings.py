@@ -80,6 +80,21 @@ class StreamSettings(BaseModel):
     )
 
 
+class ServingSettings(BaseModel):
+    """The online scorer (`loopline serve`)."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=1, le=65535)
+    model_path: Path | None = Field(default=None, description="ONNX model to serve (until the registry serves them).")
+    model_name: str = "fraud"
+    model_version: str = "1"
+    feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
+    max_batch_size: int = Field(default=64, ge=1)
+    max_queue_delay_ms: float = Field(default=2.0, ge=0)
+    max_queue_size: int = Field(default=1024, ge=1)
+    preferred_batch_sizes: list[int] = Field(default_factory=list)
+
+
 class Settings(BaseSettings):
     """Everything Loopline can be configured with."""
 
@@ -94,6 +109,7 @@ class Settings(BaseSettings):
     producer: ProducerSettings = ProducerSettings()
     feature_store: FeatureStoreSettings = FeatureStoreSettings()
     stream: StreamSettings = StreamSettings()
+    serving: ServingSettings = ServingSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -1,9 +1,11 @@
 """Real-time transaction features: declared once here, compiled into the Flink job by ``streams/``.
 
-Window semantics (see ``streams/window_state.py``): each aggregation covers the events of the
-entity whose event time falls in the last ``time_window`` before the entity's latest event,
-counted in steps of ``slide_interval``; values update on every event. ``time_since_previous``
-is Loopline's own function: seconds between the entity's latest event and the one before it.
+Window semantics (see the job's ``SlidingWindows`` operator in ``streams/jvm``): each aggregation
+covers the events of the entity whose event time falls in the last ``time_window`` before the
+entity's latest event, counted in steps of ``slide_interval``; values update on every event.
+``time_since_previous`` is Loopline's own function: seconds between the entity's latest event and
+the one before it. Each feature declares the default the scorer uses when it has no value
+(``feature_store/defaults.py``): 0 for counts and amounts, -1 s for "no previous transaction".
 """
 
 from datetime import timedelta
@@ -15,6 +17,7 @@ from feast.field import Field
 from feast.types import Float64, Int64
 from feast.value_type import ValueType
 
+from feature_store.defaults import DEFAULT_TAG as DEFAULT
 from schemas.ddl import ddl
 from schemas.records import TransactionEvent
 from schemas.topics import TRANSACTIONS
@@ -68,17 +71,17 @@ user_transaction_features = StreamFeatureView(
         Aggregation(name="secs_since_prev_txn", function="time_since_previous", column="event_time_ms"),
     ],
     schema=[
-        Field(name="txn_count_5m", dtype=Int64),
-        Field(name="txn_count_1h", dtype=Int64),
-        Field(name="txn_count_24h", dtype=Int64),
-        Field(name="amount_sum_1h", dtype=Float64),
-        Field(name="amount_sum_24h", dtype=Float64),
-        Field(name="amount_mean_1h", dtype=Float64),
-        Field(name="amount_mean_24h", dtype=Float64),
-        Field(name="amount_max_24h", dtype=Float64),
-        Field(name="distinct_merchants_1h", dtype=Int64),
-        Field(name="distinct_countries_24h", dtype=Int64),
-        Field(name="secs_since_prev_txn", dtype=Float64),
+        Field(name="txn_count_5m", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="txn_count_1h", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="txn_count_24h", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="amount_sum_1h", dtype=Float64, tags={DEFAULT: "0.0"}),
+        Field(name="amount_sum_24h", dtype=Float64, tags={DEFAULT: "0.0"}),
+        Field(name="amount_mean_1h", dtype=Float64, tags={DEFAULT: "0.0"}),
+        Field(name="amount_mean_24h", dtype=Float64, tags={DEFAULT: "0.0"}),
+        Field(name="amount_max_24h", dtype=Float64, tags={DEFAULT: "0.0"}),
+        Field(name="distinct_merchants_1h", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="distinct_countries_24h", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="secs_since_prev_txn", dtype=Float64, tags={DEFAULT: "-1.0"}),
     ],
     online=True,
     description="Velocity, spend and novelty of a card holder's recent transactions.",
@@ -97,10 +100,10 @@ merchant_transaction_features = StreamFeatureView(
         _agg("merchant_distinct_users_1h", "count_distinct", "user_id", HOUR, MINUTE),
     ],
     schema=[
-        Field(name="merchant_txn_count_5m", dtype=Int64),
-        Field(name="merchant_txn_count_1h", dtype=Int64),
-        Field(name="merchant_amount_mean_1h", dtype=Float64),
-        Field(name="merchant_distinct_users_1h", dtype=Int64),
+        Field(name="merchant_txn_count_5m", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="merchant_txn_count_1h", dtype=Int64, tags={DEFAULT: "0"}),
+        Field(name="merchant_amount_mean_1h", dtype=Float64, tags={DEFAULT: "0.0"}),
+        Field(name="merchant_distinct_users_1h", dtype=Int64, tags={DEFAULT: "0"}),
     ],
     online=True,
     description="Traffic and customer spread of a merchant.",

@@ -1,0 +1,96 @@
+"""The scorer core: request → feature fetch (budgeted) → dynamic batcher → model → prediction record.
+
+Every front door (HTTP, Kafka, gRPC) is a thin adapter over ``Scorer.score``; the record it
+returns is what the feature + prediction log carries: the exact inputs used, which features were
+defaulted, the model version that scored it and each stage's latency.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from online.batcher import DynamicBatcher
+from online.features import FeatureFetcher
+from online.metrics import ScorerMetrics
+from online.onnx_runtime import OnnxModel
+from schemas.model_contract import REQUEST_PREFIX
+from schemas.records import PredictionRecord, ScoreRequest
+
+log = logging.getLogger("loopline.scoring")
+
+
+@dataclass(frozen=True)
+class BatchingKnobs:
+    """Triton's dynamic batcher knobs (see ``online/batcher.py``)."""
+
+    max_batch_size: int = 64
+    max_queue_delay_s: float = 0.002
+    max_queue_size: int = 1024
+    preferred_batch_sizes: tuple[int, ...] = field(default_factory=tuple)
+
+
+class Scorer:
+    """Scores requests with one model; batches concurrent requests into single model calls."""
+
+    def __init__(self, model: OnnxModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics) -> None:
+        self.model = model
+        self.fetcher = fetcher
+        self.metrics = metrics
+        self.batcher: DynamicBatcher[list[float], float] = DynamicBatcher(
+            self._run_batch,
+            max_batch_size=knobs.max_batch_size,
+            max_queue_delay_s=knobs.max_queue_delay_s,
+            max_queue_size=knobs.max_queue_size,
+            preferred_batch_sizes=knobs.preferred_batch_sizes,
+            on_batch=metrics.observe_batch,
+        )
+        metrics.model.info({"name": model.name, "version": model.version, "provider": model.provider})
+
+    @property
+    def ready(self) -> bool:
+        """A model is loaded and warmed up."""
+        return self.model.warm
+
+    def _run_batch(self, rows: list[list[float]]) -> list[float]:
+        return self.model.predict(np.asarray(rows, dtype=np.float32)).tolist()
+
+    def _vector(self, request: ScoreRequest, features: dict) -> tuple[list[float], dict]:
+        """The model's input row, and the values used by input name."""
+        used, row = {}, []
+        for name in self.model.inputs:
+            value = request.request_fields.get(name[len(REQUEST_PREFIX):]) if name.startswith(REQUEST_PREFIX) else features.get(name)
+            used[name] = value
+            row.append(math.nan if value is None or isinstance(value, str) else float(value))
+        return row, used
+
+    async def score(self, request: ScoreRequest) -> PredictionRecord:
+        """Score one request. Raises Overloaded when the batcher's queue is full."""
+        began = time.perf_counter()
+        fetched = await self.fetcher.fetch(request.entity_keys)
+        fetched_at = time.perf_counter()
+        row, used = self._vector(request, fetched.values)
+        score, timing = await self.batcher.submit(row)
+        total = time.perf_counter() - began
+        stages = {"feature_fetch": fetched_at - began, "queue_wait": timing.queue_wait_s, "inference": timing.run_s, "total": total}
+        for stage, seconds in stages.items():
+            self.metrics.stage_seconds.labels(stage).observe(seconds)
+        self.metrics.features.inc(len(self.fetcher.features))
+        self.metrics.defaulted_features.inc(len(fetched.defaulted))
+        return PredictionRecord(
+            schema_version=PredictionRecord.SCHEMA_VERSION,
+            request_id=request.request_id,
+            entity_keys=request.entity_keys,
+            features=used,
+            defaulted_features=fetched.defaulted,
+            model_name=self.model.name,
+            model_version=self.model.version,
+            score=score,
+            stage_latency_ms={stage: round(seconds * 1000, 3) for stage, seconds in stages.items()},
+            requested_at_ms=request.requested_at_ms,
+            scored_at_ms=int(time.time() * 1000),
+        )

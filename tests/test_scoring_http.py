@@ -1,0 +1,155 @@
+"""Scoring over HTTP: features from the real online store (Redis through Feast), a real ONNX model.
+
+The model is a logistic regression written as ONNX in the test; its expected scores are computed
+here with numpy from the same weights and the features the test wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import uvicorn
+
+from feature_store.config import apply_definitions
+from feature_store.online_write import FeatureRow, OnlineWriter
+from infra.redis import RedisServer
+from infra.service import wait_until
+from loopline.serving import build_scorer
+from loopline.settings import RedisSettings, Settings
+from offline_training.linear_model import write_linear_model
+from online.http_app import create_app
+from online.scorer import Scorer
+from schemas.records import PredictionRecord, ScoreRequest
+from conftest import free_port
+
+VIEW = "user_transaction_features"
+INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
+WEIGHTS = np.array([0.3, 0.002, -0.01, 0.004])
+BIAS = -2.0
+DEFAULTS = {f"{VIEW}:txn_count_5m": 0, f"{VIEW}:amount_sum_1h": 0.0, f"{VIEW}:secs_since_prev_txn": -1.0}
+
+
+def _expected_score(values: list[float]) -> float:
+    return float(1 / (1 + np.exp(-(np.dot(np.array(values, dtype=np.float32), WEIGHTS.astype(np.float32)) + BIAS))))
+
+
+def _request(user: str, amount: float) -> dict:
+    request = ScoreRequest(schema_version=1, request_id=str(uuid.uuid4()), entity_keys={"user_id": user},
+                           request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000))  # fmt: skip
+    return request.model_dump()
+
+
+def _write_user(settings: Settings, redis_address: str, user: str, features: dict) -> None:
+    writer = OnlineWriter(settings.registry_path, redis_address)
+    row = {name.split(":", 1)[1]: value for name, value in features.items()}
+    full = {f: row.get(f) for f in ("txn_count_5m", "txn_count_1h", "txn_count_24h", "amount_sum_1h", "amount_sum_24h",
+            "amount_mean_1h", "amount_mean_24h", "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h",
+            "secs_since_prev_txn")}  # fmt: skip
+    writer.write([FeatureRow(VIEW, user, int(time.time() * 1_000_000), full)])
+
+
+@contextmanager
+def _serving(scorer: Scorer) -> Iterator[str]:
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(scorer), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    assert wait_until(lambda: server.started, 20, 0.05), "the HTTP server did not start"
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_linear_model(tmp_path_factory.mktemp("model") / "fraud.onnx", INPUTS, WEIGHTS, BIAS)
+
+
+@pytest.fixture(scope="module")
+def applied(settings: Settings, stack) -> Settings:
+    apply_definitions(settings.registry_path, settings.redis_address)
+    return settings
+
+
+def test_http_scores_with_online_features_and_flags_defaults(applied: Settings, model_path: Path) -> None:
+    user = f"score-{uuid.uuid4().hex[:8]}"
+    features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
+    _write_user(applied, applied.redis_address, user, features)
+    with _serving(build_scorer(applied, model_path)) as url:
+        assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
+        assert requests.get(f"{url}/v1/models/status", timeout=5).json()["provider"] == "CPUExecutionProvider"
+
+        known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=_request(user, 120.0), timeout=5).content)
+        assert known.features == {**features, "request:amount": 120.0}
+        assert known.defaulted_features == []
+        assert known.score == pytest.approx(_expected_score([4, 310.5, 42.0, 120.0]), rel=1e-5)
+        assert (known.model_name, known.model_version) == ("fraud", "1")
+        assert set(known.stage_latency_ms) == {"feature_fetch", "queue_wait", "inference", "total"}
+
+        unknown = PredictionRecord.model_validate_json(
+            requests.post(f"{url}/v1/score", json=_request("score-nobody", 80.0), timeout=5).content
+        )
+        assert sorted(unknown.defaulted_features) == sorted(DEFAULTS)
+        assert unknown.features == {**DEFAULTS, "request:amount": 80.0}
+        assert unknown.score == pytest.approx(_expected_score([0, 0.0, -1.0, 80.0]), rel=1e-5)
+
+        bad = requests.post(f"{url}/v1/score", json={**_request(user, 1.0), "entity_keys": {}}, timeout=5)
+        assert bad.status_code == 422 and bad.json()["field"] == "entity_keys"
+
+        metrics = requests.get(f"{url}/metrics", timeout=5).text
+        assert 'loopline_scoring_requests_total{door="http",status="200"} 2.0' in metrics
+        assert 'loopline_scoring_requests_total{door="http",status="422"} 1.0' in metrics
+        assert "loopline_scoring_defaulted_features_total 3.0" in metrics
+
+
+def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Settings, model_path: Path, tmp_path: Path) -> None:
+    private = RedisServer("127.0.0.1", free_port(), tmp_path / "data", tmp_path / "run", tmp_path / "logs")
+    private.start()
+    try:
+        settings = applied.model_copy(update={"redis": RedisSettings(port=private.port)})
+        user = "score-private"
+        features = {f"{VIEW}:txn_count_5m": 2, f"{VIEW}:amount_sum_1h": 50.0, f"{VIEW}:secs_since_prev_txn": 9.0}
+        _write_user(settings, private.address, user, features)
+        budget_s = settings.serving.feature_budget_ms / 1000
+        with _serving(build_scorer(settings, model_path)) as url:
+
+            def score() -> tuple[PredictionRecord, float]:
+                began = time.perf_counter()
+                response = requests.post(f"{url}/v1/score", json=_request(user, 10.0), timeout=5)
+                assert response.status_code == 200, response.text
+                return PredictionRecord.model_validate_json(response.content), time.perf_counter() - began
+
+            healthy, _ = score()
+            assert healthy.defaulted_features == []
+
+            # Redis hung (stopped, not dead): the read overruns its budget, the request does not wait for it.
+            pid = private.pid()
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                slow, took_s = score()
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            assert sorted(slow.defaulted_features) == sorted(DEFAULTS)
+            assert slow.stage_latency_ms["feature_fetch"] < budget_s * 1000 + 15
+            assert took_s < budget_s + 0.2
+
+            private.stop()
+            down, took_s = score()
+            assert sorted(down.defaulted_features) == sorted(DEFAULTS)
+            assert down.features == {**DEFAULTS, "request:amount": 10.0}
+            assert took_s < budget_s + 0.2
+    finally:
+        private.stop()
