@@ -216,16 +216,21 @@ def produce(
 @app.command("serve")
 def serve(
     model: Annotated[Optional[Path], typer.Option(help="ONNX model to serve (default: serving.model_path).")] = None,
+    http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
+    kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once.")] = False,
 ) -> None:
-    """Serve the scorer over HTTP: POST /v1/score, GET /v1/models/status, /v1/models/ready, /metrics."""
-    from loopline.serving import serve_http
+    """Serve the scorer through its front doors until interrupted."""
+    from loopline.serving import serve as run
 
     config = settings()
     path = model or config.serving.model_path
     if path is None or not path.exists():
         raise StackError(f"no model file at {path}", "pass --model PATH or set LOOPLINE_SERVING__MODEL_PATH")
-    console.print(f"scoring on http://{config.serving.http_host}:{config.serving.http_port} with {path}")
-    serve_http(config, path)
+    if not (http or kafka):
+        raise StackError("no front door chosen", "pass --http and/or --kafka")
+    doors = [f"http://{config.serving.http_host}:{config.serving.http_port}"] * http + ["Kafka scoring.requests"] * kafka
+    console.print(f"scoring with {path} on {', '.join(doors)}")
+    run(config, path, http, kafka)
 
 
 @app.command("demo")

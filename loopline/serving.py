@@ -30,15 +30,40 @@ def build_scorer(settings: Settings, model_path: Path) -> Scorer:
     return Scorer(model, FeatureFetcher(reader, features, budget_s), knobs, ScorerMetrics())
 
 
-def serve_http(settings: Settings, model_path: Path) -> None:
-    """Serve the scorer over HTTP until interrupted."""
+def serve(settings: Settings, model_path: Path, http: bool, kafka: bool) -> None:
+    """Serve one scorer through the chosen front doors until interrupted."""
+    import asyncio
     import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(_serve(settings, build_scorer(settings, model_path), http, kafka))
+
+
+async def _serve(settings: Settings, scorer: Scorer, http: bool, kafka: bool) -> None:
+    import asyncio
 
     import uvicorn
 
     from online.http_app import create_app
+    from online.kafka_door import KafkaScoringDoor
+    from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-
-    app = create_app(build_scorer(settings, model_path))
-    uvicorn.run(app, host=settings.serving.http_host, port=settings.serving.http_port, log_level="warning")
+    serving, stop = settings.serving, asyncio.Event()
+    doors = []
+    if kafka:
+        door = KafkaScoringDoor(
+            scorer, settings.kafka.bootstrap_servers, serving.kafka_group_id, SCORE_REQUESTS.name, PREDICTIONS.name,
+            DEAD_LETTERS.name, transactional_id=f"{serving.kafka_group_id}-{serving.instance}",
+        )  # fmt: skip
+        doors.append(door.run(stop))
+    if http:
+        server = uvicorn.Server(uvicorn.Config(create_app(scorer), host=serving.http_host, port=serving.http_port, log_level="warning"))
+        doors.append(server.serve())
+    tasks = [asyncio.ensure_future(door) for door in doors]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # a door that failed takes the process down with its error
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,98 @@
+"""The Kafka front door: ``scoring.requests`` → scorer → ``scoring.predictions``, exactly once.
+
+Each polled batch of requests is scored concurrently (so the dynamic batcher fills), then its
+prediction records, any dead letters (requests that break the contract) and the consumer's
+offsets are committed in one Kafka transaction. A consumer killed mid-batch leaves an aborted
+transaction: its predictions are never visible to ``read_committed`` readers, and its requests
+are consumed again from the last committed offsets. So every request yields exactly one
+prediction record in the log, and none is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from confluent_kafka import Consumer, Message, Producer
+
+from online.batcher import Overloaded
+from online.scorer import Scorer
+from schemas.records import DeadLetterRecord, ScoreRequest
+from schemas.validation import ContractViolation, decode, encode
+
+log = logging.getLogger("loopline.scoring")
+DOOR = "kafka"
+
+
+class KafkaScoringDoor:
+    """Consumes score requests as one member of ``group_id`` and logs a prediction for each."""
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        bootstrap_servers: str,
+        group_id: str,
+        requests_topic: str,
+        predictions_topic: str,
+        dead_letter_topic: str,
+        transactional_id: str,
+        max_poll_records: int = 256,
+    ) -> None:
+        self.scorer = scorer
+        self.topics = (requests_topic, predictions_topic, dead_letter_topic)
+        self.max_poll_records = max_poll_records
+        self._consumer = Consumer({
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        })  # fmt: skip
+        # A restarted member with the same transactional id fences off its predecessor's open transaction.
+        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id})
+
+    async def _score_one(self, message: Message) -> tuple[str, bytes, str] | None:
+        """The record to log for one request: (topic, value, key); None when it must be retried."""
+        try:
+            request = decode(ScoreRequest, message.value() or b"")
+        except ContractViolation as violation:
+            letter = DeadLetterRecord.for_payload(
+                reason="invalid", error=str(violation), error_field=violation.field, source_topic=message.topic(),
+                source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
+                payload=message.value(), consumer=f"loopline-scorer/{DOOR}",
+            )  # fmt: skip
+            self.scorer.metrics.requests.labels(DOOR, "invalid").inc()
+            return self.topics[2], encode(letter), message.topic()
+        began = time.perf_counter()
+        while True:
+            try:
+                record = await self.scorer.score(request)
+                break
+            except Overloaded:  # the batch is ours to finish: wait for room rather than drop it
+                await asyncio.sleep(0.005)
+        self.scorer.metrics.requests.labels(DOOR, "200").inc()
+        log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
+        return self.topics[1], encode(record), request.request_id
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume, score and log transactionally until ``stop`` is set."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, self._producer.init_transactions)
+        self._consumer.subscribe([self.topics[0]])
+        try:
+            while not stop.is_set():
+                messages = await loop.run_in_executor(None, self._consumer.consume, self.max_poll_records, 0.1)
+                messages = [m for m in messages if m.error() is None]
+                if not messages:
+                    continue
+                outputs = await asyncio.gather(*(self._score_one(m) for m in messages))
+                self._producer.begin_transaction()
+                for topic, value, key in outputs:
+                    self._producer.produce(topic, value, key)
+                self._producer.send_offsets_to_transaction(
+                    self._consumer.position(self._consumer.assignment()), self._consumer.consumer_group_metadata()
+                )
+                await loop.run_in_executor(None, self._producer.commit_transaction)
+        finally:
+            self._consumer.close()

@@ -1,0 +1,116 @@
+"""The Kafka front door: one prediction record per request, exactly once, through a crash.
+
+Real Kafka (transactions, read_committed), Redis and Feast; the scorer runs as `loopline serve
+--kafka` in a subprocess, which the test kills with SIGKILL mid-stream and starts again.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import Consumer
+
+from feature_store.config import apply_definitions
+from infra.service import wait_until
+from loopline.feature_job_process import settings_environment
+from loopline.settings import Settings
+from offline_training.linear_model import write_linear_model
+from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
+from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
+from schemas.validation import decode, encode
+from streams.producer import EventProducer
+from streams.synthetic import Emitted
+
+INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
+WEIGHTS, BIAS = np.array([0.2, 0.01]), -1.5
+REQUESTS = 20_000  # several seconds of scoring, so the kill lands mid-stream
+
+
+class LogReader:
+    """Reads a topic from the beginning as a read_committed consumer, accumulating what it has seen."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        self.consumer.subscribe([topic])
+        self.values: list[bytes] = []
+
+    def poll(self) -> list[bytes]:
+        self.values += [m.value() for m in self.consumer.consume(5000, timeout=0.2) if m.error() is None]
+        return self.values
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _serve(settings: Settings, model: Path, group: str, log: Path) -> subprocess.Popen:
+    env = settings_environment(settings, LOOPLINE_SERVING__KAFKA_GROUP_ID=group)
+    return subprocess.Popen(
+        [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--no-http", "--kafka", "--model", str(model)],
+        env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+
+def test_each_request_is_scored_once_through_a_crash(settings: Settings, bootstrap: str, tmp_path: Path) -> None:
+    apply_definitions(settings.registry_path, settings.redis_address)
+    model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
+    batch = uuid.uuid4().hex[:8]
+    now = int(time.time() * 1000)
+    requests = [
+        ScoreRequest(schema_version=1, request_id=f"{batch}-{i}", entity_keys={"user_id": f"kafka-nobody-{i % 50}"},
+                     request_fields={"amount": float(i % 100)}, requested_at_ms=now)  # fmt: skip
+        for i in range(REQUESTS)
+    ]
+    emitted = [Emitted(SCORE_REQUESTS.name, r.request_id, encode(r), now, r) for r in requests]
+    emitted.append(Emitted(SCORE_REQUESTS.name, f"{batch}-bad", b'{"schema_version": 1, "request_id": "x"}', now, None))
+    EventProducer(bootstrap).publish(emitted)
+
+    predictions = LogReader(bootstrap, PREDICTIONS.name)
+    ours = lambda: [p for p in map(lambda v: decode(PredictionRecord, v), predictions.poll()) if p.request_id.startswith(batch)]  # noqa: E731
+    group = f"scorer-{batch}"
+    scorer = _serve(settings, model, group, tmp_path / "scorer.log")
+    try:
+        assert wait_until(lambda: len(ours()) >= 1000 or scorer.poll() is not None, 120, 0.05), "no predictions logged"
+    finally:
+        scorer.send_signal(signal.SIGKILL)  # mid-stream, mid-transaction most likely
+        scorer.wait(10)
+    seen_at_kill = len(ours())
+    assert seen_at_kill < REQUESTS, "the crash should happen before every request is scored"
+
+    scorer = _serve(settings, model, group, tmp_path / "scorer.log")
+    try:
+        assert wait_until(lambda: len(ours()) >= REQUESTS, 120, 0.2), f"only {len(ours())} of {REQUESTS} predictions"
+        time.sleep(1)  # let a stray duplicate, if the design allowed one, show up
+        logged = ours()
+    finally:
+        scorer.send_signal(signal.SIGTERM)
+        scorer.wait(10)
+
+    predictions.close()
+    counts = Counter(p.request_id for p in logged)
+    assert len(counts) == REQUESTS and max(counts.values()) == 1, "every request exactly once in the committed log"
+    by_id = {p.request_id: p for p in logged}
+    for request in requests[:100]:
+        record = by_id[request.request_id]
+        assert record.defaulted_features == ["user_transaction_features:txn_count_5m"]
+        expected = 1 / (1 + np.exp(-(np.float32(request.request_fields["amount"]) * np.float32(0.01) + np.float32(BIAS))))
+        assert record.score == pytest.approx(float(expected), rel=1e-5)
+
+    dead = LogReader(bootstrap, DEAD_LETTERS.name)
+
+    def dead_lettered() -> bool:
+        letters = map(lambda v: decode(DeadLetterRecord, v), dead.poll())
+        return any(d.key == f"{batch}-bad" and d.consumer == "loopline-scorer/kafka" for d in letters)
+
+    try:
+        assert wait_until(dead_lettered, 30, 0.1), "the malformed request is dead-lettered"
+    finally:
+        dead.close()
