@@ -218,6 +218,7 @@ def serve(
     model: Annotated[Optional[Path], typer.Option(help="ONNX model to serve (default: serving.model_path).")] = None,
     http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
     kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once.")] = False,
+    grpc: Annotated[bool, typer.Option(help="loopline.scoring.v1.Scorer/Score (schemas/scoring.proto).")] = False,
 ) -> None:
     """Serve the scorer through its front doors until interrupted."""
     from loopline.serving import serve as run
@@ -226,11 +227,14 @@ def serve(
     path = model or config.serving.model_path
     if path is None or not path.exists():
         raise StackError(f"no model file at {path}", "pass --model PATH or set LOOPLINE_SERVING__MODEL_PATH")
-    if not (http or kafka):
-        raise StackError("no front door chosen", "pass --http and/or --kafka")
-    doors = [f"http://{config.serving.http_host}:{config.serving.http_port}"] * http + ["Kafka scoring.requests"] * kafka
-    console.print(f"scoring with {path} on {', '.join(doors)}")
-    run(config, path, http, kafka)
+    doors = {door for door, chosen in (("http", http), ("kafka", kafka), ("grpc", grpc)) if chosen}
+    if not doors:
+        raise StackError("no front door chosen", "pass --http, --kafka and/or --grpc")
+    serving = config.serving
+    where = {"http": f"http://{serving.host}:{serving.http_port}", "grpc": f"grpc {serving.host}:{serving.grpc_port}",
+             "kafka": "Kafka scoring.requests"}  # fmt: skip
+    console.print(f"scoring with {path} on {', '.join(where[d] for d in sorted(doors))}")
+    run(config, path, doors)
 
 
 @app.command("demo")

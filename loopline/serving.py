@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Collection
 from pathlib import Path
 
 from loopline.settings import Settings
@@ -30,40 +33,47 @@ def build_scorer(settings: Settings, model_path: Path) -> Scorer:
     return Scorer(model, FeatureFetcher(reader, features, budget_s), knobs, ScorerMetrics())
 
 
-def serve(settings: Settings, model_path: Path, http: bool, kafka: bool) -> None:
-    """Serve one scorer through the chosen front doors until interrupted."""
-    import asyncio
-    import logging
-
+def serve(settings: Settings, model_path: Path, doors: Collection[str]) -> None:
+    """Serve one scorer through ``doors`` ("http", "kafka", "grpc") until interrupted."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(_serve(settings, build_scorer(settings, model_path), http, kafka))
+    asyncio.run(run_doors(settings, build_scorer(settings, model_path), doors, asyncio.Event()))
 
 
-async def _serve(settings: Settings, scorer: Scorer, http: bool, kafka: bool) -> None:
-    import asyncio
+async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], stop: asyncio.Event) -> None:
+    """Serve ``scorer`` through ``doors`` on this event loop until ``stop`` is set or a door fails.
 
+    All doors share the loop, hence one dynamic batcher: requests from every door batch together.
+    """
     import uvicorn
 
+    from online.grpc_door import create_server
     from online.http_app import create_app
     from online.kafka_door import KafkaScoringDoor
     from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
-    serving, stop = settings.serving, asyncio.Event()
-    doors = []
-    if kafka:
+    serving = settings.serving
+    running = [asyncio.ensure_future(stop.wait())]
+    http = grpc = None
+    if "kafka" in doors:
         door = KafkaScoringDoor(
             scorer, settings.kafka.bootstrap_servers, serving.kafka_group_id, SCORE_REQUESTS.name, PREDICTIONS.name,
             DEAD_LETTERS.name, transactional_id=f"{serving.kafka_group_id}-{serving.instance}",
         )  # fmt: skip
-        doors.append(door.run(stop))
-    if http:
-        server = uvicorn.Server(uvicorn.Config(create_app(scorer), host=serving.http_host, port=serving.http_port, log_level="warning"))
-        doors.append(server.serve())
-    tasks = [asyncio.ensure_future(door) for door in doors]
-    try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            task.result()  # a door that failed takes the process down with its error
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        running.append(asyncio.ensure_future(door.run(stop)))
+    if "http" in doors:
+        http = uvicorn.Server(uvicorn.Config(create_app(scorer), host=serving.host, port=serving.http_port, log_level="warning"))
+        running.append(asyncio.ensure_future(http.serve()))
+    if "grpc" in doors:
+        grpc = create_server(scorer, f"{serving.host}:{serving.grpc_port}")
+        await grpc.start()
+        running.append(asyncio.ensure_future(grpc.wait_for_termination()))
+    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    stop.set()
+    if http is not None:
+        http.should_exit = True
+    if grpc is not None:
+        await grpc.stop(grace=1.0)
+    await asyncio.gather(*running, return_exceptions=True)
+    await scorer.close()
+    for task in done:
+        task.result()  # a door that failed takes the process down with its error

@@ -83,8 +83,9 @@ class StreamSettings(BaseModel):
 class ServingSettings(BaseModel):
     """The online scorer (`loopline serve`)."""
 
-    http_host: str = "127.0.0.1"
+    host: str = Field(default="127.0.0.1", description="Where the HTTP and gRPC doors listen.")
     http_port: int = Field(default=8080, ge=1, le=65535)
+    grpc_port: int = Field(default=50051, ge=1, le=65535)
     model_path: Path | None = Field(default=None, description="ONNX model to serve (until the registry serves them).")
     model_name: str = "fraud"
     model_version: str = "1"

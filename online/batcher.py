@@ -127,6 +127,8 @@ class DynamicBatcher(Generic[Item, Result]):
         """Stop batching; queued requests fail with Overloaded."""
         if self._loop_task is not None:
             self._loop_task.cancel()
+            await asyncio.gather(self._loop_task, return_exceptions=True)
+            self._loop_task = None
         while self._queue:
             _, _, future = self._queue.popleft()
             if not future.done():

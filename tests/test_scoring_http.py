@@ -1,4 +1,4 @@
-"""Scoring over HTTP: features from the real online store (Redis through Feast), a real ONNX model.
+"""Scoring over HTTP and gRPC: features from the real online store (Redis through Feast), a real ONNX model.
 
 The model is a logistic regression written as ONNX in the test; its expected scores are computed
 here with numpy from the same weights and the features the test wrote.
@@ -6,6 +6,7 @@ here with numpy from the same weights and the features the test wrote.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -15,20 +16,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import requests
-import uvicorn
+from google.protobuf import json_format, struct_pb2
 
 from feature_store.config import apply_definitions
 from feature_store.online_write import FeatureRow, OnlineWriter
 from infra.redis import RedisServer
 from infra.service import wait_until
-from loopline.serving import build_scorer
+from loopline.serving import build_scorer, run_doors
 from loopline.settings import RedisSettings, Settings
 from offline_training.linear_model import write_linear_model
-from online.http_app import create_app
 from online.scorer import Scorer
+from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from conftest import free_port
 
@@ -59,17 +61,47 @@ def _write_user(settings: Settings, redis_address: str, user: str, features: dic
 
 
 @contextmanager
-def _serving(scorer: Scorer) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(scorer), host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
+def _serving(settings: Settings, scorer: Scorer) -> Iterator[tuple[str, str]]:
+    """The scorer's HTTP and gRPC doors on free ports, on one event loop in a thread: (http url, grpc address)."""
+    settings = settings.model_copy(
+        update={"serving": settings.serving.model_copy(update={"http_port": free_port(), "grpc_port": free_port()})}
+    )
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=loop.run_until_complete, args=(run_doors(settings, scorer, {"http", "grpc"}, stop),))
     thread.start()
-    assert wait_until(lambda: server.started, 20, 0.05), "the HTTP server did not start"
+    url = f"http://127.0.0.1:{settings.serving.http_port}"
+
+    def up() -> bool:
+        try:
+            return requests.get(f"{url}/v1/models/status", timeout=1).ok
+        except requests.ConnectionError:
+            return False
+
+    assert wait_until(up, 20, 0.05), "the doors did not start"
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield url, f"127.0.0.1:{settings.serving.grpc_port}"
     finally:
-        server.should_exit = True
+        loop.call_soon_threadsafe(stop.set)
         thread.join(10)
+        loop.close()
+
+
+def _grpc_score(address: str, request: dict) -> PredictionRecord:
+    """Score over gRPC, converted back to the contract's record."""
+    messages, services = scoring_api()
+    with grpc.insecure_channel(address) as channel:
+        reply = services.ScorerStub(channel).Score(
+            messages.ScoreRequest(
+                request_id=request["request_id"], entity_keys=request["entity_keys"],
+                request_fields={k: struct_pb2.Value(number_value=v) for k, v in request["request_fields"].items()},
+                requested_at_ms=request["requested_at_ms"],
+            ),  # fmt: skip
+            timeout=5,
+        )
+    data = json_format.MessageToDict(reply, preserving_proto_field_name=True)
+    data["requested_at_ms"], data["scored_at_ms"] = reply.requested_at_ms, reply.scored_at_ms
+    return PredictionRecord.model_validate({"schema_version": 1, "defaulted_features": [], **data}, strict=False)
 
 
 @pytest.fixture(scope="module")
@@ -83,15 +115,18 @@ def applied(settings: Settings, stack) -> Settings:
     return settings
 
 
-def test_http_scores_with_online_features_and_flags_defaults(applied: Settings, model_path: Path) -> None:
+def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Settings, model_path: Path) -> None:
     user = f"score-{uuid.uuid4().hex[:8]}"
     features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
     _write_user(applied, applied.redis_address, user, features)
-    with _serving(build_scorer(applied, model_path)) as url:
+    with _serving(applied, build_scorer(applied, model_path)) as (url, grpc_address):
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
         assert requests.get(f"{url}/v1/models/status", timeout=5).json()["provider"] == "CPUExecutionProvider"
 
-        known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=_request(user, 120.0), timeout=5).content)
+        request = _request(user, 120.0)
+        known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=request, timeout=5).content)
+        over_grpc = _grpc_score(grpc_address, request)
+        assert (over_grpc.score, over_grpc.features, over_grpc.model_version) == (known.score, known.features, known.model_version)
         assert known.features == {**features, "request:amount": 120.0}
         assert known.defaulted_features == []
         assert known.score == pytest.approx(_expected_score([4, 310.5, 42.0, 120.0]), rel=1e-5)
@@ -123,7 +158,7 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
         features = {f"{VIEW}:txn_count_5m": 2, f"{VIEW}:amount_sum_1h": 50.0, f"{VIEW}:secs_since_prev_txn": 9.0}
         _write_user(settings, private.address, user, features)
         budget_s = settings.serving.feature_budget_ms / 1000
-        with _serving(build_scorer(settings, model_path)) as url:
+        with _serving(settings, build_scorer(settings, model_path)) as (url, _):
 
             def score() -> tuple[PredictionRecord, float]:
                 began = time.perf_counter()
