@@ -69,6 +69,10 @@ class OnlineReader:
         key = self._entity_key(join_keys=[join_key], entity_values=[self._value(string_val=value)])
         return self._serialize(key, entity_key_serialization_version=self._key_version) + self._project
 
+    def join_keys(self, features: list[str]) -> set[str]:
+        """The entity join keys a read of ``features`` needs in each row."""
+        return {self._views[reference.split(":", 1)[0]].join_key for reference in features}
+
     def get_online_features(self, features: list[str], entity_rows: list[dict[str, str]]) -> dict[str, list]:
         """Like Feast's ``get_online_features(features, entity_rows).to_dict()`` (without full feature names)."""
         by_view: dict[str, list[str]] = {}

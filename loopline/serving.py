@@ -49,11 +49,16 @@ async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], 
     from online.grpc_door import create_server
     from online.http_app import create_app
     from online.kafka_door import KafkaScoringDoor
+    from online.prediction_log import PredictionLog
     from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
     serving = settings.serving
     running = [asyncio.ensure_future(stop.wait())]
     http = grpc = None
+    predictions = None
+    if serving.log_predictions and ({"http", "grpc"} & set(doors)):
+        failures = scorer.metrics.prediction_log_failures
+        predictions = PredictionLog(settings.kafka.bootstrap_servers, PREDICTIONS.name, failures)
     if "kafka" in doors:
         door = KafkaScoringDoor(
             scorer, settings.kafka.bootstrap_servers, serving.kafka_group_id, SCORE_REQUESTS.name, PREDICTIONS.name,
@@ -61,10 +66,10 @@ async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], 
         )  # fmt: skip
         running.append(asyncio.ensure_future(door.run(stop)))
     if "http" in doors:
-        http = uvicorn.Server(uvicorn.Config(create_app(scorer), host=serving.host, port=serving.http_port, log_level="warning"))
+        http = uvicorn.Server(uvicorn.Config(create_app(scorer, predictions), host=serving.host, port=serving.http_port, log_level="warning"))
         running.append(asyncio.ensure_future(http.serve()))
     if "grpc" in doors:
-        grpc = create_server(scorer, f"{serving.host}:{serving.grpc_port}")
+        grpc = create_server(scorer, f"{serving.host}:{serving.grpc_port}", predictions)
         await grpc.start()
         running.append(asyncio.ensure_future(grpc.wait_for_termination()))
     done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -75,5 +80,7 @@ async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], 
         await grpc.stop(grace=1.0)
     await asyncio.gather(*running, return_exceptions=True)
     await scorer.close()
+    if predictions is not None:
+        predictions.close()
     for task in done:
         task.result()  # a door that failed takes the process down with its error

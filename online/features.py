@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from feature_store.online_read import OnlineReader
+from online.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
 
@@ -26,36 +26,48 @@ class FetchedFeatures:
 
 
 class FeatureFetcher:
-    """Reads the features a model needs for one request's entities, within ``budget_s``."""
+    """Reads the features a model needs for each request's entities, within ``budget_s``.
 
-    def __init__(self, reader: OnlineReader, features: list[str], budget_s: float = 0.020, threads: int = 4) -> None:
+    Concurrent requests share Redis round trips: their reads are batched (the same dynamic
+    batcher as the model's, with no added delay) into one pipelined read of up to
+    ``max_batch_size`` entities, on a thread of its own, so the event loop keeps serving.
+    """
+
+    def __init__(self, reader: OnlineReader, features: list[str], budget_s: float = 0.020, max_batch_size: int = 64) -> None:
         self.reader = reader
         self.features = features
         self.budget_s = budget_s
         self.defaults = {ref: reader.defaults.get(ref) for ref in features}
-        # redis-py is synchronous: reads run on a few threads so the event loop keeps batching.
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="feature-fetch")
+        self.join_keys = reader.join_keys(features)
+        self._names = [ref.split(":", 1)[1] for ref in features]
+        self._batcher: DynamicBatcher[dict[str, str], list] = DynamicBatcher(
+            self._read_batch, max_batch_size=max_batch_size, max_queue_delay_s=0.0, max_queue_size=16 * max_batch_size
+        )
 
-    def _read(self, entity_keys: dict[str, str]) -> dict[str, list]:
-        return self.reader.get_online_features(self.features, [entity_keys])
+    def _read_batch(self, rows: list[dict[str, str]]) -> list[list]:
+        found = self.reader.get_online_features(self.features, rows)
+        return [[found[name][i] for name in self._names] for i in range(len(rows))]
+
+    def _all_defaults(self) -> FetchedFeatures:
+        return FetchedFeatures(dict(self.defaults), list(self.features))
 
     async def fetch(self, entity_keys: dict[str, str]) -> FetchedFeatures:
         """The features for ``entity_keys`` (join key -> value); defaults for whatever is missing or late."""
-        loop = asyncio.get_running_loop()
+        if not self.join_keys <= entity_keys.keys():
+            return self._all_defaults()
         try:
-            found = await asyncio.wait_for(loop.run_in_executor(self._pool, self._read, entity_keys), self.budget_s)
-        except Exception as err:  # too slow, Redis down, entity key missing: all degrade to the defaults
+            found, _ = await asyncio.wait_for(self._batcher.submit({k: entity_keys[k] for k in self.join_keys}), self.budget_s)
+        except Exception as err:  # too slow, Redis down, queue full: all degrade to the defaults
             log.debug("feature fetch fell back to defaults: %r", err)
-            return FetchedFeatures(dict(self.defaults), list(self.features))
+            return self._all_defaults()
         values, defaulted = {}, []
-        for ref in self.features:
-            value = found[ref.split(":", 1)[1]][0]
+        for ref, value in zip(self.features, found):
             if value is None:
                 value = self.defaults[ref]
                 defaulted.append(ref)
             values[ref] = value
         return FetchedFeatures(values, defaulted)
 
-    def close(self) -> None:
-        """Stop the read threads."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    async def close(self) -> None:
+        """Stop the reads."""
+        await self._batcher.close()

@@ -10,6 +10,7 @@ from google.protobuf import struct_pb2
 from pydantic import ValidationError
 
 from online.batcher import Overloaded
+from online.prediction_log import PredictionLog
 from online.scorer import Scorer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
@@ -62,8 +63,11 @@ def prediction_to_proto(record: PredictionRecord):
     )
 
 
-def create_server(scorer: Scorer, address: str) -> grpc.aio.Server:
-    """An asyncio gRPC server for ``scorer`` bound to ``address`` (host:port); start it with ``await server.start()``."""
+def create_server(scorer: Scorer, address: str, prediction_log: PredictionLog | None = None) -> grpc.aio.Server:
+    """An asyncio gRPC server for ``scorer`` bound to ``address`` (host:port); start it with ``await server.start()``.
+
+    Each scored request is appended to ``prediction_log`` when given.
+    """
     _, services = scoring_api()
 
     class Servicer(services.ScorerServicer):
@@ -71,6 +75,8 @@ def create_server(scorer: Scorer, address: str) -> grpc.aio.Server:
             began, status = time.perf_counter(), "200"
             try:
                 record = await scorer.score(request_from_proto(message))
+                if prediction_log is not None:
+                    prediction_log.append(record)
                 return prediction_to_proto(record)
             except ValidationError as err:
                 status, first = "422", err.errors(include_url=False)[0]

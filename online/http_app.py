@@ -20,14 +20,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from online.batcher import Overloaded
+from online.prediction_log import PredictionLog
 from online.scorer import Scorer
 from schemas.records import ScoreRequest
 
 log = logging.getLogger("loopline.scoring")
 
 
-def create_app(scorer: Scorer) -> FastAPI:
-    """The HTTP API of ``scorer``."""
+def create_app(scorer: Scorer, prediction_log: PredictionLog | None = None) -> FastAPI:
+    """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given."""
     app = FastAPI(title="Loopline scorer")
     requests = scorer.metrics.requests
 
@@ -39,6 +40,8 @@ def create_app(scorer: Scorer) -> FastAPI:
             request = ScoreRequest.model_validate_json(await http_request.body())
             request_id = request.request_id
             record = await scorer.score(request)
+            if prediction_log is not None:
+                prediction_log.append(record)
             status, body = 200, record.model_dump_json()
         except ValidationError as err:
             first = err.errors(include_url=False)[0]

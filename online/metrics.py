@@ -30,6 +30,9 @@ class ScorerMetrics:
         self.defaulted_features = Counter(
             "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.registry
         )
+        self.prediction_log_failures = Counter(
+            "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.registry
+        )
         self.model = Info("loopline_scoring_model", "The model version serving.", registry=self.registry)
 
     def observe_batch(self, size: int, queue_left: int) -> None:

@@ -59,7 +59,7 @@ class Scorer:
     async def close(self) -> None:
         """Stop batching and fetching; requests still queued fail with Overloaded."""
         await self.batcher.close()
-        self.fetcher.close()
+        await self.fetcher.close()
 
     def _run_batch(self, rows: list[list[float]]) -> list[float]:
         return self.model.predict(np.asarray(rows, dtype=np.float32)).tolist()

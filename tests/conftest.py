@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import socket
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Consumer
 
 from infra.stack import LocalStack
 from loopline.components import build_stack
@@ -17,6 +19,24 @@ from streams.topics import apply_topics
 REPO = Path(__file__).resolve().parents[1]
 #: The jar cache is shared with `make setup`, so tests do not fetch from Maven Central again.
 JARS_DIR = REPO / ".loopline" / "jars"
+
+
+class LogReader:
+    """Reads a topic from its beginning as a read_committed consumer, keeping what it has seen."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
+                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        self.consumer.subscribe([topic])
+        self.values: list[bytes] = []
+
+    def poll(self) -> list[bytes]:
+        """Everything read so far, after one more fetch."""
+        self.values += [m.value() for m in self.consumer.consume(5000, timeout=0.2) if m.error() is None]
+        return self.values
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,11 +29,13 @@ from infra.redis import RedisServer
 from infra.service import wait_until
 from loopline.serving import build_scorer, run_doors
 from loopline.settings import RedisSettings, Settings
-from offline_training.linear_model import write_linear_model
+from offline_training.onnx_models import write_linear_model
 from online.scorer import Scorer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
-from conftest import free_port
+from schemas.topics import PREDICTIONS
+from schemas.validation import decode
+from conftest import LogReader, free_port
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
@@ -143,10 +146,24 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         bad = requests.post(f"{url}/v1/score", json={**_request(user, 1.0), "entity_keys": {}}, timeout=5)
         assert bad.status_code == 422 and bad.json()["field"] == "entity_keys"
 
+        scored = [known.request_id, over_grpc.request_id, unknown.request_id]
         metrics = requests.get(f"{url}/metrics", timeout=5).text
         assert 'loopline_scoring_requests_total{door="http",status="200"} 2.0' in metrics
         assert 'loopline_scoring_requests_total{door="http",status="422"} 1.0' in metrics
         assert "loopline_scoring_defaulted_features_total 3.0" in metrics
+
+    # The doors are closed: the feature + prediction log holds one record per scored request.
+    log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
+
+    def logged() -> Counter:
+        return Counter(r.request_id for r in map(lambda v: decode(PredictionRecord, v), log.poll()) if r.request_id in scored)
+
+    try:
+        assert wait_until(lambda: len(logged()) == 2, 30, 0.1), "HTTP and gRPC scores are logged"
+        time.sleep(0.5)
+        assert logged() == Counter({request["request_id"]: 2, unknown.request_id: 1})
+    finally:
+        log.close()
 
 
 def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Settings, model_path: Path, tmp_path: Path) -> None:

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer
 
 from feature_store.config import apply_definitions
+from conftest import LogReader
 from infra.service import wait_until
 from loopline.feature_job_process import settings_environment
 from loopline.settings import Settings
-from offline_training.linear_model import write_linear_model
+from offline_training.onnx_models import write_linear_model
 from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
 from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import decode, encode
@@ -32,23 +32,6 @@ from streams.synthetic import Emitted
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 WEIGHTS, BIAS = np.array([0.2, 0.01]), -1.5
 REQUESTS = 20_000  # several seconds of scoring, so the kill lands mid-stream
-
-
-class LogReader:
-    """Reads a topic from the beginning as a read_committed consumer, accumulating what it has seen."""
-
-    def __init__(self, bootstrap: str, topic: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4()}",
-                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
-        self.consumer.subscribe([topic])
-        self.values: list[bytes] = []
-
-    def poll(self) -> list[bytes]:
-        self.values += [m.value() for m in self.consumer.consume(5000, timeout=0.2) if m.error() is None]
-        return self.values
-
-    def close(self) -> None:
-        self.consumer.close()
 
 
 def _serve(settings: Settings, model: Path, group: str, log: Path) -> subprocess.Popen:
