@@ -11,6 +11,7 @@ from loopline.settings import Settings
 from online.features import FeatureFetcher
 from online.metrics import ScorerMetrics
 from online.onnx_runtime import OnnxModel
+from online.result_cache import ResultCache
 from online.scorer import BatchingKnobs, Scorer
 from schemas.model_contract import REQUEST_PREFIX
 
@@ -30,7 +31,10 @@ def build_scorer(settings: Settings, model_path: Path) -> Scorer:
         max_queue_size=serving.max_queue_size,
         preferred_batch_sizes=tuple(serving.preferred_batch_sizes),
     )
-    return Scorer(model, FeatureFetcher(reader, features, budget_s), knobs, ScorerMetrics())
+    cache = None
+    if serving.result_cache_ttl_s is not None:
+        cache = ResultCache(settings.redis_address, serving.result_cache_ttl_s, timeout_s=budget_s)
+    return Scorer(model, FeatureFetcher(reader, features, budget_s), knobs, ScorerMetrics(), cache)
 
 
 def serve(settings: Settings, model_path: Path, doors: Collection[str]) -> None:

@@ -94,6 +94,7 @@ class ServingSettings(BaseModel):
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
     max_queue_size: int = Field(default=1024, ge=1)
     preferred_batch_sizes: list[int] = Field(default_factory=list)
+    result_cache_ttl_s: float | None = Field(default=None, gt=0, description="Cache scores in Redis this long; off when unset.")
     log_predictions: bool = Field(default=True, description="HTTP/gRPC doors append records to scoring.predictions.")
     kafka_group_id: str = "loopline-scorer"
     instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance>.")

@@ -10,7 +10,7 @@ STAGES = ("feature_fetch", "queue_wait", "inference", "total")
 
 
 class ScorerMetrics:
-    """Requests, errors, per-stage latency, batch sizes, queue depth, defaulted features, model info."""
+    """Requests, errors, per-stage latency, batch sizes, queue depth, defaulted features, cache hits, model info."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -29,6 +29,9 @@ class ScorerMetrics:
         self.features = Counter("loopline_scoring_features", "Features fed to models.", registry=self.registry)
         self.defaulted_features = Counter(
             "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.registry
+        )
+        self.cache_requests = Counter(
+            "loopline_scoring_cache_requests", "Result cache lookups by result (hit, miss).", ["result"], registry=self.registry
         )
         self.prediction_log_failures = Counter(
             "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.registry

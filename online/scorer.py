@@ -18,6 +18,7 @@ from online.batcher import DynamicBatcher
 from online.features import FeatureFetcher
 from online.metrics import ScorerMetrics
 from online.onnx_runtime import OnnxModel
+from online.result_cache import ResultCache
 from schemas.model_contract import REQUEST_PREFIX
 from schemas.records import PredictionRecord, ScoreRequest
 
@@ -37,10 +38,18 @@ class BatchingKnobs:
 class Scorer:
     """Scores requests with one model; batches concurrent requests into single model calls."""
 
-    def __init__(self, model: OnnxModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics) -> None:
+    def __init__(
+        self,
+        model: OnnxModel,
+        fetcher: FeatureFetcher,
+        knobs: BatchingKnobs,
+        metrics: ScorerMetrics,
+        cache: ResultCache | None = None,
+    ) -> None:
         self.model = model
         self.fetcher = fetcher
         self.metrics = metrics
+        self.cache = cache
         self.batcher: DynamicBatcher[list[float], float] = DynamicBatcher(
             self._run_batch,
             max_batch_size=knobs.max_batch_size,
@@ -60,6 +69,8 @@ class Scorer:
         """Stop batching and fetching; requests still queued fail with Overloaded."""
         await self.batcher.close()
         await self.fetcher.close()
+        if self.cache is not None:
+            await self.cache.close()
 
     def _run_batch(self, rows: list[list[float]]) -> list[float]:
         return self.model.predict(np.asarray(rows, dtype=np.float32)).tolist()
@@ -73,15 +84,29 @@ class Scorer:
             row.append(math.nan if value is None or isinstance(value, str) else float(value))
         return row, used
 
+    async def _infer(self, row: list[float]) -> tuple[float, float, float]:
+        """(score, queue wait s, inference s) for one input row, from the result cache when it has it."""
+        key = None
+        if self.cache is not None:
+            key = self.cache.key(self.model.name, self.model.version, row)
+            cached = await self.cache.get(key)
+            self.metrics.cache_requests.labels("miss" if cached is None else "hit").inc()
+            if cached is not None:
+                return cached, 0.0, 0.0
+        score, timing = await self.batcher.submit(row)
+        if key is not None:
+            await self.cache.put(key, score)
+        return score, timing.queue_wait_s, timing.run_s
+
     async def score(self, request: ScoreRequest) -> PredictionRecord:
         """Score one request. Raises Overloaded when the batcher's queue is full."""
         began = time.perf_counter()
         fetched = await self.fetcher.fetch(request.entity_keys)
         fetched_at = time.perf_counter()
         row, used = self._vector(request, fetched.values)
-        score, timing = await self.batcher.submit(row)
+        score, queue_wait_s, inference_s = await self._infer(row)
         total = time.perf_counter() - began
-        stages = {"feature_fetch": fetched_at - began, "queue_wait": timing.queue_wait_s, "inference": timing.run_s, "total": total}
+        stages = {"feature_fetch": fetched_at - began, "queue_wait": queue_wait_s, "inference": inference_s, "total": total}
         for stage, seconds in stages.items():
             self.metrics.stage_seconds.labels(stage).observe(seconds)
         self.metrics.features.inc(len(self.fetcher.features))

@@ -205,3 +205,27 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
             assert took_s < budget_s + 0.2
     finally:
         private.stop()
+
+
+def test_result_cache_hits_for_the_same_inputs_and_model_version_only(applied: Settings, model_path: Path) -> None:
+    user = f"cache-{uuid.uuid4().hex[:8]}"
+    _write_user(applied, applied.redis_address, user, {f"{VIEW}:txn_count_5m": 1, f"{VIEW}:amount_sum_1h": 5.0})
+
+    def with_serving(**changes) -> Settings:
+        return applied.model_copy(update={"serving": applied.serving.model_copy(update={"result_cache_ttl_s": 60, **changes})})
+
+    async def score_twice_then_with_version_2() -> list:
+        records = []
+        for settings in (with_serving(), with_serving(model_version="2")):
+            scorer = build_scorer(settings, model_path)
+            request = ScoreRequest.model_validate(_request(user, 33.0))
+            records += [await scorer.score(request), await scorer.score(request)]
+            sample = scorer.metrics.registry.get_sample_value
+            records.append(tuple(sample("loopline_scoring_cache_requests_total", {"result": r}) for r in ("hit", "miss")))
+            await scorer.close()
+        return records
+
+    first, cached, counts_v1, v2_first, v2_cached, counts_v2 = asyncio.run(score_twice_then_with_version_2())
+    assert counts_v1 == (1, 1) and cached.score == first.score and cached.stage_latency_ms["inference"] == 0
+    assert counts_v2 == (1, 1), "a new model version misses, then hits its own entry"
+    assert v2_first.model_version == "2" and v2_cached.score == v2_first.score == first.score
