@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from online.batcher import Overloaded
 from online.prediction_log import PredictionLog
-from online.scorer import Scorer
+from online.scorer import RequestError, Scorer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 
@@ -81,6 +81,9 @@ def create_server(scorer: Scorer, address: str, prediction_log: PredictionLog | 
             except ValidationError as err:
                 status, first = "422", err.errors(include_url=False)[0]
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
+            except RequestError as err:
+                status = "422"
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
             except Overloaded as err:
                 status = "503"
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))

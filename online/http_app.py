@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from online.batcher import Overloaded
 from online.prediction_log import PredictionLog
-from online.scorer import Scorer
+from online.scorer import RequestError, Scorer
 from schemas.records import ScoreRequest
 
 log = logging.getLogger("loopline.scoring")
@@ -47,6 +47,8 @@ def create_app(scorer: Scorer, prediction_log: PredictionLog | None = None) -> F
             first = err.errors(include_url=False)[0]
             status = 422
             body = json.dumps({"error": "invalid request", "field": ".".join(map(str, first["loc"])), "reason": first["msg"]})
+        except RequestError as err:
+            status, body = 422, json.dumps({"error": "invalid request", "field": err.field, "reason": str(err)})
         except Overloaded as err:
             status, body = 503, json.dumps({"error": "overloaded", "reason": str(err)})
         except Exception:

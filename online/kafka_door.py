@@ -17,7 +17,7 @@ import time
 from confluent_kafka import Consumer, Message, Producer
 
 from online.batcher import Overloaded
-from online.scorer import Scorer
+from online.scorer import RequestError, Scorer
 from schemas.records import DeadLetterRecord, ScoreRequest
 from schemas.validation import ContractViolation, decode, encode
 
@@ -52,25 +52,25 @@ class KafkaScoringDoor:
         # A restarted member with the same transactional id fences off its predecessor's open transaction.
         self._producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id})
 
-    async def _score_one(self, message: Message) -> tuple[str, bytes, str] | None:
-        """The record to log for one request: (topic, value, key); None when it must be retried."""
+    async def _score_one(self, message: Message) -> tuple[str, bytes, str]:
+        """The record to log for one request, (topic, value, key): its prediction, or a dead letter."""
+        began = time.perf_counter()
         try:
             request = decode(ScoreRequest, message.value() or b"")
-        except ContractViolation as violation:
+            while True:
+                try:
+                    record = await self.scorer.score(request)
+                    break
+                except Overloaded:  # the batch is ours to finish: wait for room rather than drop it
+                    await asyncio.sleep(0.005)
+        except (ContractViolation, RequestError) as err:
             letter = DeadLetterRecord.for_payload(
-                reason="invalid", error=str(violation), error_field=violation.field, source_topic=message.topic(),
+                reason="invalid", error=str(err), error_field=err.field, source_topic=message.topic(),
                 source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
                 payload=message.value(), consumer=f"loopline-scorer/{DOOR}",
             )  # fmt: skip
             self.scorer.metrics.requests.labels(DOOR, "invalid").inc()
             return self.topics[2], encode(letter), message.topic()
-        began = time.perf_counter()
-        while True:
-            try:
-                record = await self.scorer.score(request)
-                break
-            except Overloaded:  # the batch is ours to finish: wait for room rather than drop it
-                await asyncio.sleep(0.005)
         self.scorer.metrics.requests.labels(DOOR, "200").inc()
         log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
         return self.topics[1], encode(record), request.request_id

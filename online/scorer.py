@@ -25,6 +25,14 @@ from schemas.records import PredictionRecord, ScoreRequest
 log = logging.getLogger("loopline.scoring")
 
 
+class RequestError(ValueError):
+    """A request the model cannot score as it is (e.g. a request field the model needs is missing)."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+
+
 @dataclass(frozen=True)
 class BatchingKnobs:
     """Triton's dynamic batcher knobs (see ``online/batcher.py``)."""
@@ -76,10 +84,16 @@ class Scorer:
         return self.model.predict(np.asarray(rows, dtype=np.float32)).tolist()
 
     def _vector(self, request: ScoreRequest, features: dict) -> tuple[list[float], dict]:
-        """The model's input row, and the values used by input name."""
+        """The model's input row, and the values used by input name; RequestError for a missing request field."""
         used, row = {}, []
         for name in self.model.inputs:
-            value = request.request_fields.get(name[len(REQUEST_PREFIX):]) if name.startswith(REQUEST_PREFIX) else features.get(name)
+            if name.startswith(REQUEST_PREFIX):
+                field = name[len(REQUEST_PREFIX):]
+                if field not in request.request_fields:
+                    raise RequestError(f"request_fields.{field}", f"required by model {self.model.name} v{self.model.version}")
+                value = request.request_fields[field]
+            else:
+                value = features.get(name)
             used[name] = value
             row.append(math.nan if value is None or isinstance(value, str) else float(value))
         return row, used
@@ -99,7 +113,7 @@ class Scorer:
         return score, timing.queue_wait_s, timing.run_s
 
     async def score(self, request: ScoreRequest) -> PredictionRecord:
-        """Score one request. Raises Overloaded when the batcher's queue is full."""
+        """Score one request. Raises Overloaded when the batcher's queue is full, RequestError for a bad request."""
         began = time.perf_counter()
         fetched = await self.fetcher.fetch(request.entity_keys)
         fetched_at = time.perf_counter()

@@ -145,11 +145,13 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
 
         bad = requests.post(f"{url}/v1/score", json={**_request(user, 1.0), "entity_keys": {}}, timeout=5)
         assert bad.status_code == 422 and bad.json()["field"] == "entity_keys"
+        no_amount = requests.post(f"{url}/v1/score", json={**_request(user, 1.0), "request_fields": {}}, timeout=5)
+        assert no_amount.status_code == 422 and no_amount.json()["field"] == "request_fields.amount"
 
         scored = [known.request_id, over_grpc.request_id, unknown.request_id]
         metrics = requests.get(f"{url}/metrics", timeout=5).text
         assert 'loopline_scoring_requests_total{door="http",status="200"} 2.0' in metrics
-        assert 'loopline_scoring_requests_total{door="http",status="422"} 1.0' in metrics
+        assert 'loopline_scoring_requests_total{door="http",status="422"} 2.0' in metrics
         assert "loopline_scoring_defaulted_features_total 3.0" in metrics
 
     # The doors are closed: the feature + prediction log holds one record per scored request.

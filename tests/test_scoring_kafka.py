@@ -54,6 +54,8 @@ def test_each_request_is_scored_once_through_a_crash(settings: Settings, bootstr
     ]
     emitted = [Emitted(SCORE_REQUESTS.name, r.request_id, encode(r), now, r) for r in requests]
     emitted.append(Emitted(SCORE_REQUESTS.name, f"{batch}-bad", b'{"schema_version": 1, "request_id": "x"}', now, None))
+    no_amount = requests[0].model_copy(update={"request_id": f"{batch}-no-amount", "request_fields": {}})
+    emitted.append(Emitted(SCORE_REQUESTS.name, no_amount.request_id, encode(no_amount), now, no_amount))
     EventProducer(bootstrap).publish(emitted)
 
     predictions = LogReader(bootstrap, PREDICTIONS.name)
@@ -89,11 +91,12 @@ def test_each_request_is_scored_once_through_a_crash(settings: Settings, bootstr
 
     dead = LogReader(bootstrap, DEAD_LETTERS.name)
 
-    def dead_lettered() -> bool:
-        letters = map(lambda v: decode(DeadLetterRecord, v), dead.poll())
-        return any(d.key == f"{batch}-bad" and d.consumer == "loopline-scorer/kafka" for d in letters)
+    def dead_lettered() -> set:
+        letters = [decode(DeadLetterRecord, v) for v in dead.poll()]
+        return {(d.key, d.error_field) for d in letters if d.key.startswith(batch) and d.consumer == "loopline-scorer/kafka"}
 
+    expected = {(f"{batch}-bad", "entity_keys"), (f"{batch}-no-amount", "request_fields.amount")}
     try:
-        assert wait_until(dead_lettered, 30, 0.1), "the malformed request is dead-lettered"
+        assert wait_until(lambda: dead_lettered() == expected, 30, 0.1), f"dead letters: {dead_lettered()}"
     finally:
         dead.close()
