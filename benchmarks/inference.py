@@ -197,7 +197,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (within a minute)")
     args = parser.parse_args()
-    core_rates, http_rates, seconds = ([500.0, 2000.0, 4000.0], [2000.0], 2.0) if args.quick else (
+    core_rates, http_rates, seconds = ([250.0, 500.0, 2000.0, 4000.0], [2000.0], 2.0) if args.quick else (
         [250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0], [1000.0, 2000.0], 8.0)  # fmt: skip
 
     home = Path(tempfile.mkdtemp(prefix="loopline-inference-"))

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, values
+
+# Importing Feast sets PROMETHEUS_MULTIPROC_DIR for its own feature server, which switches every
+# metric of the process (and of its children, through the environment) to values kept in shared
+# files: slower on every increment, and shared by name across registries, so two scorers would
+# count into each other. The scorer exports its own registry, so its values stay in process.
+values.ValueClass = values.MutexValue
 
 #: Stage latencies span 50 µs (a cached read) to 0.5 s (an overloaded queue).
 _LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)

@@ -7,11 +7,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-# Before anything imports Feast: importing Feast sets PROMETHEUS_MULTIPROC_DIR, and a prometheus-client
-# imported after that keeps every metric value in files shared by all registries of the process,
-# so two scorers in one test process would count into each other. (`loopline serve` imports its
-# metrics before Feast, so the scorer's own process is unaffected.)
-import prometheus_client  # noqa: F401  isort: skip
 import pytest
 from confluent_kafka import Consumer
 
