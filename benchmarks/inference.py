@@ -41,13 +41,14 @@ from feature_store.config import apply_definitions, feature_fields, feature_stor
 from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
 from loopline.components import build_stack  # noqa: E402
 from loopline.feature_job_process import settings_environment  # noqa: E402
-from loopline.settings import KafkaSettings, RedisSettings, Settings  # noqa: E402
+from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
 from loopline.serving import build_scorer  # noqa: E402
 from online.batcher import Overloaded  # noqa: E402
 from schemas.records import ScoreRequest  # noqa: E402
 from schemas.topics import TOPICS  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
+from harness import free_port, percentile, private_settings  # noqa: E402  (this folder)
 
 VIEW = "user_transaction_features"
 USERS = 1000
@@ -60,17 +61,7 @@ MODES = {
 console = Console()
 
 
-def _free_port() -> int:
-    import socket
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _request(i: int) -> ScoreRequest:
@@ -95,7 +86,7 @@ def _stage_figures(prefix: str, records: list) -> dict:
     for stage in ("feature_fetch", "queue_wait", "inference", "total"):
         values = [r.stage_latency_ms[stage] for r in records]
         figures[f"{prefix}_{stage}_p50_ms"] = round(statistics.median(values), 3)
-        figures[f"{prefix}_{stage}_p99_ms"] = round(_percentile(values, 0.99), 3)
+        figures[f"{prefix}_{stage}_p99_ms"] = round(percentile(values, 0.99), 3)
     figures[f"{prefix}_mean_batch"] = round(statistics.mean(r.batch for r in records), 1)
     return figures
 
@@ -148,7 +139,7 @@ async def measure_http(settings: Settings, model_path: Path, rates: list[float],
     """`loopline serve --http` in its own process, open-loop load from this one."""
     import aiohttp
 
-    port = _free_port()
+    port = free_port()
     env = settings_environment(settings, LOOPLINE_SERVING__HTTP_PORT=str(port), LOOPLINE_SERVING__MODEL_PATH=str(model_path))
     server = subprocess.Popen([sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http"], env=env,
                               stdout=(settings.home / "serve.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -186,7 +177,7 @@ async def measure_http(settings: Settings, model_path: Path, rates: list[float],
                 figures[f"{prefix}_throughput_per_s"] = round(len(ok) / elapsed, 1)
                 figures[f"{prefix}_errors"] = len(results) - len(ok)
                 figures[f"{prefix}_p50_ms"] = round(statistics.median(ok), 2) if ok else None
-                figures[f"{prefix}_p99_ms"] = round(_percentile(ok, 0.99), 2) if ok else None
+                figures[f"{prefix}_p99_ms"] = round(percentile(ok, 0.99), 2) if ok else None
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(20)
@@ -201,8 +192,7 @@ def main() -> None:
         [250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0], [1000.0, 2000.0], 8.0)  # fmt: skip
 
     home = Path(tempfile.mkdtemp(prefix="loopline-inference-"))
-    settings = Settings(home=home, jars_dir=REPO / ".loopline" / "jars", redis=RedisSettings(port=_free_port()),
-                        kafka=KafkaSettings(port=_free_port(), controller_port=_free_port()))  # fmt: skip
+    settings = private_settings(home)
     stack = build_stack(settings)
     began = time.monotonic()
     try:

@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,26 +46,19 @@ from feature_store.online_read import OnlineReader  # noqa: E402
 from loopline.components import build_stack  # noqa: E402
 from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving  # noqa: E402
 from infra.service import wait_until  # noqa: E402
-from loopline.settings import KafkaSettings, RedisSettings, Settings  # noqa: E402
+from loopline.settings import Settings  # noqa: E402
 from schemas.topics import TOPICS, TRANSACTIONS  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
 from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
+from harness import percentile, private_settings  # noqa: E402  (this folder)
 
 USER_VIEW = "user_transaction_features"
 ANCHORS = {"tecton_freshness_s": 1.0, "hopsworks_ingest_p99_ms": 250.0, "feast_server_p99_1_row_ms": 7.2}
 console = Console()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s: float, start_timeout_s: float) -> dict:
@@ -135,7 +127,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
             "events": measured["events"],
             "sustained_events_per_s": round(measured["events"] / elapsed, 1) if caught_up else None,
             "freshness_p50_s": round(statistics.median(freshness), 3) if freshness else None,
-            "freshness_p99_s": round(_percentile(freshness, 0.99), 3) if freshness else None,
+            "freshness_p99_s": round(percentile(freshness, 0.99), 3) if freshness else None,
             "freshness_samples": len(freshness),
         }
     finally:
@@ -211,7 +203,7 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
                 call()
                 timings.append((time.perf_counter() - began) * 1000)
             figures[f"read_{name}_{count}_p50_ms"] = round(statistics.median(timings), 3)
-            figures[f"read_{name}_{count}_p99_ms"] = round(_percentile(timings, 0.99), 3)
+            figures[f"read_{name}_{count}_p99_ms"] = round(percentile(timings, 0.99), 3)
         figures[f"read_{count}_feast_over_loopline_p50"] = round(
             figures[f"read_feast_sdk_{count}_p50_ms"] / figures[f"read_loopline_{count}_p50_ms"], 2
         )
@@ -231,12 +223,7 @@ def main() -> None:
     rate, seconds, warmup, iterations = (1000.0, 5.0, 3.0, 200) if args.quick else (args.rate, args.seconds, 15.0, 2000)
 
     home = Path(tempfile.mkdtemp(prefix="loopline-bench-"))
-    settings = Settings(
-        home=home,
-        jars_dir=REPO / ".loopline" / "jars",
-        kafka=KafkaSettings(port=_free_port(), controller_port=_free_port()),
-        redis=RedisSettings(port=_free_port()),
-    )
+    settings = private_settings(home)
     stack = build_stack(settings)
     began = time.monotonic()
     try:
