@@ -1,33 +1,55 @@
-"""What every benchmark here needs: settings for a private stack on free local ports, and percentiles."""
+"""What every benchmark here needs: a private stack, percentiles, and the report (table + last-line JSON)."""
 
 from __future__ import annotations
 
-import socket
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from loopline.settings import KafkaSettings, RedisSettings, Settings
+from rich.console import Console
+from rich.table import Table
+
+from feature_store.config import apply_definitions
+from loopline.components import build_stack, private_stack_settings
+from loopline.settings import Settings
+from schemas.topics import TOPICS
+from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def private_settings(home: Path) -> Settings:
-    """Settings for a stack of the benchmark's own under ``home`` (Kafka and Redis on free ports; the jar cache shared)."""
-    return Settings(
-        home=home,
-        jars_dir=REPO / ".loopline" / "jars",
-        kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
-        redis=RedisSettings(port=free_port()),
-    )
+@contextmanager
+def private_stack(console: Console, prefix: str) -> Iterator[Settings]:
+    """Kafka and Redis of the benchmark's own (free ports, 127.0.0.1), topics and features applied; wiped after."""
+    settings = private_stack_settings(Path(tempfile.mkdtemp(prefix=prefix)), REPO / ".loopline" / "jars")
+    stack = build_stack(settings)
+    try:
+        with console.status("starting a private stack"):
+            stack.up()
+            apply_topics(settings.kafka.bootstrap_servers, TOPICS)
+            apply_definitions(settings.registry_path, settings.redis_address)
+        yield settings
+    finally:
+        stack.down(wipe=True)
 
 
 def percentile(values: list[float], q: float) -> float:
     """The ``q`` quantile (0..1) of ``values``, nearest rank."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(console: Console, title: str, quick: bool, figures: dict, anchors: dict[str, str], began: float) -> None:
+    """Print ``figures`` as a table with their anchors, then, as the last line, one JSON object of them all."""
+    table = Table(title=f"{title} — {os.cpu_count()} cores, {'quick' if quick else 'full'} run")
+    table.add_column("figure")
+    table.add_column("value", justify="right")
+    table.add_column("anchor", justify="right")
+    for name, value in figures.items():
+        table.add_row(name, str(value), anchors.get(name, ""))
+    console.print(table)
+    print(json.dumps({**figures, "cores": os.cpu_count(), "wall_s": round(time.monotonic() - began, 1)}))

@@ -20,35 +20,30 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from feature_store.config import apply_definitions, feature_fields, feature_store  # noqa: E402
+from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
-from loopline.components import build_stack  # noqa: E402
+from harness import percentile, private_stack, report  # noqa: E402  (this folder)
+from infra.service import free_port  # noqa: E402
 from loopline.feature_job_process import settings_environment  # noqa: E402
+from loopline.serving import build_scorer  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
-from loopline.serving import build_scorer  # noqa: E402
 from online.batcher import Overloaded  # noqa: E402
 from schemas.records import ScoreRequest  # noqa: E402
-from schemas.topics import TOPICS  # noqa: E402
-from streams.topics import apply_topics  # noqa: E402
-from harness import free_port, percentile, private_settings  # noqa: E402  (this folder)
 
 VIEW = "user_transaction_features"
 USERS = 1000
@@ -191,15 +186,9 @@ def main() -> None:
     core_rates, http_rates, seconds = ([250.0, 500.0, 2000.0, 4000.0], [2000.0], 2.0) if args.quick else (
         [250.0, 500.0, 1000.0, 2000.0, 4000.0, 8000.0], [1000.0, 2000.0], 8.0)  # fmt: skip
 
-    home = Path(tempfile.mkdtemp(prefix="loopline-inference-"))
-    settings = private_settings(home)
-    stack = build_stack(settings)
     began = time.monotonic()
-    try:
-        with console.status("starting a private stack, registering features, writing a feature row per user"):
-            stack.up()
-            apply_topics(settings.kafka.bootstrap_servers, TOPICS)
-            apply_definitions(settings.registry_path, settings.redis_address)
+    with private_stack(console, "loopline-inference-") as settings:
+        with console.status("writing a feature row per user"):
             view = feature_store(settings.registry_path, settings.redis_address).get_stream_feature_view(VIEW)
             fields = feature_fields(view)
             names = [f.name for f in fields]
@@ -207,21 +196,12 @@ def main() -> None:
             now_us = int(time.time() * 1_000_000)
             rows = [FeatureRow(VIEW, f"bench-{u}", now_us, {n: typed[n](u % 7) for n in names}) for u in range(USERS)]
             OnlineWriter(settings.registry_path, settings.redis_address).write(rows)
-            model_path = write_mlp_model(home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
+            model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
         figures = asyncio.run(measure_core(settings, model_path, core_rates, seconds))
         figures |= asyncio.run(measure_http(settings, model_path, http_rates, seconds))
-    finally:
-        stack.down(wipe=True)
-
-    table = Table(title=f"online inference — {os.cpu_count()} cores, {'quick' if args.quick else 'full'} run")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    for name, value in figures.items():
-        table.add_row(name, str(value))
-    table.add_row("anchor: Triton dynamic batching gain", f"~{TRITON_GAIN}x")
-    console.print(table)
-    figures |= {"triton_gain_anchor": TRITON_GAIN, "cores": os.cpu_count(), "wall_s": round(time.monotonic() - began, 1)}
-    print(json.dumps(figures))
+    figures["triton_gain_anchor"] = TRITON_GAIN
+    anchors = {"dynamic_over_batch1_throughput": f"Triton ~{TRITON_GAIN}x; goal >= 4x"}
+    report(console, "online inference", args.quick, figures, anchors, began)
 
 
 if __name__ == "__main__":

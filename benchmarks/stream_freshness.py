@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import os
 import signal
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -36,22 +33,20 @@ from pathlib import Path
 import redis
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from feature_store.config import apply_definitions, feature_fields, feature_store  # noqa: E402
+from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_read import OnlineReader  # noqa: E402
-from loopline.components import build_stack  # noqa: E402
 from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving  # noqa: E402
 from infra.service import wait_until  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
-from schemas.topics import TOPICS, TRANSACTIONS  # noqa: E402
+from schemas.topics import TRANSACTIONS  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
 from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
-from harness import percentile, private_settings  # noqa: E402  (this folder)
+from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 
 USER_VIEW = "user_transaction_features"
 ANCHORS = {"tecton_freshness_s": 1.0, "hopsworks_ingest_p99_ms": 250.0, "feast_server_p99_1_row_ms": 7.2}
@@ -222,37 +217,19 @@ def main() -> None:
     args = parser.parse_args()
     rate, seconds, warmup, iterations = (1000.0, 5.0, 3.0, 200) if args.quick else (args.rate, args.seconds, 15.0, 2000)
 
-    home = Path(tempfile.mkdtemp(prefix="loopline-bench-"))
-    settings = private_settings(home)
-    stack = build_stack(settings)
     began = time.monotonic()
-    try:
-        with console.status("starting a private stack"):
-            stack.up()
-            apply_topics(settings.kafka.bootstrap_servers, TOPICS)
-            apply_definitions(settings.registry_path, settings.redis_address)
+    with private_stack(console, "loopline-bench-") as settings:
         figures = measure_streaming(settings, rate, seconds, warmup, start_timeout_s=45 if args.quick else 120)
         if args.backlog and not args.quick:
             figures |= measure_catch_up(settings, args.backlog, start_timeout_s=120)
         with console.status("timing the read paths"):
             figures |= measure_reads(settings, iterations)
-    finally:
-        stack.down(wipe=True)
-
-    table = Table(title=f"stream freshness and reads — {os.cpu_count()} cores, {'quick' if args.quick else 'full'} run")
-    table.add_column("figure")
-    table.add_column("value", justify="right")
-    table.add_column("anchor", justify="right")
     anchors = {
         "freshness_p50_s": f"Tecton < {ANCHORS['tecton_freshness_s']} s",
         "freshness_p99_s": f"Hopsworks p99 ~{ANCHORS['hopsworks_ingest_p99_ms'] / 1000} s",
         "read_loopline_1_p99_ms": f"Feast server p99 {ANCHORS['feast_server_p99_1_row_ms']} ms",
     }
-    for name, value in figures.items():
-        table.add_row(name, str(value), anchors.get(name, ""))
-    console.print(table)
-    figures |= {"rate": rate, "seconds": seconds, "cores": os.cpu_count(), "wall_s": round(time.monotonic() - began, 1)}
-    print(json.dumps(figures))
+    report(console, "stream freshness and reads", args.quick, figures | {"rate": rate, "seconds": seconds}, anchors, began)
 
 
 if __name__ == "__main__":

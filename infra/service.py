@@ -35,6 +35,13 @@ def port_in_use(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` nothing listens on right now (for private stacks in tests and benchmarks)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
 def wait_until(condition, timeout_s: float, interval_s: float = _POLL_INTERVAL_S) -> bool:
     """Poll ``condition()`` until it is true or ``timeout_s`` passes; return its last value."""
     deadline = time.monotonic() + timeout_s

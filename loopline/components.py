@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from infra.flink import FlinkRuntime
 from infra.jars import flink_connector_jar
 from infra.kafka import KafkaBroker
 from infra.redis import RedisServer
+from infra.service import free_port
 from infra.stack import LocalStack
-from loopline.settings import Settings
+from loopline.settings import KafkaSettings, RedisSettings, Settings
 from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
+
+
+def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
+    """Settings for a stack of its own under ``home``, Kafka and Redis on free ports (tests, benchmarks)."""
+    return Settings(
+        home=home,
+        jars_dir=jars_dir,
+        kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
+        redis=RedisSettings(port=free_port()),
+    )
 
 
 def build_stack(settings: Settings) -> LocalStack:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,8 +10,8 @@ import pytest
 from confluent_kafka import Consumer
 
 from infra.stack import LocalStack
-from loopline.components import build_stack
-from loopline.settings import KafkaSettings, RedisSettings, Settings
+from loopline.components import build_stack, private_stack_settings
+from loopline.settings import Settings
 from schemas.topics import TOPICS
 from streams.topics import apply_topics
 
@@ -39,21 +38,9 @@ class LogReader:
         self.consumer.close()
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def stack_settings(home: Path) -> Settings:
     """Settings for a private stack under ``home`` on free ports."""
-    return Settings(
-        home=home,
-        jars_dir=JARS_DIR,
-        kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
-        redis=RedisSettings(port=free_port()),
-    )
+    return private_stack_settings(home, JARS_DIR)
 
 
 @pytest.fixture(scope="session")

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from conftest import REPO, free_port
+from conftest import REPO
 from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from infra.flink_cluster import FlinkJobManager, FlinkTaskManager, list_jobs
-from infra.service import wait_until
+from infra.service import free_port, wait_until
 from loopline.feature_job_process import settings_environment
 from loopline.settings import Settings
 from schemas import TransactionEvent

@@ -26,7 +26,7 @@ from google.protobuf import json_format, struct_pb2
 from feature_store.config import apply_definitions
 from feature_store.online_write import FeatureRow, OnlineWriter
 from infra.redis import RedisServer
-from infra.service import wait_until
+from infra.service import free_port, wait_until
 from loopline.serving import build_scorer, run_doors
 from loopline.settings import RedisSettings, Settings
 from offline_training.onnx_models import write_linear_model
@@ -35,7 +35,7 @@ from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.topics import PREDICTIONS
 from schemas.validation import decode
-from conftest import LogReader, free_port
+from conftest import LogReader
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
