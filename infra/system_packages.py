@@ -15,6 +15,7 @@ REQUIRED_COMMANDS: dict[str, str] = {
     "mvn": "maven",
     "redis-server": "redis-server",
     "kcat": "kcat",
+    "promtool": "prometheus",
 }
 
 
@@ -31,7 +32,7 @@ def ensure_packages(commands: dict[str, str] = REQUIRED_COMMANDS) -> list[str]:
     if os.geteuid() != 0:
         raise StackError(f"missing Debian packages: {', '.join(missing)}", f"sudo apt-get install {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
         result = subprocess.run(argv, capture_output=True, text=True, env=env)
         if result.returncode != 0:
             last = " | ".join(result.stderr.strip().splitlines()[-2:])

@@ -21,12 +21,15 @@ from loopline.components import build_stack
 from loopline.produce import produce_stream
 from loopline.settings import Settings
 from loopline.views import stack_table, topics_table
+from offline_training.release import ModelRelease, ReleaseError
 from schemas.compatibility import CompatibilityError, check_registered, register
+from schemas.model_registry import PROD_ALIAS
 from schemas.topics import TOPICS
 from streams.feature_plan import PlanError
 from streams.job_settings import JobStateError
 from streams.producer import DeliveryError
 from streams.topics import TopicSpecError, apply_topics
+
 
 app = typer.Typer(help="Loopline: streaming-first real-time features and inference.", pretty_exceptions_enable=False)
 stack_app = typer.Typer(help="The local stack: Kafka (KRaft), Redis, Flink runtime.")
@@ -37,12 +40,15 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 stream_app = typer.Typer(help="The streaming feature job compiled from the Feast stream feature views.")
 app.add_typer(stream_app, name="stream")
+models_app = typer.Typer(help="Model versions in the MLflow registry: register, canary, promote.")
+app.add_typer(models_app, name="models")
 
 console = Console()
 
 #: Errors the user can act on: printed as one line, never as a trace.
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
+    ReleaseError,
 )  # fmt: skip
 
 
@@ -215,26 +221,76 @@ def produce(
 
 @app.command("serve")
 def serve(
-    model: Annotated[Optional[Path], typer.Option(help="ONNX model to serve (default: serving.model_path).")] = None,
+    model: Annotated[Optional[Path], typer.Option(help="Serve this ONNX file (default: the registry's prod/canary).")] = None,
     http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
     kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once.")] = False,
     grpc: Annotated[bool, typer.Option(help="loopline.scoring.v1.Scorer/Score (schemas/scoring.proto).")] = False,
 ) -> None:
-    """Serve the scorer through its front doors until interrupted."""
+    """Serve the scorer through its front doors until interrupted, hot-swapping the registry's versions."""
     from loopline.serving import serve as run
 
     config = settings()
     path = model or config.serving.model_path
-    if path is None or not path.exists():
-        raise StackError(f"no model file at {path}", "pass --model PATH or set LOOPLINE_SERVING__MODEL_PATH")
+    if path is not None and not path.exists():
+        raise StackError(f"no model file at {path}", "pass an existing --model PATH, or none to serve from the registry")
     doors = {door for door, chosen in (("http", http), ("kafka", kafka), ("grpc", grpc)) if chosen}
     if not doors:
         raise StackError("no front door chosen", "pass --http, --kafka and/or --grpc")
     serving = config.serving
     where = {"http": f"http://{serving.host}:{serving.http_port}", "grpc": f"grpc {serving.host}:{serving.grpc_port}",
              "kafka": "Kafka scoring.requests"}  # fmt: skip
-    console.print(f"scoring with {path} on {', '.join(where[d] for d in sorted(doors))}")
+    source = path or f"{serving.model_name}@prod/canary from {config.tracking_uri}"
+    console.print(f"scoring with {source} on {', '.join(where[d] for d in sorted(doors))}")
     run(config, path, doors)
+
+
+ModelNameOption = Annotated[Optional[str], typer.Option(help="Registered model name (default: serving.model_name).")]
+
+
+def _release(name: str | None) -> tuple[ModelRelease, str]:
+    """The settings' model registry, and the model name to act on."""
+    from loopline.components import model_release
+
+    config = settings()
+    return model_release(config), name or config.serving.model_name
+
+
+@models_app.command("register")
+def models_register(
+    path: Annotated[Path, typer.Argument(help="The ONNX file (schemas/model_contract.py).", exists=True, dir_okay=False)],
+    alias: Annotated[Optional[str], typer.Option(help="Point this alias (prod, canary) at the new version.")] = None,
+    name: ModelNameOption = None,
+) -> None:
+    """Register a model file as a new version, its SHA-256 recorded for serving to verify."""
+    release, name = _release(name)
+    version = release.register(name, path)
+    if alias:
+        release.set_alias(name, alias, version)
+    console.print(f"registered {name} v{version}" + (f" as {alias}" if alias else ""))
+
+
+@models_app.command("promote")
+def models_promote(
+    version: Annotated[str, typer.Argument(help="The version to serve as prod.")],
+    name: ModelNameOption = None,
+) -> None:
+    """Point prod at VERSION (scorers hot-swap at their next poll) and end any canary."""
+    release, name = _release(name)
+    release.set_alias(name, PROD_ALIAS, version)
+    release.end_canary(name)
+    console.print(f"{name} prod → v{version}")
+
+
+@models_app.command("canary")
+def models_canary(
+    version: Annotated[str, typer.Argument(help="The version to try on part of the traffic.")],
+    share: Annotated[float, typer.Option(min=0.0, max=1.0, help="Share of requests (by request-id hash).")] = 0.1,
+    name: ModelNameOption = None,
+) -> None:
+    """Send SHARE of the traffic to VERSION (alias canary)."""
+    release, name = _release(name)
+    release.start_canary(name, version, share)
+    console.print(f"{name} canary → v{version} on {share:.0%} of requests")
 
 
 @app.command("demo")

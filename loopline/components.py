@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infra.flink import FlinkRuntime
 from infra.jars import flink_connector_jar
@@ -15,6 +16,10 @@ from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
+
+if TYPE_CHECKING:
+    from offline_training.release import ModelRelease
+    from online.registry_reader import RegistryReader
 
 
 def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
@@ -97,3 +102,24 @@ def job_settings(settings: Settings) -> JobSettings:
         max_batch_rows=stream.max_batch_rows,
         parallelism=stream.parallelism,
     )
+
+
+def _tracking_uri(settings: Settings) -> str:
+    """The registry's tracking URI, with the folder of the default local SQLite registry made."""
+    if settings.registry.tracking_uri is None:
+        (settings.home / "mlflow").mkdir(parents=True, exist_ok=True)
+    return settings.tracking_uri
+
+
+def model_release(settings: Settings) -> ModelRelease:
+    """Registers and releases model versions in the settings' model registry."""
+    from offline_training.release import ModelRelease
+
+    return ModelRelease(_tracking_uri(settings), settings.artifact_location)
+
+
+def registry_reader(settings: Settings) -> RegistryReader:
+    """Serving's reader of the settings' registered model."""
+    from online.registry_reader import RegistryReader
+
+    return RegistryReader(_tracking_uri(settings), settings.serving.model_name)

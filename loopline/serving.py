@@ -3,28 +3,33 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 
 from loopline.settings import Settings
-from online.features import FeatureFetcher
+from online.batcher import BatchingKnobs
+from online.hot_swap import ModelWatcher
 from online.metrics import ScorerMetrics
 from online.onnx_runtime import OnnxModel
 from online.result_cache import ResultCache
-from online.scorer import BatchingKnobs, Scorer
-from schemas.model_contract import REQUEST_PREFIX
+from online.scorer import Scorer
+from online.vllm_runtime import VllmModel
+from schemas.model_registry import PROD_ALIAS
+
+log = logging.getLogger("loopline.scoring")
 
 
-def build_scorer(settings: Settings, model_path: Path) -> Scorer:
-    """A scorer for the model at ``model_path``, reading features from the settings' online store."""
+def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
+    """A scorer reading features from the settings' online store; serving the file ``model_path`` when given
+    (else nothing until a ``ModelWatcher`` installs the registry's versions)."""
     from feature_store.online_read import OnlineReader
 
     serving = settings.serving
-    model = OnnxModel(model_path, serving.model_name, serving.model_version)
     budget_s = serving.feature_budget_ms / 1000
     reader = OnlineReader(settings.registry_path, settings.redis_address, timeout_s=budget_s)
-    features = [name for name in model.inputs if not name.startswith(REQUEST_PREFIX)]
     knobs = BatchingKnobs(
         max_batch_size=serving.max_batch_size,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
@@ -34,19 +39,67 @@ def build_scorer(settings: Settings, model_path: Path) -> Scorer:
     cache = None
     if serving.result_cache_ttl_s is not None:
         cache = ResultCache(settings.redis_address, serving.result_cache_ttl_s, timeout_s=budget_s)
-    return Scorer(model, FeatureFetcher(reader, features, budget_s), knobs, ScorerMetrics(), cache)
+    model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
+    return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model)
 
 
-def serve(settings: Settings, model_path: Path, doors: Collection[str]) -> None:
-    """Serve one scorer through ``doors`` ("http", "kafka", "grpc") until interrupted."""
+def model_watcher(settings: Settings, scorer: Scorer) -> ModelWatcher:
+    """Keeps ``scorer`` on the versions the registry's aliases name for the settings' model."""
+    from loopline.components import registry_reader
+
+    return ModelWatcher(registry_reader(settings), scorer, settings.serving.registry_poll_s)
+
+
+def llm_model(settings: Settings) -> VllmModel:
+    """The LLM the settings name, as a client of its vLLM server."""
+    llm, serving = settings.serving.llm, settings.serving
+    return VllmModel(
+        llm.base_url, llm.served_model, serving.model_name, serving.model_version, llm.inputs, llm.prompt,
+        answers=tuple(llm.answers), max_concurrency=llm.max_concurrency, max_queue_size=serving.max_queue_size,
+        timeout_s=llm.timeout_ms / 1000,
+    )  # fmt: skip
+
+
+async def serve_when_warm(scorer: Scorer, model: VllmModel, stop: asyncio.Event, retry_s: float = 2.0) -> None:
+    """Install ``model`` as prod once its server answers (a vLLM server takes minutes to load a model)."""
+    while not stop.is_set():
+        try:
+            await model.warm_up()
+        except Exception as err:
+            log.warning("vLLM %s not ready yet (%s); retrying", model.served_model, err)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), retry_s)
+            continue
+        await scorer.install(PROD_ALIAS, model)
+        return
+
+
+def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -> None:
+    """Serve through ``doors`` ("http", "kafka", "grpc") until interrupted: the file ``model_path`` when
+    given, else the LLM of ``serving.llm`` when set, else the registry's ``prod`` (and ``canary``)
+    versions of the settings' model, hot-swapped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    asyncio.run(run_doors(settings, build_scorer(settings, model_path), doors, asyncio.Event()))
+    scorer = build_scorer(settings, model_path)
+    if model_path is not None:
+        install_models = None
+    elif settings.serving.llm is not None:
+        install_models = functools.partial(serve_when_warm, scorer, llm_model(settings))
+    else:
+        install_models = model_watcher(settings, scorer).run
+    asyncio.run(run_doors(settings, scorer, doors, asyncio.Event(), install_models))
 
 
-async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], stop: asyncio.Event) -> None:
-    """Serve ``scorer`` through ``doors`` on this event loop until ``stop`` is set or a door fails.
+async def run_doors(
+    settings: Settings,
+    scorer: Scorer,
+    doors: Collection[str],
+    stop: asyncio.Event,
+    install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None,
+) -> None:
+    """Serve ``scorer`` through ``doors`` on this event loop until ``stop`` is set or a door fails;
+    ``install_models(stop)``, when given, runs meanwhile (the registry watcher, a vLLM warm-up).
 
-    All doors share the loop, hence one dynamic batcher: requests from every door batch together.
+    All doors share the loop, hence one dynamic batcher per model: requests from every door batch together.
     """
     import uvicorn
 
@@ -58,6 +111,8 @@ async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], 
 
     serving = settings.serving
     running = [asyncio.ensure_future(stop.wait())]
+    # Not among the running doors: it may finish (a model installed) while the doors go on.
+    installing = asyncio.ensure_future(install_models(stop) if install_models else asyncio.sleep(0))
     http = grpc = None
     predictions = None
     if serving.log_predictions and ({"http", "grpc"} & set(doors)):
@@ -82,7 +137,7 @@ async def run_doors(settings: Settings, scorer: Scorer, doors: Collection[str], 
         http.should_exit = True
     if grpc is not None:
         await grpc.stop(grace=1.0)
-    await asyncio.gather(*running, return_exceptions=True)
+    await asyncio.gather(*running, installing, return_exceptions=True)
     await scorer.close()
     if predictions is not None:
         predictions.close()

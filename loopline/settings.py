@@ -80,15 +80,29 @@ class StreamSettings(BaseModel):
     )
 
 
+class LlmSettings(BaseModel):
+    """An LLM served by vLLM (its OpenAI-compatible server, started by infra/vllm/serve.sh)."""
+
+    base_url: str = Field(default="http://127.0.0.1:8000/v1", description="The vLLM server's OpenAI API.")
+    served_model: str = Field(description="The model name the server serves (its --served-model-name).")
+    inputs: list[str] = Field(min_length=1, description="Features ('view:feature') and request fields ('request:x').")
+    prompt: str = Field(description="str.format template over the inputs by position: '{0}', '{1:.2f}', ...")
+    answers: list[str] = Field(default=["yes", "no"], min_length=2, max_length=2, description="Score = P(first) / P(either).")
+    max_concurrency: int = Field(default=32, ge=1, description="Completions in flight at once.")
+    timeout_ms: float = Field(default=1000.0, gt=0, description="Longest a completion may take; then 'overloaded'.")
+
+
 class ServingSettings(BaseModel):
     """The online scorer (`loopline serve`)."""
 
     host: str = Field(default="127.0.0.1", description="Where the HTTP and gRPC doors listen.")
     http_port: int = Field(default=8080, ge=1, le=65535)
     grpc_port: int = Field(default=50051, ge=1, le=65535)
-    model_path: Path | None = Field(default=None, description="ONNX model to serve (until the registry serves them).")
-    model_name: str = "fraud"
-    model_version: str = "1"
+    model_name: str = Field(default="fraud", description="The registered model to serve (its prod and canary aliases).")
+    model_path: Path | None = Field(default=None, description="Serve this ONNX file instead of the registry's versions.")
+    model_version: str = Field(default="file", description="The version a model_path file is reported as.")
+    registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the registry's aliases.")
+    llm: LlmSettings | None = Field(default=None, description="Serve this LLM (vLLM) instead of ONNX models.")
     feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
     max_batch_size: int = Field(default=64, ge=1)
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
@@ -98,6 +112,13 @@ class ServingSettings(BaseModel):
     log_predictions: bool = Field(default=True, description="HTTP/gRPC doors append records to scoring.predictions.")
     kafka_group_id: str = "loopline-scorer"
     instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance>.")
+
+
+class RegistrySettings(BaseModel):
+    """The MLflow model registry: training registers and releases versions there, serving loads them."""
+
+    tracking_uri: str | None = Field(default=None, description="Default: sqlite:///<home>/mlflow/mlflow.db; a server at scale.")
+    artifact_location: str | None = Field(default=None, description="Where new versions' files go; default <home>/mlflow/artifacts.")
 
 
 class Settings(BaseSettings):
@@ -115,6 +136,7 @@ class Settings(BaseSettings):
     feature_store: FeatureStoreSettings = FeatureStoreSettings()
     stream: StreamSettings = StreamSettings()
     serving: ServingSettings = ServingSettings()
+    registry: RegistrySettings = RegistrySettings()
 
     @classmethod
     def settings_customise_sources(
@@ -156,6 +178,16 @@ class Settings(BaseSettings):
         """Where the streaming job keeps its checkpoints: one folder per consumer group, so a job never
         resumes from another job's offsets and state."""
         return (self.home / "checkpoints" / self.stream.group_id).absolute()
+
+    @property
+    def tracking_uri(self) -> str:
+        """The model registry's MLflow tracking URI."""
+        return self.registry.tracking_uri or f"sqlite:///{(self.home / 'mlflow' / 'mlflow.db').absolute()}"
+
+    @property
+    def artifact_location(self) -> str:
+        """Where newly registered model versions keep their files."""
+        return self.registry.artifact_location or str((self.home / "mlflow" / "artifacts").absolute())
 
     @property
     def redis_address(self) -> str:

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 Item = TypeVar("Item")
@@ -27,6 +27,16 @@ Result = TypeVar("Result")
 
 class Overloaded(RuntimeError):
     """The batcher's queue is full: the request is refused rather than queued without bound."""
+
+
+@dataclass(frozen=True)
+class BatchingKnobs:
+    """Triton's dynamic batcher knobs, as ``DynamicBatcher`` takes them."""
+
+    max_batch_size: int = 64
+    max_queue_delay_s: float = 0.002
+    max_queue_size: int = 1024
+    preferred_batch_sizes: tuple[int, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)

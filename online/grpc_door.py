@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from online.batcher import Overloaded
 from online.prediction_log import PredictionLog
-from online.scorer import RequestError, Scorer
+from online.scorer import ModelNotReady, RequestError, Scorer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 
@@ -87,6 +87,9 @@ def create_server(scorer: Scorer, address: str, prediction_log: PredictionLog | 
             except Overloaded as err:
                 status = "503"
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
+            except ModelNotReady as err:
+                status = "503"
+                await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
             finally:
                 scorer.metrics.requests.labels(DOOR, status).inc()
                 log.info("request %s %.2f ms %s", message.request_id or "-", (time.perf_counter() - began) * 1000, status)

@@ -2,8 +2,9 @@
 
 * ``POST /v1/score``: a ScoreRequest in, a PredictionRecord out; 422 names the invalid field,
   503 says the scorer is overloaded (retry later).
-* ``GET /v1/models/status``: liveness. ``GET /v1/models/ready``: 200 only once a model is loaded
-  and warm. ``GET /metrics``: Prometheus.
+* ``GET /v1/models/status``: liveness, and the model serving under each alias.
+  ``GET /v1/models/ready``: 200 only once a prod model is loaded and warm (503 before; so is a
+  score request). ``GET /metrics``: Prometheus.
 
 One log line per request (request id, latency, status); the full trace only on an error.
 """
@@ -21,7 +22,7 @@ from pydantic import ValidationError
 
 from online.batcher import Overloaded
 from online.prediction_log import PredictionLog
-from online.scorer import RequestError, Scorer
+from online.scorer import ModelNotReady, RequestError, Scorer
 from schemas.records import ScoreRequest
 
 log = logging.getLogger("loopline.scoring")
@@ -51,6 +52,8 @@ def create_app(scorer: Scorer, prediction_log: PredictionLog | None = None) -> F
             status, body = 422, json.dumps({"error": "invalid request", "field": err.field, "reason": str(err)})
         except Overloaded as err:
             status, body = 503, json.dumps({"error": "overloaded", "reason": str(err)})
+        except ModelNotReady as err:
+            status, body = 503, json.dumps({"error": "not ready", "reason": str(err)})
         except Exception:
             log.exception("request %s failed", request_id)
             status, body = 500, json.dumps({"error": "internal error", "request_id": request_id})
@@ -58,16 +61,19 @@ def create_app(scorer: Scorer, prediction_log: PredictionLog | None = None) -> F
         log.info("request %s %.2f ms %d", request_id, (time.perf_counter() - began) * 1000, status)
         return Response(body, status_code=status, media_type="application/json")
 
+    def models() -> dict:
+        return {
+            alias: {"name": model.name, "version": model.version, "provider": model.provider}
+            for alias, model in scorer.models.items()
+        }
+
     @app.get("/v1/models/status")
     async def status() -> dict:
-        model = scorer.model
-        return {"alive": True, "model": model.name, "version": model.version, "provider": model.provider}
+        return {"alive": True, "models": models(), "canary_share": scorer.canary_share}
 
     @app.get("/v1/models/ready")
     async def ready() -> Response:
-        if scorer.ready:
-            return JSONResponse({"ready": True, "model": scorer.model.name, "version": scorer.model.version})
-        return JSONResponse({"ready": False}, status_code=503)
+        return JSONResponse({"ready": scorer.ready, "models": models()}, status_code=200 if scorer.ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -76,9 +76,13 @@ class KafkaScoringDoor:
         return self.topics[1], encode(record), request.request_id
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Consume, score and log transactionally until ``stop`` is set."""
+        """Consume, score and log transactionally until ``stop`` is set; joins the group once a model is ready."""
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(None, self._producer.init_transactions)
+        ready, stopped = asyncio.ensure_future(self.scorer.wait_ready()), asyncio.ensure_future(stop.wait())
+        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
+        for waiter in (ready, stopped):
+            waiter.cancel()
         self._consumer.subscribe([self.topics[0]])
         try:
             while not stop.is_set():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, values
 
 # Importing Feast sets PROMETHEUS_MULTIPROC_DIR for its own feature server, which switches every
@@ -13,10 +15,12 @@ values.ValueClass = values.MutexValue
 #: Stage latencies span 50 µs (a cached read) to 0.5 s (an overloaded queue).
 _LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
 STAGES = ("feature_fetch", "queue_wait", "inference", "total")
+#: Why a registered model version was refused: its artifact is not the one registered, or it is no loadable model.
+REFUSAL_REASONS = ("artifact", "invalid_model")
 
 
 class ScorerMetrics:
-    """Requests, errors, per-stage latency, batch sizes, queue depth, defaulted features, cache hits, model info."""
+    """Requests, errors, per-stage latency, batch sizes, queue depth, defaulted features, cache hits, models."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -42,9 +46,25 @@ class ScorerMetrics:
         self.prediction_log_failures = Counter(
             "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.registry
         )
-        self.model = Info("loopline_scoring_model", "The model version serving.", registry=self.registry)
+        self.model = Info("loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.registry)
+        self.model_swaps = Counter(
+            "loopline_scoring_model_swaps", "Hot swaps of the model serving under an alias.", ["alias"], registry=self.registry
+        )
+        self.model_refusals = Counter(
+            "loopline_scoring_model_refusals",
+            "Registered model versions refused (artifact not as registered, or not a loadable model).", ["reason"],
+            registry=self.registry,
+        )  # fmt: skip
+        for reason in REFUSAL_REASONS:  # from 0, so the first refusal is an increase an alert rule can see
+            self.model_refusals.labels(reason)
 
     def observe_batch(self, size: int, queue_left: int) -> None:
         """A batch of ``size`` started with ``queue_left`` requests still waiting."""
         self.batch_size.observe(size)
         self.queue_depth.set(queue_left)
+
+    def model_removed(self, alias: str) -> None:
+        """Nothing serves under ``alias`` any more."""
+        with warnings.catch_warnings():  # it warns whenever PROMETHEUS_MULTIPROC_DIR is set, though our values are in process
+            warnings.simplefilter("ignore", UserWarning)
+            self.model.remove(alias)

@@ -7,19 +7,19 @@ defaulted, the model version that scored it and each stage's latency.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 
-import numpy as np
-
-from online.batcher import DynamicBatcher
+from feature_store.online_read import OnlineReader
+from online.batcher import BatchingKnobs
 from online.features import FeatureFetcher
 from online.metrics import ScorerMetrics
-from online.onnx_runtime import OnnxModel
+from online.model_lane import ModelLane, ServedModel
 from online.result_cache import ResultCache
 from schemas.model_contract import REQUEST_PREFIX
+from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord, ScoreRequest
 
 log = logging.getLogger("loopline.scoring")
@@ -33,64 +33,113 @@ class RequestError(ValueError):
         self.field = field
 
 
-@dataclass(frozen=True)
-class BatchingKnobs:
-    """Triton's dynamic batcher knobs (see ``online/batcher.py``)."""
-
-    max_batch_size: int = 64
-    max_queue_delay_s: float = 0.002
-    max_queue_size: int = 1024
-    preferred_batch_sizes: tuple[int, ...] = field(default_factory=tuple)
+class ModelNotReady(RuntimeError):
+    """No model is loaded yet: retry once the scorer is ready."""
 
 
 class Scorer:
-    """Scores requests with one model; batches concurrent requests into single model calls."""
+    """Scores requests with the models installed under the aliases ``prod`` and (optionally) ``canary``.
+
+    Each installed model has a lane of its own (``online/model_lane.py``): concurrent requests for
+    the same model are batched into single model calls. ``canary_share`` of the requests, chosen by
+    a hash of their request id (``schemas/model_registry.py``), go to the canary.
+    """
 
     def __init__(
         self,
-        model: OnnxModel,
-        fetcher: FeatureFetcher,
+        reader: OnlineReader,
+        budget_s: float,
         knobs: BatchingKnobs,
         metrics: ScorerMetrics,
         cache: ResultCache | None = None,
+        model: ServedModel | None = None,
     ) -> None:
-        self.model = model
-        self.fetcher = fetcher
+        """``model``, when given, serves as ``prod`` from the start (else ``install`` one)."""
+        self.reader = reader
+        self.budget_s = budget_s
+        self.knobs = knobs
         self.metrics = metrics
         self.cache = cache
-        self.batcher: DynamicBatcher[list[float], float] = DynamicBatcher(
-            self._run_batch,
-            max_batch_size=knobs.max_batch_size,
-            max_queue_delay_s=knobs.max_queue_delay_s,
-            max_queue_size=knobs.max_queue_size,
-            preferred_batch_sizes=knobs.preferred_batch_sizes,
-            on_batch=metrics.observe_batch,
-        )
-        metrics.model.info({"name": model.name, "version": model.version, "provider": model.provider})
+        #: The share of requests the canary scores (when one is installed).
+        self.canary_share = 0.0
+        self._lanes: dict[str, ModelLane] = {}
+        self._ready = asyncio.Event()
+        if model is not None:
+            self._put(PROD_ALIAS, model)
+
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """The model serving under each alias."""
+        return {alias: lane.model for alias, lane in self._lanes.items()}
 
     @property
     def ready(self) -> bool:
-        """A model is loaded and warmed up."""
-        return self.model.warm
+        """A prod model is loaded and warmed up."""
+        return self._ready.is_set()
+
+    async def wait_ready(self) -> None:
+        """Return once a prod model is installed."""
+        await self._ready.wait()
+
+    async def install(self, alias: str, model: ServedModel) -> None:
+        """Serve ``model`` (loaded and warm) under ``alias`` from now on.
+
+        The switch is atomic (one assignment on the event loop); requests the previous model took
+        finish on it, and then it is released. Returns once it is.
+        """
+        previous = self._put(alias, model)
+        if previous is not None:
+            self.metrics.model_swaps.labels(alias).inc()
+            log.info("%s: swapped %s v%s → v%s", alias, model.name, previous.model.version, model.version)
+            await previous.retire()
+
+    def _put(self, alias: str, model: ServedModel) -> ModelLane | None:
+        """Route ``alias`` to a new lane for ``model``; the lane it replaces, if any."""
+        features = [name for name in model.inputs if not name.startswith(REQUEST_PREFIX)]
+        fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.knobs.max_batch_size)
+        previous = self._lanes.get(alias)
+        self._lanes[alias] = ModelLane(model, fetcher, self.knobs, self.metrics)
+        self.metrics.model.labels(alias).info({"name": model.name, "version": model.version, "provider": model.provider})
+        if alias == PROD_ALIAS:
+            self._ready.set()
+        if previous is None:
+            log.info("%s: serving %s v%s on %s", alias, model.name, model.version, model.provider)
+        return previous
+
+    async def remove(self, alias: str) -> None:
+        """Stop serving under ``alias`` (e.g. the canary ended); its requests in flight finish first."""
+        lane = self._lanes.pop(alias, None)
+        if lane is not None:
+            self.metrics.model_removed(alias)
+            log.info("%s: stopped serving %s v%s", alias, lane.model.name, lane.model.version)
+            await lane.retire()
 
     async def close(self) -> None:
         """Stop batching and fetching; requests still queued fail with Overloaded."""
-        await self.batcher.close()
-        await self.fetcher.close()
+        for alias in list(self._lanes):
+            await self._lanes.pop(alias).retire()
         if self.cache is not None:
             await self.cache.close()
 
-    def _run_batch(self, rows: list[list[float]]) -> list[float]:
-        return self.model.predict(np.asarray(rows, dtype=np.float32)).tolist()
+    def _route(self, request_id: str) -> ModelLane:
+        """The lane that scores this request."""
+        canary = self._lanes.get(CANARY_ALIAS)
+        if canary is not None and routes_to_canary(request_id, self.canary_share):
+            return canary
+        prod = self._lanes.get(PROD_ALIAS)
+        if prod is None:
+            raise ModelNotReady("no model is loaded yet; retry when /v1/models/ready says so")
+        return prod
 
-    def _vector(self, request: ScoreRequest, features: dict) -> tuple[list[float], dict]:
+    @staticmethod
+    def _vector(model: ServedModel, request: ScoreRequest, features: dict) -> tuple[list[float], dict]:
         """The model's input row, and the values used by input name; RequestError for a missing request field."""
         used, row = {}, []
-        for name in self.model.inputs:
+        for name in model.inputs:
             if name.startswith(REQUEST_PREFIX):
                 field = name[len(REQUEST_PREFIX):]
                 if field not in request.request_fields:
-                    raise RequestError(f"request_fields.{field}", f"required by model {self.model.name} v{self.model.version}")
+                    raise RequestError(f"request_fields.{field}", f"required by model {model.name} v{model.version}")
                 value = request.request_fields[field]
             else:
                 value = features.get(name)
@@ -98,32 +147,41 @@ class Scorer:
             row.append(math.nan if value is None or isinstance(value, str) else float(value))
         return row, used
 
-    async def _infer(self, row: list[float]) -> tuple[float, float, float]:
+    async def _infer(self, lane: ModelLane, row: list[float]) -> tuple[float, float, float]:
         """(score, queue wait s, inference s) for one input row, from the result cache when it has it."""
         key = None
         if self.cache is not None:
-            key = self.cache.key(self.model.name, self.model.version, row)
+            key = self.cache.key(lane.model.name, lane.model.version, row)
             cached = await self.cache.get(key)
             self.metrics.cache_requests.labels("miss" if cached is None else "hit").inc()
             if cached is not None:
                 return cached, 0.0, 0.0
-        score, timing = await self.batcher.submit(row)
+        score, timing = await lane.infer(row)
         if key is not None:
             await self.cache.put(key, score)
         return score, timing.queue_wait_s, timing.run_s
 
     async def score(self, request: ScoreRequest) -> PredictionRecord:
-        """Score one request. Raises Overloaded when the batcher's queue is full, RequestError for a bad request."""
+        """Score one request on the model its route names.
+
+        Raises ModelNotReady before a model is loaded, Overloaded when the batcher's queue is full,
+        RequestError for a request the model cannot score.
+        """
         began = time.perf_counter()
-        fetched = await self.fetcher.fetch(request.entity_keys)
-        fetched_at = time.perf_counter()
-        row, used = self._vector(request, fetched.values)
-        score, queue_wait_s, inference_s = await self._infer(row)
+        lane = self._route(request.request_id)
+        lane.enter()
+        try:
+            fetched = await lane.fetcher.fetch(request.entity_keys)
+            fetched_at = time.perf_counter()
+            row, used = self._vector(lane.model, request, fetched.values)
+            score, queue_wait_s, inference_s = await self._infer(lane, row)
+        finally:
+            lane.leave()
         total = time.perf_counter() - began
         stages = {"feature_fetch": fetched_at - began, "queue_wait": queue_wait_s, "inference": inference_s, "total": total}
         for stage, seconds in stages.items():
             self.metrics.stage_seconds.labels(stage).observe(seconds)
-        self.metrics.features.inc(len(self.fetcher.features))
+        self.metrics.features.inc(len(lane.fetcher.features))
         self.metrics.defaulted_features.inc(len(fetched.defaulted))
         return PredictionRecord(
             schema_version=PredictionRecord.SCHEMA_VERSION,
@@ -131,8 +189,8 @@ class Scorer:
             entity_keys=request.entity_keys,
             features=used,
             defaulted_features=fetched.defaulted,
-            model_name=self.model.name,
-            model_version=self.model.version,
+            model_name=lane.model.name,
+            model_version=lane.model.version,
             score=score,
             stage_latency_ms={stage: round(seconds * 1000, 3) for stage, seconds in stages.items()},
             requested_at_ms=request.requested_at_ms,

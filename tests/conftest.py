@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import requests
 from confluent_kafka import Consumer
 
+from feature_store.config import apply_definitions
+from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack, private_stack_settings
+from loopline.serving import run_doors
 from loopline.settings import Settings
+from online.scorer import Scorer
 from schemas.topics import TOPICS
 from streams.topics import apply_topics
 
@@ -63,3 +71,42 @@ def stack(settings: Settings) -> Iterator[LocalStack]:
 def bootstrap(stack: LocalStack, settings: Settings) -> str:
     return settings.kafka.bootstrap_servers
 
+
+
+@pytest.fixture(scope="session")
+def applied(settings: Settings, stack: LocalStack) -> Settings:
+    """The settings, with the Feast definitions applied to the stack's registry and Redis."""
+    apply_definitions(settings.registry_path, settings.redis_address)
+    return settings
+
+
+@contextmanager
+def serving_doors(
+    settings: Settings, scorer: Scorer, install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None
+) -> Iterator[tuple[str, str]]:
+    """The scorer's HTTP and gRPC doors on free ports, on one event loop in a thread: (http url, grpc address).
+
+    ``install_models(stop)`` runs beside them (see ``run_doors``)."""
+    settings = settings.model_copy(
+        update={"serving": settings.serving.model_copy(update={"http_port": free_port(), "grpc_port": free_port()})}
+    )
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    doors = run_doors(settings, scorer, {"http", "grpc"}, stop, install_models)
+    thread = threading.Thread(target=loop.run_until_complete, args=(doors,))
+    thread.start()
+    url = f"http://127.0.0.1:{settings.serving.http_port}"
+
+    def up() -> bool:
+        try:
+            return requests.get(f"{url}/v1/models/status", timeout=1).ok
+        except requests.ConnectionError:
+            return False
+
+    assert wait_until(up, 20, 0.05), "the doors did not start"
+    try:
+        yield url, f"127.0.0.1:{settings.serving.grpc_port}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()

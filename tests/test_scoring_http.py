@@ -9,12 +9,9 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -23,19 +20,17 @@ import pytest
 import requests
 from google.protobuf import json_format, struct_pb2
 
-from feature_store.config import apply_definitions
 from feature_store.online_write import FeatureRow, OnlineWriter
 from infra.redis import RedisServer
 from infra.service import free_port, wait_until
-from loopline.serving import build_scorer, run_doors
+from loopline.serving import build_scorer
 from loopline.settings import RedisSettings, Settings
 from offline_training.onnx_models import write_linear_model
-from online.scorer import Scorer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.topics import PREDICTIONS
 from schemas.validation import decode
-from conftest import LogReader
+from conftest import LogReader, serving_doors
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
@@ -63,33 +58,6 @@ def _write_user(settings: Settings, redis_address: str, user: str, features: dic
     writer.write([FeatureRow(VIEW, user, int(time.time() * 1_000_000), full)])
 
 
-@contextmanager
-def _serving(settings: Settings, scorer: Scorer) -> Iterator[tuple[str, str]]:
-    """The scorer's HTTP and gRPC doors on free ports, on one event loop in a thread: (http url, grpc address)."""
-    settings = settings.model_copy(
-        update={"serving": settings.serving.model_copy(update={"http_port": free_port(), "grpc_port": free_port()})}
-    )
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    thread = threading.Thread(target=loop.run_until_complete, args=(run_doors(settings, scorer, {"http", "grpc"}, stop),))
-    thread.start()
-    url = f"http://127.0.0.1:{settings.serving.http_port}"
-
-    def up() -> bool:
-        try:
-            return requests.get(f"{url}/v1/models/status", timeout=1).ok
-        except requests.ConnectionError:
-            return False
-
-    assert wait_until(up, 20, 0.05), "the doors did not start"
-    try:
-        yield url, f"127.0.0.1:{settings.serving.grpc_port}"
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()
-
-
 def _grpc_score(address: str, request: dict) -> PredictionRecord:
     """Score over gRPC, converted back to the contract's record."""
     messages, services = scoring_api()
@@ -112,19 +80,13 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_linear_model(tmp_path_factory.mktemp("model") / "fraud.onnx", INPUTS, WEIGHTS, BIAS)
 
 
-@pytest.fixture(scope="module")
-def applied(settings: Settings, stack) -> Settings:
-    apply_definitions(settings.registry_path, settings.redis_address)
-    return settings
-
-
 def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Settings, model_path: Path) -> None:
     user = f"score-{uuid.uuid4().hex[:8]}"
     features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
     _write_user(applied, applied.redis_address, user, features)
-    with _serving(applied, build_scorer(applied, model_path)) as (url, grpc_address):
+    with serving_doors(applied, build_scorer(applied, model_path)) as (url, grpc_address):
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
-        assert requests.get(f"{url}/v1/models/status", timeout=5).json()["provider"] == "CPUExecutionProvider"
+        assert requests.get(f"{url}/v1/models/status", timeout=5).json()["models"]["prod"]["provider"] == "CPUExecutionProvider"
 
         request = _request(user, 120.0)
         known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=request, timeout=5).content)
@@ -133,7 +95,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         assert known.features == {**features, "request:amount": 120.0}
         assert known.defaulted_features == []
         assert known.score == pytest.approx(_expected_score([4, 310.5, 42.0, 120.0]), rel=1e-5)
-        assert (known.model_name, known.model_version) == ("fraud", "1")
+        assert (known.model_name, known.model_version) == ("fraud", "file")
         assert set(known.stage_latency_ms) == {"feature_fetch", "queue_wait", "inference", "total"}
 
         unknown = PredictionRecord.model_validate_json(
@@ -177,7 +139,7 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
         features = {f"{VIEW}:txn_count_5m": 2, f"{VIEW}:amount_sum_1h": 50.0, f"{VIEW}:secs_since_prev_txn": 9.0}
         _write_user(settings, private.address, user, features)
         budget_s = settings.serving.feature_budget_ms / 1000
-        with _serving(settings, build_scorer(settings, model_path)) as (url, _):
+        with serving_doors(settings, build_scorer(settings, model_path)) as (url, _):
 
             def score() -> tuple[PredictionRecord, float]:
                 began = time.perf_counter()
@@ -213,12 +175,12 @@ def test_result_cache_hits_for_the_same_inputs_and_model_version_only(applied: S
     user = f"cache-{uuid.uuid4().hex[:8]}"
     _write_user(applied, applied.redis_address, user, {f"{VIEW}:txn_count_5m": 1, f"{VIEW}:amount_sum_1h": 5.0})
 
-    def with_serving(**changes) -> Settings:
+    def withserving_doors(**changes) -> Settings:
         return applied.model_copy(update={"serving": applied.serving.model_copy(update={"result_cache_ttl_s": 60, **changes})})
 
     async def score_twice_then_with_version_2() -> list:
         records = []
-        for settings in (with_serving(), with_serving(model_version="2")):
+        for settings in (withserving_doors(), withserving_doors(model_version="2")):
             scorer = build_scorer(settings, model_path)
             request = ScoreRequest.model_validate(_request(user, 33.0))
             records += [await scorer.score(request), await scorer.score(request)]

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from feature_store.config import apply_definitions
 from conftest import LogReader
 from infra.service import wait_until
 from loopline.feature_job_process import settings_environment
@@ -42,8 +41,7 @@ def _serve(settings: Settings, model: Path, group: str, log: Path) -> subprocess
     )  # fmt: skip
 
 
-def test_each_request_is_scored_once_through_a_crash(settings: Settings, bootstrap: str, tmp_path: Path) -> None:
-    apply_definitions(settings.registry_path, settings.redis_address)
+def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
     model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
     batch = uuid.uuid4().hex[:8]
     now = int(time.time() * 1000)
@@ -61,7 +59,7 @@ def test_each_request_is_scored_once_through_a_crash(settings: Settings, bootstr
     predictions = LogReader(bootstrap, PREDICTIONS.name)
     ours = lambda: [p for p in map(lambda v: decode(PredictionRecord, v), predictions.poll()) if p.request_id.startswith(batch)]  # noqa: E731
     group = f"scorer-{batch}"
-    scorer = _serve(settings, model, group, tmp_path / "scorer.log")
+    scorer = _serve(applied, model, group, tmp_path / "scorer.log")
     try:
         assert wait_until(lambda: len(ours()) >= 1000 or scorer.poll() is not None, 120, 0.05), "no predictions logged"
     finally:
@@ -70,7 +68,7 @@ def test_each_request_is_scored_once_through_a_crash(settings: Settings, bootstr
     seen_at_kill = len(ours())
     assert seen_at_kill < REQUESTS, "the crash should happen before every request is scored"
 
-    scorer = _serve(settings, model, group, tmp_path / "scorer.log")
+    scorer = _serve(applied, model, group, tmp_path / "scorer.log")
     try:
         assert wait_until(lambda: len(ours()) >= REQUESTS, 120, 0.2), f"only {len(ours())} of {REQUESTS} predictions"
         time.sleep(1)  # let a stray duplicate, if the design allowed one, show up
