@@ -44,7 +44,7 @@ from infra.service import wait_until  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from schemas.topics import TRANSACTIONS  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
-from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
+from streams.synthetic import SyntheticConfig, SyntheticStream, synthetic_user_id  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 
@@ -172,7 +172,7 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
     reader = OnlineReader(settings.registry_path, settings.redis_address)
     client = redis.Redis(port=settings.redis.port)
     features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
-    users = [f"u{i:06d}" for i in range(64)]  # the most active synthetic users: all have rows
+    users = [synthetic_user_id(i) for i in range(64)]  # the most active synthetic users: all have rows
     figures = {}
     for count in (1, 64):
         rows = [{"user_id": u} for u in users[:count]]

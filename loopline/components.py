@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -106,6 +108,10 @@ def job_settings(settings: Settings) -> JobSettings:
 
 def _tracking_uri(settings: Settings) -> str:
     """The registry's tracking URI, with the folder of the default local SQLite registry made."""
+    # MLflow draws progress bars on artifact downloads (noise in a server's log), and its SQLite
+    # store uses an SQLAlchemy loader option SQLAlchemy deprecated.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    warnings.filterwarnings("ignore", message="The ``noload`` loader strategy", category=DeprecationWarning)
     if settings.registry.tracking_uri is None:
         (settings.home / "mlflow").mkdir(parents=True, exist_ok=True)
     return settings.tracking_uri

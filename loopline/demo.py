@@ -2,7 +2,9 @@
 
 Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own
 process) → the synthetic producer → a live table of a few users' features as they update in
-Redis → every record validated (bad ones dead-lettered) → a summary. The stack stays up.
+Redis, and of the scorer (Kafka door, model from the registry, hot-swapped halfway;
+``loopline/demo_scoring.py``) → every record validated (bad ones dead-lettered) → a summary.
+The stack stays up.
 """
 
 from __future__ import annotations
@@ -11,20 +13,21 @@ import json
 import threading
 import time
 
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from feature_store.online_read import OnlineReader
 
 from loopline.components import build_stack, synthetic_config
+from loopline.demo_scoring import DemoScoring
 from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving
 from loopline.settings import Settings
-from loopline.views import counts_table, stack_table, topics_table
+from loopline.views import counts_table, scoring_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
 from streams.producer import EventProducer, PublishStats
-from streams.synthetic import SyntheticStream
+from streams.synthetic import SyntheticStream, synthetic_user_id
 from streams.topics import apply_topics, topic_sizes
 from streams.validating_consumer import ValidatingConsumer
 
@@ -33,10 +36,12 @@ _REPORT_RESERVE_S = 8.0
 #: The demo's producer sends a few broken records on purpose, to show dead-lettering.
 _DEMO_MALFORMED_RATE = 0.002
 _JOB_START_TIMEOUT_S = 120.0
+#: Score requests per second the demo sends (beside the producer's transactions, on the same cores).
+_SCORING_RATE = 200.0
 _USER_VIEW = "user_transaction_features"
 _SHOWN = ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")
 #: The synthetic stream's most active users (Zipf ranks 0-4): their rows change every second or so.
-_WATCHED_USERS = [f"u{i:06d}" for i in range(5)]
+_WATCHED_USERS = [synthetic_user_id(i) for i in range(5)]
 
 
 def _features_table(reader, produced: int, elapsed_s: float) -> Table:
@@ -54,9 +59,10 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
 
 
 def _produce_while_showing_features(
-    settings: Settings, job, budget_s: float, rate: float, console: Console
+    settings: Settings, job, scoring: DemoScoring, budget_s: float, rate: float, console: Console
 ) -> tuple[PublishStats, OnlineReader]:
-    """Wait for the job, then produce for the rest of the budget while a live table shows features."""
+    """Wait for the job, then produce and score for the rest of the budget while live tables show
+    features and scoring; halfway, a new model version is promoted."""
     reader = OnlineReader(settings.registry_path, settings.redis_address)
     waited_from = time.monotonic()
     with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
@@ -76,11 +82,21 @@ def _produce_while_showing_features(
     )
     started = time.monotonic()
     producing.start()
+    scoring.send_requests(duration)
+
+    def tables() -> Group:
+        elapsed_s = time.monotonic() - started
+        versions = " → ".join(f"v{v}" for v in scoring.released)
+        title = f"scoring over Kafka — prod {versions} (a new version is promoted halfway: hot swap)"
+        return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(*scoring.stats(), title=title))
+
     with Live(console=console, refresh_per_second=4) as live:
         while producing.is_alive():
-            live.update(_features_table(reader, produced[0], time.monotonic() - started))
+            if len(scoring.released) == 1 and time.monotonic() - started >= duration / 2:
+                scoring.promote_next()
+            live.update(tables())
             time.sleep(0.25)
-        live.update(_features_table(reader, produced[0], time.monotonic() - started))
+        live.update(tables())
     if not outcome:
         raise RuntimeError("the producer stopped without a result; see the lines above")
     return outcome[0], reader
@@ -102,14 +118,20 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     console.print(f"feast apply: {', '.join(views)}")
     console.print(topics_table(apply_topics(bootstrap, TOPICS)))
 
-    console.rule("3. streaming feature job (PyFlink, embedded) and the producer")
+    console.rule("3. streaming feature job (PyFlink, embedded), the producer, and the scorer")
     # The demo rebuilds the job's state from the retained events, so a checkpoint left by an
     # earlier Loopline (other operators) never stands in its way.
     job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False)
+    scoring = DemoScoring(settings, settings.home / "models", _SCORING_RATE)
     try:
-        stats, reader = _produce_while_showing_features(settings, job, seconds - (time.monotonic() - began), rate, console)
+        scoring.start_serving()  # while the job starts: the scorer's model load and Kafka transactions warm up
+        stats, reader = _produce_while_showing_features(
+            settings, job, scoring, seconds - (time.monotonic() - began), rate, console
+        )
     finally:
+        scoring.stop()
         stop_feature_job(job)
+    _, scored = scoring.stats()
 
     console.rule("4. validating (bad records go to the dead-letter topic)")
     dead_letters: list[DeadLetterRecord] = []
@@ -141,6 +163,10 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "valid": sum(c.valid for t, c in counts.items() if t != DEAD_LETTERS.name),
         "dead_lettered": sum(c.dead_lettered for c in counts.values()),
         "users_with_features": sum(s is not None for s in reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)),
+        "scored": sum(scored.versions.values()) if scored else 0,
+        "scored_by_version": scored.versions if scored else {},
+        "scorer_p99_ms": round(scored.scorer_p99_ms, 2) if scored else None,
+        "defaulted_feature_rate": round(scored.defaulted_rate, 3) if scored else None,
     }
     console.rule("summary")
     console.print(json.dumps(summary))

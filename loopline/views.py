@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
@@ -10,6 +11,9 @@ from infra.service import ServiceStatus
 from infra.stack import StartReport
 from streams.topics import TopicChange
 from streams.validating_consumer import TopicCounts
+
+if TYPE_CHECKING:
+    from loopline.demo_scoring import ScoringStats
 
 _STATE_STYLE = {"ready": "green", "stopped": "dim"}
 
@@ -60,5 +64,26 @@ def counts_table(
             f"{counts.valid:,}",
             f"{counts.dead_lettered:,}",
             f"{end_offsets.get(topic, 0):,}",
+        )
+    return table
+
+
+def scoring_table(recent: ScoringStats | None, total: ScoringStats | None, title: str) -> Table:
+    """The scorer as its prediction log shows it: the last few seconds and the whole run."""
+    table = Table(title=title)
+    for column in ("", "req/s", "scorer p50/p99 ms", "end to end p50/p99 ms", "batch", "versions", "defaulted"):
+        table.add_column(column, justify="left" if column in ("", "versions") else "right")
+    for label, stats in (("last 5 s", recent), ("run", total)):
+        if stats is None:
+            table.add_row(label, *["—"] * 6)
+            continue
+        table.add_row(
+            label,
+            f"{stats.requests_per_s:,.0f}",
+            f"{stats.scorer_p50_ms:.0f} / {stats.scorer_p99_ms:.0f}",
+            f"{stats.end_to_end_p50_ms:.0f} / {stats.end_to_end_p99_ms:.0f}",
+            "—" if stats.mean_batch is None else f"{stats.mean_batch:.1f}",
+            " ".join(f"v{version}:{count:,}" for version, count in stats.versions.items()),
+            f"{stats.defaulted_rate:.0%}",
         )
     return table

@@ -75,6 +75,17 @@ class KafkaScoringDoor:
         log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
         return self.topics[1], encode(record), request.request_id
 
+    def _take(self) -> list[Message]:
+        """Wait (briefly) for a request, then take what else has already arrived, up to max_poll_records.
+
+        Waiting to fill a whole batch would add its wait to every request's latency; under load the
+        batches fill by themselves while the previous one is scored and committed.
+        """
+        first = self._consumer.poll(0.1)
+        if first is None:
+            return []
+        return [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
+
     async def run(self, stop: asyncio.Event) -> None:
         """Consume, score and log transactionally until ``stop`` is set; joins the group once a model is ready."""
         loop = asyncio.get_running_loop()
@@ -86,8 +97,7 @@ class KafkaScoringDoor:
         self._consumer.subscribe([self.topics[0]])
         try:
             while not stop.is_set():
-                messages = await loop.run_in_executor(None, self._consumer.consume, self.max_poll_records, 0.1)
-                messages = [m for m in messages if m.error() is None]
+                messages = [m for m in await loop.run_in_executor(None, self._take) if m.error() is None]
                 if not messages:
                     continue
                 outputs = await asyncio.gather(*(self._score_one(m) for m in messages))

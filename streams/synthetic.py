@@ -97,6 +97,11 @@ def _cumulative(weights: list[float]) -> list[float]:
     return list(itertools.accumulate(weights))
 
 
+def synthetic_user_id(rank: int) -> str:
+    """The id of the synthetic user of activity rank ``rank`` (0 is the busiest)."""
+    return f"u{rank:06d}"
+
+
 class SyntheticStream:
     """Iterate to get the stream's records in emission order (``emit_at_ms`` never decreases)."""
 
@@ -108,7 +113,7 @@ class SyntheticStream:
         countries = list(COUNTRIES)
         self._users = [
             _User(
-                f"u{i:06d}",
+                synthetic_user_id(i),
                 rng.choices(countries, weights=_COUNTRY_WEIGHTS)[0],
                 round(rng.lognormvariate(3.2, 0.7), 2),
                 rng.choices(["pos", "online", "atm"], weights=[60, 35, 5])[0],

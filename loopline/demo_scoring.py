@@ -1,0 +1,191 @@
+"""The demo's scoring half: a model released through the registry, scored over Kafka, swapped mid-run.
+
+While the feature job and the producer run, ``DemoScoring`` registers a small fraud model as
+``prod``, serves it with the Kafka door (``scoring.requests`` → ``scoring.predictions``, exactly
+once) in a thread of its own, sends a stream of score requests for the synthetic users, and reads
+the prediction log back to report requests/s, latency, batch size, model versions and the
+defaulted-feature rate. Halfway, a second version is registered and promoted: the scorer
+hot-swaps to it and the table shows the switch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Consumer
+
+from loopline.components import model_release
+from loopline.serving import build_scorer, model_watcher, run_doors
+from loopline.settings import Settings
+from offline_training.onnx_models import write_linear_model
+from schemas.model_registry import PROD_ALIAS
+from schemas.records import PredictionRecord, ScoreRequest
+from schemas.topics import PREDICTIONS, SCORE_REQUESTS
+from schemas.validation import decode, encode
+from streams.producer import EventProducer
+from streams.synthetic import Emitted, synthetic_user_id
+
+_VIEW = "user_transaction_features"
+_INPUTS = [f"{_VIEW}:{name}" for name in
+           ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")] + ["request:amount"]  # fmt: skip
+#: Two hand-set logistic regressions: many recent transactions, at many merchants, for large amounts look like fraud.
+_VERSIONS = (
+    (np.array([0.25, 0.001, 0.002, 0.30, -0.0005, 0.004]), -4.0),
+    (np.array([0.35, 0.002, 0.001, 0.45, -0.0010, 0.006]), -4.5),
+)
+_WINDOW_S = 5.0
+
+
+def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
+    """Score requests ``<run_id>-<n>`` for ``user_ids`` (the first ones asked about most, Zipf-like), paced at
+    ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it."""
+    rng = random.Random(run_id)
+    cumulative = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(len(user_ids))))
+    emit_at_ms = time.time() * 1000
+    for n in itertools.count():
+        emit_at_ms += rng.expovariate(rate_per_s / 1000)
+        user = rng.choices(user_ids, cum_weights=cumulative)[0]
+        request = ScoreRequest(
+            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
+            request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
+        )  # fmt: skip
+        yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
+
+
+def _mean(total: float, count: float) -> float | None:
+    return total / count if count else None
+
+
+@dataclass(frozen=True)
+class ScoringStats:
+    """What the prediction log shows over a stretch of time."""
+
+    requests_per_s: float
+    scorer_p50_ms: float
+    scorer_p99_ms: float
+    end_to_end_p50_ms: float
+    end_to_end_p99_ms: float
+    versions: dict[str, int]
+    defaulted_rate: float
+    mean_batch: float | None
+
+    @classmethod
+    def of(cls, records: list[PredictionRecord], seconds: float, mean_batch: float | None) -> ScoringStats | None:
+        """The figures of ``records`` logged over ``seconds`` (and the scorer's mean batch then); None without records."""
+        if not records:
+            return None
+        scorer = np.array([r.stage_latency_ms["total"] for r in records])
+        end_to_end = np.array([r.scored_at_ms - r.requested_at_ms for r in records])
+        return cls(
+            requests_per_s=len(records) / max(seconds, 1e-9),
+            scorer_p50_ms=float(np.percentile(scorer, 50)), scorer_p99_ms=float(np.percentile(scorer, 99)),
+            end_to_end_p50_ms=float(np.percentile(end_to_end, 50)), end_to_end_p99_ms=float(np.percentile(end_to_end, 99)),
+            versions=dict(sorted(Counter(r.model_version for r in records).items(), key=lambda kv: int(kv[0]))),
+            defaulted_rate=sum(len(r.defaulted_features) for r in records) / sum(len(r.features) for r in records),
+            mean_batch=mean_batch,
+        )  # fmt: skip
+
+
+class DemoScoring:
+    """The scorer, its request stream and a reader of its prediction log, running in threads beside the demo."""
+
+    def __init__(self, settings: Settings, models_dir: Path, rate_per_s: float = 200.0) -> None:
+        serving = settings.serving.model_copy(update={"registry_poll_s": 1.0, "kafka_group_id": "loopline-demo-scorer"})
+        self.settings = settings.model_copy(update={"serving": serving})
+        self.rate_per_s = rate_per_s
+        self.run_id = f"demo-{int(time.time())}"
+        self._release = model_release(self.settings)
+        self._files = [write_linear_model(models_dir / f"fraud-{i + 1}.onnx", _INPUTS, w, b) for i, (w, b) in enumerate(_VERSIONS)]
+        self._stop = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._serving_stop = asyncio.Event()
+        self._records: deque[tuple[float, PredictionRecord]] = deque()
+        self._threads: list[threading.Thread] = []
+        self._batches: deque[tuple[float, float, float]] = deque()
+        self._started = time.monotonic()
+        self.scorer = build_scorer(self.settings)
+        self.released: list[str] = []
+
+    def _release_version(self, index: int) -> None:
+        name = self.settings.serving.model_name
+        version = self._release.register(name, self._files[index], description=f"demo model {index + 1} ({self.run_id})")
+        self._release.set_alias(name, PROD_ALIAS, version)
+        self.released.append(version)
+
+    def _serve(self) -> None:
+        watcher = model_watcher(self.settings, self.scorer)
+        try:
+            self._loop.run_until_complete(run_doors(self.settings, self.scorer, {"kafka"}, self._serving_stop, watcher.run))
+        finally:
+            self._loop.close()
+
+    def _send_requests(self, seconds: float) -> None:
+        users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
+        requests = score_requests(users, self.rate_per_s, self.run_id)
+        EventProducer(self.settings.kafka.bootstrap_servers, client_id="loopline-demo-requests").publish(
+            itertools.takewhile(lambda _: not self._stop.is_set(), requests), rate_per_s=self.rate_per_s, duration_s=seconds
+        )  # fmt: skip
+
+    def _read_predictions(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap_servers, "group.id": f"{self.run_id}-reader",
+                             "auto.offset.reset": "latest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer.subscribe([PREDICTIONS.name])
+        try:
+            while not self._stop.is_set():
+                for message in consumer.consume(1000, timeout=0.2):
+                    if message.error() is None and message.key() and message.key().decode().startswith(self.run_id):
+                        self._records.append((time.monotonic(), decode(PredictionRecord, message.value())))
+        finally:
+            consumer.close()
+
+    def _thread(self, target, *args) -> None:
+        self._threads.append(threading.Thread(target=target, args=args, daemon=True))
+        self._threads[-1].start()
+
+    def start_serving(self) -> None:
+        """Release version 1 and start the scorer (it joins its consumer group once the model is warm)."""
+        self._release_version(0)
+        self._thread(self._serve)
+        self._thread(self._read_predictions)
+
+    def send_requests(self, seconds: float) -> None:
+        """Send score requests for ``seconds`` (in the background)."""
+        self._started = time.monotonic()
+        self._thread(self._send_requests, seconds)
+
+    def promote_next(self) -> None:
+        """Register and promote version 2: the scorer hot-swaps at its next registry poll."""
+        self._release_version(1)
+
+    def stats(self) -> tuple[ScoringStats | None, ScoringStats | None]:
+        """(the last few seconds, the whole run)."""
+        now = time.monotonic()
+        sample = self.scorer.metrics.registry.get_sample_value
+        # (time, requests batched, batches) now and a window ago: the window's mean batch size.
+        self._batches.append((now, sample("loopline_scoring_batch_size_sum") or 0.0, sample("loopline_scoring_batch_size_count") or 0.0))
+        while len(self._batches) > 2 and self._batches[1][0] <= now - _WINDOW_S:
+            self._batches.popleft()
+        (_, first_sum, first_count), (_, last_sum, last_count) = self._batches[0], self._batches[-1]
+        records = list(self._records)
+        recent = [r for at, r in records if at >= now - _WINDOW_S]
+        return (
+            ScoringStats.of(recent, min(_WINDOW_S, now - self._started), _mean(last_sum - first_sum, last_count - first_count)),
+            ScoringStats.of([r for _, r in records], now - self._started, _mean(last_sum, last_count)),
+        )
+
+    def stop(self) -> None:
+        """Stop sending, serving and reading."""
+        self._stop.set()
+        if not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._serving_stop.set)
+        for thread in self._threads:
+            thread.join(30)
