@@ -8,6 +8,7 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
+from signal import SIGINT, SIGTERM
 
 from loopline.settings import Settings
 from online.batcher import BatchingKnobs
@@ -75,7 +76,7 @@ async def serve_when_warm(scorer: Scorer, model: VllmModel, stop: asyncio.Event,
 
 
 def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -> None:
-    """Serve through ``doors`` ("http", "kafka", "grpc") until interrupted: the file ``model_path`` when
+    """Serve through ``doors`` ("http", "kafka", "grpc") until SIGINT or SIGTERM: the file ``model_path`` when
     given, else the LLM of ``serving.llm`` when set, else the registry's ``prod`` (and ``canary``)
     versions of the settings' model, hot-swapped."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -86,7 +87,14 @@ def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -
         install_models = functools.partial(serve_when_warm, scorer, llm_model(settings))
     else:
         install_models = model_watcher(settings, scorer).run
-    asyncio.run(run_doors(settings, scorer, doors, asyncio.Event(), install_models))
+
+    async def until_signalled() -> None:
+        stop = asyncio.Event()
+        for signal in (SIGINT, SIGTERM):  # a clean stop: the Kafka door leaves its group, commits first
+            asyncio.get_running_loop().add_signal_handler(signal, stop.set)
+        await run_doors(settings, scorer, doors, stop, install_models)
+
+    asyncio.run(until_signalled())
 
 
 async def run_doors(

@@ -56,7 +56,8 @@ class FeatureFetcher:
         if not self.join_keys <= entity_keys.keys():
             return self._all_defaults()
         try:
-            found, _ = await asyncio.wait_for(self._batcher.submit({k: entity_keys[k] for k in self.join_keys}), self.budget_s)
+            async with asyncio.timeout(self.budget_s):  # unlike wait_for, no extra task per request
+                found, _ = await self._batcher.submit({k: entity_keys[k] for k in self.join_keys})
         except Exception as err:  # too slow, Redis down, queue full: all degrade to the defaults
             log.debug("feature fetch fell back to defaults: %r", err)
             return self._all_defaults()

@@ -1,11 +1,16 @@
 """The Kafka front door: ``scoring.requests`` → scorer → ``scoring.predictions``, exactly once.
 
 Each polled batch of requests is scored concurrently (so the dynamic batcher fills), then its
-prediction records, any dead letters (requests that break the contract) and the consumer's
-offsets are committed in one Kafka transaction. A consumer killed mid-batch leaves an aborted
+prediction records, any dead letters (requests that break the contract) and the offsets just past
+the batch are committed in one Kafka transaction. A consumer killed mid-batch leaves an aborted
 transaction: its predictions are never visible to ``read_committed`` readers, and its requests
 are consumed again from the last committed offsets. So every request yields exactly one
 prediction record in the log, and none is lost.
+
+The commit of one batch overlaps the scoring of the next (a transaction commit is a broker round
+trip the scorer would otherwise sit out); the next transaction begins only once the previous one
+is committed. Before this member gives up partitions in a rebalance it waits for that commit, so
+the next owner starts exactly where this one stopped.
 """
 
 from __future__ import annotations
@@ -13,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
-from confluent_kafka import Consumer, Message, Producer
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from online.batcher import Overloaded
 from online.scorer import RequestError, Scorer
@@ -51,6 +57,8 @@ class KafkaScoringDoor:
         })  # fmt: skip
         # A restarted member with the same transactional id fences off its predecessor's open transaction.
         self._producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id})
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txn-commit")
+        self._committing: Future | None = None
 
     async def _score_one(self, message: Message) -> tuple[str, bytes, str]:
         """The record to log for one request, (topic, value, key): its prediction, or a dead letter."""
@@ -86,6 +94,21 @@ class KafkaScoringDoor:
             return []
         return [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
 
+    def _finish_commit(self, *_) -> None:
+        """Wait for the transaction being committed, if any (also the consumer's on_revoke: before
+        partitions move to another member, their offsets are committed)."""
+        if self._committing is not None:
+            self._committing.result()
+            self._committing = None
+
+    @staticmethod
+    def _next_offsets(messages: list[Message]) -> list[TopicPartition]:
+        """Per partition in ``messages``, the offset just past the last one: where to resume."""
+        ends: dict[tuple[str, int], int] = {}
+        for m in messages:
+            ends[m.topic(), m.partition()] = max(ends.get((m.topic(), m.partition()), -1), m.offset() + 1)
+        return [TopicPartition(topic, partition, offset) for (topic, partition), offset in ends.items()]
+
     async def run(self, stop: asyncio.Event) -> None:
         """Consume, score and log transactionally until ``stop`` is set; joins the group once a model is ready."""
         loop = asyncio.get_running_loop()
@@ -94,19 +117,21 @@ class KafkaScoringDoor:
         await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
         for waiter in (ready, stopped):
             waiter.cancel()
-        self._consumer.subscribe([self.topics[0]])
+        self._consumer.subscribe([self.topics[0]], on_revoke=self._finish_commit)
         try:
             while not stop.is_set():
                 messages = [m for m in await loop.run_in_executor(None, self._take) if m.error() is None]
                 if not messages:
+                    await loop.run_in_executor(None, self._finish_commit)
                     continue
                 outputs = await asyncio.gather(*(self._score_one(m) for m in messages))
+                await loop.run_in_executor(None, self._finish_commit)
                 self._producer.begin_transaction()
                 for topic, value, key in outputs:
                     self._producer.produce(topic, value, key)
-                self._producer.send_offsets_to_transaction(
-                    self._consumer.position(self._consumer.assignment()), self._consumer.consumer_group_metadata()
-                )
-                await loop.run_in_executor(None, self._producer.commit_transaction)
+                self._producer.send_offsets_to_transaction(self._next_offsets(messages), self._consumer.consumer_group_metadata())
+                self._committing = self._committer.submit(self._producer.commit_transaction)
+            await loop.run_in_executor(None, self._finish_commit)
         finally:
             self._consumer.close()
+            self._committer.shutdown(wait=True)

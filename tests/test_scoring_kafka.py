@@ -1,7 +1,8 @@
-"""The Kafka front door: one prediction record per request, exactly once, through a crash.
+"""The Kafka front door: one prediction record per request, exactly once, through a crash and through rebalances.
 
 Real Kafka (transactions, read_committed), Redis and Feast; the scorer runs as `loopline serve
---kafka` in a subprocess, which the test kills with SIGKILL mid-stream and starts again.
+--kafka` in subprocesses: one killed with SIGKILL mid-stream and started again; two members of
+one group, the second joining and the first leaving under load.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -19,6 +21,7 @@ import pytest
 
 from conftest import LogReader
 from infra.service import wait_until
+from loopline.demo_scoring import score_requests
 from loopline.feature_job_process import settings_environment
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
@@ -33,12 +36,49 @@ WEIGHTS, BIAS = np.array([0.2, 0.01]), -1.5
 REQUESTS = 20_000  # several seconds of scoring, so the kill lands mid-stream
 
 
-def _serve(settings: Settings, model: Path, group: str, log: Path) -> subprocess.Popen:
-    env = settings_environment(settings, LOOPLINE_SERVING__KAFKA_GROUP_ID=group)
+def _serve(settings: Settings, model: Path, group: str, log: Path, instance: str = "0") -> subprocess.Popen:
+    env = settings_environment(settings, LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__INSTANCE=instance)
     return subprocess.Popen(
         [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--no-http", "--kafka", "--model", str(model)],
         env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
+
+
+def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
+    model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
+    batch, rate, seconds = uuid.uuid4().hex[:8], 1_000, 45
+    stream = score_requests([f"kafka-nobody-{i}" for i in range(50)], rate, batch)
+    sent: list[int] = []
+    producing = threading.Thread(
+        target=lambda: sent.append(EventProducer(bootstrap).publish(stream, rate_per_s=rate, duration_s=seconds).total)
+    )
+    predictions = LogReader(bootstrap, PREDICTIONS.name)
+    ours = lambda: [p for p in map(lambda v: decode(PredictionRecord, v), predictions.poll()) if p.request_id.startswith(batch)]  # noqa: E731
+    group, logs = f"scorer-{batch}", {name: tmp_path / f"scorer-{name}.log" for name in "ab"}
+    first = _serve(applied, model, group, logs["a"], instance="a")
+    second = None
+    producing.start()
+    try:
+        assert wait_until(lambda: len(ours()) >= 100 or first.poll() is not None, 120, 0.05), "no predictions logged"
+        second = _serve(applied, model, group, logs["b"], instance="b")  # joins: partitions move under load
+        assert wait_until(lambda: b"request " in logs["b"].read_bytes(), 60, 0.1), "the second member never scored"
+        assert producing.is_alive(), "the members should change while requests still arrive"
+        first.send_signal(signal.SIGTERM)  # leaves: its partitions move to the second member
+        assert first.wait(30) == 0
+        producing.join()
+        assert wait_until(lambda: len(ours()) >= sent[0], 120, 0.2), f"only {len(ours())} of {sent[0]} predictions"
+        time.sleep(1)  # let a stray duplicate, if the design allowed one, show up
+        logged = ours()
+    finally:
+        producing.join()
+        for member in (first, second):
+            if member is not None and member.poll() is None:
+                member.send_signal(signal.SIGTERM)
+                member.wait(10)
+        predictions.close()
+    counts = Counter(p.request_id for p in logged)
+    assert len(counts) == sent[0] and max(counts.values()) == 1, "every request exactly once in the committed log"
+    assert b"request " in logs["a"].read_bytes() and b"request " in logs["b"].read_bytes(), "both members scored"
 
 
 def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
