@@ -115,7 +115,7 @@ class Scorer:
             await lane.retire()
 
     async def close(self) -> None:
-        """Stop batching and fetching; requests still queued fail with Overloaded."""
+        """Stop serving: requests in flight finish first, then every model's batching and fetching stop."""
         for alias in list(self._lanes):
             await self._lanes.pop(alias).retire()
         if self.cache is not None:
