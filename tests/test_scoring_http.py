@@ -12,6 +12,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -193,3 +194,23 @@ def test_result_cache_hits_for_the_same_inputs_and_model_version_only(applied: S
     assert counts_v1 == (1, 1) and cached.score == first.score and cached.stage_latency_ms["inference"] == 0
     assert counts_v2 == (1, 1), "a new model version misses, then hits its own entry"
     assert v2_first.model_version == "2" and v2_cached.score == v2_first.score == first.score
+
+
+def test_overload_fails_fast_with_a_clear_error_and_nothing_hangs(applied: Settings, model_path: Path) -> None:
+    tight = {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "max_queue_size": 2}
+    settings = applied.model_copy(update={"serving": applied.serving.model_copy(update=tight)})
+    with serving_doors(settings, build_scorer(settings, model_path)) as (url, _):
+
+        def post(i: int) -> tuple[int, dict, float]:
+            began = time.perf_counter()
+            response = requests.post(f"{url}/v1/score", json=_request(f"burst-{i % 7}", 10.0), timeout=10)
+            return response.status_code, response.json(), time.perf_counter() - began
+
+        with ThreadPoolExecutor(48) as pool:
+            replies = list(pool.map(post, range(400)))
+        metrics = requests.get(f"{url}/metrics", timeout=5).text
+    refused = [(body, took) for status, body, took in replies if status == 503]
+    assert {status for status, _, _ in replies} == {200, 503}, "a burst beyond the queue: some scored, some refused"
+    assert all(body["error"] == "overloaded" and "queue full" in body["reason"] for body, _ in refused)
+    assert max(took for _, took in refused) < 2.0, "a refusal does not wait for the queue"
+    assert f'loopline_scoring_requests_total{{door="http",status="503"}} {float(len(refused))}' in metrics
