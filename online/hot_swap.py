@@ -34,18 +34,25 @@ class ModelWatcher:
         self._refused: set[str] = set()
 
     def _load(self, version: str) -> OnnxModel:
-        """The verified, loaded and warmed model of ``version`` (blocking: runs on a worker thread)."""
+        """The verified, loaded and warmed model of ``version`` (blocking: runs on a worker thread).
+
+        ArtifactRefused for a version that must not be served; any other error (the registry or its
+        artifact store unreachable) is left to the next poll."""
         with tempfile.TemporaryDirectory(prefix="loopline-model-") as folder:
-            return OnnxModel(self.registry.fetch(version, Path(folder)), self.registry.name, version)
+            path = self.registry.fetch(version, Path(folder))
+            try:
+                return OnnxModel(path, self.registry.name, version)
+            except Exception as err:  # ONNX Runtime's load errors, or inputs not named per the contract
+                raise ArtifactRefused(self.registry.name, version, f"not a servable model: {err}", "invalid_model") from err
 
     def _serving(self) -> str:
         """The versions serving now, for log lines."""
         return ", ".join(f"{alias} v{model.version}" for alias, model in self.scorer.models.items()) or "no model"
 
-    def _refuse(self, version: str, reason: str, err: Exception) -> None:
-        self._refused.add(version)
-        self.scorer.metrics.model_refusals.labels(reason).inc()
-        log.error("model %s v%s refused, still serving %s: %s", self.registry.name, version, self._serving(), err)
+    def _refuse(self, refusal: ArtifactRefused) -> None:
+        self._refused.add(refusal.version)
+        self.scorer.metrics.model_refusals.labels(refusal.kind).inc()
+        log.error("%s; still serving %s", refusal, self._serving())
 
     async def sync(self) -> None:
         """One look at the registry; installs and removes models until the scorer matches it."""
@@ -63,11 +70,8 @@ class ModelWatcher:
             if loaded is None:
                 try:
                     loaded = await asyncio.to_thread(self._load, version)
-                except ArtifactRefused as err:
-                    self._refuse(version, "artifact", err)
-                    continue
-                except Exception as err:  # not a model this runtime can serve: refused like a tampered one
-                    self._refuse(version, "invalid_model", err)
+                except ArtifactRefused as refusal:
+                    self._refuse(refusal)
                     continue
             await self.scorer.install(alias, loaded)
 

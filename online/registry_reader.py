@@ -22,11 +22,12 @@ from schemas.model_registry import (
 
 
 class ArtifactRefused(RuntimeError):
-    """A model version's artifact is not the one registered; it must not be served."""
+    """A model version that must not be served: ``kind`` is ``artifact`` (not the file registered) or
+    ``invalid_model`` (not a model the runtime can load)."""
 
-    def __init__(self, name: str, version: str, reason: str) -> None:
+    def __init__(self, name: str, version: str, reason: str, kind: str = "artifact") -> None:
         super().__init__(f"model {name} v{version} refused: {reason}")
-        self.version = version
+        self.version, self.kind = version, kind
 
 
 @dataclass(frozen=True)

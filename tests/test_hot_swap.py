@@ -142,7 +142,7 @@ def test_canary_takes_its_share_by_request_id_and_ends(registered) -> None:
         assert {reply["model_version"] for reply in again} == {prod}
 
 
-def test_tampered_artifact_is_refused_and_the_old_version_keeps_serving(registered) -> None:
+def test_tampered_or_unloadable_versions_are_refused_and_the_old_one_keeps_serving(registered) -> None:
     settings, release, files = registered
     name = settings.serving.model_name
     good, tampered = release.register(name, files["a"]), release.register(name, files["a"])
@@ -158,6 +158,12 @@ def test_tampered_artifact_is_refused_and_the_old_version_keeps_serving(register
         assert wait_until(lambda: _metric(url, refused) == 1, 30, 0.05), "the tampered version was not refused"
         time.sleep(0.5)  # several more polls: refused once, not retried, not swapped in
         assert _metric(url, refused) == 1
+        assert _serving_version(url) == good
+        garbage = files["a"].with_name("not-a-model.onnx")
+        garbage.write_bytes(b"not an ONNX graph")
+        release.set_alias(name, PROD_ALIAS, release.register(name, garbage))  # registered as is: its sha256 matches
+        invalid = 'loopline_scoring_model_refusals_total{reason="invalid_model"}'
+        assert wait_until(lambda: _metric(url, invalid) == 1, 30, 0.05), "an unloadable version was not refused"
         assert _serving_version(url) == good
         reply = requests.post(f"{url}/v1/score", json=_request(42.0), timeout=5).json()
         assert reply["model_version"] == good and reply["score"] == pytest.approx(_expected("a", 42.0), rel=1e-5)
