@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 
 from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
@@ -20,7 +20,7 @@ from loopline.components import build_stack, private_stack_settings
 from loopline.serving import run_doors
 from loopline.settings import Settings
 from online.scorer import Scorer
-from schemas.topics import TOPICS
+from schemas.topics import SCORE_REQUESTS, TOPICS
 from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,19 +80,32 @@ def applied(settings: Settings, stack: LocalStack) -> Settings:
     return settings
 
 
+def _start_group_at_end(bootstrap: str, group: str, topic: str) -> None:
+    """Commit ``group``'s offsets at the end of ``topic``: it sees only what is produced from now on."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = [TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]) for p in partitions]
+    consumer.commit(offsets=ends, asynchronous=False)
+    consumer.close()
+
+
 @contextmanager
 def serving_doors(
-    settings: Settings, scorer: Scorer, install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None
+    settings: Settings,
+    scorer: Scorer,
+    install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None,
+    kafka: bool = False,
 ) -> Iterator[tuple[str, str]]:
-    """The scorer's HTTP and gRPC doors on free ports, on one event loop in a thread: (http url, grpc address).
-
-    ``install_models(stop)`` runs beside them (see ``run_doors``)."""
-    settings = settings.model_copy(
-        update={"serving": settings.serving.model_copy(update={"http_port": free_port(), "grpc_port": free_port()})}
-    )
+    """The scorer's HTTP and gRPC doors (and with ``kafka``, its Kafka door as a new consumer group that
+    starts at the end of ``scoring.requests``) on free ports, on one event loop in a thread:
+    (http url, grpc address). ``install_models(stop)`` runs beside them (see ``run_doors``)."""
+    serving = {"http_port": free_port(), "grpc_port": free_port(), "kafka_group_id": f"doors-{uuid.uuid4().hex[:8]}"}
+    settings = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
+    if kafka:
+        _start_group_at_end(settings.kafka.bootstrap_servers, settings.serving.kafka_group_id, SCORE_REQUESTS.name)
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
-    doors = run_doors(settings, scorer, {"http", "grpc"}, stop, install_models)
+    doors = run_doors(settings, scorer, {"http", "grpc", "kafka"} if kafka else {"http", "grpc"}, stop, install_models)
     thread = threading.Thread(target=loop.run_until_complete, args=(doors,))
     thread.start()
     url = f"http://127.0.0.1:{settings.serving.http_port}"

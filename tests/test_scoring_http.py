@@ -29,8 +29,10 @@ from loopline.settings import RedisSettings, Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
-from schemas.topics import PREDICTIONS
-from schemas.validation import decode
+from schemas.topics import PREDICTIONS, SCORE_REQUESTS
+from schemas.validation import decode, encode
+from streams.producer import EventProducer
+from streams.synthetic import Emitted
 from conftest import LogReader, serving_doors
 
 VIEW = "user_transaction_features"
@@ -85,7 +87,8 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
     user = f"score-{uuid.uuid4().hex[:8]}"
     features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
     _write_user(applied, applied.redis_address, user, features)
-    with serving_doors(applied, build_scorer(applied, model_path)) as (url, grpc_address):
+    log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
+    with serving_doors(applied, build_scorer(applied, model_path), kafka=True) as (url, grpc_address):
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
         assert requests.get(f"{url}/v1/models/status", timeout=5).json()["models"]["prod"]["provider"] == "CPUExecutionProvider"
 
@@ -93,6 +96,20 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=request, timeout=5).content)
         over_grpc = _grpc_score(grpc_address, request)
         assert (over_grpc.score, over_grpc.features, over_grpc.model_version) == (known.score, known.features, known.model_version)
+        # The same request through the Kafka door: its one prediction record is the third for this id.
+        kafka_request = ScoreRequest.model_validate(request)
+        EventProducer(applied.kafka.bootstrap_servers).publish(
+            [Emitted(SCORE_REQUESTS.name, kafka_request.request_id, encode(kafka_request), 0, kafka_request)]
+        )
+
+        def scored_over_kafka() -> list[PredictionRecord]:
+            records = [decode(PredictionRecord, value) for value in log.poll()]
+            return [r for r in records if r.request_id == request["request_id"]]
+
+        assert wait_until(lambda: len(scored_over_kafka()) == 3, 60, 0.1), "HTTP, gRPC and Kafka each log one record"
+        assert {(r.score, tuple(r.features.items()), r.model_version) for r in scored_over_kafka()} == {
+            (known.score, tuple(known.features.items()), known.model_version)
+        }, "the three doors score the same request identically"
         assert known.features == {**features, "request:amount": 120.0}
         assert known.defaulted_features == []
         assert known.score == pytest.approx(_expected_score([4, 310.5, 42.0, 120.0]), rel=1e-5)
@@ -118,15 +135,13 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         assert "loopline_scoring_defaulted_features_total 3.0" in metrics
 
     # The doors are closed: the feature + prediction log holds one record per scored request.
-    log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
-
     def logged() -> Counter:
         return Counter(r.request_id for r in map(lambda v: decode(PredictionRecord, v), log.poll()) if r.request_id in scored)
 
     try:
         assert wait_until(lambda: len(logged()) == 2, 30, 0.1), "HTTP and gRPC scores are logged"
         time.sleep(0.5)
-        assert logged() == Counter({request["request_id"]: 2, unknown.request_id: 1})
+        assert logged() == Counter({request["request_id"]: 3, unknown.request_id: 1})
     finally:
         log.close()
 
