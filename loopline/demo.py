@@ -2,7 +2,7 @@
 
 Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own
 process) → the synthetic producer → a live table of a few users' features as they update in
-Redis, and of the scorer (Kafka door, model from the registry, hot-swapped halfway;
+Redis, and of the scorer (Kafka door, model from the registry, hot-swapped a third of the way in;
 ``loopline/demo_scoring.py``) → every record validated (bad ones dead-lettered) → a summary.
 The stack stays up.
 """
@@ -37,7 +37,7 @@ _REPORT_RESERVE_S = 8.0
 _DEMO_MALFORMED_RATE = 0.002
 _JOB_START_TIMEOUT_S = 120.0
 #: Score requests per second the demo sends (beside the producer's transactions, on the same cores).
-_SCORING_RATE = 200.0
+_SCORING_RATE = 100.0
 _USER_VIEW = "user_transaction_features"
 _SHOWN = ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")
 #: The synthetic stream's most active users (Zipf ranks 0-4): their rows change every second or so.
@@ -62,7 +62,7 @@ def _produce_while_showing_features(
     settings: Settings, job, scoring: DemoScoring, budget_s: float, rate: float, console: Console
 ) -> tuple[PublishStats, OnlineReader]:
     """Wait for the job, then produce and score for the rest of the budget while live tables show
-    features and scoring; halfway, a new model version is promoted."""
+    features and scoring; a third of the way in, a new model version is promoted."""
     reader = OnlineReader(settings.registry_path, settings.redis_address)
     waited_from = time.monotonic()
     with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
@@ -87,12 +87,12 @@ def _produce_while_showing_features(
     def tables() -> Group:
         elapsed_s = time.monotonic() - started
         versions = " → ".join(f"v{v}" for v in scoring.released)
-        title = f"scoring over Kafka — prod {versions} (a new version is promoted halfway: hot swap)"
+        title = f"scoring over Kafka, p50/p99 — prod {versions} (hot swap a third of the way in)"
         return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(*scoring.stats(), title=title))
 
     with Live(console=console, refresh_per_second=4) as live:
         while producing.is_alive():
-            if len(scoring.released) == 1 and time.monotonic() - started >= duration / 2:
+            if len(scoring.released) == 1 and time.monotonic() - started >= duration / 3:
                 scoring.promote_next()
             live.update(tables())
             time.sleep(0.25)
@@ -167,6 +167,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "scored_by_version": scored.versions if scored else {},
         "scorer_p99_ms": round(scored.scorer_p99_ms, 2) if scored else None,
         "defaulted_feature_rate": round(scored.defaulted_rate, 3) if scored else None,
+        "over_feature_budget_rate": round(scored.over_budget_rate, 3) if scored and scored.over_budget_rate is not None else None,
     }
     console.rule("summary")
     console.print(json.dumps(summary))

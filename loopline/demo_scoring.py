@@ -4,7 +4,7 @@ While the feature job and the producer run, ``DemoScoring`` registers a small fr
 ``prod``, serves it with the Kafka door (``scoring.requests`` → ``scoring.predictions``, exactly
 once) in a thread of its own, sends a stream of score requests for the synthetic users, and reads
 the prediction log back to report requests/s, latency, batch size, model versions and the
-defaulted-feature rate. Halfway, a second version is registered and promoted: the scorer
+defaulted-feature rate. A third of the way in, a second version is registered and promoted: the scorer
 hot-swaps to it and the table shows the switch.
 """
 
@@ -61,8 +61,17 @@ def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> I
         yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
 
 
-def _mean(total: float, count: float) -> float | None:
-    return total / count if count else None
+#: Scorer counters the table reads (mean batch size, share of requests over the feature budget).
+_COUNTERS = (
+    ("loopline_scoring_batch_size_sum", {}),
+    ("loopline_scoring_batch_size_count", {}),
+    ("loopline_scoring_feature_fallbacks_total", {"reason": "over_budget"}),
+    ("loopline_scoring_requests_total", {"door": "kafka", "status": "200"}),
+)
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole else None
 
 
 @dataclass(frozen=True)
@@ -77,10 +86,12 @@ class ScoringStats:
     versions: dict[str, int]
     defaulted_rate: float
     mean_batch: float | None
+    over_budget_rate: float | None
 
     @classmethod
-    def of(cls, records: list[PredictionRecord], seconds: float, mean_batch: float | None) -> ScoringStats | None:
-        """The figures of ``records`` logged over ``seconds`` (and the scorer's mean batch then); None without records."""
+    def of(cls, records: list[PredictionRecord], seconds: float, counted: list[float]) -> ScoringStats | None:
+        """The figures of ``records`` logged over ``seconds``, and of the scorer's counters (``_COUNTERS``)
+        over that time; None without records."""
         if not records:
             return None
         scorer = np.array([r.stage_latency_ms["total"] for r in records])
@@ -91,7 +102,8 @@ class ScoringStats:
             end_to_end_p50_ms=float(np.percentile(end_to_end, 50)), end_to_end_p99_ms=float(np.percentile(end_to_end, 99)),
             versions=dict(sorted(Counter(r.model_version for r in records).items(), key=lambda kv: int(kv[0]))),
             defaulted_rate=sum(len(r.defaulted_features) for r in records) / sum(len(r.features) for r in records),
-            mean_batch=mean_batch,
+            mean_batch=_ratio(counted[0], counted[1]),
+            over_budget_rate=_ratio(counted[2], counted[3]),
         )  # fmt: skip
 
 
@@ -110,7 +122,7 @@ class DemoScoring:
         self._serving_stop = asyncio.Event()
         self._records: deque[tuple[float, PredictionRecord]] = deque()
         self._threads: list[threading.Thread] = []
-        self._batches: deque[tuple[float, float, float]] = deque()
+        self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
         self.scorer = build_scorer(self.settings)
         self.released: list[str] = []
@@ -136,8 +148,10 @@ class DemoScoring:
         )  # fmt: skip
 
     def _read_predictions(self) -> None:
+        # From the start of the topic (keys filtered by this run's prefix): a reader that joined late
+        # would miss the first predictions.
         consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap_servers, "group.id": f"{self.run_id}-reader",
-                             "auto.offset.reset": "latest", "isolation.level": "read_committed"})  # fmt: skip
+                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
         consumer.subscribe([PREDICTIONS.name])
         try:
             while not self._stop.is_set():
@@ -170,16 +184,16 @@ class DemoScoring:
         """(the last few seconds, the whole run)."""
         now = time.monotonic()
         sample = self.scorer.metrics.registry.get_sample_value
-        # (time, requests batched, batches) now and a window ago: the window's mean batch size.
-        self._batches.append((now, sample("loopline_scoring_batch_size_sum") or 0.0, sample("loopline_scoring_batch_size_count") or 0.0))
-        while len(self._batches) > 2 and self._batches[1][0] <= now - _WINDOW_S:
-            self._batches.popleft()
-        (_, first_sum, first_count), (_, last_sum, last_count) = self._batches[0], self._batches[-1]
+        # The scorer's counters now and a window ago: their change over the window.
+        self._counted.append((now, [sample(name, labels) or 0.0 for name, labels in _COUNTERS]))
+        while len(self._counted) > 2 and self._counted[1][0] <= now - _WINDOW_S:
+            self._counted.popleft()
+        first, last = self._counted[0][1], self._counted[-1][1]
         records = list(self._records)
         recent = [r for at, r in records if at >= now - _WINDOW_S]
         return (
-            ScoringStats.of(recent, min(_WINDOW_S, now - self._started), _mean(last_sum - first_sum, last_count - first_count)),
-            ScoringStats.of([r for _, r in records], now - self._started, _mean(last_sum, last_count)),
+            ScoringStats.of(recent, min(_WINDOW_S, now - self._started), [b - a for a, b in zip(first, last)]),
+            ScoringStats.of([r for _, r in records], now - self._started, last),
         )
 
     def stop(self) -> None:

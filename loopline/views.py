@@ -69,21 +69,25 @@ def counts_table(
 
 
 def scoring_table(recent: ScoringStats | None, total: ScoringStats | None, title: str) -> Table:
-    """The scorer as its prediction log shows it: the last few seconds and the whole run."""
+    """The scorer as its prediction log shows it, the last few seconds and the whole run: latencies are
+    p50/p99 in the scorer and from request to readable prediction (e2e); "model" counts the requests
+    each version scored; "defaults" is the share of features that took their default, "over budget"
+    the share of requests whose feature read overran its budget (all their features defaulted)."""
     table = Table(title=title)
-    for column in ("", "req/s", "scorer p50/p99 ms", "end to end p50/p99 ms", "batch", "versions", "defaulted"):
-        table.add_column(column, justify="left" if column in ("", "versions") else "right")
-    for label, stats in (("last 5 s", recent), ("run", total)):
+    for column in ("", "req/s", "scorer ms", "e2e ms", "batch", "model", "defaults", "over budget"):
+        table.add_column(column, justify="left" if column in ("", "model") else "right")
+    for label, stats in (("last 5s", recent), ("run", total)):
         if stats is None:
-            table.add_row(label, *["—"] * 6)
+            table.add_row(label, *["—"] * 7)
             continue
         table.add_row(
             label,
             f"{stats.requests_per_s:,.0f}",
-            f"{stats.scorer_p50_ms:.0f} / {stats.scorer_p99_ms:.0f}",
-            f"{stats.end_to_end_p50_ms:.0f} / {stats.end_to_end_p99_ms:.0f}",
+            f"{stats.scorer_p50_ms:.0f}/{stats.scorer_p99_ms:.0f}",
+            f"{stats.end_to_end_p50_ms:.0f}/{stats.end_to_end_p99_ms:.0f}",
             "—" if stats.mean_batch is None else f"{stats.mean_batch:.1f}",
             " ".join(f"v{version}:{count:,}" for version, count in stats.versions.items()),
             f"{stats.defaulted_rate:.0%}",
+            "—" if stats.over_budget_rate is None else f"{stats.over_budget_rate:.0%}",
         )
     return table

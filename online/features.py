@@ -23,6 +23,9 @@ class FetchedFeatures:
 
     values: dict[str, float | int | str | bool | None]
     defaulted: list[str]
+    #: Why every feature fell back to its default, if the read itself failed: "over_budget",
+    #: "unavailable" (Redis down, reads queue full) or "no_entity" (the request lacks a join key).
+    fallback: str | None = None
 
 
 class FeatureFetcher:
@@ -48,19 +51,21 @@ class FeatureFetcher:
         found = self.reader.get_online_features(self.features, rows)
         return [[found[name][i] for name in self._names] for i in range(len(rows))]
 
-    def _all_defaults(self) -> FetchedFeatures:
-        return FetchedFeatures(dict(self.defaults), list(self.features))
+    def _all_defaults(self, fallback: str) -> FetchedFeatures:
+        return FetchedFeatures(dict(self.defaults), list(self.features), fallback)
 
     async def fetch(self, entity_keys: dict[str, str]) -> FetchedFeatures:
         """The features for ``entity_keys`` (join key -> value); defaults for whatever is missing or late."""
         if not self.join_keys <= entity_keys.keys():
-            return self._all_defaults()
+            return self._all_defaults("no_entity")
         try:
             async with asyncio.timeout(self.budget_s):  # unlike wait_for, no extra task per request
                 found, _ = await self._batcher.submit({k: entity_keys[k] for k in self.join_keys})
-        except Exception as err:  # too slow, Redis down, queue full: all degrade to the defaults
+        except TimeoutError:
+            return self._all_defaults("over_budget")
+        except Exception as err:  # Redis down, reads queue full: all degrade to the defaults
             log.debug("feature fetch fell back to defaults: %r", err)
-            return self._all_defaults()
+            return self._all_defaults("unavailable")
         values, defaulted = {}, []
         for ref, value in zip(self.features, found):
             if value is None:

@@ -40,6 +40,11 @@ class ScorerMetrics:
         self.defaulted_features = Counter(
             "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.registry
         )
+        self.feature_fallbacks = Counter(
+            "loopline_scoring_feature_fallbacks",
+            "Requests scored on all-default features because the read failed, by reason (over_budget, unavailable, no_entity).",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
         self.cache_requests = Counter(
             "loopline_scoring_cache_requests", "Result cache lookups by result (hit, miss).", ["result"], registry=self.registry
         )

@@ -183,6 +183,8 @@ class Scorer:
             self.metrics.stage_seconds.labels(stage).observe(seconds)
         self.metrics.features.inc(len(lane.fetcher.features))
         self.metrics.defaulted_features.inc(len(fetched.defaulted))
+        if fetched.fallback is not None:
+            self.metrics.feature_fallbacks.labels(fetched.fallback).inc()
         return PredictionRecord(
             schema_version=PredictionRecord.SCHEMA_VERSION,
             request_id=request.request_id,

@@ -183,6 +183,9 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
             assert sorted(down.defaulted_features) == sorted(DEFAULTS)
             assert down.features == {**DEFAULTS, "request:amount": 10.0}
             assert took_s < budget_s + 0.2
+            metrics = requests.get(f"{url}/metrics", timeout=5).text
+            assert 'loopline_scoring_feature_fallbacks_total{reason="over_budget"} 1.0' in metrics
+            assert 'loopline_scoring_feature_fallbacks_total{reason="unavailable"} 1.0' in metrics
     finally:
         private.stop()
 
