@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import statistics
@@ -88,10 +89,14 @@ async def _open_loop(call, rate: float, seconds: float) -> tuple[list, float]:
     return results, loop.time() - began
 
 
-def _stage_figures(prefix: str, records: list, mean_batch: float) -> dict:
+STAGES = ("feature_fetch", "queue_wait", "inference", "total")
+
+
+def _stage_figures(prefix: str, latencies: list[tuple[float, ...]], mean_batch: float) -> dict:
+    """p50/p99 per stage of ``latencies`` (one tuple per request, in STAGES order), and the mean batch."""
     figures = {}
-    for stage in ("feature_fetch", "queue_wait", "inference", "total"):
-        values = [r.stage_latency_ms[stage] for r in records]
+    for index, stage in enumerate(STAGES):
+        values = [latency[index] for latency in latencies]
         figures[f"{prefix}_{stage}_p50_ms"] = round(statistics.median(values), 3)
         figures[f"{prefix}_{stage}_p99_ms"] = round(percentile(values, 0.99), 3)
     figures[f"{prefix}_mean_batch"] = round(mean_batch, 1)
@@ -109,34 +114,43 @@ async def measure_core(settings: Settings, model_path: Path, rates: list[float],
     figures: dict = {}
     for mode, knobs in MODES.items():
         scorer = build_scorer(settings.model_copy(update={"serving": settings.serving.model_copy(update=knobs)}), model_path)
-        best = 0.0
+        best = peak = 0.0
         for rate in rates:
+            # Made beforehand: building requests is the load generator's work, not the scorer's. Frozen,
+            # so the garbage collector does not walk them (nor the earlier rates' leftovers) in the run.
+            prepared = [_request(i) for i in range(int(rate * seconds))]
+            gc.collect()
+            gc.freeze()
 
-            async def one(i: int):
+            async def one(i: int) -> tuple[float, ...] | None:
+                """The request's stage latencies (only: records kept would grow what the collector walks)."""
                 try:
-                    record = await scorer.score(_request(i))
+                    record = await scorer.score(prepared[i])
                 except Overloaded:
                     return None
-                return record
+                return tuple(record.stage_latency_ms[stage] for stage in STAGES)
 
             requests_before, batches_before = _batched(scorer)
             with console.status(f"core, {mode}, {rate:.0f} requests/s"):
                 results, elapsed = await _open_loop(one, rate, seconds)
             requests_after, batches_after = _batched(scorer)
-            records = [r for r in results if r is not None]
+            scored = [r for r in results if r is not None]
             prefix = f"core_{mode}_{rate:.0f}"
-            achieved = len(records) / elapsed
+            achieved = len(scored) / elapsed
+            peak = max(peak, achieved)
             figures[f"{prefix}_throughput_per_s"] = round(achieved, 1)
-            figures[f"{prefix}_overloaded"] = len(results) - len(records)
-            if records:
+            figures[f"{prefix}_overloaded"] = len(results) - len(scored)
+            if scored:
                 mean_batch = (requests_after - requests_before) / max(1.0, batches_after - batches_before)
-                figures |= _stage_figures(prefix, records, mean_batch)
-                if figures[f"{prefix}_total_p99_ms"] <= 50 and len(records) >= 0.99 * len(results):
+                figures |= _stage_figures(prefix, scored, mean_batch)
+                if figures[f"{prefix}_total_p99_ms"] <= 50 and len(scored) >= 0.99 * len(results):
                     best = max(best, achieved)
         figures[f"core_{mode}_throughput_at_p99_50ms_per_s"] = round(best, 1)
+        figures[f"core_{mode}_peak_throughput_per_s"] = round(peak, 1)
         await scorer.close()
-    batch1 = figures["core_batch1_throughput_at_p99_50ms_per_s"]
-    figures["dynamic_over_batch1_throughput"] = round(figures["core_dynamic_throughput_at_p99_50ms_per_s"] / batch1, 2) if batch1 else None
+    for figure, suffix in (("dynamic_over_batch1_throughput", "throughput_at_p99_50ms_per_s"), ("dynamic_over_batch1_peak", "peak_throughput_per_s")):
+        batch1 = figures[f"core_batch1_{suffix}"]
+        figures[figure] = round(figures[f"core_dynamic_{suffix}"] / batch1, 2) if batch1 else None
     return figures
 
 
@@ -179,12 +193,14 @@ def _stop(server: subprocess.Popen) -> None:
 async def measure_http(session, server: subprocess.Popen, url: str, rates: list[float], seconds: float) -> dict:
     """Open-loop HTTP load from this process against the scorer's process."""
     figures: dict = {}
+    score_url, headers = f"{url}/v1/score", {"content-type": "application/json"}
     for rate in rates:
+        # Made beforehand: serialising requests is the load generator's work, and it shares the cores.
+        bodies = [_request(i).model_dump_json().encode() for i in range(int(rate * seconds))]
 
         async def one(i: int):
             began = time.perf_counter()
-            async with session.post(f"{url}/v1/score", data=_request(i).model_dump_json(),
-                                    headers={"content-type": "application/json"}) as response:  # fmt: skip
+            async with session.post(score_url, data=bodies[i % len(bodies)], headers=headers) as response:
                 await response.read()
                 return response.status, (time.perf_counter() - began) * 1000
 
@@ -271,7 +287,7 @@ def main() -> None:
     args = parser.parse_args()
     parts = set(args.only or ["core", "http", "kafka"])
     core_rates, door_rates, seconds = ([500.0, 2000.0, 4000.0], [2000.0], 1.5) if args.quick else (
-        [250.0, 500.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0, 8000.0], [250.0, 500.0, 1000.0, 2000.0], 8.0)  # fmt: skip
+        [250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0, 8000.0], [250.0, 500.0, 1000.0, 2000.0], 8.0)  # fmt: skip
 
     began = time.monotonic()
     with private_stack(console, "loopline-inference-") as settings:
@@ -289,7 +305,8 @@ def main() -> None:
             figures |= asyncio.run(measure_core(settings, model_path, core_rates, seconds))
         if parts & {"http", "kafka"}:
             figures |= asyncio.run(measure_doors(settings, model_path, parts, door_rates, seconds))
-    anchors = {"dynamic_over_batch1_throughput": f"Triton ~{TRITON_GAIN}x; goal >= 4x"}
+    anchors = {"dynamic_over_batch1_throughput": f"Triton ~{TRITON_GAIN}x; goal >= 4x at p99 <= 50 ms",
+               "dynamic_over_batch1_peak": "(each mode's highest throughput, any latency)"}
     if "core" in parts:
         figures["triton_gain_anchor"] = TRITON_GAIN
     report(console, "online inference", args.quick, figures, anchors, began)
