@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from loopline.components import build_stack, private_stack_settings
 from loopline.serving import run_doors
 from loopline.settings import Settings
 from online.scorer import Scorer
+from schemas.records import ScoreRequest
 from schemas.topics import SCORE_REQUESTS, TOPICS
 from streams.topics import apply_topics
 
@@ -44,6 +46,14 @@ class LogReader:
 
     def close(self) -> None:
         self.consumer.close()
+
+
+def score_request(user: str, amount: float) -> dict:
+    """A score request (as JSON-ready data) for ``user`` with the request field ``amount``, a fresh id."""
+    return ScoreRequest(
+        schema_version=ScoreRequest.SCHEMA_VERSION, request_id=str(uuid.uuid4()), entity_keys={"user_id": user},
+        request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000),
+    ).model_dump()  # fmt: skip
 
 
 def stack_settings(home: Path) -> Settings:

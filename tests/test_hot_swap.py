@@ -24,12 +24,12 @@ from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from offline_training.release import ModelRelease
 from schemas.model_registry import PROD_ALIAS, routes_to_canary
-from schemas.records import ScoreRequest
-from conftest import serving_doors
+from conftest import score_request, serving_doors
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
-#: Unknown users: every feature takes its declared default, so only the amount and the weights vary.
+#: An unknown user: every feature takes its declared default, so only the amount and the weights vary.
+USER = "swap-nobody"
 DEFAULT_ROW = [0.0, 0.0, -1.0]
 WEIGHTS = {"a": (np.array([0.3, 0.002, -0.01, 0.004]), -2.0), "b": (np.array([0.1, 0.001, 0.02, -0.003]), 0.5)}
 
@@ -38,11 +38,6 @@ def _expected(kind: str, amount: float) -> float:
     weights, bias = WEIGHTS[kind]
     z = np.dot(np.array(DEFAULT_ROW + [amount], dtype=np.float32), weights.astype(np.float32)) + np.float32(bias)
     return float(1 / (1 + np.exp(-z)))
-
-
-def _request(amount: float) -> dict:
-    return ScoreRequest(schema_version=1, request_id=str(uuid.uuid4()), entity_keys={"user_id": "swap-nobody"},
-                        request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000)).model_dump()  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +77,7 @@ def test_hot_swap_under_load_fails_nothing_and_switches_once(registered) -> None
             with requests.Session() as session:
                 while not stop.is_set():
                     amount = float(len(out) % 500)
-                    response = session.post(f"{url}/v1/score", json=_request(amount), timeout=10)
+                    response = session.post(f"{url}/v1/score", json=score_request(USER, amount), timeout=10)
                     body = response.json()
                     out.append((response.status_code, body.get("model_version"), body.get("score"), amount))
 
@@ -127,7 +122,7 @@ def test_canary_takes_its_share_by_request_id_and_ends(registered) -> None:
 
         assert wait_until(both_serving, 30, 0.05), "prod and canary never both served"
         with requests.Session() as session:
-            sent = [_request(float(i % 300)) for i in range(300)]
+            sent = [score_request(USER, float(i % 300)) for i in range(300)]
             replies = [session.post(f"{url}/v1/score", json=request, timeout=5).json() for request in sent]
         for request, reply in zip(sent, replies):
             routed = canary if routes_to_canary(request["request_id"], 0.3) else prod
@@ -165,5 +160,5 @@ def test_tampered_or_unloadable_versions_are_refused_and_the_old_one_keeps_servi
         invalid = 'loopline_scoring_model_refusals_total{reason="invalid_model"}'
         assert wait_until(lambda: _metric(url, invalid) == 1, 30, 0.05), "an unloadable version was not refused"
         assert _serving_version(url) == good
-        reply = requests.post(f"{url}/v1/score", json=_request(42.0), timeout=5).json()
+        reply = requests.post(f"{url}/v1/score", json=score_request(USER, 42.0), timeout=5).json()
         assert reply["model_version"] == good and reply["score"] == pytest.approx(_expected("a", 42.0), rel=1e-5)

@@ -33,7 +33,7 @@ from schemas.topics import PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import decode, encode
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
-from conftest import LogReader, serving_doors
+from conftest import LogReader, score_request, serving_doors
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
@@ -44,12 +44,6 @@ DEFAULTS = {f"{VIEW}:txn_count_5m": 0, f"{VIEW}:amount_sum_1h": 0.0, f"{VIEW}:se
 
 def _expected_score(values: list[float]) -> float:
     return float(1 / (1 + np.exp(-(np.dot(np.array(values, dtype=np.float32), WEIGHTS.astype(np.float32)) + BIAS))))
-
-
-def _request(user: str, amount: float) -> dict:
-    request = ScoreRequest(schema_version=1, request_id=str(uuid.uuid4()), entity_keys={"user_id": user},
-                           request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000))  # fmt: skip
-    return request.model_dump()
 
 
 def _write_user(settings: Settings, redis_address: str, user: str, features: dict) -> None:
@@ -92,7 +86,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
         assert requests.get(f"{url}/v1/models/status", timeout=5).json()["models"]["prod"]["provider"] == "CPUExecutionProvider"
 
-        request = _request(user, 120.0)
+        request = score_request(user, 120.0)
         known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=request, timeout=5).content)
         over_grpc = _grpc_score(grpc_address, request)
         assert (over_grpc.score, over_grpc.features, over_grpc.model_version) == (known.score, known.features, known.model_version)
@@ -117,15 +111,15 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         assert set(known.stage_latency_ms) == {"feature_fetch", "queue_wait", "inference", "total"}
 
         unknown = PredictionRecord.model_validate_json(
-            requests.post(f"{url}/v1/score", json=_request("score-nobody", 80.0), timeout=5).content
+            requests.post(f"{url}/v1/score", json=score_request("score-nobody", 80.0), timeout=5).content
         )
         assert sorted(unknown.defaulted_features) == sorted(DEFAULTS)
         assert unknown.features == {**DEFAULTS, "request:amount": 80.0}
         assert unknown.score == pytest.approx(_expected_score([0, 0.0, -1.0, 80.0]), rel=1e-5)
 
-        bad = requests.post(f"{url}/v1/score", json={**_request(user, 1.0), "entity_keys": {}}, timeout=5)
+        bad = requests.post(f"{url}/v1/score", json={**score_request(user, 1.0), "entity_keys": {}}, timeout=5)
         assert bad.status_code == 422 and bad.json()["field"] == "entity_keys"
-        no_amount = requests.post(f"{url}/v1/score", json={**_request(user, 1.0), "request_fields": {}}, timeout=5)
+        no_amount = requests.post(f"{url}/v1/score", json={**score_request(user, 1.0), "request_fields": {}}, timeout=5)
         assert no_amount.status_code == 422 and no_amount.json()["field"] == "request_fields.amount"
 
         scored = [known.request_id, over_grpc.request_id, unknown.request_id]
@@ -159,7 +153,7 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
 
             def score() -> tuple[PredictionRecord, float]:
                 began = time.perf_counter()
-                response = requests.post(f"{url}/v1/score", json=_request(user, 10.0), timeout=5)
+                response = requests.post(f"{url}/v1/score", json=score_request(user, 10.0), timeout=5)
                 assert response.status_code == 200, response.text
                 return PredictionRecord.model_validate_json(response.content), time.perf_counter() - began
 
@@ -201,7 +195,7 @@ def test_result_cache_hits_for_the_same_inputs_and_model_version_only(applied: S
         records = []
         for settings in (withserving_doors(), withserving_doors(model_version="2")):
             scorer = build_scorer(settings, model_path)
-            request = ScoreRequest.model_validate(_request(user, 33.0))
+            request = ScoreRequest.model_validate(score_request(user, 33.0))
             records += [await scorer.score(request), await scorer.score(request)]
             sample = scorer.metrics.registry.get_sample_value
             records.append(tuple(sample("loopline_scoring_cache_requests_total", {"result": r}) for r in ("hit", "miss")))
@@ -221,7 +215,7 @@ def test_overload_fails_fast_with_a_clear_error_and_nothing_hangs(applied: Setti
 
         def post(i: int) -> tuple[int, dict, float]:
             began = time.perf_counter()
-            response = requests.post(f"{url}/v1/score", json=_request(f"burst-{i % 7}", 10.0), timeout=10)
+            response = requests.post(f"{url}/v1/score", json=score_request(f"burst-{i % 7}", 10.0), timeout=10)
             return response.status_code, response.json(), time.perf_counter() - began
 
         with ThreadPoolExecutor(48) as pool:

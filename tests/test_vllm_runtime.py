@@ -13,7 +13,6 @@ import shutil
 import signal
 import subprocess
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -24,24 +23,19 @@ from infra.service import free_port, wait_until
 from loopline.serving import build_scorer, llm_model, serve_when_warm
 from loopline.settings import LlmSettings, Settings
 from online.vllm_runtime import VllmModel
-from schemas.records import ScoreRequest
-from conftest import REPO, serving_doors
+from conftest import REPO, score_request, serving_doors
 from openai_standin import openai_standin, p_yes
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", "request:amount"]
 PROMPT = "{0:.0f} transactions in 5 minutes, now {1:.2f}. Fraud? Answer:"
+USER = "llm-nobody"  # unknown: its feature takes the declared default
 VLLM_ENV, VLLM_MODEL = REPO / ".loopline" / "vllm-env", REPO / ".loopline" / "vllm-model"
 
 
 def _llm_settings(settings: Settings, base_url: str, served_model: str, **llm) -> Settings:
     config = LlmSettings(base_url=base_url, served_model=served_model, inputs=INPUTS, prompt=PROMPT, **llm)
     return settings.model_copy(update={"serving": settings.serving.model_copy(update={"llm": config, "model_version": "tiny-1"})})
-
-
-def _request(amount: float) -> dict:
-    return ScoreRequest(schema_version=1, request_id=str(uuid.uuid4()), entity_keys={"user_id": "llm-nobody"},
-                        request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000)).model_dump()  # fmt: skip
 
 
 def test_llm_scores_through_the_scorer_within_its_concurrency_limit(applied: Settings) -> None:
@@ -55,7 +49,7 @@ def test_llm_scores_through_the_scorer_within_its_concurrency_limit(applied: Set
             assert (status["provider"], status["version"]) == ("vllm", "tiny-1")
             amounts = [round(3.7 * i, 2) for i in range(40)]
             with ThreadPoolExecutor(20) as pool:
-                replies = list(pool.map(lambda a: requests.post(f"{url}/v1/score", json=_request(a), timeout=10), amounts))
+                replies = list(pool.map(lambda a: requests.post(f"{url}/v1/score", json=score_request(USER, a), timeout=10), amounts))
     assert [r.status_code for r in replies] == [200] * len(amounts)
     for amount, reply in zip(amounts, replies):
         body = reply.json()
@@ -73,12 +67,12 @@ def test_llm_over_its_budget_is_refused_fast_then_recovers(applied: Settings) ->
             assert wait_until(lambda: requests.get(f"{url}/v1/models/ready", timeout=5).ok, 20, 0.05)
             standin.delay_s = 2.0
             began = time.perf_counter()
-            slow = requests.post(f"{url}/v1/score", json=_request(10.0), timeout=10)
+            slow = requests.post(f"{url}/v1/score", json=score_request(USER, 10.0), timeout=10)
             took_s = time.perf_counter() - began
             assert slow.status_code == 503 and "200 ms" in slow.json()["reason"]
             assert took_s < 0.2 + 0.3
             standin.delay_s = 0.0
-            assert requests.post(f"{url}/v1/score", json=_request(10.0), timeout=10).status_code == 200
+            assert requests.post(f"{url}/v1/score", json=score_request(USER, 10.0), timeout=10).status_code == 200
 
 
 def _gpu() -> bool:
