@@ -10,7 +10,7 @@ hot-swaps to it and the table shows the switch.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import itertools
 import random
 import threading
@@ -24,7 +24,7 @@ import numpy as np
 from confluent_kafka import Consumer
 
 from loopline.components import model_release
-from loopline.serving import build_scorer, model_watcher, run_doors
+from loopline.serving import build_scorer, doors_in_thread, model_watcher
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.model_registry import PROD_ALIAS
@@ -118,8 +118,7 @@ class DemoScoring:
         self._release = model_release(self.settings)
         self._files = [write_linear_model(models_dir / f"fraud-{i + 1}.onnx", _INPUTS, w, b) for i, (w, b) in enumerate(_VERSIONS)]
         self._stop = threading.Event()
-        self._loop = asyncio.new_event_loop()
-        self._serving_stop = asyncio.Event()
+        self._serving = contextlib.ExitStack()
         self._records: deque[tuple[float, PredictionRecord]] = deque()
         self._threads: list[threading.Thread] = []
         self._counted: deque[tuple[float, list[float]]] = deque()
@@ -132,13 +131,6 @@ class DemoScoring:
         version = self._release.register(name, self._files[index], description=f"demo model {index + 1} ({self.run_id})")
         self._release.set_alias(name, PROD_ALIAS, version)
         self.released.append(version)
-
-    def _serve(self) -> None:
-        watcher = model_watcher(self.settings, self.scorer)
-        try:
-            self._loop.run_until_complete(run_doors(self.settings, self.scorer, {"kafka"}, self._serving_stop, watcher.run))
-        finally:
-            self._loop.close()
 
     def _send_requests(self, seconds: float) -> None:
         users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
@@ -168,7 +160,8 @@ class DemoScoring:
     def start_serving(self) -> None:
         """Release version 1 and start the scorer (it joins its consumer group once the model is warm)."""
         self._release_version(0)
-        self._thread(self._serve)
+        watcher = model_watcher(self.settings, self.scorer)
+        self._serving.enter_context(doors_in_thread(self.settings, self.scorer, {"kafka"}, watcher.run))
         self._thread(self._read_predictions)
 
     def send_requests(self, seconds: float) -> None:
@@ -199,7 +192,6 @@ class DemoScoring:
     def stop(self) -> None:
         """Stop sending, serving and reading."""
         self._stop.set()
-        if not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._serving_stop.set)
+        self._serving.close()
         for thread in self._threads:
             thread.join(30)

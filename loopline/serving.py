@@ -7,7 +7,8 @@ import contextlib
 import functools
 import gc
 import logging
-from collections.abc import Awaitable, Callable, Collection
+import threading
+from collections.abc import Awaitable, Callable, Collection, Iterator
 from pathlib import Path
 from signal import SIGINT, SIGTERM
 
@@ -102,6 +103,27 @@ def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -
         await run_doors(settings, scorer, doors, stop, install_models)
 
     asyncio.run(until_signalled())
+
+
+@contextlib.contextmanager
+def doors_in_thread(
+    settings: Settings,
+    scorer: Scorer,
+    doors: Collection[str],
+    install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None,
+) -> Iterator[None]:
+    """``run_doors`` on an event loop of its own in a thread, for the duration of the block (the demo
+    runs the scorer beside its other work this way; so do the tests)."""
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(target=loop.run_until_complete, args=(run_doors(settings, scorer, doors, stop, install_models),))
+    thread.start()
+    try:
+        yield
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(30)
+        loop.close()
 
 
 async def run_doors(

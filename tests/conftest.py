@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -18,7 +17,7 @@ from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack, private_stack_settings
-from loopline.serving import run_doors
+from loopline.serving import doors_in_thread
 from loopline.settings import Settings
 from online.scorer import Scorer
 from schemas.records import ScoreRequest
@@ -113,11 +112,6 @@ def serving_doors(
     settings = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
     if kafka:
         _start_group_at_end(settings.kafka.bootstrap_servers, settings.serving.kafka_group_id, SCORE_REQUESTS.name)
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-    doors = run_doors(settings, scorer, {"http", "grpc", "kafka"} if kafka else {"http", "grpc"}, stop, install_models)
-    thread = threading.Thread(target=loop.run_until_complete, args=(doors,))
-    thread.start()
     url = f"http://127.0.0.1:{settings.serving.http_port}"
 
     def up() -> bool:
@@ -126,10 +120,6 @@ def serving_doors(
         except requests.ConnectionError:
             return False
 
-    assert wait_until(up, 20, 0.05), "the doors did not start"
-    try:
+    with doors_in_thread(settings, scorer, {"http", "grpc", "kafka"} if kafka else {"http", "grpc"}, install_models):
+        assert wait_until(up, 20, 0.05), "the doors did not start"
         yield url, f"127.0.0.1:{settings.serving.grpc_port}"
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        thread.join(10)
-        loop.close()
