@@ -86,8 +86,10 @@ def _offline_store(settings: Settings):
 
 
 def _offline_rows(settings: Settings, view: str) -> pd.DataFrame:
-    parts = list((_offline_root(settings) / view).glob("*.parquet"))
-    return pd.concat(map(pd.read_parquet, parts)) if parts else pd.DataFrame()
+    # The folder read the way Feast's file source reads it: pyarrow skips hidden files, such as the
+    # half-written one a job killed mid-append leaves behind.
+    folder = _offline_root(settings) / view
+    return pd.read_parquet(folder) if any(folder.glob("part-*.parquet")) else pd.DataFrame()
 
 
 def _committed(bootstrap: str, group: str) -> int:
