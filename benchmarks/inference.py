@@ -48,11 +48,11 @@ from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import free_port  # noqa: E402
 from loopline.demo_scoring import score_requests  # noqa: E402
-from loopline.feature_job_process import settings_environment  # noqa: E402
+from loopline.settings import settings_environment  # noqa: E402
 from loopline.serving import build_scorer  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
-from online.batcher import Overloaded  # noqa: E402
+from online.errors import Overloaded  # noqa: E402
 from schemas.records import PredictionRecord, ScoreRequest  # noqa: E402
 from schemas.topics import PREDICTIONS  # noqa: E402
 from schemas.validation import decode  # noqa: E402
@@ -292,13 +292,13 @@ def main() -> None:
     began = time.monotonic()
     with private_stack(console, "loopline-inference-") as settings:
         with console.status("writing a feature row per user"):
-            view = feature_store(settings.registry_path, settings.redis_address).get_stream_feature_view(VIEW)
+            view = feature_store(settings.registry_path, settings.redis_connection).get_stream_feature_view(VIEW)
             fields = feature_fields(view)
             names = [f.name for f in fields]
             typed = {f.name: int if f.dtype.to_value_type().name == "INT64" else float for f in fields}
             now_us = int(time.time() * 1_000_000)
             rows = [FeatureRow(VIEW, f"bench-{u}", now_us, {n: typed[n](u % 7) for n in names}) for u in range(USERS)]
-            OnlineWriter(settings.registry_path, settings.redis_address).write(rows)
+            OnlineWriter(settings.registry_path, settings.redis_connection).write(rows)
             model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
         figures: dict = {}
         if "core" in parts:

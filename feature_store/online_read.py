@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import redis
-
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
+from feature_store.redis_connection import redis_client
 
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
@@ -37,7 +36,7 @@ class OnlineReader:
     """Reads feature vectors of registered feature views from the Redis online store."""
 
     def __init__(
-        self, registry_path: Path | None, redis_address: str, repo_path: Path = REPO_PATH, timeout_s: float | None = None
+        self, registry_path: Path | None, redis_connection: str, repo_path: Path = REPO_PATH, timeout_s: float | None = None
     ) -> None:
         """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes)."""
         from feast.infra.key_encoding_utils import serialize_entity_key
@@ -45,7 +44,7 @@ class OnlineReader:
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
-        store = feature_store(registry_path, redis_address, repo_path)
+        store = feature_store(registry_path, redis_connection, repo_path)
         self._project = store.config.project.encode()
         self._key_version = store.config.entity_key_serialization_version
         self._serialize, self._entity_key, self._value = serialize_entity_key, EntityKey, Value
@@ -60,8 +59,7 @@ class OnlineReader:
             )
             for view in views
         }
-        host, port = redis_address.rsplit(":", 1)
-        self._redis = redis.Redis(host=host, port=int(port), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._redis = redis_client(redis_connection, timeout_s)
         # Serialising an entity key costs ~10 µs; hot entities are read again and again.
         self._redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(self._build_redis_key)
 

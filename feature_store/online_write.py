@@ -2,8 +2,8 @@
 
 Rows are idempotent by (entity key, row version): Feast's Redis store keeps a row's timestamp
 with it and skips any row that is not newer, so an older or replayed row never overwrites a newer
-one. Loopline's row version is a timestamp: the entity's newest event time in milliseconds, with
-the count of events absorbed (mod 1000) as its microseconds (see ``streams/window_state.py``).
+one. Loopline's row version is a timestamp in microseconds that grows strictly with every event
+the job absorbs for the entity (see ``SlidingWindows`` in ``streams/jvm``).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
 class OnlineWriter:
     """Writes FeatureRows of the registry's views to the online store configured in the repo."""
 
-    def __init__(self, registry_path: Path | None, redis_address: str | None, repo_path: Path = REPO_PATH) -> None:
+    def __init__(self, registry_path: Path | None, redis_connection: str | None, repo_path: Path = REPO_PATH) -> None:
         from feast.infra.online_stores.helpers import get_online_store_from_config
 
-        store = feature_store(registry_path, redis_address, repo_path)
+        store = feature_store(registry_path, redis_connection, repo_path)
         self._config = store.config
         self._online_store = get_online_store_from_config(store.config.online_store)
         self._views = {view.name: view for view in store.list_stream_feature_views()}

@@ -111,7 +111,7 @@ def apply_all() -> None:
     from feature_store.config import apply_definitions
 
     config = settings()
-    views = apply_definitions(config.registry_path, config.redis_address)
+    views = apply_definitions(config.registry_path, config.redis_connection, config.repo_path)
     console.print(f"feature views applied: {', '.join(views)} (registry {config.registry_path})")
     console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS)))
 

@@ -13,7 +13,7 @@ from infra.kafka import KafkaBroker
 from infra.redis import RedisServer
 from infra.service import free_port
 from infra.stack import LocalStack
-from loopline.settings import KafkaSettings, RedisSettings, Settings
+from loopline.settings import FeatureStoreSettings, KafkaSettings, RedisSettings, Settings
 from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.operators_jar import operators_jar
@@ -31,6 +31,7 @@ def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
         jars_dir=jars_dir,
         kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
         redis=RedisSettings(port=free_port()),
+        feature_store=FeatureStoreSettings(registry_path=home / "feast" / "registry.db"),
     )
 
 
@@ -82,7 +83,8 @@ def feature_plan(settings: Settings) -> FeaturePlan:
     """The streaming plan compiled from the stream feature views in the Feast registry."""
     from feature_store.config import feature_store
 
-    plan = compile_plan(feature_store(settings.registry_path, settings.redis_address).list_stream_feature_views())
+    store = feature_store(settings.registry_path, settings.redis_connection, settings.repo_path)
+    plan = compile_plan(store.list_stream_feature_views())
     return plan.reading(settings.stream.source_topic) if settings.stream.source_topic else plan
 
 
@@ -95,7 +97,9 @@ def job_settings(settings: Settings) -> JobSettings:
         operators_jar=operators_jar(settings.resolved_jars_dir / "loopline"),
         checkpoint_dir=settings.checkpoint_dir,
         registry_path=settings.registry_path,
-        redis_address=settings.redis_address,
+        redis_connection=settings.redis_connection,
+        repo_path=settings.repo_path,
+        kafka_properties=dict(settings.kafka.client_config),
         offline_dir=stream.offline_dir.absolute() if stream.offline_dir else None,
         group_id=stream.group_id,
         dead_letter_topic=stream.dead_letter_topic,

@@ -63,7 +63,7 @@ def _produce_while_showing_features(
 ) -> tuple[PublishStats, OnlineReader]:
     """Wait for the job, then produce and score for the rest of the budget while live tables show
     features and scoring; a third of the way in, a new model version is promoted."""
-    reader = OnlineReader(settings.registry_path, settings.redis_address)
+    reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
     waited_from = time.monotonic()
     with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
         wait_until_serving(job, settings, reader, timeout_s=_JOB_START_TIMEOUT_S)
@@ -114,7 +114,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     console.rule("2. feature definitions and topics")
     bootstrap = settings.kafka.bootstrap_servers
-    views = apply_definitions(settings.registry_path, settings.redis_address)
+    views = apply_definitions(settings.registry_path, settings.redis_connection, settings.repo_path)
     console.print(f"feast apply: {', '.join(views)}")
     console.print(topics_table(apply_topics(bootstrap, TOPICS)))
 

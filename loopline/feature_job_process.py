@@ -10,25 +10,12 @@ import time
 from pathlib import Path
 
 from infra.service import wait_until
-from loopline.settings import Settings
+from loopline.settings import Settings, settings_environment
 from schemas.topics import TRANSACTIONS
 from streams.producer import EventProducer
 from streams.synthetic import SyntheticConfig, SyntheticStream
 
 _USER_VIEW = "user_transaction_features"
-
-
-def settings_environment(settings: Settings, **extra: str) -> dict[str, str]:
-    """Environment variables that make a `loopline` child process use ``settings`` (plus ``extra``)."""
-    return {
-        **os.environ,
-        "LOOPLINE_HOME": str(settings.home.absolute()),
-        "LOOPLINE_JARS_DIR": str(settings.resolved_jars_dir),
-        "LOOPLINE_KAFKA__PORT": str(settings.kafka.port),
-        "LOOPLINE_KAFKA__CONTROLLER_PORT": str(settings.kafka.controller_port),
-        "LOOPLINE_REDIS__PORT": str(settings.redis.port),
-        **extra,
-    }
 
 
 def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:

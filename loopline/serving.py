@@ -7,6 +7,8 @@ import contextlib
 import functools
 import gc
 import logging
+import os
+import signal
 import threading
 from collections.abc import Awaitable, Callable, Collection, Iterator
 from pathlib import Path
@@ -14,9 +16,12 @@ from signal import SIGINT, SIGTERM
 
 from loopline.settings import Settings
 from online.batcher import BatchingKnobs
+from online.doors import FrontDoor, serve_doors, stalled_doors
 from online.hot_swap import ModelWatcher
 from online.metrics import ScorerMetrics
 from online.onnx_runtime import OnnxModel
+from online.prediction_log import PredictionLog
+from online.request_limits import RequestLimits
 from online.result_cache import ResultCache
 from online.scorer import Scorer
 from online.vllm_runtime import VllmModel
@@ -32,7 +37,7 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
 
     serving = settings.serving
     budget_s = serving.feature_budget_ms / 1000
-    reader = OnlineReader(settings.registry_path, settings.redis_address, timeout_s=budget_s)
+    reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s)
     knobs = BatchingKnobs(
         max_batch_size=serving.max_batch_size,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
@@ -41,7 +46,7 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
     )
     cache = None
     if serving.result_cache_ttl_s is not None:
-        cache = ResultCache(settings.redis_address, serving.result_cache_ttl_s, timeout_s=budget_s)
+        cache = ResultCache(settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s)
     model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
     return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model)
 
@@ -80,7 +85,12 @@ async def serve_when_warm(scorer: Scorer, model: VllmModel, stop: asyncio.Event,
 def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -> None:
     """Serve through ``doors`` ("http", "kafka", "grpc") until SIGINT or SIGTERM: the file ``model_path`` when
     given, else the LLM of ``serving.llm`` when set, else the registry's ``prod`` (and ``canary``)
-    versions of the settings' model, hot-swapped."""
+    versions of the settings' model, hot-swapped.
+
+    The first signal stops the doors cleanly (the Kafka door commits what it scored and leaves its
+    group); if that takes longer than ``serving.shutdown_timeout_s``, or a second signal comes, the
+    process exits at once (the deadline runs on a thread of its own, whatever the event loop does).
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     scorer = build_scorer(settings, model_path)
     if model_path is not None:
@@ -98,11 +108,34 @@ def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -
 
     async def until_signalled() -> None:
         stop = asyncio.Event()
-        for signal in (SIGINT, SIGTERM):  # a clean stop: the Kafka door leaves its group, commits first
-            asyncio.get_running_loop().add_signal_handler(signal, stop.set)
+        _watch_signals(asyncio.get_running_loop(), stop, settings.serving.shutdown_timeout_s)
         await run_doors(settings, scorer, doors, stop, install_models)
 
     asyncio.run(until_signalled())
+
+
+def _watch_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, timeout_s: float) -> None:
+    """On SIGINT/SIGTERM set ``stop``; exit by force after ``timeout_s`` or at a second signal."""
+    received: list[int] = []
+
+    def on_signal(number: int, _frame) -> None:
+        received.append(number)
+        if len(received) > 1:
+            _exit_now(f"second {signal.Signals(number).name}")
+        log.info("%s: stopping (at most %.0f s)", signal.Signals(number).name, timeout_s)
+        loop.call_soon_threadsafe(stop.set)
+        deadline = threading.Timer(timeout_s, _exit_now, ("shutdown took longer than serving.shutdown_timeout_s",))
+        deadline.daemon = True
+        deadline.start()
+
+    for number in (SIGINT, SIGTERM):
+        signal.signal(number, on_signal)
+
+
+def _exit_now(why: str) -> None:
+    log.error("exiting at once: %s", why)
+    logging.shutdown()
+    os._exit(1)
 
 
 @contextlib.contextmanager
@@ -112,8 +145,8 @@ def doors_in_thread(
     doors: Collection[str],
     install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None,
 ) -> Iterator[None]:
-    """``run_doors`` on an event loop of its own in a thread, for the duration of the block (the demo
-    runs the scorer beside its other work this way; so do the tests)."""
+    """``run_doors`` on an event loop of its own in a thread, for the duration of the block (the tests
+    run the scorer beside their own work this way)."""
     loop = asyncio.new_event_loop()
     stop = asyncio.Event()
     thread = threading.Thread(target=loop.run_until_complete, args=(run_doors(settings, scorer, doors, stop, install_models),))
@@ -124,6 +157,35 @@ def doors_in_thread(
         loop.call_soon_threadsafe(stop.set)
         thread.join(30)
         loop.close()
+
+
+def front_doors(settings: Settings, scorer: Scorer, doors: Collection[str], prediction_log: PredictionLog | None) -> list[FrontDoor]:
+    """The doors named in ``doors`` ("http", "kafka", "grpc"), configured from ``settings``."""
+    from online.grpc_door import GrpcDoor
+    from online.http_app import HttpDoor, create_app
+    from online.kafka_door import KafkaScoringDoor
+    from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
+
+    serving = settings.serving
+    limits = RequestLimits(**serving.limits.model_dump())
+    built: list[FrontDoor] = []
+    if "kafka" in doors:
+        built.append(KafkaScoringDoor(
+            scorer, bootstrap_servers=settings.kafka.bootstrap_servers, group_id=serving.kafka_group_id,
+            requests_topic=SCORE_REQUESTS.name, predictions_topic=PREDICTIONS.name, dead_letter_topic=DEAD_LETTERS.name,
+            transactional_id=f"{serving.kafka_group_id}-{serving.instance}", client_config=settings.kafka.client_config,
+            limits=limits, broker_timeout_s=serving.kafka_broker_timeout_s,
+        ))  # fmt: skip
+    if "grpc" in doors:
+        address = f"{serving.host}:{serving.grpc_port}"
+        built.append(GrpcDoor(scorer, address, prediction_log, limits=limits, auth_token=settings.auth_token))
+    if "http" in doors:
+        app = create_app(
+            scorer, prediction_log, limits=limits, auth_token=settings.auth_token,
+            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s),
+        )  # fmt: skip
+        built.append(HttpDoor(app, serving.host, serving.http_port))
+    return built
 
 
 async def run_doors(
@@ -137,46 +199,22 @@ async def run_doors(
     ``install_models(stop)``, when given, runs meanwhile (the registry watcher, a vLLM warm-up).
 
     All doors share the loop, hence one dynamic batcher per model: requests from every door batch together.
+    Afterwards the scorer finishes its requests in flight and the prediction log delivers what it holds.
     """
-    import uvicorn
-
-    from online.grpc_door import create_server
-    from online.http_app import create_app
-    from online.kafka_door import KafkaScoringDoor
-    from online.prediction_log import PredictionLog
-    from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
+    from schemas.topics import PREDICTIONS
 
     serving = settings.serving
-    running = [asyncio.ensure_future(stop.wait())]
-    # Not among the running doors: it may finish (a model installed) while the doors go on.
-    installing = asyncio.ensure_future(install_models(stop) if install_models else asyncio.sleep(0))
-    http = grpc = None
-    predictions = None
-    if serving.log_predictions and ({"http", "grpc"} & set(doors)):
-        failures = scorer.metrics.prediction_log_failures
-        predictions = PredictionLog(settings.kafka.bootstrap_servers, PREDICTIONS.name, failures)
-    if "kafka" in doors:
-        door = KafkaScoringDoor(
-            scorer, settings.kafka.bootstrap_servers, serving.kafka_group_id, SCORE_REQUESTS.name, PREDICTIONS.name,
-            DEAD_LETTERS.name, transactional_id=f"{serving.kafka_group_id}-{serving.instance}",
+    prediction_log = None
+    if serving.prediction_log != "off" and {"http", "grpc"} & set(doors):
+        prediction_log = PredictionLog(
+            bootstrap_servers=settings.kafka.bootstrap_servers, topic=PREDICTIONS.name,
+            failures=scorer.metrics.prediction_log_failures, mode=serving.prediction_log,
+            ack_timeout_s=serving.prediction_log_ack_timeout_s, client_config=settings.kafka.client_config,
         )  # fmt: skip
-        running.append(asyncio.ensure_future(door.run(stop)))
-    if "http" in doors:
-        http = uvicorn.Server(uvicorn.Config(create_app(scorer, predictions), host=serving.host, port=serving.http_port, log_level="warning"))
-        running.append(asyncio.ensure_future(http.serve()))
-    if "grpc" in doors:
-        grpc = create_server(scorer, f"{serving.host}:{serving.grpc_port}", predictions)
-        await grpc.start()
-        running.append(asyncio.ensure_future(grpc.wait_for_termination()))
-    done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-    stop.set()
-    if http is not None:
-        http.should_exit = True
-    if grpc is not None:
-        await grpc.stop(grace=1.0)
-    await asyncio.gather(*running, installing, return_exceptions=True)
-    await scorer.close()
-    if predictions is not None:
-        predictions.close()
-    for task in done:
-        task.result()  # a door that failed takes the process down with its error
+    try:
+        built = front_doors(settings, scorer, doors, prediction_log)
+        await serve_doors(built, stop, beside=[install_models(stop)] if install_models else [])
+    finally:
+        await scorer.close()
+        if prediction_log is not None:
+            await asyncio.to_thread(prediction_log.close)

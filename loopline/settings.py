@@ -8,10 +8,12 @@ Only this package reads settings; components receive plain values.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -30,6 +32,10 @@ class KafkaSettings(BaseModel):
     controller_port: int = Field(default=9093, ge=1, le=65535)
     heap_mb: int = Field(default=512, ge=128)
     start_timeout_s: float = Field(default=60.0, gt=0)
+    client_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra librdkafka settings for every Loopline Kafka client and the Flink job's (security.protocol, sasl.*, ssl.*).",
+    )
 
     @property
     def bootstrap_servers(self) -> str:
@@ -43,6 +49,8 @@ class RedisSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=6379, ge=1, le=65535)
     start_timeout_s: float = Field(default=20.0, gt=0)
+    password: SecretStr | None = Field(default=None, description="For a Redis that requires AUTH.")
+    ssl: bool = Field(default=False, description="Connect with TLS.")
 
 
 class ProducerSettings(BaseModel):
@@ -57,9 +65,12 @@ class ProducerSettings(BaseModel):
 
 
 class FeatureStoreSettings(BaseModel):
-    """Where Feast keeps its registry (the repo itself is ``feature_store/repo``)."""
+    """The Feast repository and its registry."""
 
-    registry_path: Path | None = Field(default=None, description="Default <home>/feast/registry.db.")
+    repo_path: Path | None = Field(default=None, description="A Feast repo of your own; default: feature_store/repo.")
+    registry_path: Path | None = Field(
+        default=None, description="Default: the registry the repo's feature_store.yaml names, which `feast` in the repo uses too."
+    )
 
 
 class StreamSettings(BaseModel):
@@ -92,6 +103,16 @@ class LlmSettings(BaseModel):
     timeout_ms: float = Field(default=1000.0, gt=0, description="Longest a completion may take; then 'overloaded'.")
 
 
+class RequestLimitSettings(BaseModel):
+    """How large a score request may be, on every door."""
+
+    max_body_bytes: int = Field(default=65_536, ge=256, description="Larger: HTTP 413, gRPC RESOURCE_EXHAUSTED, a dead letter.")
+    max_entity_keys: int = Field(default=8, ge=1)
+    max_request_fields: int = Field(default=64, ge=0)
+    max_key_length: int = Field(default=256, ge=1, description="Request id, entity keys, field names and string values.")
+    max_json_depth: int = Field(default=32, ge=2)
+
+
 class ServingSettings(BaseModel):
     """The online scorer (`loopline serve`)."""
 
@@ -109,7 +130,17 @@ class ServingSettings(BaseModel):
     max_queue_size: int = Field(default=1024, ge=1)
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     result_cache_ttl_s: float | None = Field(default=None, gt=0, description="Cache scores in Redis this long; off when unset.")
-    log_predictions: bool = Field(default=True, description="HTTP/gRPC doors append records to scoring.predictions.")
+    prediction_log: Literal["ack", "async", "off"] = Field(
+        default="ack",
+        description="HTTP/gRPC predictions to scoring.predictions: ack (the response waits for Kafka), async, or off.",
+    )
+    prediction_log_ack_timeout_s: float = Field(default=5.0, gt=0, description="ack mode: longer is a 503 to retry.")
+    limits: RequestLimitSettings = RequestLimitSettings()
+    auth_token: SecretStr | None = Field(default=None, description="Bearer token for scoring and model status (HTTP, gRPC).")
+    auth_token_file: Path | None = Field(default=None, description="Read the bearer token from this file instead.")
+    stall_after_s: float = Field(default=60.0, gt=0, description="A door holding work this long without progress fails liveness.")
+    shutdown_timeout_s: float = Field(default=30.0, gt=0, description="After SIGTERM, exit by force after this long.")
+    kafka_broker_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of each broker call of the Kafka door.")
     kafka_group_id: str = "loopline-scorer"
     instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance>.")
 
@@ -169,9 +200,27 @@ class Settings(BaseSettings):
         return (self.jars_dir or self.home / "jars").absolute()
 
     @property
+    def repo_path(self) -> Path:
+        """The Feast repository (definitions and feature_store.yaml)."""
+        from feature_store.config import REPO_PATH
+
+        return (self.feature_store.repo_path or REPO_PATH).absolute()
+
+    @property
     def registry_path(self) -> Path:
-        """The Feast registry file."""
-        return (self.feature_store.registry_path or self.home / "feast" / "registry.db").absolute()
+        """The Feast registry file: by default the one the repo's feature_store.yaml names, so `feast` in the
+        repo folder and Loopline act on one registry."""
+        from feature_store.config import declared_registry
+
+        return (self.feature_store.registry_path or declared_registry(self.repo_path)).absolute()
+
+    @property
+    def auth_token(self) -> str | None:
+        """The scorer's bearer token, from the setting or its file (None: no authentication)."""
+        serving = self.serving
+        if serving.auth_token_file is not None:
+            return serving.auth_token_file.read_text().strip()
+        return serving.auth_token.get_secret_value() if serving.auth_token is not None else None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -190,11 +239,39 @@ class Settings(BaseSettings):
         return self.registry.artifact_location or str((self.home / "mlflow" / "artifacts").absolute())
 
     @property
-    def redis_address(self) -> str:
-        """host:port of the online store."""
-        return f"{self.redis.host}:{self.redis.port}"
+    def redis_connection(self) -> str:
+        """The online store as a Feast Redis connection string (host:port, then password and TLS when set)."""
+        options = []
+        if self.redis.password is not None:
+            options.append(f"password={self.redis.password.get_secret_value()}")
+        if self.redis.ssl:
+            options.append("ssl=true")
+        return ",".join([f"{self.redis.host}:{self.redis.port}", *options])
 
     @property
     def run_dir(self) -> Path:
         """Pid files of the services the stack started."""
         return (self.home / "run").absolute()
+
+
+def settings_environment(settings: Settings, **extra: str) -> dict[str, str]:
+    """This process's environment, with ``LOOPLINE_*`` variables that make a `loopline` child process use
+    ``settings`` (plus ``extra``); the parent's own ``LOOPLINE_*`` variables are replaced."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("LOOPLINE_")}
+    values = settings.model_dump(exclude_defaults=True)
+    for name, value in values.items():
+        if isinstance(value, dict) and isinstance(getattr(settings, name), BaseModel):
+            env |= {f"LOOPLINE_{name.upper()}__{field.upper()}": _env_value(v) for field, v in value.items()}
+        else:
+            env[f"LOOPLINE_{name.upper()}"] = _env_value(value)
+    env["LOOPLINE_HOME"] = str(settings.home.absolute())
+    return env | extra
+
+
+def _env_value(value: Any) -> str:
+    """A setting as an environment variable's text (JSON for anything but text, numbers and paths)."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, (str, int, float, Path)) and not isinstance(value, bool):
+        return str(value.absolute() if isinstance(value, Path) else value)
+    return json.dumps(value, default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v))

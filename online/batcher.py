@@ -21,12 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from online.errors import Overloaded
+
 Item = TypeVar("Item")
 Result = TypeVar("Result")
-
-
-class Overloaded(RuntimeError):
-    """The batcher's queue is full: the request is refused rather than queued without bound."""
 
 
 @dataclass(frozen=True)

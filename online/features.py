@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 
 from feature_store.online_read import OnlineReader
 from online.batcher import DynamicBatcher
 
 log = logging.getLogger(__name__)
+#: At most one warning per this many seconds about reads that fell back for an unexpected error.
+_WARN_EVERY_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,8 @@ class FeatureFetcher:
         self._batcher: DynamicBatcher[dict[str, str], list] = DynamicBatcher(
             self._read_batch, max_batch_size=max_batch_size, max_queue_delay_s=0.0, max_queue_size=16 * max_batch_size
         )
+        self._warned_at = -_WARN_EVERY_S
+        self._unwarned = 0
 
     def _read_batch(self, rows: list[dict[str, str]]) -> list[list]:
         found = self.reader.get_online_features(self.features, rows)
@@ -64,7 +69,7 @@ class FeatureFetcher:
         except TimeoutError:
             return self._all_defaults("over_budget")
         except Exception as err:  # Redis down, reads queue full: all degrade to the defaults
-            log.debug("feature fetch fell back to defaults: %r", err)
+            self._warn(err)
             return self._all_defaults("unavailable")
         values, defaulted = {}, []
         for ref, value in zip(self.features, found):
@@ -73,6 +78,16 @@ class FeatureFetcher:
                 defaulted.append(ref)
             values[ref] = value
         return FetchedFeatures(values, defaulted)
+
+    def _warn(self, err: Exception) -> None:
+        """Log a read that fell back for an error, at most once per ``_WARN_EVERY_S`` (an outage would
+        otherwise write a line per request)."""
+        now = time.monotonic()
+        if now - self._warned_at < _WARN_EVERY_S:
+            self._unwarned += 1
+            return
+        log.warning("feature reads fall back to defaults: %r (%d more since the last warning)", err, self._unwarned)
+        self._warned_at, self._unwarned = now, 0
 
     async def close(self) -> None:
         """Stop the reads."""

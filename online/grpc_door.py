@@ -1,22 +1,37 @@
-"""The gRPC front door (``schemas/scoring.proto``): a thin adapter over the scorer core."""
+"""The gRPC front door (``schemas/scoring.proto``): a thin adapter over the scorer core.
+
+A request the scorer cannot take is aborted with its ``ScoringError``'s code (``online/errors.py``):
+INVALID_ARGUMENT names the field at fault, RESOURCE_EXHAUSTED means overloaded (or a message over
+``limits.max_body_bytes``), UNAVAILABLE not ready, NOT_FOUND an unknown model, UNAUTHENTICATED a
+missing or wrong bearer token (metadata ``authorization: Bearer <token>``), INTERNAL a fault of the
+scorer. Each outcome is counted under its code. The server also serves the standard
+``grpc.health.v1.Health`` service (SERVING once a prod model is warm) and server reflection, for
+``grpcurl`` and orchestrators' gRPC probes.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import grpc
 from google.protobuf import struct_pb2
-from pydantic import ValidationError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
-from online.batcher import Overloaded
+from online.errors import InvalidRequest, ScoringError
+from online.http_app import bearer_check
 from online.prediction_log import PredictionLog
-from online.scorer import ModelNotReady, RequestError, Scorer
+from online.request_limits import RequestLimits, check_limits
+from online.scorer import Scorer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
+from schemas.validation import ContractViolation, validate
 
 log = logging.getLogger("loopline.scoring")
 DOOR = "grpc"
+SERVICE = "loopline.scoring.v1.Scorer"
 
 
 def _python(value: struct_pb2.Value):
@@ -34,18 +49,21 @@ def _proto(value) -> struct_pb2.Value:
     return struct_pb2.Value(number_value=value)
 
 
-def request_from_proto(message) -> ScoreRequest:
-    """The contract's ScoreRequest for a gRPC message (ValidationError when it breaks the contract)."""
-    return ScoreRequest(
-        schema_version=ScoreRequest.SCHEMA_VERSION,
-        request_id=message.request_id,
-        entity_keys=dict(message.entity_keys),
-        request_fields={name: _python(value) for name, value in message.request_fields.items()},
-        requested_at_ms=message.requested_at_ms,
-        model_name=message.model_name or None,
-    )
-
-
+def request_from_proto(message, limits: RequestLimits = RequestLimits()) -> ScoreRequest:
+    """The contract's ScoreRequest for a gRPC message; InvalidRequest naming the field that breaks it."""
+    try:
+        request = validate(ScoreRequest, {
+            "schema_version": ScoreRequest.SCHEMA_VERSION,
+            "request_id": message.request_id,
+            "entity_keys": dict(message.entity_keys),
+            "request_fields": {name: _python(value) for name, value in message.request_fields.items()},
+            "requested_at_ms": message.requested_at_ms,
+            "model_name": message.model_name or None,
+        })  # fmt: skip
+    except ContractViolation as violation:
+        raise InvalidRequest(violation.field, violation.reason) from None
+    check_limits(request, limits)
+    return request
 def prediction_to_proto(record: PredictionRecord):
     """The gRPC Prediction for a prediction record."""
     messages, _ = scoring_api()
@@ -63,38 +81,77 @@ def prediction_to_proto(record: PredictionRecord):
     )
 
 
-def create_server(scorer: Scorer, address: str, prediction_log: PredictionLog | None = None) -> grpc.aio.Server:
-    """An asyncio gRPC server for ``scorer`` bound to ``address`` (host:port); start it with ``await server.start()``.
+class GrpcDoor:
+    """The gRPC door on ``address`` (host:port); each scored request is appended to ``prediction_log`` when given."""
 
-    Each scored request is appended to ``prediction_log`` when given.
-    """
-    _, services = scoring_api()
+    name = "grpc"
 
-    class Servicer(services.ScorerServicer):
-        async def Score(self, message, context):  # noqa: N802 - the proto's method name
-            began, status = time.perf_counter(), "200"
-            try:
-                record = await scorer.score(request_from_proto(message))
-                if prediction_log is not None:
-                    prediction_log.append(record)
-                return prediction_to_proto(record)
-            except ValidationError as err:
-                status, first = "422", err.errors(include_url=False)[0]
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"{'.'.join(map(str, first['loc']))}: {first['msg']}")
-            except RequestError as err:
-                status = "422"
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(err))
-            except Overloaded as err:
-                status = "503"
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(err))
-            except ModelNotReady as err:
-                status = "503"
-                await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
-            finally:
-                scorer.metrics.requests.labels(DOOR, status).inc()
-                log.info("request %s %.2f ms %s", message.request_id or "-", (time.perf_counter() - began) * 1000, status)
+    def __init__(
+        self,
+        scorer: Scorer,
+        address: str,
+        prediction_log: PredictionLog | None = None,
+        *,
+        limits: RequestLimits = RequestLimits(),
+        auth_token: str | None = None,
+    ) -> None:
+        self.scorer, self.address, self.prediction_log = scorer, address, prediction_log
+        self.limits, self.auth_token = limits, auth_token
 
-    server = grpc.aio.server()
-    services.add_ScorerServicer_to_server(Servicer(), server)
-    server.add_insecure_port(address)
-    return server
+    def stalled_s(self) -> float:
+        """Never stalled: each call is answered or times out on its own."""
+        return 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set; calls in flight get a second to finish."""
+        _, services = scoring_api()
+        server = grpc.aio.server(options=[("grpc.max_receive_message_length", self.limits.max_body_bytes)])
+        services.add_ScorerServicer_to_server(self._servicer(services.ScorerServicer), server)
+        health_servicer = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        reflection.enable_server_reflection((SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+        server.add_insecure_port(self.address)
+        await server.start()
+        reporting = asyncio.ensure_future(_report_health(self.scorer, health_servicer))
+        try:
+            await stop.wait()
+        finally:
+            reporting.cancel()
+            await server.stop(grace=1.0)
+
+    def _servicer(self, base: type):
+        scorer, prediction_log, limits = self.scorer, self.prediction_log, self.limits
+        authorize = bearer_check(self.auth_token)
+
+        class Servicer(base):
+            async def Score(self, message, context):  # noqa: N802 - the proto's method name
+                began, code = time.perf_counter(), grpc.StatusCode.OK
+                try:
+                    authorize(dict(context.invocation_metadata()).get("authorization"))
+                    record = await scorer.score(request_from_proto(message, limits))
+                    if prediction_log is not None:
+                        await prediction_log.append(record)
+                    return prediction_to_proto(record)
+                except ScoringError as err:
+                    code = getattr(grpc.StatusCode, err.grpc_code)
+                    if code == grpc.StatusCode.INTERNAL:
+                        log.exception("request %s failed", message.request_id or "-")
+                    await context.abort(code, str(err))
+                except Exception:
+                    code = grpc.StatusCode.INTERNAL
+                    log.exception("request %s failed", message.request_id or "-")
+                    await context.abort(code, "internal error")
+                finally:
+                    scorer.metrics.requests.labels(DOOR, code.name).inc()
+                    log.info("request %s %.2f ms %s", message.request_id or "-", (time.perf_counter() - began) * 1000, code.name)
+
+        return Servicer()
+
+
+async def _report_health(scorer: Scorer, servicer) -> None:
+    """NOT_SERVING until a prod model is warm, then SERVING (for the whole server and the Scorer service)."""
+    for service in ("", SERVICE):
+        await servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    await scorer.wait_ready()
+    for service in ("", SERVICE):
+        await servicer.set(service, health_pb2.HealthCheckResponse.SERVING)

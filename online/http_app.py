@@ -1,58 +1,100 @@
 """The HTTP front door (FastAPI): a thin adapter over the scorer core.
 
-* ``POST /v1/score``: a ScoreRequest in, a PredictionRecord out; 422 names the invalid field,
-  503 says the scorer is overloaded (retry later).
-* ``GET /v1/models/status``: liveness, and the model serving under each alias.
-  ``GET /v1/models/ready``: 200 only once a prod model is loaded and warm (503 before; so is a
-  score request). ``GET /metrics``: Prometheus.
+* ``POST /v1/score``: a ScoreRequest in, a PredictionRecord out. A request the scorer cannot take
+  gets its ``ScoringError``'s status (``online/errors.py``): 422 names the request field at fault,
+  413 a body over the limit, 404 an unknown model, 503 overloaded or not ready (retry later),
+  401 a missing or wrong bearer token; 500 only for a fault of the scorer.
+* ``GET /v1/models/status``: the model serving under each alias. ``GET /v1/models/ready``: 200 only
+  once a prod model is loaded and warm (503 before; so is a score request).
+* ``GET /v1/health/live``: 200 while every door makes progress; 503 naming a door that has held
+  work without finishing any for longer than ``stall_after_s`` (an orchestrator's liveness probe
+  restarts such a process). ``GET /metrics``: Prometheus.
 
-One log line per request (request id, latency, status); the full trace only on an error.
+With ``auth_token`` set, score and model-status requests need ``Authorization: Bearer <token>``;
+health and metrics stay open for probes and scrapers. One log line per request (request id,
+latency, status); the full trace only for a fault of the scorer.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hmac
 import json
 import logging
 import time
+from collections.abc import Callable
+
+import uvicorn
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import ValidationError
 
-from online.batcher import Overloaded
+from online.errors import PayloadTooLarge, ScoringError, Unauthenticated
 from online.prediction_log import PredictionLog
-from online.scorer import ModelNotReady, RequestError, Scorer
-from schemas.records import ScoreRequest
+from online.request_limits import RequestLimits, parse_request
+from online.scorer import Scorer
 
 log = logging.getLogger("loopline.scoring")
 
 
-def create_app(scorer: Scorer, prediction_log: PredictionLog | None = None) -> FastAPI:
-    """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given."""
+async def _body(http_request: Request, limit: int) -> bytes:
+    """The request body, read no further than ``limit`` bytes (PayloadTooLarge beyond)."""
+    declared = http_request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request of {int(declared):,} bytes; the limit is {limit:,}")
+    chunks, size = [], 0
+    async for chunk in http_request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request of more than {limit:,} bytes; the limit is {limit:,}")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bearer_check(token: str | None) -> Callable[[str | None], None]:
+    """A check of an ``Authorization`` header value against ``token`` (no check when None)."""
+    expected = None if token is None else f"Bearer {token}".encode()
+
+    def check(header: str | None) -> None:
+        if expected is not None and not hmac.compare_digest((header or "").encode(), expected):
+            raise Unauthenticated("missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    return check
+
+
+def create_app(
+    scorer: Scorer,
+    prediction_log: PredictionLog | None = None,
+    *,
+    limits: RequestLimits = RequestLimits(),
+    auth_token: str | None = None,
+    stalled_doors: Callable[[], dict[str, float]] = dict,
+) -> FastAPI:
+    """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given.
+
+    ``stalled_doors()`` names each door that holds work without progress, with for how many seconds.
+    """
     app = FastAPI(title="Loopline scorer")
     requests = scorer.metrics.requests
+    authorize = bearer_check(auth_token)
 
     async def score(http_request: Request) -> Response:
         began = time.perf_counter()
         request_id = "-"
         try:
-            request = ScoreRequest.model_validate_json(await http_request.body())
+            authorize(http_request.headers.get("authorization"))
+            request = parse_request(await _body(http_request, limits.max_body_bytes), limits)
             request_id = request.request_id
             record = await scorer.score(request)
             if prediction_log is not None:
-                prediction_log.append(record)
+                await prediction_log.append(record)
             status, body = 200, record.model_dump_json()
-        except ValidationError as err:
-            first = err.errors(include_url=False)[0]
-            status = 422
-            body = json.dumps({"error": "invalid request", "field": ".".join(map(str, first["loc"])), "reason": first["msg"]})
-        except RequestError as err:
-            status, body = 422, json.dumps({"error": "invalid request", "field": err.field, "reason": str(err)})
-        except Overloaded as err:
-            status, body = 503, json.dumps({"error": "overloaded", "reason": str(err)})
-        except ModelNotReady as err:
-            status, body = 503, json.dumps({"error": "not ready", "reason": str(err)})
+        except ScoringError as err:
+            if err.http_status >= 500 and not err.retriable:
+                log.exception("request %s failed", request_id)
+            status, body = err.http_status, json.dumps(err.answer())
         except Exception:
             log.exception("request %s failed", request_id)
             status, body = 500, json.dumps({"error": "internal error", "request_id": request_id})
@@ -71,15 +113,54 @@ def create_app(scorer: Scorer, prediction_log: PredictionLog | None = None) -> F
         }
 
     @app.get("/v1/models/status")
-    async def status() -> dict:
-        return {"alive": True, "models": models(), "canary_share": scorer.canary_share}
+    async def status(http_request: Request) -> Response:
+        try:
+            authorize(http_request.headers.get("authorization"))
+        except Unauthenticated as err:
+            return JSONResponse(err.answer(), status_code=err.http_status)
+        return JSONResponse({"alive": True, "models": models(), "canary_share": scorer.canary_share})
 
     @app.get("/v1/models/ready")
     async def ready() -> Response:
-        return JSONResponse({"ready": scorer.ready, "models": models()}, status_code=200 if scorer.ready else 503)
+        return JSONResponse({"ready": scorer.ready}, status_code=200 if scorer.ready else 503)
+
+    @app.get("/v1/health/live")
+    async def live() -> Response:
+        stalled = stalled_doors()
+        return JSONResponse({"live": not stalled, "stalled_s": stalled}, status_code=503 if stalled else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(generate_latest(scorer.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: the process's shutdown is the serving process's to run."""
+
+    def capture_signals(self):  # noqa: D102 - uvicorn's hook
+        return contextlib.nullcontext()
+
+
+class HttpDoor:
+    """The HTTP door: ``app`` served on ``host:port`` by uvicorn."""
+
+    name = "http"
+
+    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+        self.app, self.host, self.port = app, host, port
+
+    def stalled_s(self) -> float:
+        """Never stalled: each request is answered or times out on its own."""
+        return 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set (or the server fails to start, e.g. its port is taken)."""
+        server = _Server(uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning"))
+        serving = asyncio.ensure_future(server.serve())
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        server.should_exit = True
+        await serving

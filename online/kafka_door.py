@@ -1,105 +1,217 @@
 """The Kafka front door: ``scoring.requests`` → scorer → ``scoring.predictions``, exactly once.
 
 Each polled batch of requests is scored concurrently (so the dynamic batcher fills), then its
-prediction records, any dead letters (requests that break the contract) and the offsets just past
-the batch are committed in one Kafka transaction. A consumer killed mid-batch leaves an aborted
-transaction: its predictions are never visible to ``read_committed`` readers, and its requests
-are consumed again from the last committed offsets. So every request yields exactly one
-prediction record in the log, and none is lost.
+prediction records, its dead letters and the offsets just past the batch are committed in one
+Kafka transaction. A request that fails for any reason is dead-lettered with the reason (never
+retried forever, never allowed to stop the door), except while the scorer is merely busy or not
+ready, which is waited out. A consumer killed mid-batch leaves an aborted transaction: its
+records are never visible to ``read_committed`` readers, and its requests are consumed again from
+the last committed offsets. So every request yields exactly one record, and none is lost.
 
-The commit of one batch overlaps the scoring of the next (a transaction commit is a broker round
-trip the scorer would otherwise sit out); the next transaction begins only once the previous one
-is committed. Before this member gives up partitions in a rebalance it waits for that commit, so
-the next owner starts exactly where this one stopped.
+Every broker call runs off the event loop, on the door's own threads, with a timeout:
+
+* a retriable error (a broker restarting, a coordinator moving) is retried;
+* an abortable one aborts the transaction, and the door rewinds to the last committed offsets;
+* any other (fenced, a transaction timed out by the coordinator) re-creates the producer, which
+  fences its predecessor's transaction, and the door rewinds likewise.
+
+The commit of one batch overlaps the scoring of the next; the next transaction begins only once
+the previous one is settled. Before this member gives up partitions in a rebalance it waits for
+that commit, so the next owner starts exactly where this one stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from online.batcher import Overloaded
-from online.scorer import RequestError, Scorer
-from schemas.records import DeadLetterRecord, ScoreRequest
-from schemas.validation import ContractViolation, decode, encode
+from online.doors import Progress
+from online.errors import ScoringError
+from online.request_limits import RequestLimits, parse_request
+from online.scorer import Scorer
+from schemas.records import DeadLetterRecord
+from schemas.validation import encode
 
 log = logging.getLogger("loopline.scoring")
 DOOR = "kafka"
+CONSUMER_NAME = f"loopline-scorer/{DOOR}"
+#: Pause between tries of a broker call that failed with a retriable error.
+_RETRY_PAUSE_S = 0.5
+T = TypeVar("T")
+#: One output record: (topic, value, key).
+Output = tuple[str, bytes, str | None]
 
 
 class KafkaScoringDoor:
-    """Consumes score requests as one member of ``group_id`` and logs a prediction for each."""
+    """Consumes score requests as one member of ``group_id`` and logs exactly one record for each."""
+
+    name = DOOR
 
     def __init__(
         self,
         scorer: Scorer,
+        *,
         bootstrap_servers: str,
         group_id: str,
         requests_topic: str,
         predictions_topic: str,
         dead_letter_topic: str,
         transactional_id: str,
+        client_config: Mapping[str, str] | None = None,
+        limits: RequestLimits = RequestLimits(),
         max_poll_records: int = 256,
+        broker_timeout_s: float = 10.0,
     ) -> None:
         self.scorer = scorer
-        self.topics = (requests_topic, predictions_topic, dead_letter_topic)
-        self.max_poll_records = max_poll_records
+        self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
+        self.limits, self.max_poll_records, self.broker_timeout_s = limits, max_poll_records, broker_timeout_s
+        client = {**(client_config or {}), "bootstrap.servers": bootstrap_servers}
         self._consumer = Consumer({
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
+            **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
         })  # fmt: skip
-        # A restarted member with the same transactional id fences off its predecessor's open transaction.
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "transactional.id": transactional_id})
+        # A producer re-created with the same transactional id fences off its predecessor's open transaction.
+        self._producer_config = {**client, "transactional.id": transactional_id}
+        self._producer: Producer | None = None
+        self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txn-commit")
-        self._committing: Future | None = None
+        self._committing: Future[bool] | None = None
+        self._stopping = threading.Event()
+        self._progress = Progress()
 
-    async def _score_one(self, message: Message) -> tuple[str, bytes, str]:
-        """The record to log for one request, (topic, value, key): its prediction, or a dead letter."""
+    def stalled_s(self) -> float:
+        """Seconds this door has held polled requests without committing any."""
+        return self._progress.stalled_s()
+
+    # Scoring (on the event loop) -----------------------------------------------------------------
+
+    async def _score_one(self, message: Message) -> Output:
+        """The record to log for one request: its prediction, or a dead letter saying why not."""
         began = time.perf_counter()
+        request_id = "-"
         try:
-            request = decode(ScoreRequest, message.value() or b"")
+            request = parse_request(message.value() or b"", self.limits)
+            request_id = request.request_id
             while True:
                 try:
                     record = await self.scorer.score(request)
                     break
-                except Overloaded:  # the batch is ours to finish: wait for room rather than drop it
-                    await asyncio.sleep(0.005)
-        except (ContractViolation, RequestError) as err:
-            letter = DeadLetterRecord.for_payload(
-                reason="invalid", error=str(err), error_field=err.field, source_topic=message.topic(),
-                source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
-                payload=message.value(), consumer=f"loopline-scorer/{DOOR}",
-            )  # fmt: skip
-            self.scorer.metrics.requests.labels(DOOR, "invalid").inc()
-            return self.topics[2], encode(letter), message.topic()
+                except ScoringError as err:
+                    if not err.retriable:
+                        raise
+                    await asyncio.sleep(0.005)  # busy or not ready: the batch is ours to finish, wait for room
+        except Exception as err:
+            reason, field = (err.reason, err.field) if isinstance(err, ScoringError) else ("scoring_failed", None)
+            if not isinstance(err, ScoringError) or err.http_status >= 500:
+                log.exception("request %s at %s[%d]@%d failed", request_id, message.topic(), message.partition(), message.offset())
+            self.scorer.metrics.requests.labels(DOOR, reason).inc()
+            return self.dead_letter_topic, self._dead_letter(message, reason, str(err), field), message.topic()
         self.scorer.metrics.requests.labels(DOOR, "200").inc()
         log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
-        return self.topics[1], encode(record), request.request_id
+        return self.predictions_topic, encode(record), request.request_id
 
-    def _take(self) -> list[Message]:
-        """Wait (briefly) for a request, then take what else has already arrived, up to max_poll_records.
+    @staticmethod
+    def _dead_letter(message: Message, reason: str, error: str, field: str | None) -> bytes:
+        return encode(DeadLetterRecord.for_payload(
+            reason=reason, error=error, error_field=field, source_topic=message.topic(),
+            source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
+            payload=message.value(), consumer=CONSUMER_NAME,
+        ))  # fmt: skip
 
-        Waiting to fill a whole batch would add its wait to every request's latency; under load the
-        batches fill by themselves while the previous one is scored and committed.
-        """
+    # Broker calls (on the door's threads) ---------------------------------------------------------
+
+    def _retrying(self, call: Callable[..., T], *args) -> T:
+        """``call(*args)``, tried again after each retriable error until it succeeds or the door stops."""
+        while True:
+            try:
+                return call(*args)
+            except KafkaException as exc:
+                error: KafkaError = exc.args[0]
+                if not error.retriable() or self._stopping.is_set():
+                    raise
+                log.warning("Kafka %s: %s; retrying", getattr(call, "__name__", "call"), error.str())
+                time.sleep(_RETRY_PAUSE_S)
+
+    def _new_producer(self) -> Producer | None:
+        """A transactional producer, its transactions initialised (fencing any predecessor's); None if the
+        door stopped before the broker answered."""
+        while not self._stopping.is_set():
+            producer = Producer(self._producer_config)
+            try:
+                self._retrying(producer.init_transactions, self.broker_timeout_s)
+                return producer
+            except KafkaException as exc:
+                log.warning("Kafka init_transactions: %s; trying a new producer", exc.args[0].str())
+                time.sleep(_RETRY_PAUSE_S)
+        return None
+
+    def _take(self) -> tuple[list[Message], object]:
+        """Wait (briefly) for a request, then take what else has already arrived, up to max_poll_records;
+        with the consumer group's metadata as of this poll (a transaction for a batch polled in an older
+        generation is refused by the broker)."""
         first = self._consumer.poll(0.1)
-        if first is None:
-            return []
-        return [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
+        messages = [] if first is None else [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
+        return [m for m in messages if m.error() is None], self._consumer.consumer_group_metadata()
 
-    def _finish_commit(self, *_) -> None:
-        """Wait for the transaction being committed, if any (also the consumer's on_revoke: before
-        partitions move to another member, their offsets are committed)."""
-        if self._committing is not None:
-            self._committing.result()
-            self._committing = None
+    def _transact(self, outputs: list[Output], offsets: list[TopicPartition], group_metadata) -> bool:
+        """Produce ``outputs`` and commit ``offsets`` in one transaction; False when it was aborted."""
+        producer = self._producer
+        try:
+            producer.begin_transaction()
+            for topic, value, key in outputs:
+                while True:
+                    try:
+                        producer.produce(topic, value, key)
+                        break
+                    except BufferError:  # the queue is full while the broker is slow: make room
+                        producer.poll(0.1)
+            self._retrying(producer.send_offsets_to_transaction, offsets, group_metadata, self.broker_timeout_s)
+            self._retrying(producer.commit_transaction, self.broker_timeout_s)
+        except KafkaException as exc:
+            self._recover(exc.args[0])
+            return False
+        self._progress.progressed(still_holding=True)
+        return True
+
+    def _recover(self, error: KafkaError) -> None:
+        """After a failed transaction: abort it when the broker allows, else start over with a new producer."""
+        log.warning("Kafka transaction failed (%s); its %s", error.str(), "requests will be consumed again")
+        if error.txn_requires_abort():
+            try:
+                self._retrying(self._producer.abort_transaction, self.broker_timeout_s)
+                return
+            except KafkaException as exc:
+                log.warning("Kafka abort_transaction: %s", exc.args[0].str())
+        self._producer = self._new_producer()
+
+    def _rewind(self) -> None:
+        """Seek every assigned partition back to its committed offset: the requests of transactions that
+        did not commit are consumed again."""
+        while not self._stopping.is_set():
+            try:
+                committed = self._consumer.committed(self._consumer.assignment(), timeout=self.broker_timeout_s)
+                break
+            except KafkaException as exc:
+                log.warning("Kafka committed offsets: %s; retrying", exc.args[0].str())
+                time.sleep(_RETRY_PAUSE_S)
+        else:
+            return
+        for partition in committed:
+            if partition.offset < 0:
+                partition.offset = OFFSET_BEGINNING
+            self._consumer.seek(partition)
+
+    def _finish_commit(self, *_) -> bool:
+        """Wait for the transaction being committed, if any; whether it committed. (Also the consumer's
+        on_revoke: before partitions move to another member, their offsets are committed.)"""
+        return True if self._committing is None else self._committing.result()
 
     @staticmethod
     def _next_offsets(messages: list[Message]) -> list[TopicPartition]:
@@ -109,29 +221,43 @@ class KafkaScoringDoor:
             ends[m.topic(), m.partition()] = max(ends.get((m.topic(), m.partition()), -1), m.offset() + 1)
         return [TopicPartition(topic, partition, offset) for (topic, partition), offset in ends.items()]
 
+    # The loop ------------------------------------------------------------------------------------
+
+    async def _settle(self) -> bool:
+        """Wait for the transaction in flight; if it did not commit, rewind the consumer. Whether it committed."""
+        loop = asyncio.get_running_loop()
+        committed = await loop.run_in_executor(self._poller, self._finish_commit)
+        self._committing = None
+        if not committed:
+            await loop.run_in_executor(self._poller, self._rewind)
+        return committed
+
     async def run(self, stop: asyncio.Event) -> None:
         """Consume, score and log transactionally until ``stop`` is set; joins the group once a model is ready."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(None, self._producer.init_transactions)
-        ready, stopped = asyncio.ensure_future(self.scorer.wait_ready()), asyncio.ensure_future(stop.wait())
-        await asyncio.wait([ready, stopped], return_when=asyncio.FIRST_COMPLETED)
-        for waiter in (ready, stopped):
-            waiter.cancel()
-        self._consumer.subscribe([self.topics[0]], on_revoke=self._finish_commit)
+        stopping = asyncio.ensure_future(stop.wait())
+        stopping.add_done_callback(lambda _: self._stopping.set())
         try:
+            self._producer = await loop.run_in_executor(self._committer, self._new_producer)
+            ready = asyncio.ensure_future(self.scorer.wait_ready())
+            await asyncio.wait([ready, stopping], return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            self._consumer.subscribe([self.requests_topic], on_revoke=self._finish_commit)
             while not stop.is_set():
-                messages = [m for m in await loop.run_in_executor(None, self._take) if m.error() is None]
+                messages, group_metadata = await loop.run_in_executor(self._poller, self._take)
                 if not messages:
-                    await loop.run_in_executor(None, self._finish_commit)
+                    await self._settle()
+                    self._progress.progressed(still_holding=False)
                     continue
+                self._progress.holding()
                 outputs = await asyncio.gather(*(self._score_one(m) for m in messages))
-                await loop.run_in_executor(None, self._finish_commit)
-                self._producer.begin_transaction()
-                for topic, value, key in outputs:
-                    self._producer.produce(topic, value, key)
-                self._producer.send_offsets_to_transaction(self._next_offsets(messages), self._consumer.consumer_group_metadata())
-                self._committing = self._committer.submit(self._producer.commit_transaction)
-            await loop.run_in_executor(None, self._finish_commit)
+                if not await self._settle():
+                    continue  # the previous batch was rewound; this one comes again after it
+                self._committing = self._committer.submit(self._transact, outputs, self._next_offsets(messages), group_metadata)
+            await self._settle()
         finally:
-            self._consumer.close()
-            self._committer.shutdown(wait=True)
+            stopping.cancel()
+            self._stopping.set()
+            await loop.run_in_executor(self._poller, self._consumer.close)
+            self._poller.shutdown(wait=False)
+            self._committer.shutdown(wait=False)

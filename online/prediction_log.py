@@ -1,47 +1,111 @@
-"""The feature + prediction log for the HTTP and gRPC doors: one record per scored request on ``scoring.predictions``.
+"""The feature + prediction log for the HTTP and gRPC doors: each scored request on ``scoring.predictions``.
 
-(The Kafka door writes its records inside its own transaction instead.) Appending never delays a
-response: records are queued in the idempotent producer and delivered in the background; a record
-Kafka does not acknowledge is counted (``loopline_scoring_prediction_log_failures_total``) and
-logged with its request id.
+(The Kafka door writes its records inside its own transaction instead.) Records go through an
+idempotent producer, keyed by request id, at least once:
+
+* ``ack`` mode (the default): ``append`` returns once the broker has acknowledged the record, so
+  a client that got its score knows the record is in the log. No acknowledgement within
+  ``ack_timeout_s`` is a ``PredictionLogUnavailable`` (503: retry); the record may still arrive,
+  and readers deduplicate by request id.
+* ``async`` mode: ``append`` returns once the record is queued; a record Kafka finally refuses is
+  counted (``loopline_scoring_prediction_log_failures_total``) and logged with its request id.
+
+Either way a full producer queue refuses the request (``Overloaded``, 503) rather than dropping
+its record, and ``close`` delivers everything queued before the process exits.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+from collections.abc import Mapping
+from typing import Literal
 
 from confluent_kafka import KafkaError, Message, Producer
 from prometheus_client import Counter
 
+from online.errors import Overloaded, PredictionLogUnavailable
 from schemas.records import PredictionRecord
 from schemas.validation import encode
 
 log = logging.getLogger("loopline.scoring")
+LogMode = Literal["ack", "async"]
 
 
 class PredictionLog:
-    """Appends prediction records to ``topic``, keyed by request id."""
+    """Appends prediction records to ``topic``, keyed by request id (see the module's doc for the modes)."""
 
-    def __init__(self, bootstrap_servers: str, topic: str, failures: Counter) -> None:
-        self.topic = topic
+    def __init__(
+        self,
+        *,
+        bootstrap_servers: str,
+        topic: str,
+        failures: Counter,
+        mode: LogMode = "ack",
+        ack_timeout_s: float = 5.0,
+        max_queued: int = 100_000,
+        client_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.topic, self.mode, self.ack_timeout_s = topic, mode, ack_timeout_s
         self._failures = failures
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
-                                   "linger.ms": 5, "compression.type": "lz4"})  # fmt: skip
+        self._producer = Producer({
+            **(client_config or {}),
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            # In ack mode every response waits for its batch: send at once, batching what arrives meanwhile.
+            "linger.ms": 0 if mode == "ack" else 5,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": max_queued,
+        })  # fmt: skip
+        self._closed = threading.Event()
+        # Delivery reports are served on a thread of their own, so the event loop never waits on Kafka.
+        self._poller = threading.Thread(target=self._poll, name="prediction-log", daemon=True)
+        self._poller.start()
 
-    def _delivered(self, err: KafkaError | None, message: Message) -> None:
+    def _poll(self) -> None:
+        while not self._closed.is_set():
+            self._producer.poll(0.1)
+
+    def _delivered(self, future: asyncio.Future | None, err: KafkaError | None, message: Message) -> None:
         if err is not None:
             self._failures.inc()
             log.error("prediction for request %s not logged: %s", message.key(), err)
+        if future is not None:
+            future.get_loop().call_soon_threadsafe(_settle, future, err)
 
-    def append(self, record: PredictionRecord) -> None:
-        """Queue ``record`` for the log (returns at once)."""
+    async def append(self, record: PredictionRecord) -> None:
+        """Log ``record``: in ack mode, return once the broker has it. Overloaded when the producer's queue
+        is full; PredictionLogUnavailable when the broker does not acknowledge in time (ack mode)."""
+        future = asyncio.get_running_loop().create_future() if self.mode == "ack" else None
         try:
-            self._producer.produce(self.topic, encode(record), record.request_id, on_delivery=self._delivered)
+            self._producer.produce(
+                self.topic, encode(record), record.request_id, on_delivery=lambda err, msg: self._delivered(future, err, msg)
+            )
         except BufferError:
-            self._failures.inc()
-            log.error("prediction for request %s not logged: the producer's queue is full", record.request_id)
-        self._producer.poll(0)
+            raise Overloaded("the prediction log's queue is full (is Kafka reachable?); retry later") from None
+        if future is None:
+            return
+        try:
+            async with asyncio.timeout(self.ack_timeout_s):
+                await future
+        except TimeoutError:
+            raise PredictionLogUnavailable(f"Kafka did not acknowledge the prediction within {self.ack_timeout_s:g} s") from None
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Deliver what is queued."""
-        self._producer.flush(timeout_s)
+    def close(self, timeout_s: float = 10.0) -> int:
+        """Deliver what is queued (waiting at most ``timeout_s``); the number of records left undelivered."""
+        left = self._producer.flush(timeout_s)
+        self._closed.set()
+        self._poller.join()
+        if left:
+            log.error("%d prediction records not delivered before shutdown", left)
+        return left
+
+
+def _settle(future: asyncio.Future, err: KafkaError | None) -> None:
+    if future.done():  # its request timed out already
+        return
+    if err is None:
+        future.set_result(None)
+    else:
+        future.set_exception(PredictionLogUnavailable(f"Kafka refused the prediction record: {err}"))

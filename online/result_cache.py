@@ -13,16 +13,17 @@ import struct
 
 import redis.asyncio as redis
 
+from feature_store.redis_connection import redis_client
+
 log = logging.getLogger(__name__)
 
 
 class ResultCache:
     """Scores by (model, version, input row), each kept ``ttl_s`` seconds."""
 
-    def __init__(self, redis_address: str, ttl_s: float, timeout_s: float) -> None:
-        host, port = redis_address.rsplit(":", 1)
+    def __init__(self, redis_connection: str, ttl_s: float, timeout_s: float) -> None:
         self.ttl_ms = int(ttl_s * 1000)
-        self._redis = redis.Redis(host=host, port=int(port), socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        self._redis = redis_client(redis_connection, timeout_s, redis.Redis)
 
     @staticmethod
     def key(model: str, version: str, row: list[float]) -> str:

@@ -12,8 +12,11 @@ import logging
 import math
 import time
 
+import numpy as np
+
 from feature_store.online_read import OnlineReader
 from online.batcher import BatchingKnobs
+from online.errors import InvalidRequest, ModelNotReady, ScoringFailed, UnknownModel
 from online.features import FeatureFetcher
 from online.metrics import ScorerMetrics
 from online.model_lane import ModelLane, ServedModel
@@ -23,18 +26,8 @@ from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord, ScoreRequest
 
 log = logging.getLogger("loopline.scoring")
-
-
-class RequestError(ValueError):
-    """A request the model cannot score as it is (e.g. a request field the model needs is missing)."""
-
-    def __init__(self, field: str, reason: str) -> None:
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-
-
-class ModelNotReady(RuntimeError):
-    """No model is loaded yet: retry once the scorer is ready."""
+#: Models take 32-bit floats: a larger magnitude would reach them as infinity.
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class Scorer:
@@ -121,28 +114,43 @@ class Scorer:
         if self.cache is not None:
             await self.cache.close()
 
-    def _route(self, request_id: str) -> ModelLane:
-        """The lane that scores this request."""
-        canary = self._lanes.get(CANARY_ALIAS)
-        if canary is not None and routes_to_canary(request_id, self.canary_share):
-            return canary
+    def _route(self, request: ScoreRequest) -> ModelLane:
+        """The lane that scores ``request``; UnknownModel when it names a model not served here."""
         prod = self._lanes.get(PROD_ALIAS)
         if prod is None:
             raise ModelNotReady("no model is loaded yet; retry when /v1/models/ready says so")
+        if request.model_name is not None and request.model_name != prod.model.name:
+            raise UnknownModel(request.model_name, prod.model.name)
+        canary = self._lanes.get(CANARY_ALIAS)
+        if canary is not None and routes_to_canary(request.request_id, self.canary_share):
+            return canary
         return prod
 
     @staticmethod
-    def _vector(model: ServedModel, request: ScoreRequest, features: dict) -> tuple[list[float], dict]:
-        """The model's input row, and the values used by input name; RequestError for a missing request field."""
+    def _request_inputs(model: ServedModel, request: ScoreRequest) -> dict[str, float | int]:
+        """The model's request-time inputs by input name; InvalidRequest naming a field that is missing
+        or not a number the model can take (checked before any feature is read or model run)."""
+        values = {}
+        for name in model.inputs:
+            if not name.startswith(REQUEST_PREFIX):
+                continue
+            field = f"request_fields.{name[len(REQUEST_PREFIX):]}"
+            value = request.request_fields.get(name[len(REQUEST_PREFIX):])
+            if value is None:
+                raise InvalidRequest(field, f"required by model {model.name} v{model.version}")
+            if isinstance(value, (bool, str)):
+                raise InvalidRequest(field, f"must be a number for model {model.name}, got {type(value).__name__} {value!r:.40}")
+            if abs(value) > _FLOAT32_MAX:
+                raise InvalidRequest(field, f"{value:.4g} is beyond the model's 32-bit float range")
+            values[name] = value
+        return values
+
+    @staticmethod
+    def _vector(model: ServedModel, request_inputs: dict, features: dict) -> tuple[list[float], dict]:
+        """The model's input row, and the values used by input name (a missing feature is NaN)."""
         used, row = {}, []
         for name in model.inputs:
-            if name.startswith(REQUEST_PREFIX):
-                field = name[len(REQUEST_PREFIX):]
-                if field not in request.request_fields:
-                    raise RequestError(f"request_fields.{field}", f"required by model {model.name} v{model.version}")
-                value = request.request_fields[field]
-            else:
-                value = features.get(name)
+            value = request_inputs[name] if name in request_inputs else features.get(name)
             used[name] = value
             row.append(math.nan if value is None or isinstance(value, str) else float(value))
         return row, used
@@ -164,19 +172,23 @@ class Scorer:
     async def score(self, request: ScoreRequest) -> PredictionRecord:
         """Score one request on the model its route names.
 
-        Raises ModelNotReady before a model is loaded, Overloaded when the batcher's queue is full,
-        RequestError for a request the model cannot score.
+        Raises a ScoringError (``online/errors.py``): ModelNotReady before a model is loaded,
+        Overloaded when the batcher's queue is full, InvalidRequest or UnknownModel for a request the
+        model cannot score, ScoringFailed when the model gives no finite score.
         """
         began = time.perf_counter()
-        lane = self._route(request.request_id)
+        lane = self._route(request)
+        request_inputs = self._request_inputs(lane.model, request)
         lane.enter()
         try:
             fetched = await lane.fetcher.fetch(request.entity_keys)
             fetched_at = time.perf_counter()
-            row, used = self._vector(lane.model, request, fetched.values)
+            row, used = self._vector(lane.model, request_inputs, fetched.values)
             score, queue_wait_s, inference_s = await self._infer(lane, row)
         finally:
             lane.leave()
+        if not math.isfinite(score):
+            raise ScoringFailed(f"model {lane.model.name} v{lane.model.version} gave score {score} for inputs {used}")
         total = time.perf_counter() - began
         stages = {"feature_fetch": fetched_at - began, "queue_wait": queue_wait_s, "inference": inference_s, "total": total}
         for stage, seconds in stages.items():

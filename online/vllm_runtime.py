@@ -17,7 +17,8 @@ import asyncio
 import math
 import time
 
-from online.batcher import BatchTiming, Overloaded
+from online.batcher import BatchTiming
+from online.errors import Overloaded
 
 #: How many top tokens the server reports: the answer tokens must be among them (vLLM's default cap).
 TOP_LOGPROBS = 20

@@ -9,14 +9,36 @@ breaks an existing reader (see ``schemas.compatibility``).
 from __future__ import annotations
 
 import base64
+import math
+import sys
 import time
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 EpochMillis = int
 Channel = Literal["online", "pos", "atm"]
 LabelSource = Literal["chargeback", "manual_review", "customer_report"]
+
+
+def _request_value(value: object) -> float | int | str | bool:
+    """A request-time value as a model can take it: a finite number, a string or a boolean."""
+    if isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        if abs(value) > sys.float_info.max:
+            raise ValueError("integer too large for a floating-point number")
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number (not NaN or ±Infinity)")
+        return value
+    raise ValueError("must be a number, a string or a boolean")
+
+
+#: A request-time field's value. NaN, ±Infinity and integers beyond a double's range are refused here,
+#: naming the field, so no model ever sees them (JSON has no NaN; Python's encoder writes it anyway).
+RequestValue = Annotated[float | int | str | bool, PlainValidator(_request_value, json_schema_input_type=float | int | str | bool)]
 
 
 class Record(BaseModel):
@@ -67,8 +89,8 @@ class ScoreRequest(Record):
 
     request_id: str = Field(min_length=1)
     entity_keys: dict[str, str] = Field(min_length=1, description="Entity name -> key, e.g. user_id.")
-    request_fields: dict[str, float | int | str | bool] = Field(
-        default_factory=dict, description="Values known only at request time, e.g. the amount."
+    request_fields: dict[str, RequestValue] = Field(
+        default_factory=dict, description="Values known only at request time, e.g. the amount (finite numbers, strings, booleans)."
     )
     requested_at_ms: EpochMillis = Field(gt=0)
     model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -14,6 +15,9 @@ R = TypeVar("R", bound=Record)
 
 #: Field name used when the problem is the payload as a whole (not JSON, not an object).
 WHOLE_PAYLOAD = "<payload>"
+#: The deepest JSON nesting a payload may have: every contract is at most a few levels deep, and a
+#: deeper payload (``[[[[...]]]]``) would only cost a parser's recursion.
+MAX_JSON_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -50,24 +54,46 @@ def _violation(record_type: type[Record], field: str, reason: str) -> ContractVi
     return ContractViolation(record_type.RECORD_NAME, [FieldError(field, reason)])
 
 
-def decode(record_type: type[R], payload: bytes | str) -> R:
+_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def json_depth(payload: bytes | str, limit: int) -> int:
+    """How deeply ``payload``'s JSON arrays and objects nest, counting no further than ``limit + 1``."""
+    text = payload.decode("utf-8", errors="replace") if isinstance(payload, bytes) else payload
+    depth = deepest = 0
+    for bracket in _BRACKETS.findall(_STRING.sub("", text)):
+        depth += 1 if bracket in "[{" else -1
+        if depth > deepest:
+            deepest = depth
+            if deepest > limit:
+                break
+    return deepest
+
+
+def decode(record_type: type[R], payload: bytes | str, max_depth: int = MAX_JSON_DEPTH) -> R:
     """Parse and validate one JSON payload as ``record_type``.
 
-    Raises ContractViolation naming the field and the reason when the payload is not JSON,
-    not an object, carries a schema version this reader does not know, or breaks a field rule.
+    Raises ContractViolation naming the field and the reason when the payload is not JSON, nests
+    deeper than ``max_depth``, is not an object, carries a schema version this reader does not
+    know, or breaks a field rule. It never raises anything else, whatever the bytes.
     """
     try:
-        # Fast path: pydantic parses and validates in one pass. Anything it refuses takes the slow
-        # path below, which finds the precise field and reason.
+        # Fast path: pydantic parses and validates in one pass (its parser bounds recursion itself).
+        # Anything it refuses takes the slow path below, which finds the precise field and reason.
         record = record_type.model_validate_json(payload)
         if record.schema_version == record_type.SCHEMA_VERSION:
             return record
     except ValidationError:
         pass
+    if json_depth(payload, max_depth) > max_depth:
+        raise _violation(record_type, WHOLE_PAYLOAD, f"JSON nested deeper than {max_depth} levels")
     try:
         data = json.loads(payload)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise _violation(record_type, WHOLE_PAYLOAD, f"not valid JSON ({exc})") from None
+    except RecursionError:  # nesting within the limit, but the interpreter's stack is smaller
+        raise _violation(record_type, WHOLE_PAYLOAD, "JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise _violation(record_type, WHOLE_PAYLOAD, f"expected a JSON object, got {type(data).__name__}")
     version = data.get("schema_version")
@@ -79,14 +105,25 @@ def decode(record_type: type[R], payload: bytes | str) -> R:
             "schema_version",
             f"unsupported schema version {version!r} (this reader knows {record_type.SCHEMA_VERSION})",
         )
+    return validate(record_type, data)
+
+
+def validate(record_type: type[R], data: dict) -> R:
+    """Validate already-parsed fields as ``record_type``; ContractViolation naming each bad field."""
     try:
         return record_type.model_validate(data)
     except ValidationError as exc:
-        errors = [
-            FieldError(".".join(str(part) for part in err["loc"]) or WHOLE_PAYLOAD, err["msg"])
-            for err in exc.errors(include_url=False)
-        ]
-        raise ContractViolation(record_type.RECORD_NAME, errors) from None
+        raise violation(record_type, exc) from None
+
+
+def violation(record_type: type[Record], error: ValidationError) -> ContractViolation:
+    """``error`` as a ContractViolation of ``record_type``: field paths as dotted names, reasons without
+    pydantic's prefixes."""
+    errors = [
+        FieldError(".".join(str(part) for part in err["loc"]) or WHOLE_PAYLOAD, err["msg"].removeprefix("Value error, "))
+        for err in error.errors(include_url=False)
+    ]
+    return ContractViolation(record_type.RECORD_NAME, errors)
 
 
 def encode(record: Record) -> bytes:

@@ -73,23 +73,34 @@ def _dead_letter(reason: str, error: str, error_field: str | None, topic: str, p
 
 
 class DecodeEvents(ScalarFunction):
-    """Validate a batch of records against their contract: the event's fields, or a dead letter saying why not."""
+    """Validate a batch of records against their contract and the engine's range: the event's fields, or a
+    dead letter saying why not (``invalid``, ``out_of_range``, or ``unprocessable`` for anything else)."""
 
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
+    def __init__(self, plan: FeaturePlan) -> None:
+        self.plan = plan
 
     def open(self, function_context: FunctionContext) -> None:
         self.invalid = function_context.get_metric_group().counter("invalid_events")
 
+    def _event(self, key, value, partition, offset) -> dict:
+        topic = self.plan.topic
+        try:
+            event = decode(TransactionEvent, value or b"").model_dump()
+        except ContractViolation as violation:
+            return {"dead_letter": _dead_letter("invalid", str(violation), violation.field, topic, partition, offset, key, value)}
+        except Exception as err:  # a record must never stop the job, whatever is wrong with it
+            return {"dead_letter": _dead_letter("unprocessable", repr(err), None, topic, partition, offset, key, value)}
+        problem = self.plan.out_of_range(event)
+        if problem is not None:
+            return {"dead_letter": _dead_letter("out_of_range", f"{problem[0]}: {problem[1]}", problem[0], topic, partition, offset, key, value)}
+        return event
+
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
         columns: dict[str, list] = {name: [] for name in ("dead_letter", *_EVENT_COLUMNS)}
         for k, v, p, o in zip(key, value, partition, offset):
-            try:
-                event = decode(TransactionEvent, v or b"").model_dump()
-                event["dead_letter"] = None
-            except ContractViolation as violation:
+            event = self._event(k, v, p, o)
+            if event.get("dead_letter") is not None:
                 self.invalid.inc()
-                event = {"dead_letter": _dead_letter("invalid", str(violation), violation.field, self.topic, p, o, k, v)}
             for name, values in columns.items():
                 values.append(event.get(name))
         return pd.DataFrame({name: pd.Series(values, dtype=object) for name, values in columns.items()})
@@ -121,7 +132,7 @@ class WriteOnline(ScalarFunction):
     def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
 
-        self.writer = OnlineWriter(self.settings.registry_path, self.settings.redis_address)
+        self.writer = OnlineWriter(self.settings.registry_path, self.settings.redis_connection, *_repo(self.settings))
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
     def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
@@ -148,7 +159,8 @@ class AppendOffline(ScalarFunction):
         frame = pd.DataFrame(
             {
                 self.join_key: entity,
-                # The row version is a timestamp in microseconds (see streams/jvm SlidingWindows).
+                # The row version is a timestamp in microseconds (see streams/jvm SlidingWindows): the entity's
+                # latest event time, and a count of the events absorbed since it, strictly growing.
                 "event_timestamp": pd.to_datetime(version_us, unit="us", utc=True),
                 **dict(zip(self.features, features)),
             }
@@ -175,6 +187,13 @@ def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
     )
 
 
+def _kafka_options(settings: JobSettings, options: dict[str, str]) -> str:
+    """The WITH clause of a Kafka table: ``options``, the brokers and the settings' client properties."""
+    properties = {f"properties.{key}": value for key, value in settings.kafka_properties.items()}
+    every = {"connector": "kafka", "properties.bootstrap.servers": settings.bootstrap_servers, **properties, **options}
+    return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
+
+
 def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
@@ -191,44 +210,40 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     """
     t_env = StreamTableEnvironment.create(env)
     # The value stays raw bytes, so a bad record is dead-lettered exactly as it came.
+    source = {
+        "topic": plan.topic,
+        "properties.group.id": settings.group_id,
+        "properties.auto.offset.reset": "earliest",
+        "properties.fetch.min.bytes": "65536",
+        "properties.fetch.max.wait.ms": "20",
+        "scan.startup.mode": "earliest-offset" if from_earliest else "group-offsets",
+        "key.format": "raw",
+        "key.fields": "key",
+        "value.format": "raw",
+        "value.fields-include": "EXCEPT_KEY",
+    }
     t_env.execute_sql(
-        f"""
-        CREATE TABLE raw_events (
-          `key` BYTES,
-          `value` BYTES,
-          `partition` INT METADATA VIRTUAL,
-          `offset` BIGINT METADATA VIRTUAL
-        ) WITH (
-          'connector' = 'kafka',
-          'topic' = '{plan.topic}',
-          'properties.bootstrap.servers' = '{settings.bootstrap_servers}',
-          'properties.group.id' = '{settings.group_id}',
-          'properties.auto.offset.reset' = 'earliest',
-          'properties.fetch.min.bytes' = '65536',
-          'properties.fetch.max.wait.ms' = '20',
-          'scan.startup.mode' = '{"earliest-offset" if from_earliest else "group-offsets"}',
-          'key.format' = 'raw',
-          'key.fields' = 'key',
-          'value.format' = 'raw',
-          'value.fields-include' = 'EXCEPT_KEY'
-        )"""
+        "CREATE TABLE raw_events (`key` BYTES, `value` BYTES, `partition` INT METADATA VIRTUAL, "
+        f"`offset` BIGINT METADATA VIRTUAL) WITH ({_kafka_options(settings, source)})"
     )
-    t_env.execute_sql(
-        f"""
-        CREATE TABLE dead_letters (`value` STRING) WITH (
-          'connector' = 'kafka',
-          'topic' = '{settings.dead_letter_topic}',
-          'properties.bootstrap.servers' = '{settings.bootstrap_servers}',
-          'format' = 'raw',
-          'sink.delivery-guarantee' = 'at-least-once'
-        )"""
-    )
+    # Dead letters are written in Kafka transactions committed with each checkpoint: a restarted job
+    # replays events since its last checkpoint, and the dead letters it wrote for them before the
+    # failure were never committed, so read_committed readers see each one once.
+    dead_letters = {
+        "topic": settings.dead_letter_topic,
+        "format": "raw",
+        "sink.delivery-guarantee": "exactly-once",
+        "sink.transactional-id-prefix": f"{settings.group_id}-dlq",
+        # The broker's limit (15 min): a job down for longer than this loses its open transaction's letters.
+        "properties.transaction.timeout.ms": "900000",
+    }
+    t_env.execute_sql(f"CREATE TABLE dead_letters (`value` STRING) WITH ({_kafka_options(settings, dead_letters)})")
     t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
 
     decoded_row = DataTypes.ROW(
         [DataTypes.FIELD(name, _TYPES[sql][1]) for name, sql in {"dead_letter": "STRING", **_EVENT_COLUMNS}.items()]
     )
-    t_env.create_temporary_function("decode_event", udf(DecodeEvents(plan.topic), result_type=decoded_row, func_type="pandas"))
+    t_env.create_temporary_function("decode_event", udf(DecodeEvents(plan), result_type=decoded_row, func_type="pandas"))
     t_env.create_temporary_function(
         "late_dead_letter", udf(LateDeadLetters(plan.topic), result_type=DataTypes.STRING(), func_type="pandas")
     )
@@ -262,7 +277,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         f"SELECT late_dead_letter({_quoted(_RAW_COLUMNS)}, behind_ms) FROM late_events"
     )
 
-    offline_dirs = _offline_dirs(plan, settings.offline_dir)
+    offline_dirs = _offline_dirs(plan, settings)
     for index, view in enumerate(plan.views):
         columns = _feature_columns(view)
         row_type = _row_type(columns).get_java_type_info()
@@ -292,12 +307,18 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     statements.attach_as_datastream()
 
 
-def _offline_dirs(plan: FeaturePlan, root: Path | None) -> dict[str, Path]:
-    """Where each view's rows are appended: ``<root>/<view>``, or the path its FileSource declares in the repo."""
+def _repo(settings: JobSettings) -> tuple[Path, ...]:
+    """The repo-path argument of the feature store's helpers: the settings' repo, or none for the default."""
+    return () if settings.repo_path is None else (settings.repo_path,)
+
+
+def _offline_dirs(plan: FeaturePlan, settings: JobSettings) -> dict[str, Path]:
+    """Where each view's rows are appended: ``<offline_dir>/<view>``, or the path its FileSource declares in the repo."""
     from feature_store.config import REPO_PATH
 
+    root, repo = settings.offline_dir, settings.repo_path or REPO_PATH
     return {
-        view.name: root / view.name if root is not None else REPO_PATH / (view.offline_path or f"data/offline/{view.name}")
+        view.name: root / view.name if root is not None else repo / (view.offline_path or f"data/offline/{view.name}")
         for view in plan.views
     }
 
@@ -375,7 +396,7 @@ def _main(settings_json: str, source_topic: str) -> None:
     from streams.feature_plan import compile_plan
 
     settings = JobSettings.from_json(settings_json)
-    plan = compile_plan(feature_store(settings.registry_path, settings.redis_address).list_stream_feature_views())
+    plan = compile_plan(feature_store(settings.registry_path, settings.redis_connection, *_repo(settings)).list_stream_feature_views())
     env = new_environment(settings)
     build_job(env, plan.reading(source_topic) if source_topic else plan, settings)
     env.execute(JOB_NAME)

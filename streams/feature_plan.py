@@ -23,6 +23,12 @@ SUPPORTED_FUNCTIONS = WINDOWED_FUNCTIONS | {"time_since_previous"}
 _NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
 #: Sums are kept exact, as integers of 1/SCALE (the job and the recompute both round values to it).
 SCALE = 1_000_000
+#: The largest magnitude an aggregated value may have: its integer of 1/SCALE stays exact in a double
+#: (2**53), and over a thousand of them still sum within a 64-bit integer.
+MAX_EXACT_VALUE = 2**53 / SCALE
+#: The latest event time the engine takes (2255): row versions (microseconds) and the offline log's
+#: timestamps (nanoseconds in pandas) stay within 64 bits.
+MAX_EVENT_TIME_MS = 9_000_000_000_000
 
 
 class PlanError(ValueError):
@@ -78,6 +84,22 @@ class FeaturePlan:
     def out_of_orderness_ms(self) -> int:
         """The job's watermark bound: the most any view allows."""
         return max(view.out_of_orderness_ms for view in self.views)
+
+    @property
+    def numeric_columns(self) -> frozenset[str]:
+        """The source columns some view sums, averages or takes the extremes of."""
+        return frozenset(a.column for view in self.views for a in view.aggregations if a.function in _NUMERIC_FUNCTIONS)
+
+    def out_of_range(self, event: dict, event_time: str = "event_time_ms") -> tuple[str, str] | None:
+        """(field, reason) when a valid event holds a value the engine cannot aggregate exactly, else None.
+
+        The job dead-letters such an event (reason ``out_of_range``); the recompute leaves it out too."""
+        if not 0 < event[event_time] <= MAX_EVENT_TIME_MS:
+            return event_time, f"{event[event_time]} is beyond the latest event time the engine takes ({MAX_EVENT_TIME_MS})"
+        for column in self.numeric_columns:
+            if abs(event[column]) > MAX_EXACT_VALUE:
+                return column, f"{event[column]:.6g} is beyond ±{MAX_EXACT_VALUE:.6g}, the largest value summed exactly"
+        return None
 
     def reading(self, topic: str) -> FeaturePlan:
         """The same plan with every view reading ``topic`` (a replay or a test topic)."""

@@ -26,7 +26,11 @@ class JobSettings:
     operators_jar: Path
     checkpoint_dir: Path
     registry_path: Path | None = None
-    redis_address: str | None = None
+    redis_connection: str | None = None
+    #: The Feast repo (its feature_store.yaml and FileSource paths); None: feature_store/repo.
+    repo_path: Path | None = None
+    #: Extra Kafka client properties for the job's source and sinks (security.protocol, sasl.*, ssl.*).
+    kafka_properties: dict[str, str] = field(default_factory=dict)
     #: Feature rows are appended under <offline_dir>/<view>; None: where each view's FileSource points.
     offline_dir: Path | None = None
     group_id: str = "loopline-features"

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from online.batcher import DynamicBatcher, Overloaded
+from online.batcher import DynamicBatcher
+from online.errors import Overloaded
 
 
 class RecordingModel:

@@ -46,8 +46,8 @@ def _expected_score(values: list[float]) -> float:
     return float(1 / (1 + np.exp(-(np.dot(np.array(values, dtype=np.float32), WEIGHTS.astype(np.float32)) + BIAS))))
 
 
-def _write_user(settings: Settings, redis_address: str, user: str, features: dict) -> None:
-    writer = OnlineWriter(settings.registry_path, redis_address)
+def _write_user(settings: Settings, redis_connection: str, user: str, features: dict) -> None:
+    writer = OnlineWriter(settings.registry_path, redis_connection)
     row = {name.split(":", 1)[1]: value for name, value in features.items()}
     full = {f: row.get(f) for f in ("txn_count_5m", "txn_count_1h", "txn_count_24h", "amount_sum_1h", "amount_sum_24h",
             "amount_mean_1h", "amount_mean_24h", "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h",
@@ -80,7 +80,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Settings, model_path: Path) -> None:
     user = f"score-{uuid.uuid4().hex[:8]}"
     features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
-    _write_user(applied, applied.redis_address, user, features)
+    _write_user(applied, applied.redis_connection, user, features)
     log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
     with serving_doors(applied, build_scorer(applied, model_path), kafka=True) as (url, grpc_address):
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
@@ -186,7 +186,7 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
 
 def test_result_cache_hits_for_the_same_inputs_and_model_version_only(applied: Settings, model_path: Path) -> None:
     user = f"cache-{uuid.uuid4().hex[:8]}"
-    _write_user(applied, applied.redis_address, user, {f"{VIEW}:txn_count_5m": 1, f"{VIEW}:amount_sum_1h": 5.0})
+    _write_user(applied, applied.redis_connection, user, {f"{VIEW}:txn_count_5m": 1, f"{VIEW}:amount_sum_1h": 5.0})
 
     def withserving_doors(**changes) -> Settings:
         return applied.model_copy(update={"serving": applied.serving.model_copy(update={"result_cache_ttl_s": 60, **changes})})

@@ -22,7 +22,7 @@ import pytest
 from conftest import LogReader
 from infra.service import wait_until
 from loopline.demo_scoring import score_requests
-from loopline.feature_job_process import settings_environment
+from loopline.settings import settings_environment
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest

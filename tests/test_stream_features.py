@@ -5,12 +5,15 @@ Real Kafka, Redis, Flink (PyFlink's mini-cluster, in a `loopline stream submit` 
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
+import random
 import shutil
 import signal
 import time
 import uuid
+from collections import Counter
 from dataclasses import replace
 
 import pandas as pd
@@ -22,7 +25,7 @@ from loopline.feature_job_process import start_feature_job, stop_feature_job
 from feature_store.config import REPO_PATH, apply_definitions, feature_store
 from infra.service import wait_until
 from loopline.settings import Settings
-from schemas import DeadLetterRecord, TransactionEvent, decode
+from schemas import DeadLetterRecord, TransactionEvent, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.producer import EventProducer
@@ -43,19 +46,57 @@ def _bad_records() -> list[Emitted]:
         "not json": b"{this is not json",
         "wrong type": json.dumps({**good, "amount": "twelve"}).encode(),
         "unknown version": json.dumps({**good, "schema_version": 7}).encode(),
+        "too deep": b"[" * 100_000 + b"]" * 100_000,
+        # Valid by the contract, but beyond what the engine sums exactly.
+        "out of range": json.dumps({**good, "event_id": "huge", "amount": 1e300}).encode(),
     }
     return [Emitted(SOURCE.name, f"bad-{name}", value, START_MS, None) for name, value in cases.items()]
 
 
+HOT_USER, HOT_MERCHANT = "hot-user", "hot-merchant"
+
+
+def _hot_entity(numbers: range, ms_per_event: float) -> list[Emitted]:
+    """Events ``numbers`` of one user at one merchant, the n-th at about ``n * ms_per_event`` into the
+    stream: five per millisecond, shuffled within groups of 50 (out of order, within the watermark bound)."""
+    rng = random.Random(numbers.start)
+    events = []
+    for n in numbers:
+        at = START_MS + int((n // 5) * 5 * ms_per_event)
+        event = TransactionEvent(
+            schema_version=1, event_id=f"hot-{n}", event_time_ms=at, user_id=HOT_USER, merchant_id=HOT_MERCHANT,
+            amount=round(rng.uniform(1, 500), 2), currency="EUR", merchant_category="grocery", channel="pos", country="DE",
+        )  # fmt: skip
+        events.append(Emitted(SOURCE.name, HOT_USER, encode(event), at, event))
+    for start in range(0, len(events), 50):
+        group = events[start : start + 50]
+        rng.shuffle(group)
+        events[start : start + 50] = group
+    # Sent in the shuffled order, at the pace of the stream they join.
+    return [replace(e, emit_at_ms=START_MS + int(n * ms_per_event)) for n, e in zip(numbers, events)]
+
+
+def _merged(stream: list[Emitted], extra: list[Emitted]) -> list[Emitted]:
+    """``extra`` inserted into ``stream`` by emit time (each keeps its own order)."""
+    return list(heapq.merge(stream, extra, key=lambda e: e.emit_at_ms))
+
+
 def _read(bootstrap: str, topic: str) -> list:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}"})
+    """Every committed record of ``topic``."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}", "isolation.level": "read_committed"})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
     consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
-    wanted, messages = sum(high - low for low, high in ends.values()), []
+    # Offsets count transaction markers and aborted records too: read until every partition is at its end.
+    reached: dict[int, int] = {}
+    messages: list = []
     deadline = time.monotonic() + 30
-    while len(messages) < wanted and time.monotonic() < deadline:
-        messages += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+    while any(reached.get(p, low) < high for p, (low, high) in ends.items()) and time.monotonic() < deadline:
+        for m in consumer.consume(1000, timeout=0.5):
+            if m.error() is None:
+                messages.append(m)
+        for tp in consumer.position([TopicPartition(topic, p) for p in partitions]):
+            reached[tp.partition] = tp.offset
     consumer.close()
     return messages
 
@@ -82,7 +123,7 @@ def _offline_store(settings: Settings):
     repo = settings.home / "repo"
     repo.mkdir(exist_ok=True)
     shutil.copy(REPO_PATH / "feature_store.yaml", repo)
-    return feature_store(settings.registry_path, settings.redis_address, repo)
+    return feature_store(settings.registry_path, settings.redis_connection, repo)
 
 
 def _offline_rows(settings: Settings, view: str) -> pd.DataFrame:
@@ -133,8 +174,8 @@ def _online(store):
 def _historical(store):
     """Feast's point-in-time retrieval from the offline log, at each entity's latest event.
 
-    A row's timestamp is its version: the event time plus up to 999 µs of absorbed-event count,
-    so the query time is the event's millisecond plus 999 µs.
+    A row's timestamp is its version: the entity's latest event time, plus a microsecond for each event
+    absorbed since (fewer than 1,000 here), so the query time is the event's millisecond plus 999 µs.
     """
 
     def read(view, offline: pd.DataFrame) -> pd.DataFrame:
@@ -150,21 +191,22 @@ def _historical(store):
 def plan(settings: Settings, bootstrap: str) -> FeaturePlan:
     from streams.topics import apply_topics
 
-    apply_definitions(settings.registry_path, settings.redis_address)
+    apply_definitions(settings.registry_path, settings.redis_connection)
     apply_topics(bootstrap, [SOURCE, DEAD])
     # Other tests write rows for the same synthetic entities with newer event times; this test
     # compares the whole online store with its own recompute, so it starts from an empty one.
     redis.Redis(port=settings.redis.port).flushdb()
-    store = feature_store(settings.registry_path, settings.redis_address)
+    store = feature_store(settings.registry_path, settings.redis_connection)
     return compile_plan(store.list_stream_feature_views()).reading(SOURCE.name)
 
 
 def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: str, plan: FeaturePlan) -> None:
     job_group = f"test-features-{uuid.uuid4()}"
     stream = iter(SyntheticStream(STREAM, seed=5, start_ms=START_MS))
-    first = [e for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
+    first = [replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
+    ms_per_hot_event = (first[-1].emit_at_ms - first[0].emit_at_ms) / 1_500
     producer = EventProducer(bootstrap)
-    producer.publish([replace(e, topic=SOURCE.name) for e in first] + _bad_records())
+    producer.publish(_merged(first, _hot_entity(range(0, 1_500), ms_per_hot_event)) + _bad_records())
 
     job = _start_job(settings, job_group)
     try:
@@ -172,21 +214,26 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     finally:
         stop_feature_job(job, signal.SIGKILL)  # mid-stream, without warning
 
-    second = [e for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
-    producer.publish(replace(e, topic=SOURCE.name) for e in second)
+    second = [replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
+    producer.publish(_merged(second, _hot_entity(range(1_500, 3_000), ms_per_hot_event)))
 
     messages = _read(bootstrap, SOURCE.name)
     valid = []
     for m in messages:
         try:
-            valid.append({**decode(TransactionEvent, m.value()).model_dump(), "partition": m.partition(), "offset": m.offset()})
+            event = decode(TransactionEvent, m.value()).model_dump()
         except ValueError:
-            pass
+            continue
+        if plan.out_of_range(event) is None:
+            valid.append({**event, "partition": m.partition(), "offset": m.offset()})
     accepted, late = split_late(pd.DataFrame(valid), plan.out_of_orderness_ms)
     assert len(late) > 10, "the stream should plant late events"
+    hot = accepted[accepted["user_id"] == HOT_USER]
+    assert len(hot) > 2_500 and hot["event_time_ms"].duplicated().sum() > 2_000, "one entity with many events in the same ms"
+    assert (hot["event_time_ms"].diff() < 0).sum() > 500, "... many of them out of order"
     expected = {view.name: recompute(view, accepted) for view in plan.views}
     assert all(len(frame) > 30 for frame in expected.values()), "many entities to compare"
-    store = feature_store(settings.registry_path, settings.redis_address)
+    store = feature_store(settings.registry_path, settings.redis_connection)
 
     job = _start_job(settings, job_group)  # resumes from the last checkpoint
     try:
@@ -215,12 +262,21 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     problems = _differences(plan, expected, _historical(_offline_store(settings)))
     assert not problems, f"{len(problems)} historical values differ from the recompute, e.g. {problems[:5]}"
 
+    # Every event of the hot user got a version of its own (the offline log holds each row, a replayed
+    # one possibly twice, identical), so none was skipped by the online store as "not newer".
+    versions = _offline_rows(settings, "user_transaction_features").query("user_id == @HOT_USER")["event_timestamp"]
+    assert versions.nunique() == len(hot), f"{versions.nunique()} distinct row versions for {len(hot)} events"
+
     letters = [decode(DeadLetterRecord, m.value()) for m in _read(bootstrap, DEAD.name)]
-    ours = {(d.source_partition, d.source_offset): d for d in letters if d.source_topic == SOURCE.name}
-    late_positions = {(d.source_partition, d.source_offset) for d in ours.values() if d.reason == "late"}
+    ours = Counter((d.source_partition, d.source_offset) for d in letters if d.source_topic == SOURCE.name)
+    assert max(ours.values()) == 1, "each dead letter committed once, though the job was killed and replayed"
+    by_position = {(d.source_partition, d.source_offset): d for d in letters if d.source_topic == SOURCE.name}
+    late_positions = {p for p, d in by_position.items() if d.reason == "late"}
     assert late_positions == set(zip(late["partition"], late["offset"])), "exactly the late events are dead-lettered"
-    invalid = {d.key: d for d in ours.values() if d.reason == "invalid"}
-    assert invalid["bad-not json"].error_field == "<payload>"
-    assert invalid["bad-wrong type"].error_field == "amount"
-    assert invalid["bad-unknown version"].error_field == "schema_version"
-    assert len([d for d in ours.values() if d.reason == "invalid"]) == len(messages) - len(valid)
+    refused = {d.key: d for d in by_position.values() if d.reason in ("invalid", "out_of_range")}
+    assert refused["bad-not json"].error_field == "<payload>"
+    assert refused["bad-wrong type"].error_field == "amount"
+    assert refused["bad-unknown version"].error_field == "schema_version"
+    assert refused["bad-too deep"].error_field == "<payload>" and "nested" in refused["bad-too deep"].error
+    assert (refused["bad-out of range"].reason, refused["bad-out of range"].error_field) == ("out_of_range", "amount")
+    assert sum(d.reason in ("invalid", "out_of_range") for d in by_position.values()) == len(messages) - len(valid)

@@ -28,9 +28,13 @@ import org.apache.flink.util.Collector;
  *   <li>{@code time_since_previous} is the seconds between {@code T} and the entity's latest
  *       earlier event time (by event time, not arrival).
  * </ul>
- * Each output row is {@code (entity, version, feature...)}. The version is {@code T} in
- * milliseconds times 1000 plus the count of absorbed events mod 1000: it grows with every event,
- * whatever the arrival order, and a replay reproduces it.
+ * Each output row is {@code (entity, version, feature...)}. The version is a timestamp in
+ * microseconds: {@code T} in milliseconds times 1000, or one more than the previous row's version
+ * when that is larger (another event at or before {@code T}). So it grows strictly with every
+ * absorbed event, whatever the arrival order, and a replay reproduces it. It runs ahead of
+ * {@code T} by a millisecond or more only after a thousand events absorbed without {@code T}
+ * moving on. The online store keeps a row only if its version is newer than the one it holds,
+ * and the offline log's timestamp is the version too.
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms}
  * with the column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0
@@ -124,7 +128,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         public long latest;
         public long previous;
         public boolean hasPrevious;
-        public long absorbed;
+        public long version;
         public ArrayList<TreeMap<Long, Bucket>> buckets;
         public ArrayList<HashMap<Object, Integer>> running;
 
@@ -163,7 +167,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
                 w.hasPrevious = true;
             }
         }
-        w.absorbed++;
+        w.version = Math.max(w.version + 1, w.latest * 1000);
         long[] ends = bucketEnds(w.latest);
         if (oldEnds != null) {
             slideRunningSets(w, oldEnds, ends);
@@ -226,7 +230,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     private Row features(String entity, Windows w, long[] ends) {
         Row out = new Row(2 + aggregations.size());
         out.setField(0, entity);
-        out.setField(1, w.latest * 1000 + w.absorbed % 1000);
+        out.setField(1, w.version);
         for (int i = 0; i < aggregations.size(); i++) {
             out.setField(2 + i, value(aggregations.get(i), w, ends));
         }
