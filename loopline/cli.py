@@ -113,7 +113,7 @@ def apply_all() -> None:
     config = settings()
     views = apply_definitions(config.registry_path, config.redis_connection, config.repo_path)
     console.print(f"feature views applied: {', '.join(views)} (registry {config.registry_path})")
-    console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS)))
+    console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS, config.kafka.client_config)))
 
 
 JobManagerOption = Annotated[
@@ -189,7 +189,8 @@ def stream_cancel(
 @topics_app.command("apply")
 def topics_apply() -> None:
     """Create or update every topic from its spec (idempotent)."""
-    console.print(topics_table(apply_topics(settings().kafka.bootstrap_servers, TOPICS)))
+    kafka = settings().kafka
+    console.print(topics_table(apply_topics(kafka.bootstrap_servers, TOPICS, kafka.client_config)))
 
 
 @schemas_app.command("check")

@@ -13,7 +13,11 @@ Every broker call runs off the event loop, on the door's own threads, with a tim
 * a retriable error (a broker restarting, a coordinator moving) is retried;
 * an abortable one aborts the transaction, and the door rewinds to the last committed offsets;
 * any other (fenced, a transaction timed out by the coordinator) re-creates the producer, which
-  fences its predecessor's transaction, and the door rewinds likewise.
+  fences its predecessor's transaction, and the door rewinds likewise;
+* a transaction that does not settle within ``1.5 × broker_timeout_s`` (librdkafka's
+  ``send_offsets_to_transaction`` can block past its timeout when the group coordinator goes
+  away: librdkafka issues 5456, 5511) is abandoned the same way: its producer is replaced, which
+  fences it, and its thread is left to return whenever it does.
 
 The commit of one batch overlaps the scoring of the next; the next transaction begins only once
 the previous one is settled. Before this member gives up partitions in a rebalance it waits for
@@ -28,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
@@ -44,6 +49,8 @@ DOOR = "kafka"
 CONSUMER_NAME = f"loopline-scorer/{DOOR}"
 #: Pause between tries of a broker call that failed with a retriable error.
 _RETRY_PAUSE_S = 0.5
+#: A transaction not settled within this many broker timeouts is abandoned (its calls retry within that).
+_SETTLE_FACTOR = 1.5
 T = TypeVar("T")
 #: One output record: (topic, value, key).
 Output = tuple[str, bytes, str | None]
@@ -74,6 +81,8 @@ class KafkaScoringDoor:
         self.limits, self.max_poll_records, self.broker_timeout_s = limits, max_poll_records, broker_timeout_s
         client = {**(client_config or {}), "bootstrap.servers": bootstrap_servers}
         self._consumer = Consumer({
+            # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
+            "session.timeout.ms": 10_000,
             **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
         })  # fmt: skip
@@ -81,7 +90,7 @@ class KafkaScoringDoor:
         self._producer_config = {**client, "transactional.id": transactional_id}
         self._producer: Producer | None = None
         self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
-        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="txn-commit")
+        self._committer = self._new_committer()
         self._committing: Future[bool] | None = None
         self._stopping = threading.Event()
         self._progress = Progress()
@@ -109,9 +118,11 @@ class KafkaScoringDoor:
                     await asyncio.sleep(0.005)  # busy or not ready: the batch is ours to finish, wait for room
         except Exception as err:
             reason, field = (err.reason, err.field) if isinstance(err, ScoringError) else ("scoring_failed", None)
+            where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
             if not isinstance(err, ScoringError) or err.http_status >= 500:
-                log.exception("request %s at %s[%d]@%d failed", request_id, message.topic(), message.partition(), message.offset())
+                log.exception("request %s at %s failed", request_id, where)
             self.scorer.metrics.requests.labels(DOOR, reason).inc()
+            log.info("request %s %.2f ms dead-lettered (%s) from %s", request_id, (time.perf_counter() - began) * 1000, reason, where)
             return self.dead_letter_topic, self._dead_letter(message, reason, str(err), field), message.topic()
         self.scorer.metrics.requests.labels(DOOR, "200").inc()
         log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
@@ -160,9 +171,12 @@ class KafkaScoringDoor:
         messages = [] if first is None else [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
         return [m for m in messages if m.error() is None], self._consumer.consumer_group_metadata()
 
-    def _transact(self, outputs: list[Output], offsets: list[TopicPartition], group_metadata) -> bool:
-        """Produce ``outputs`` and commit ``offsets`` in one transaction; False when it was aborted."""
-        producer = self._producer
+    @staticmethod
+    def _new_committer() -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="txn-commit")
+
+    def _transact(self, producer: Producer, outputs: list[Output], offsets: list[TopicPartition], group_metadata) -> bool:
+        """Produce ``outputs`` and commit ``offsets`` in one transaction of ``producer``; False when it was aborted."""
         try:
             producer.begin_transaction()
             for topic, value, key in outputs:
@@ -175,17 +189,18 @@ class KafkaScoringDoor:
             self._retrying(producer.send_offsets_to_transaction, offsets, group_metadata, self.broker_timeout_s)
             self._retrying(producer.commit_transaction, self.broker_timeout_s)
         except KafkaException as exc:
-            self._recover(exc.args[0])
+            if producer is self._producer:  # not abandoned meanwhile (see _finish_commit)
+                self._recover(producer, exc.args[0])
             return False
         self._progress.progressed(still_holding=True)
         return True
 
-    def _recover(self, error: KafkaError) -> None:
+    def _recover(self, producer: Producer, error: KafkaError) -> None:
         """After a failed transaction: abort it when the broker allows, else start over with a new producer."""
-        log.warning("Kafka transaction failed (%s); its %s", error.str(), "requests will be consumed again")
+        log.warning("Kafka transaction failed (%s); its requests will be consumed again", error.str())
         if error.txn_requires_abort():
             try:
-                self._retrying(self._producer.abort_transaction, self.broker_timeout_s)
+                self._retrying(producer.abort_transaction, self.broker_timeout_s)
                 return
             except KafkaException as exc:
                 log.warning("Kafka abort_transaction: %s", exc.args[0].str())
@@ -211,7 +226,18 @@ class KafkaScoringDoor:
     def _finish_commit(self, *_) -> bool:
         """Wait for the transaction being committed, if any; whether it committed. (Also the consumer's
         on_revoke: before partitions move to another member, their offsets are committed.)"""
-        return True if self._committing is None else self._committing.result()
+        committing, self._committing = self._committing, None
+        if committing is None:
+            return True
+        try:
+            return committing.result(timeout=_SETTLE_FACTOR * self.broker_timeout_s)
+        except FutureTimeout:
+            log.error("Kafka transaction not settled after %.0f s (a broker call ignored its timeout); "
+                      "abandoning its producer, its requests will be consumed again", _SETTLE_FACTOR * self.broker_timeout_s)  # fmt: skip
+            self._committer.shutdown(wait=False)  # its thread stays blocked in librdkafka until it returns
+            self._committer = self._new_committer()
+            self._producer = self._new_producer()  # fences the abandoned transaction
+            return False
 
     @staticmethod
     def _next_offsets(messages: list[Message]) -> list[TopicPartition]:
@@ -227,7 +253,6 @@ class KafkaScoringDoor:
         """Wait for the transaction in flight; if it did not commit, rewind the consumer. Whether it committed."""
         loop = asyncio.get_running_loop()
         committed = await loop.run_in_executor(self._poller, self._finish_commit)
-        self._committing = None
         if not committed:
             await loop.run_in_executor(self._poller, self._rewind)
         return committed
@@ -253,7 +278,9 @@ class KafkaScoringDoor:
                 outputs = await asyncio.gather(*(self._score_one(m) for m in messages))
                 if not await self._settle():
                     continue  # the previous batch was rewound; this one comes again after it
-                self._committing = self._committer.submit(self._transact, outputs, self._next_offsets(messages), group_metadata)
+                self._committing = self._committer.submit(
+                    self._transact, self._producer, outputs, self._next_offsets(messages), group_metadata
+                )
             await self._settle()
         finally:
             stopping.cancel()

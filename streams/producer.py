@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -33,9 +33,13 @@ class DeliveryError(RuntimeError):
 class EventProducer:
     """An idempotent (exactly-once per partition, in order) confluent-kafka producer."""
 
-    def __init__(self, bootstrap_servers: str, client_id: str = "loopline-producer") -> None:
+    def __init__(
+        self, bootstrap_servers: str, client_id: str = "loopline-producer", client_config: Mapping[str, str] | None = None
+    ) -> None:
+        """``client_config``: extra librdkafka settings (security.protocol, sasl.*, ssl.*)."""
         self._producer = Producer(
             {
+                **(client_config or {}),
                 "bootstrap.servers": bootstrap_servers,
                 "client.id": client_id,
                 "enable.idempotence": True,

@@ -7,10 +7,12 @@ arrays, binary search), so a test comparing the two really checks the streaming 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pandas as pd
 
-from streams.feature_plan import SCALE, ViewPlan
+from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
 
 EVENT_TIME = "event_time_ms"
 
@@ -81,3 +83,41 @@ def _aggregate(function: str, window: list) -> float | int | None:
         total = sum(round(value * SCALE) for value in window)
         return total / SCALE if function == "sum" else total / len(window) / SCALE
     return max(window) if function == "max" else min(window)
+
+
+def feature_differences(
+    plan: FeaturePlan, expected: dict[str, pd.DataFrame], read: Callable[[ViewPlan, pd.DataFrame], pd.DataFrame]
+) -> list[str]:
+    """Every (view, entity, feature) where ``read(view, expected frame)`` differs from the recompute in
+    ``expected`` (by view): exact, except means within a relative 1e-9 (one division of exact sums)."""
+    problems = []
+    for view in plan.views:
+        offline = expected[view.name]
+        merged = offline.merge(read(view, offline), on=view.entity_key, suffixes=("_offline", "_online"))
+        if len(merged) != len(offline):
+            problems.append(f"{view.name}: {len(offline) - len(merged)} entities missing")
+        for feature in view.feature_names:
+            for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"]):
+                same = (pd.isna(want) and pd.isna(got)) or (
+                    not pd.isna(got) and abs(want - got) <= (1e-9 * abs(want) if "mean" in feature else 0)
+                )
+                if not same:
+                    problems.append(f"{view.name}[{entity}].{feature}: online {got}, offline {want}")
+    return problems
+
+
+def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(accepted, late)`` events among a topic's Kafka ``messages``, as the job judges them: decoded by the
+    contract, within the engine's range, not late for their partition."""
+    from schemas.records import TransactionEvent
+    from schemas.validation import ContractViolation, decode
+
+    valid = []
+    for message in messages:
+        try:
+            event = decode(TransactionEvent, message.value() or b"").model_dump()
+        except ContractViolation:
+            continue
+        if plan.out_of_range(event) is None:
+            valid.append({**event, "partition": message.partition(), "offset": message.offset()})
+    return split_late(pd.DataFrame(valid), plan.out_of_orderness_ms)

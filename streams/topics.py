@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -35,8 +35,8 @@ class TopicSpecError(ValueError):
     """A topic spec cannot be applied to the existing topic (for example fewer partitions)."""
 
 
-def _admin(bootstrap_servers: str) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap_servers})
+def _admin(bootstrap_servers: str, client_config: Mapping[str, str] | None) -> AdminClient:
+    return AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap_servers})
 
 
 def _wait_until_usable(admin: AdminClient, names: list[str]) -> None:
@@ -63,13 +63,15 @@ def _wait_until_usable(admin: AdminClient, names: list[str]) -> None:
         time.sleep(0.1)
 
 
-def apply_topics(bootstrap_servers: str, specs: Iterable[TopicSpec]) -> list[TopicChange]:
+def apply_topics(
+    bootstrap_servers: str, specs: Iterable[TopicSpec], client_config: Mapping[str, str] | None = None
+) -> list[TopicChange]:
     """Make the cluster's topics match ``specs``: create missing ones, add partitions, set configs.
 
     Running it again changes nothing. Kafka cannot remove partitions, so a spec with fewer
     partitions than the topic has raises TopicSpecError.
     """
-    admin = _admin(bootstrap_servers)
+    admin = _admin(bootstrap_servers, client_config)
     specs = list(specs)
     existing = admin.list_topics(timeout=_TIMEOUT_S).topics
     changes: list[TopicChange] = []
@@ -119,9 +121,11 @@ def apply_topics(bootstrap_servers: str, specs: Iterable[TopicSpec]) -> list[Top
     return changes
 
 
-def topic_sizes(bootstrap_servers: str, names: Iterable[str]) -> dict[str, int]:
+def topic_sizes(
+    bootstrap_servers: str, names: Iterable[str], client_config: Mapping[str, str] | None = None
+) -> dict[str, int]:
     """Records currently held by each topic (high minus low watermark, summed over partitions)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "loopline-topic-sizes"})
+    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-topic-sizes"})
     try:
         topics = consumer.list_topics(timeout=_TIMEOUT_S).topics
         sizes = {}
@@ -134,5 +138,29 @@ def topic_sizes(bootstrap_servers: str, names: Iterable[str]) -> dict[str, int]:
                 total += high - low
             sizes[name] = total
         return sizes
+    finally:
+        consumer.close()
+
+
+def read_topic(
+    bootstrap_servers: str, topic: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0
+) -> list[Message]:
+    """Every committed record ``topic`` holds now (read_committed, from each partition's start to its end)."""
+    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-reader",
+                         "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
+    try:
+        partitions = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=_TIMEOUT_S).topics[topic].partitions]
+        ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S) for tp in partitions}
+        consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
+        # Offsets count transaction markers and aborted records too: read until each position reaches its end.
+        reached = {p: low for p, (low, _) in ends.items()}
+        messages: list[Message] = []
+        deadline = time.monotonic() + timeout_s
+        while any(reached[p] < high for p, (_, high) in ends.items()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: not read to its end within {timeout_s:.0f} s")
+            messages += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+            reached |= {tp.partition: tp.offset for tp in consumer.position(partitions) if tp.offset >= 0}
+        return messages
     finally:
         consumer.close()

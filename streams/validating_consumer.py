@@ -7,7 +7,7 @@ Kafka, so a crash can repeat work but never lose a record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -37,12 +37,15 @@ class ValidatingConsumer:
         topics: Iterable[TopicSpec],
         dead_letter_topic: str,
         consumer_name: str = "validator",
+        client_config: Mapping[str, str] | None = None,
     ) -> None:
+        """``client_config``: extra librdkafka settings (security.protocol, sasl.*, ssl.*)."""
         self.specs = {spec.name: spec for spec in topics}
         self.dead_letter_topic = dead_letter_topic
         self.consumer_name = consumer_name
         self._consumer = Consumer(
             {
+                **(client_config or {}),
                 "bootstrap.servers": bootstrap_servers,
                 "group.id": group_id,
                 "enable.auto.commit": False,
@@ -51,7 +54,7 @@ class ValidatingConsumer:
             }
         )
         self._dead_letters = Producer(
-            {"bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all"}
+            {**(client_config or {}), "bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all"}
         )
         self._dead_letter_failures: list[KafkaError] = []
 

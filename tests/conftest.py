@@ -89,7 +89,7 @@ def applied(settings: Settings, stack: LocalStack) -> Settings:
     return settings
 
 
-def _start_group_at_end(bootstrap: str, group: str, topic: str) -> None:
+def start_group_at_end(bootstrap: str, group: str, topic: str) -> None:
     """Commit ``group``'s offsets at the end of ``topic``: it sees only what is produced from now on."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
@@ -111,12 +111,12 @@ def serving_doors(
     serving = {"http_port": free_port(), "grpc_port": free_port(), "kafka_group_id": f"doors-{uuid.uuid4().hex[:8]}"}
     settings = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
     if kafka:
-        _start_group_at_end(settings.kafka.bootstrap_servers, settings.serving.kafka_group_id, SCORE_REQUESTS.name)
+        start_group_at_end(settings.kafka.bootstrap_servers, settings.serving.kafka_group_id, SCORE_REQUESTS.name)
     url = f"http://127.0.0.1:{settings.serving.http_port}"
 
     def up() -> bool:
         try:
-            return requests.get(f"{url}/v1/models/status", timeout=1).ok
+            return requests.get(f"{url}/v1/health/live", timeout=1).ok
         except requests.ConnectionError:
             return False
 

@@ -29,8 +29,9 @@ from schemas import DeadLetterRecord, TransactionEvent, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.producer import EventProducer
-from streams.recompute import recompute, split_late
+from streams.recompute import accepted_events, feature_differences, recompute
 from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
+from streams.topics import read_topic
 
 SOURCE = TopicSpec("test.features", TransactionEvent, key="user_id", partitions=3, retention_ms=DAY_MS)
 DEAD = TopicSpec("test.features.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=DAY_MS)
@@ -81,26 +82,6 @@ def _merged(stream: list[Emitted], extra: list[Emitted]) -> list[Emitted]:
     return list(heapq.merge(stream, extra, key=lambda e: e.emit_at_ms))
 
 
-def _read(bootstrap: str, topic: str) -> list:
-    """Every committed record of ``topic``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}", "isolation.level": "read_committed"})
-    partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10) for p in partitions}
-    consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
-    # Offsets count transaction markers and aborted records too: read until every partition is at its end.
-    reached: dict[int, int] = {}
-    messages: list = []
-    deadline = time.monotonic() + 30
-    while any(reached.get(p, low) < high for p, (low, high) in ends.items()) and time.monotonic() < deadline:
-        for m in consumer.consume(1000, timeout=0.5):
-            if m.error() is None:
-                messages.append(m)
-        for tp in consumer.position([TopicPartition(topic, p) for p in partitions]):
-            reached[tp.partition] = tp.offset
-    consumer.close()
-    return messages
-
-
 def _start_job(settings: Settings, group: str):
     return start_feature_job(
         settings,
@@ -143,24 +124,6 @@ def _committed(bootstrap: str, group: str) -> int:
 
 def _wait(condition, timeout_s: float, what: str) -> None:
     assert wait_until(condition, timeout_s, interval_s=0.5), f"timed out after {timeout_s:.0f} s waiting for {what}"
-
-
-def _differences(plan: FeaturePlan, expected: dict[str, pd.DataFrame], read) -> list[str]:
-    """Every (view, entity, feature) where ``read(view, offline_frame)`` differs from the recompute."""
-    problems = []
-    for view in plan.views:
-        offline = expected[view.name]
-        merged = offline.merge(read(view, offline), on=view.entity_key, suffixes=("_offline", "_online"))
-        if len(merged) != len(offline):
-            problems.append(f"{view.name}: {len(offline) - len(merged)} entities missing")
-        for feature in view.feature_names:
-            for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"]):
-                same = (pd.isna(want) and pd.isna(got)) or (
-                    not pd.isna(got) and abs(want - got) <= (1e-9 * abs(want) if "mean" in feature else 0)
-                )
-                if not same:
-                    problems.append(f"{view.name}[{entity}].{feature}: online {got}, offline {want}")
-    return problems
 
 
 def _online(store):
@@ -217,16 +180,8 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     second = [replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
     producer.publish(_merged(second, _hot_entity(range(1_500, 3_000), ms_per_hot_event)))
 
-    messages = _read(bootstrap, SOURCE.name)
-    valid = []
-    for m in messages:
-        try:
-            event = decode(TransactionEvent, m.value()).model_dump()
-        except ValueError:
-            continue
-        if plan.out_of_range(event) is None:
-            valid.append({**event, "partition": m.partition(), "offset": m.offset()})
-    accepted, late = split_late(pd.DataFrame(valid), plan.out_of_orderness_ms)
+    messages = read_topic(bootstrap, SOURCE.name)
+    accepted, late = accepted_events(plan, messages)
     assert len(late) > 10, "the stream should plant late events"
     hot = accepted[accepted["user_id"] == HOT_USER]
     assert len(hot) > 2_500 and hot["event_time_ms"].duplicated().sum() > 2_000, "one entity with many events in the same ms"
@@ -240,7 +195,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
         problems: list[str] = []
 
         def agrees() -> bool:
-            problems[:] = _differences(plan, expected, _online(store))
+            problems[:] = feature_differences(plan, expected, _online(store))
             return not problems
 
         try:
@@ -259,7 +214,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     finally:
         stop_feature_job(job, signal.SIGKILL)
 
-    problems = _differences(plan, expected, _historical(_offline_store(settings)))
+    problems = feature_differences(plan, expected, _historical(_offline_store(settings)))
     assert not problems, f"{len(problems)} historical values differ from the recompute, e.g. {problems[:5]}"
 
     # Every event of the hot user got a version of its own (the offline log holds each row, a replayed
@@ -267,7 +222,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     versions = _offline_rows(settings, "user_transaction_features").query("user_id == @HOT_USER")["event_timestamp"]
     assert versions.nunique() == len(hot), f"{versions.nunique()} distinct row versions for {len(hot)} events"
 
-    letters = [decode(DeadLetterRecord, m.value()) for m in _read(bootstrap, DEAD.name)]
+    letters = [decode(DeadLetterRecord, m.value()) for m in read_topic(bootstrap, DEAD.name)]
     ours = Counter((d.source_partition, d.source_offset) for d in letters if d.source_topic == SOURCE.name)
     assert max(ours.values()) == 1, "each dead letter committed once, though the job was killed and replayed"
     by_position = {(d.source_partition, d.source_offset): d for d in letters if d.source_topic == SOURCE.name}
@@ -279,4 +234,4 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     assert refused["bad-unknown version"].error_field == "schema_version"
     assert refused["bad-too deep"].error_field == "<payload>" and "nested" in refused["bad-too deep"].error
     assert (refused["bad-out of range"].reason, refused["bad-out of range"].error_field) == ("out_of_range", "amount")
-    assert sum(d.reason in ("invalid", "out_of_range") for d in by_position.values()) == len(messages) - len(valid)
+    assert sum(d.reason in ("invalid", "out_of_range") for d in by_position.values()) == len(messages) - len(accepted) - len(late)

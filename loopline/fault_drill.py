@@ -1,0 +1,425 @@
+"""The fault drill: kill -9 parts of the loop under load, restart them, and count what it cost.
+
+With transactions streaming into the feature job, score requests streaming through a Kafka-door
+scorer and HTTP requests hitting a second scorer, the drill kills (SIGKILL) and restarts, in turn
+and at random moments, the Kafka broker, Redis, the feature job and the Kafka-door scorer. Then it
+lets everything drain and checks what a user of Kafka and Flink expects:
+
+* every score request has exactly one prediction in the committed log (none lost, none doubled);
+* the online features equal the offline recompute for every entity;
+* HTTP requests sent while Redis was down were answered within the feature budget, on defaults;
+* every process is up and reports itself live, and a fresh request still scores.
+
+For each fault it also measures the time to recover: from the restart until the part works again
+(a prediction arrives; a probe transaction's features are readable; an HTTP answer has real features).
+``tests/test_faults.py`` runs one fault of each kind; ``benchmarks/faults.py`` runs several.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import requests
+from confluent_kafka import Consumer
+
+from infra.service import free_port, wait_until
+from loopline.components import build_stack, feature_plan, synthetic_config
+from loopline.demo_scoring import score_requests
+from loopline.feature_job_process import start_feature_job, stop_feature_job
+from loopline.settings import Settings, settings_environment
+from offline_training.onnx_models import write_linear_model
+from schemas.records import PredictionRecord, ScoreRequest, TransactionEvent
+from schemas.topics import PREDICTIONS, SCORE_REQUESTS, TRANSACTIONS
+from schemas.validation import decode
+from streams.producer import EventProducer
+from streams.recompute import accepted_events, feature_differences, recompute
+from streams.synthetic import Emitted, SyntheticStream, synthetic_user_id
+from streams.topics import read_topic
+
+FAULT_KINDS = ("broker", "redis", "feature_job", "kafka_scorer")
+_VIEW = "user_transaction_features"
+_INPUTS = [f"{_VIEW}:txn_count_5m", f"{_VIEW}:amount_sum_1h", "request:amount"]
+#: A feature read that falls back takes its budget plus the event loop's turn to notice (the scorer's own timing).
+_FETCH_SLACK_MS = 10.0
+#: An HTTP answer measured from the client: beyond this it would have hung, not merely waited for two busy cores.
+_HTTP_HANG_S = 1.0
+
+
+@dataclass(frozen=True)
+class FaultOutcome:
+    """One injected fault: what was killed, when (s into the drill), how long it stayed down, and how long
+    after its restart the part worked again (None: not within the drill)."""
+
+    kind: str
+    at_s: float
+    down_s: float
+    recovered_s: float | None
+
+
+@dataclass(frozen=True)
+class HttpAnswer:
+    """One HTTP request of the drill's load: when it was sent (s into the drill), how long it took, its status,
+    whether all its features were defaulted, and how long the scorer's feature read took (ms, its own timing)."""
+
+    sent_s: float
+    seconds: float
+    status: int
+    all_defaulted: bool
+    fetch_ms: float | None
+
+    def on_defaults_within(self, budget_s: float) -> bool:
+        """Answered, on default features, its read within the budget, and without hanging."""
+        return (
+            self.status == 200 and self.all_defaulted and self.fetch_ms is not None
+            and self.fetch_ms <= budget_s * 1000 + _FETCH_SLACK_MS and self.seconds <= _HTTP_HANG_S
+        )  # fmt: skip
+
+
+@dataclass
+class DrillReport:
+    """What the drill measured."""
+
+    faults: list[FaultOutcome]
+    requests_sent: int
+    requests_lost: int
+    requests_duplicated: int
+    feature_mismatches: list[str]
+    entities_compared: int
+    http_answers: list[HttpAnswer]
+    redis_outages: list[tuple[float, float]]
+    not_live: list[str]
+    seconds: float
+    budget_s: float
+    details: dict = field(default_factory=dict)
+
+    def http_during_redis_outage(self) -> list[HttpAnswer]:
+        """HTTP requests sent while Redis was down."""
+        return [a for a in self.http_answers if any(start <= a.sent_s < end for start, end in self.redis_outages)]
+
+    def figures(self) -> dict:
+        """The drill's figures (the names the fault benchmark reports)."""
+        outage = self.http_during_redis_outage()
+        recoveries = {kind: [f.recovered_s for f in self.faults if f.kind == kind] for kind in FAULT_KINDS}
+        return {
+            "faults_injected": len(self.faults),
+            "requests_sent": self.requests_sent,
+            "requests_lost": self.requests_lost,
+            "requests_duplicated": self.requests_duplicated,
+            "feature_mismatches": len(self.feature_mismatches),
+            "entities_compared": self.entities_compared,
+            "http_requests": len(self.http_answers),
+            "http_statuses": dict(Counter(a.status for a in self.http_answers)),
+            "http_during_redis_outage": len(outage),
+            "http_during_redis_outage_within_budget_on_defaults": sum(a.on_defaults_within(self.budget_s) for a in outage),
+            **{f"{kind}_recovery_s": [None if r is None else round(r, 2) for r in values] for kind, values in recoveries.items()},
+            "not_live": self.not_live,
+            "drill_s": round(self.seconds, 1),
+        }
+
+
+class _Process:
+    """A `loopline` child process (its own process group), restartable."""
+
+    def __init__(self, name: str, start: Callable[[], subprocess.Popen]) -> None:
+        self.name, self._start = name, start
+        self.process = start()
+
+    def kill(self) -> None:
+        with _suppress_lookup():
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+    def restart(self) -> None:
+        self.process = self._start()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> None:
+        stop_feature_job(self.process)
+
+
+class _suppress_lookup:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, *_) -> bool:
+        return kind is ProcessLookupError
+
+
+class FaultDrill:
+    """One drill on the stack of ``settings`` (up, topics and feature definitions applied), logging under ``folder``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        folder: Path,
+        *,
+        faults_per_kind: int = 1,
+        transactions_per_s: float = 300.0,
+        requests_per_s: float = 100.0,
+        http_per_s: float = 20.0,
+        seed: int = 7,
+        on_progress: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.settings = settings.model_copy(update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})})
+        self.folder = folder
+        self.faults_per_kind = faults_per_kind
+        self.transactions_per_s, self.requests_per_s, self.http_per_s = transactions_per_s, requests_per_s, http_per_s
+        self.rng = random.Random(seed)
+        self.say = on_progress
+        self.run_id = f"drill-{uuid.uuid4().hex[:8]}"
+        self._kafka_prefix = f"{self.run_id}-kafka"
+        self.stack = build_stack(settings)
+        self._began = time.monotonic()
+        self._arrivals: list[tuple[float, str]] = []
+        self._http: list[HttpAnswer] = []
+        self._stop = threading.Event()
+        self._load_done = threading.Event()
+
+    def _now(self) -> float:
+        return time.monotonic() - self._began
+
+    # The processes ------------------------------------------------------------------------------
+
+    def _serve(self, name: str, doors: list[str], model: Path, http_port: int, **env: str) -> Callable[[], subprocess.Popen]:
+        environment = settings_environment(
+            self.settings, LOOPLINE_SERVING__MODEL_PATH=str(model), LOOPLINE_SERVING__HTTP_PORT=str(http_port),
+            LOOPLINE_SERVING__STALL_AFTER_S="20", **env,
+        )  # fmt: skip
+        command = [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http", *doors]
+        log = (self.folder / f"{name}.log").open("ab")
+        return lambda: subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _live(self, port: int) -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/v1/health/live", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def _ready(self, port: int) -> bool:
+        try:
+            return requests.get(f"http://127.0.0.1:{port}/v1/models/ready", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    # The load -----------------------------------------------------------------------------------
+
+    def _until_stopped(self, records: Iterable[Emitted]) -> Iterator[Emitted]:
+        return itertools.takewhile(lambda _: not self._load_done.is_set(), records)
+
+    def _produce_transactions(self) -> None:
+        stream = SyntheticStream(synthetic_config(self.settings, self.transactions_per_s, 0.0), 11, int(time.time() * 1000))
+        producer = EventProducer(self.settings.kafka.bootstrap_servers, client_config=self.settings.kafka.client_config)
+        transactions = (e for e in stream if e.topic == TRANSACTIONS.name)
+        producer.publish(self._until_stopped(transactions), rate_per_s=self.transactions_per_s)
+
+    def _produce_requests(self, sent: list[int]) -> None:
+        users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
+        producer = EventProducer(self.settings.kafka.bootstrap_servers, client_config=self.settings.kafka.client_config)
+        requests_ = self._until_stopped(score_requests(users, self.requests_per_s, self._kafka_prefix))
+        sent.append(producer.publish(requests_, rate_per_s=self.requests_per_s).total)
+
+    def _read_predictions(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap_servers, "group.id": f"{self.run_id}-reader",
+                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer.subscribe([PREDICTIONS.name])
+        try:
+            while not self._stop.is_set():
+                for message in consumer.consume(1000, timeout=0.2):
+                    key = message.key() if message.error() is None else None
+                    if key and key.startswith(self._kafka_prefix.encode()):
+                        self._arrivals.append((self._now(), key.decode()))
+        finally:
+            consumer.close()
+
+    def _http_load(self, port: int) -> None:
+        session = requests.Session()
+        url = f"http://127.0.0.1:{port}/v1/score"
+
+        def one(n: int) -> None:
+            request = ScoreRequest(schema_version=1, request_id=f"{self.run_id}-http-{n}", requested_at_ms=int(time.time() * 1000),
+                                   entity_keys={"user_id": synthetic_user_id(n % 20)}, request_fields={"amount": 10.0})  # fmt: skip
+            sent = self._now()
+            status, defaulted, fetch_ms = 0, False, None
+            try:
+                answer = session.post(url, data=request.model_dump_json(), timeout=10)
+                status = answer.status_code
+                if status == 200:
+                    record = answer.json()
+                    defaulted = len(record["defaulted_features"]) == len(_INPUTS) - 1
+                    fetch_ms = record["stage_latency_ms"]["feature_fetch"]
+            except requests.RequestException:
+                pass
+            self._http.append(HttpAnswer(sent, self._now() - sent, status, defaulted, fetch_ms))
+
+        with ThreadPoolExecutor(8) as pool:
+            n = 0
+            while not self._load_done.is_set():
+                pool.submit(one, n)
+                n += 1
+                time.sleep(max(0.0, n / self.http_per_s - self._now()))
+
+    # Faults -------------------------------------------------------------------------------------
+
+    def _schedule(self) -> list[str]:
+        """The faults in turn: every kind once per round, each round in a random order."""
+        return [kind for _ in range(self.faults_per_kind) for kind in self.rng.sample(FAULT_KINDS, len(FAULT_KINDS))]
+
+    def _probe_features(self, timeout_s: float) -> float | None:
+        """Seconds until a fresh transaction's features are readable online (the feature job works), or None."""
+        from feature_store.online_read import OnlineReader
+
+        user = f"{self.run_id}-probe-{uuid.uuid4().hex[:6]}"
+        now = int(time.time() * 1000)
+        event = TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now, user_id=user, merchant_id="m-probe",
+                                 amount=1.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        began = time.monotonic()
+        from schemas.validation import encode
+
+        EventProducer(self.settings.kafka.bootstrap_servers).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
+        reader = OnlineReader(self.settings.registry_path, self.settings.redis_connection, self.settings.repo_path, timeout_s=1.0)
+
+        def visible() -> bool:
+            try:
+                return reader.row_timestamps_us(_VIEW, [user])[0] is not None
+            except Exception:
+                return False
+
+        return time.monotonic() - began if wait_until(visible, timeout_s, 0.2) else None
+
+    def _recovery(self, kind: str, restarted_s: float, timeout_s: float = 90.0) -> float | None:
+        """Seconds from ``restarted_s`` until the killed part works again."""
+        if kind == "feature_job":
+            probe = self._probe_features(timeout_s)
+            return None if probe is None else self._now() - restarted_s
+        if kind == "redis":
+            found = wait_until(lambda: any(a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted for a in self._http),
+                               timeout_s, 0.1)  # fmt: skip
+            first = min((a.sent_s + a.seconds for a in self._http if a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted),
+                        default=None)  # fmt: skip
+            return first - restarted_s if found and first is not None else None
+        found = wait_until(lambda: any(at >= restarted_s for at, _ in self._arrivals[-200:]), timeout_s, 0.1)
+        return min((at for at, _ in self._arrivals if at >= restarted_s), default=restarted_s) - restarted_s if found else None
+
+    def _inject(self, kind: str, processes: dict[str, _Process]) -> tuple[float, float, float]:
+        """Kill ``kind`` (SIGKILL), leave it down a few seconds, restart it; (killed at, down for until the restart
+        began, restarted (up again) at)."""
+        killed = self._now()
+        if kind in ("broker", "redis"):
+            service = self.stack.kafka if kind == "broker" else self.stack.redis
+            os.kill(service.pid(), signal.SIGKILL)
+            wait_until(lambda: service.pid() is None, 10, 0.05)
+        else:
+            processes[kind].kill()
+        time.sleep(self.rng.uniform(2.0, 4.0))
+        restarting = self._now()
+        if kind in ("broker", "redis"):
+            (self.stack.kafka if kind == "broker" else self.stack.redis).start()
+        else:
+            processes[kind].restart()
+        return killed, restarting - killed, self._now()
+
+    # The drill ----------------------------------------------------------------------------------
+
+    def run(self) -> DrillReport:
+        """Run the drill; stop every process it started before returning."""
+        settings = self.settings
+        model = write_linear_model(self.folder / "drill.onnx", _INPUTS, np.array([0.2, 0.001, 0.004]), -3.0)
+        kafka_port, http_port = free_port(), free_port()
+        group = f"{self.run_id}-scorer"
+        self.say("starting the feature job and two scorers (Kafka door; HTTP door)")
+        processes = {
+            "feature_job": _Process("feature_job", lambda: start_feature_job(settings, self.folder / "feature-job.log")),
+            "kafka_scorer": _Process("kafka_scorer", self._serve("kafka-scorer", ["--kafka"], model, kafka_port,
+                                     LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__PREDICTION_LOG="off")),
+            "http_scorer": _Process("http_scorer", self._serve("http-scorer", [], model, http_port)),
+        }  # fmt: skip
+        try:
+            assert wait_until(lambda: self._ready(kafka_port) and self._ready(http_port), 120, 0.2), "the scorers did not start"
+            if self._probe_features(180) is None:
+                raise RuntimeError(f"the feature job did not start; see {self.folder / 'feature-job.log'}")
+            self._began = time.monotonic()
+            sent: list[int] = []
+            load = [threading.Thread(target=t, args=a, daemon=True) for t, a in (
+                (self._produce_transactions, ()), (self._produce_requests, (sent,)), (self._read_predictions, ()),
+                (self._http_load, (http_port,)))]  # fmt: skip
+            for thread in load:
+                thread.start()
+            faults, redis_outages = [], []
+            for kind in self._schedule():
+                time.sleep(self.rng.uniform(3.0, 8.0))  # a random moment of steady load
+                self.say(f"{self._now():5.1f} s: kill -9 {kind}")
+                killed, down_s, restarted = self._inject(kind, processes)
+                if kind == "redis":
+                    redis_outages.append((killed, killed + down_s))
+                recovered = self._recovery(kind, restarted)
+                self.say(f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again {recovered if recovered is None else round(recovered, 1)} s after restart")
+                faults.append(FaultOutcome(kind, killed, down_s, recovered))
+            time.sleep(5.0)
+            self._load_done.set()
+            for thread in load[:2]:
+                thread.join()
+            self.say("load done; waiting for every request's prediction and the features to settle")
+            lost, duplicated = self._count_predictions(sent[0])
+            mismatches, compared = self._compare_features()
+            not_live = [name for name, p in processes.items() if not p.alive()]
+            not_live += [name for name, port in (("kafka_scorer", kafka_port), ("http_scorer", http_port)) if not self._live(port)]
+            return DrillReport(faults, sent[0], lost, duplicated, mismatches, compared, list(self._http), redis_outages,
+                               not_live, self._now(), settings.serving.feature_budget_ms / 1000)  # fmt: skip
+        finally:
+            self._stop.set()
+            for process in processes.values():
+                process.stop()
+
+    def _count_predictions(self, sent: int, timeout_s: float = 120.0) -> tuple[int, int]:
+        """(lost, duplicated) score requests of the drill, once the log has settled."""
+        expected = {f"{self._kafka_prefix}-{n}" for n in range(sent)}
+
+        def counts() -> Counter:
+            return Counter(key for _, key in self._arrivals if key in expected)
+
+        wait_until(lambda: len(counts()) >= sent, timeout_s, 0.5)
+        time.sleep(2.0)  # a stray duplicate, if the design allowed one, would arrive now
+        seen = counts()
+        return sent - len(seen), sum(n - 1 for n in seen.values())
+
+    def _compare_features(self, timeout_s: float = 180.0) -> tuple[list[str], int]:
+        """Online features against the offline recompute of every event in the log: (mismatches, entities)."""
+        from feature_store.online_read import OnlineReader
+
+        plan = feature_plan(self.settings)
+        messages = read_topic(self.settings.kafka.bootstrap_servers, TRANSACTIONS.name, self.settings.kafka.client_config)
+        accepted, _ = accepted_events(plan, messages)
+        expected = {view.name: recompute(view, accepted) for view in plan.views}
+        reader = OnlineReader(self.settings.registry_path, self.settings.redis_connection, self.settings.repo_path)
+
+        def read(view, offline):
+            rows = [{view.entity_key: key} for key in offline[view.entity_key]]
+            values = reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names], rows)
+            import pandas as pd
+
+            return pd.DataFrame({view.entity_key: offline[view.entity_key], **{f: values[f] for f in view.feature_names}})
+
+        problems: list[str] = []
+
+        def agrees() -> bool:
+            problems[:] = feature_differences(plan, expected, read)
+            return not problems
+
+        wait_until(agrees, timeout_s, 1.0)
+        return problems, sum(len(frame) for frame in expected.values())
