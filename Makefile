@@ -24,6 +24,7 @@ demo: setup
 
 # The tests start their own stack (own ports and data dir) and stop it at the end.
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/pytest -q
 
 down:

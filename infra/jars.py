@@ -78,7 +78,8 @@ def ensure_jars(jars_dir: Path) -> list[Path]:
     """Fetch the broker and connector jars unless they are cached; return what was fetched."""
     fetched = []
     kafka_dir = kafka_jars_dir(jars_dir)
-    if not (kafka_dir / f"kafka_2.13-{pinned_versions().kafka}.jar").exists():
+    version = pinned_versions().kafka
+    if not all((kafka_dir / f"{artifact}-{version}.jar").exists() for artifact in ("kafka_2.13", "kafka-tools")):
         _maven("dependency:copy-dependencies", kafka_dir)
         fetched.append(kafka_dir)
     connector = flink_connector_jar(jars_dir)

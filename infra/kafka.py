@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import shutil
 import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from infra.service import ManagedService
 
 NODE_ID = 1
 _READINESS_GROUP = "loopline-readiness"
+_TRANSACTIONS_TOOL = "org.apache.kafka.tools.TransactionsCommand"
 _LOG4J_CONFIG = Path(__file__).with_name("kafka-log4j2.properties")
 
 
@@ -126,11 +128,50 @@ class KafkaBroker(ManagedService):
         )
         self.cluster_id_file.write_text(cluster_id)
 
-    def _run_tool(self, main_class: str, *args: str) -> None:
+    def _run_tool(self, main_class: str, *args: str) -> str:
+        """Run one of Kafka's command-line tools; its output (StackError naming it if it fails)."""
         result = subprocess.run(self._java(main_class, *args), capture_output=True, text=True)
         if result.returncode != 0:
             last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-2:])
-            raise StackError(f"formatting Kafka storage in {self.data_dir} failed: {last}", f"check {self.data_dir}")
+            raise StackError(f"Kafka's {main_class.rsplit('.', 1)[1]} {args[-1] if args else ''} failed: {last}",
+                             f"see {self.log_file}; check {self.data_dir}")  # fmt: skip
+        return result.stdout
+
+    def start(self) -> bool:
+        """Start the broker unless it runs (see ``ManagedService.start``). After a restart over existing data, a
+        watcher process (``infra/kafka_janitor.py``) aborts, for two minutes, transactions the crash left hanging."""
+        restarting = (self.data_dir / "meta.properties").exists() and self.pid() is None
+        started = super().start()
+        if started and restarting:
+            with self.log_file.open("ab") as log:
+                subprocess.Popen([sys.executable, "-m", "infra.kafka_janitor", self.address, str(self.jars_dir)],
+                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        return started
+
+    def hanging_transactions(self, older_than_min: int = 1) -> list[tuple[str, int, int]]:
+        """(topic, partition, start offset) of each transaction open for over ``older_than_min`` minutes on a
+        partition whose coordinator no longer expects to write its markers (``kafka-transactions.sh find-hanging``).
+
+        A single broker killed mid-commit may, once restarted, finish the transaction at its coordinator without
+        writing the markers to its partitions (still fenced, it does not know itself as their leader and skips
+        them as deleted: "Couldn't find leader endpoint" in its log; seen here under kill -9). The partitions'
+        last stable offset then stays put: read_committed readers, and offset fetches of the group whose offsets
+        were in the transaction, wait forever. Only a transaction older than any live one can be (ours commit
+        within seconds) is taken for hanging, so a live transaction is never aborted.
+        """
+        output = self._run_tool(_TRANSACTIONS_TOOL, "--bootstrap-server", self.address, "find-hanging",
+                                "--broker-id", str(NODE_ID), "--max-transaction-timeout", str(older_than_min))  # fmt: skip
+        lines = output.splitlines()
+        header = next((i for i, line in enumerate(lines) if line.startswith("Topic\tPartition\tProducerId")), len(lines))
+        # One tab-separated row per hanging transaction: topic, partition, producer id and epoch, coordinator epoch, start offset, ...
+        rows = [line.split("\t") for line in lines[header + 1 :] if line.strip()]
+        return [(row[0], int(row[1]), int(row[5])) for row in rows]
+
+    def abort_transaction(self, topic: str, partition: int, start_offset: int) -> None:
+        """Abort the transaction open on ``topic``-``partition`` since ``start_offset`` (``kafka-transactions.sh abort``):
+        its records stay invisible, and offsets it committed for a group are dropped, so that input is consumed again."""
+        self._run_tool(_TRANSACTIONS_TOOL, "--bootstrap-server", self.address, "abort", "--topic", topic,
+                       "--partition", str(partition), "--start-offset", str(start_offset))  # fmt: skip
 
     def ready(self) -> bool:
         """A metadata request answered by this broker, and a group coordinator that serves groups.

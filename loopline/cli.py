@@ -294,6 +294,53 @@ def models_canary(
     console.print(f"{name} canary → v{version} on {share:.0%} of requests")
 
 
+@app.command("plan-gpu")
+def plan_gpu(
+    widths: Annotated[Optional[str], typer.Option(help="An MLP's layer widths, input first: 12,512,512,256,1.")] = None,
+    layers: Annotated[int, typer.Option(help="A transformer's layers (with --hidden, --heads, --vocab).")] = 0,
+    hidden: Annotated[int, typer.Option(help="A transformer's hidden size.")] = 0,
+    heads: Annotated[int, typer.Option(help="A transformer's attention heads.")] = 0,
+    vocab: Annotated[int, typer.Option(help="A transformer's vocabulary.")] = 32_000,
+    precision: Annotated[str, typer.Option(help="Training precision: fp32, bf16 or fp16 (mixed).")] = "bf16",
+    serve_precision: Annotated[str, typer.Option(help="Serving precision: fp32, fp16, bf16 or int8.")] = "fp16",
+    batch: Annotated[int, typer.Option(help="Training micro-batch per GPU (sequences or rows).")] = 8,
+    seq_len: Annotated[int, typer.Option(help="Sequence length (transformers): training and the KV cache.")] = 2048,
+    serve_batch: Annotated[int, typer.Option(help="Sequences served at once (KV cache).")] = 16,
+    recompute: Annotated[bool, typer.Option(help="Activation checkpointing in training.")] = True,
+) -> None:
+    """Memory to train (per ZeRO stage) and to serve a model shape, and the fewest GPUs of each type that fit."""
+    from offline_training.gpu_plan import GPUS, ModelShape, inference_memory, smallest_serving_fit, smallest_training_fit, training_memory
+
+    if widths:
+        shape = ModelShape.mlp(tuple(int(w) for w in widths.split(",")))
+    elif layers and hidden and heads:
+        shape = ModelShape.transformer(layers, hidden, heads, vocab)
+    else:
+        raise typer.BadParameter("give --widths for an MLP, or --layers, --hidden and --heads for a transformer")
+    length = seq_len if shape.kind == "transformer" else 1
+    console.print(f"{shape.kind}: {shape.parameters / 1e6:,.1f} M parameters; training in {precision} with Adam, micro-batch {batch}")
+    memory = Table(title="training memory per GPU, GB (on 8 GPUs; the last column on 1)")
+    for column in ("ZeRO", "params", "grads", "Adam", "activations", "total", "total on 1"):
+        memory.add_column(column, justify="right")
+    fewest = Table(title="fewest GPUs that fit the training (90 % of memory usable; — none up to 1,024)")
+    for column in ("ZeRO", *GPUS):
+        fewest.add_column(column, justify="right")
+    for stage in range(4):
+        one, eight = (training_memory(shape, precision, stage, n, batch, length, recompute) for n in (1, 8))
+        parts = (eight.parameters, eight.gradients, eight.optimizer, eight.activations, eight.total, one.total)
+        memory.add_row(str(stage), *(f"{v / 1e9:,.2f}" for v in parts))
+        counts = (smallest_training_fit(shape, precision, stage, batch, length, gpu, recompute) for gpu in GPUS)
+        fewest.add_row(str(stage), *("—" if n is None else str(n) for n in counts))
+    console.print(memory, fewest)
+    weights, kv_cache = inference_memory(shape, serve_precision, serve_batch, seq_len if shape.kind == "transformer" else 0)
+    serving = Table(title=f"serving in {serve_precision}: weights {weights / 1e9:,.2f} GB + KV cache {kv_cache / 1e9:,.2f} GB")
+    for gpu in GPUS:
+        serving.add_column(gpu, justify="right")
+    serving.add_row(*("—" if n is None else str(n) for n in (smallest_serving_fit(shape, serve_precision, serve_batch,
+                    seq_len if shape.kind == "transformer" else 0, gpu) for gpu in GPUS)))  # fmt: skip
+    console.print(serving)
+
+
 @app.command("demo")
 def demo(
     seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 60.0,

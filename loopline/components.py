@@ -13,7 +13,7 @@ from infra.kafka import KafkaBroker
 from infra.redis import RedisServer
 from infra.service import free_port
 from infra.stack import LocalStack
-from loopline.settings import FeatureStoreSettings, KafkaSettings, RedisSettings, Settings
+from loopline.settings import FeatureStoreSettings, KafkaSettings, RedisSettings, Settings, StreamSettings
 from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.operators_jar import operators_jar
@@ -32,6 +32,7 @@ def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
         kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
         redis=RedisSettings(port=free_port()),
         feature_store=FeatureStoreSettings(registry_path=home / "feast" / "registry.db"),
+        stream=StreamSettings(metrics_port=free_port()),
     )
 
 
@@ -107,6 +108,7 @@ def job_settings(settings: Settings) -> JobSettings:
         flush_interval_ms=stream.flush_interval_ms,
         max_batch_rows=stream.max_batch_rows,
         parallelism=stream.parallelism,
+        metrics_port=stream.metrics_port,
     )
 
 

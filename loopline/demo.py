@@ -65,8 +65,9 @@ def _produce_while_showing_features(
     features and scoring; a third of the way in, a new model version is promoted."""
     reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
     waited_from = time.monotonic()
-    with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start)"):
+    with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start) and the scorer"):
         wait_until_serving(job, settings, reader, timeout_s=_JOB_START_TIMEOUT_S)
+        scoring.wait_ready()
     # The wait for the job counts against the budget too.
     duration = max(5.0, budget_s - (time.monotonic() - waited_from) - _REPORT_RESERVE_S)
     stream = SyntheticStream(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), int(time.time()), int(time.time() * 1000))
@@ -74,7 +75,7 @@ def _produce_while_showing_features(
     outcome: list[PublishStats] = []
     producing = threading.Thread(
         target=lambda: outcome.append(
-            EventProducer(settings.kafka.bootstrap_servers).publish(
+            EventProducer(settings.kafka.bootstrap_servers, client_config=settings.kafka.client_config).publish(
                 stream, rate_per_s=rate, duration_s=duration, on_progress=lambda n: produced.__setitem__(0, n)
             )
         ),
@@ -116,7 +117,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     bootstrap = settings.kafka.bootstrap_servers
     views = apply_definitions(settings.registry_path, settings.redis_connection, settings.repo_path)
     console.print(f"feast apply: {', '.join(views)}")
-    console.print(topics_table(apply_topics(bootstrap, TOPICS)))
+    console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
 
     console.rule("3. streaming feature job (PyFlink, embedded), the producer, and the scorer")
     # The demo rebuilds the job's state from the retained events, so a checkpoint left by an
@@ -124,23 +125,25 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False)
     scoring = DemoScoring(settings, settings.home / "models", _SCORING_RATE)
     try:
-        scoring.start_serving()  # while the job starts: the scorer's model load and Kafka transactions warm up
+        # While the job starts: the scorer (its own process, as in production) loads its model and warms up.
+        scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
         stats, reader = _produce_while_showing_features(
             settings, job, scoring, seconds - (time.monotonic() - began), rate, console
         )
+        _, scored = scoring.stats()  # while the scorer still answers for its counters
     finally:
         scoring.stop()
         stop_feature_job(job)
-    _, scored = scoring.stats()
 
     console.rule("4. validating (bad records go to the dead-letter topic)")
     dead_letters: list[DeadLetterRecord] = []
-    validator = ValidatingConsumer(bootstrap, "loopline-demo-validator", [TRANSACTIONS, LABELS], DEAD_LETTERS.name)
+    client = settings.kafka.client_config
+    validator = ValidatingConsumer(bootstrap, "loopline-demo-validator", [TRANSACTIONS, LABELS], DEAD_LETTERS.name, client_config=client)
     try:
         counts = validator.run_until_caught_up(timeout_s=60.0)
     finally:
         validator.close()
-    dlq = ValidatingConsumer(bootstrap, "loopline-demo-dlq-reader", [DEAD_LETTERS], DEAD_LETTERS.name)
+    dlq = ValidatingConsumer(bootstrap, "loopline-demo-dlq-reader", [DEAD_LETTERS], DEAD_LETTERS.name, client_config=client)
     try:
         counts |= dlq.run_until_caught_up(
             timeout_s=30.0,
@@ -148,7 +151,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         )
     finally:
         dlq.close()
-    console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS])))
+    console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS], client)))
     for record in dead_letters[:3]:
         console.print(
             f"  dead letter ({record.reason}, by {record.consumer}) from "

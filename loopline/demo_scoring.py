@@ -1,18 +1,21 @@
 """The demo's scoring half: a model released through the registry, scored over Kafka, swapped mid-run.
 
 While the feature job and the producer run, ``DemoScoring`` registers a small fraud model as
-``prod``, serves it with the Kafka door (``scoring.requests`` → ``scoring.predictions``, exactly
-once) in a thread of its own, sends a stream of score requests for the synthetic users, and reads
-the prediction log back to report requests/s, latency, batch size, model versions and the
-defaulted-feature rate. A third of the way in, a second version is registered and promoted: the scorer
+``prod``, serves it with `loopline serve --kafka --http` in a process of its own, as in production
+(``scoring.requests`` → ``scoring.predictions``, exactly once), sends a stream of score requests for
+the synthetic users, and reads the prediction log back (and the scorer's /metrics) to report
+requests/s, latency, batch size, model versions, the defaulted-feature rate and the share of reads
+over budget. A third of the way in, a second version is registered and promoted: the scorer
 hot-swaps to it and the table shows the switch.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import random
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -21,11 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import requests
 from confluent_kafka import Consumer
+from prometheus_client.parser import text_string_to_metric_families
 
+from infra.errors import StackError
+from infra.service import wait_until
 from loopline.components import model_release
-from loopline.serving import build_scorer, doors_in_thread, model_watcher
-from loopline.settings import Settings
+from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
 from schemas.model_registry import PROD_ALIAS
 from schemas.records import PredictionRecord, ScoreRequest
@@ -107,8 +113,17 @@ class ScoringStats:
         )  # fmt: skip
 
 
+def _sample(metrics_text: str, name: str, labels: dict[str, str]) -> float:
+    """The value of the sample ``name`` with ``labels`` in a Prometheus exposition (0 when absent)."""
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    return 0.0
+
+
 class DemoScoring:
-    """The scorer, its request stream and a reader of its prediction log, running in threads beside the demo."""
+    """The scorer (a process of its own), its request stream and a reader of its prediction log."""
 
     def __init__(self, settings: Settings, models_dir: Path, rate_per_s: float = 200.0) -> None:
         serving = settings.serving.model_copy(update={"registry_poll_s": 1.0, "kafka_group_id": "loopline-demo-scorer"})
@@ -118,12 +133,12 @@ class DemoScoring:
         self._release = model_release(self.settings)
         self._files = [write_linear_model(models_dir / f"fraud-{i + 1}.onnx", _INPUTS, w, b) for i, (w, b) in enumerate(_VERSIONS)]
         self._stop = threading.Event()
-        self._serving = contextlib.ExitStack()
+        self._scorer: subprocess.Popen | None = None
         self._records: deque[tuple[float, PredictionRecord]] = deque()
         self._threads: list[threading.Thread] = []
         self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
-        self.scorer = build_scorer(self.settings)
+        self.url = f"http://{serving.host}:{serving.http_port}"
         self.released: list[str] = []
 
     def _release_version(self, index: int) -> None:
@@ -135,15 +150,17 @@ class DemoScoring:
     def _send_requests(self, seconds: float) -> None:
         users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
         requests = score_requests(users, self.rate_per_s, self.run_id)
-        EventProducer(self.settings.kafka.bootstrap_servers, client_id="loopline-demo-requests").publish(
+        kafka = self.settings.kafka
+        EventProducer(kafka.bootstrap_servers, client_id="loopline-demo-requests", client_config=kafka.client_config).publish(
             itertools.takewhile(lambda _: not self._stop.is_set(), requests), rate_per_s=self.rate_per_s, duration_s=seconds
         )  # fmt: skip
 
     def _read_predictions(self) -> None:
         # From the start of the topic (keys filtered by this run's prefix): a reader that joined late
         # would miss the first predictions.
-        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap_servers, "group.id": f"{self.run_id}-reader",
-                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer = Consumer({**self.settings.kafka.client_config, "bootstrap.servers": self.settings.kafka.bootstrap_servers,
+                             "group.id": f"{self.run_id}-reader", "auto.offset.reset": "earliest",
+                             "isolation.level": "read_committed"})  # fmt: skip
         consumer.subscribe([PREDICTIONS.name])
         try:
             while not self._stop.is_set():
@@ -157,12 +174,35 @@ class DemoScoring:
         self._threads.append(threading.Thread(target=target, args=args, daemon=True))
         self._threads[-1].start()
 
-    def start_serving(self) -> None:
-        """Release version 1 and start the scorer (it joins its consumer group once the model is warm)."""
+    def start_serving(self, log_file: Path) -> None:
+        """Release version 1 and start `loopline serve --kafka --http` (it joins its consumer group once the model is warm)."""
         self._release_version(0)
-        watcher = model_watcher(self.settings, self.scorer)
-        self._serving.enter_context(doors_in_thread(self.settings, self.scorer, {"kafka"}, watcher.run))
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        self._scorer = subprocess.Popen(
+            [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--kafka", "--http"],
+            env=settings_environment(self.settings), stdout=log_file.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
         self._thread(self._read_predictions)
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """Wait until the scorer serves a model (StackError, naming its log, if it does not)."""
+
+        def ready() -> bool:
+            try:
+                return requests.get(f"{self.url}/v1/models/ready", timeout=1).ok
+            except requests.RequestException:
+                return False
+
+        if not wait_until(lambda: ready() or self._scorer.poll() is not None, timeout_s, 0.2) or self._scorer.poll() is not None:
+            raise StackError(f"the scorer at {self.url} did not get ready", "see its log (scorer.log under the stack's logs)")
+
+    def _counters(self) -> list[float]:
+        """The scorer's counters of ``_COUNTERS``, from its /metrics (zeros if it does not answer)."""
+        try:
+            text = requests.get(f"{self.url}/metrics", timeout=1).text
+        except requests.RequestException:
+            return [0.0] * len(_COUNTERS)
+        return [_sample(text, name, labels) for name, labels in _COUNTERS]
 
     def send_requests(self, seconds: float) -> None:
         """Send score requests for ``seconds`` (in the background)."""
@@ -176,9 +216,8 @@ class DemoScoring:
     def stats(self) -> tuple[ScoringStats | None, ScoringStats | None]:
         """(the last few seconds, the whole run)."""
         now = time.monotonic()
-        sample = self.scorer.metrics.registry.get_sample_value
         # The scorer's counters now and a window ago: their change over the window.
-        self._counted.append((now, [sample(name, labels) or 0.0 for name, labels in _COUNTERS]))
+        self._counted.append((now, self._counters()))
         while len(self._counted) > 2 and self._counted[1][0] <= now - _WINDOW_S:
             self._counted.popleft()
         first, last = self._counted[0][1], self._counted[-1][1]
@@ -190,8 +229,10 @@ class DemoScoring:
         )
 
     def stop(self) -> None:
-        """Stop sending, serving and reading."""
+        """Stop sending, serving (SIGTERM: the scorer commits what it scored and leaves its group) and reading."""
         self._stop.set()
-        self._serving.close()
+        if self._scorer is not None and self._scorer.poll() is None:
+            self._scorer.send_signal(signal.SIGTERM)
+            self._scorer.wait(60)
         for thread in self._threads:
             thread.join(30)

@@ -27,12 +27,13 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import requests
 from confluent_kafka import Consumer
 
@@ -42,9 +43,9 @@ from loopline.demo_scoring import score_requests
 from loopline.feature_job_process import start_feature_job, stop_feature_job
 from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
-from schemas.records import PredictionRecord, ScoreRequest, TransactionEvent
-from schemas.topics import PREDICTIONS, SCORE_REQUESTS, TRANSACTIONS
-from schemas.validation import decode
+from schemas.records import ScoreRequest, TransactionEvent
+from schemas.topics import PREDICTIONS, TRANSACTIONS
+from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
 from streams.synthetic import Emitted, SyntheticStream, synthetic_user_id
@@ -104,7 +105,6 @@ class DrillReport:
     not_live: list[str]
     seconds: float
     budget_s: float
-    details: dict = field(default_factory=dict)
 
     def http_during_redis_outage(self) -> list[HttpAnswer]:
         """HTTP requests sent while Redis was down."""
@@ -113,7 +113,7 @@ class DrillReport:
     def figures(self) -> dict:
         """The drill's figures (the names the fault benchmark reports)."""
         outage = self.http_during_redis_outage()
-        recoveries = {kind: [f.recovered_s for f in self.faults if f.kind == kind] for kind in FAULT_KINDS}
+        recoveries = {kind: [f.recovered_s for f in self.faults if f.kind == kind] for kind in FAULT_KINDS if any(f.kind == kind for f in self.faults)}
         return {
             "faults_injected": len(self.faults),
             "requests_sent": self.requests_sent,
@@ -170,6 +170,7 @@ class FaultDrill:
         folder: Path,
         *,
         faults_per_kind: int = 1,
+        kinds: Sequence[str] = FAULT_KINDS,
         transactions_per_s: float = 300.0,
         requests_per_s: float = 100.0,
         http_per_s: float = 20.0,
@@ -178,7 +179,7 @@ class FaultDrill:
     ) -> None:
         self.settings = settings.model_copy(update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})})
         self.folder = folder
-        self.faults_per_kind = faults_per_kind
+        self.faults_per_kind, self.kinds = faults_per_kind, list(kinds)
         self.transactions_per_s, self.requests_per_s, self.http_per_s = transactions_per_s, requests_per_s, http_per_s
         self.rng = random.Random(seed)
         self.say = on_progress
@@ -278,7 +279,7 @@ class FaultDrill:
 
     def _schedule(self) -> list[str]:
         """The faults in turn: every kind once per round, each round in a random order."""
-        return [kind for _ in range(self.faults_per_kind) for kind in self.rng.sample(FAULT_KINDS, len(FAULT_KINDS))]
+        return [kind for _ in range(self.faults_per_kind) for kind in self.rng.sample(self.kinds, len(self.kinds))]
 
     def _probe_features(self, timeout_s: float) -> float | None:
         """Seconds until a fresh transaction's features are readable online (the feature job works), or None."""
@@ -289,8 +290,6 @@ class FaultDrill:
         event = TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now, user_id=user, merchant_id="m-probe",
                                  amount=1.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
         began = time.monotonic()
-        from schemas.validation import encode
-
         EventProducer(self.settings.kafka.bootstrap_servers).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
         reader = OnlineReader(self.settings.registry_path, self.settings.redis_connection, self.settings.repo_path, timeout_s=1.0)
 
@@ -411,8 +410,6 @@ class FaultDrill:
         def read(view, offline):
             rows = [{view.entity_key: key} for key in offline[view.entity_key]]
             values = reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names], rows)
-            import pandas as pd
-
             return pd.DataFrame({view.entity_key: offline[view.entity_key], **{f: values[f] for f in view.feature_names}})
 
         problems: list[str] = []

@@ -24,9 +24,12 @@ def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, 
     Without ``restore`` the job rebuilds its state from the oldest retained event.
     """
     log_file.parent.mkdir(parents=True, exist_ok=True)
+    # The mini-cluster's own log (restarts, task failures) goes beside ``log_file``, not into PyFlink's package folder.
+    flink_logs = log_file.with_name(f"{log_file.stem}-flink")
+    flink_logs.mkdir(exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit", *([] if restore else ["--no-restore"])],
-        env=settings_environment(settings, **extra_env),
+        env=settings_environment(settings, FLINK_LOG_DIR=str(flink_logs), **extra_env),
         stdout=log_file.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -48,7 +48,7 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
     if serving.result_cache_ttl_s is not None:
         cache = ResultCache(settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s)
     model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
-    return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model)
+    return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model, feature_batch_size=serving.feature_batch_size)
 
 
 def model_watcher(settings: Settings, scorer: Scorer) -> ModelWatcher:

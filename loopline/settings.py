@@ -89,6 +89,12 @@ class StreamSettings(BaseModel):
         default=None,
         description="Append feature rows under <dir>/<view>; default: the path each view's FileSource declares.",
     )
+    metrics_port: int | None = Field(
+        default=9249,
+        ge=0,
+        le=65535,
+        description="The embedded job serves its Flink metrics to Prometheus at :<port>/metrics; 0 or None: off.",
+    )
 
 
 class LlmSettings(BaseModel):
@@ -125,7 +131,8 @@ class ServingSettings(BaseModel):
     registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the registry's aliases.")
     llm: LlmSettings | None = Field(default=None, description="Serve this LLM (vLLM) instead of ONNX models.")
     feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
-    max_batch_size: int = Field(default=64, ge=1)
+    max_batch_size: int = Field(default=64, ge=1, description="Requests per model call (the dynamic batcher).")
+    feature_batch_size: int = Field(default=64, ge=1, description="Entities per pipelined Redis read of concurrent requests.")
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
     max_queue_size: int = Field(default=1024, ge=1)
     preferred_batch_sizes: list[int] = Field(default_factory=list)

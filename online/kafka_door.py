@@ -74,18 +74,25 @@ class KafkaScoringDoor:
         client_config: Mapping[str, str] | None = None,
         limits: RequestLimits = RequestLimits(),
         max_poll_records: int = 256,
+        max_in_flight: int = 64,
         broker_timeout_s: float = 10.0,
     ) -> None:
+        """A polled batch (up to ``max_poll_records``, one transaction) is scored ``max_in_flight`` requests at a
+        time: each request's feature budget starts when it is submitted, so a whole batch submitted at once
+        would spend its budget waiting behind its own siblings' parsing."""
         self.scorer = scorer
+        self.max_in_flight = max_in_flight
         self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
         self.limits, self.max_poll_records, self.broker_timeout_s = limits, max_poll_records, broker_timeout_s
-        client = {**(client_config or {}), "bootstrap.servers": bootstrap_servers}
-        self._consumer = Consumer({
+        # Transactions are a chain of small requests: Nagle's algorithm would hold each for the previous one's ACK.
+        client = {"socket.nagle.disable": True, **(client_config or {}), "bootstrap.servers": bootstrap_servers}
+        self._consumer_config = {
             # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
             "session.timeout.ms": 10_000,
             **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
-        })  # fmt: skip
+        }  # fmt: skip
+        self._consumer = Consumer(self._consumer_config)
         # A producer re-created with the same transactional id fences off its predecessor's open transaction.
         self._producer_config = {**client, "transactional.id": transactional_id}
         self._producer: Producer | None = None
@@ -94,6 +101,9 @@ class KafkaScoringDoor:
         self._committing: Future[bool] | None = None
         self._stopping = threading.Event()
         self._progress = Progress()
+        #: Requests of a transaction that did not commit are owed until a later one commits: an idle poll
+        #: meanwhile is no progress (the consumer may be unable to fetch them again).
+        self._owed = False
 
     def stalled_s(self) -> float:
         """Seconds this door has held polled requests without committing any."""
@@ -163,13 +173,26 @@ class KafkaScoringDoor:
                 time.sleep(_RETRY_PAUSE_S)
         return None
 
-    def _take(self) -> tuple[list[Message], object]:
+    def _take(self) -> tuple[list[Message], object, bool]:
         """Wait (briefly) for a request, then take what else has already arrived, up to max_poll_records;
         with the consumer group's metadata as of this poll (a transaction for a batch polled in an older
-        generation is refused by the broker)."""
+        generation is refused by the broker), and whether work is waiting that this poll did not return."""
         first = self._consumer.poll(0.1)
         messages = [] if first is None else [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
-        return [m for m in messages if m.error() is None], self._consumer.consumer_group_metadata()
+        messages = [m for m in messages if m.error() is None]
+        return messages, self._consumer.consumer_group_metadata(), not messages and self._work_waiting()
+
+    def _work_waiting(self) -> bool:
+        """Whether an assigned partition has requests this member has not consumed, or a position it cannot
+        tell (its committed offset not fetched): from what the client already knows, no broker call."""
+        assigned = self._consumer.assignment()
+        if not assigned:
+            return False
+        for position in self._consumer.position(assigned):
+            _, high = self._consumer.get_watermark_offsets(position, cached=True)
+            if position.offset < 0 or (high >= 0 and high > position.offset):
+                return True
+        return False
 
     @staticmethod
     def _new_committer() -> ThreadPoolExecutor:
@@ -192,6 +215,7 @@ class KafkaScoringDoor:
             if producer is self._producer:  # not abandoned meanwhile (see _finish_commit)
                 self._recover(producer, exc.args[0])
             return False
+        self._owed = False
         self._progress.progressed(still_holding=True)
         return True
 
@@ -208,20 +232,26 @@ class KafkaScoringDoor:
 
     def _rewind(self) -> None:
         """Seek every assigned partition back to its committed offset: the requests of transactions that
-        did not commit are consumed again."""
-        while not self._stopping.is_set():
-            try:
-                committed = self._consumer.committed(self._consumer.assignment(), timeout=self.broker_timeout_s)
-                break
-            except KafkaException as exc:
-                log.warning("Kafka committed offsets: %s; retrying", exc.args[0].str())
-                time.sleep(_RETRY_PAUSE_S)
-        else:
+        did not commit are consumed again. A consumer that cannot tell its committed offsets (its coordinator
+        lost, as after a broker restart) is replaced: a new member starts from the committed offsets anyway."""
+        try:
+            committed = self._consumer.committed(self._consumer.assignment(), timeout=self.broker_timeout_s)
+        except KafkaException as exc:
+            log.warning("Kafka committed offsets: %s; rejoining the group with a new consumer", exc.args[0].str())
+            self._join()
             return
         for partition in committed:
             if partition.offset < 0:
                 partition.offset = OFFSET_BEGINNING
             self._consumer.seek(partition)
+
+    def _join(self) -> None:
+        """Join the group with a new consumer; the old one leaves on a thread of its own (it may hang as its
+        calls did)."""
+        old = self._consumer
+        threading.Thread(target=old.close, name="kafka-leave", daemon=True).start()
+        self._consumer = Consumer(self._consumer_config)
+        self._consumer.subscribe([self.requests_topic], on_revoke=self._finish_commit)
 
     def _finish_commit(self, *_) -> bool:
         """Wait for the transaction being committed, if any; whether it committed. (Also the consumer's
@@ -254,6 +284,7 @@ class KafkaScoringDoor:
         loop = asyncio.get_running_loop()
         committed = await loop.run_in_executor(self._poller, self._finish_commit)
         if not committed:
+            self._owed = True
             await loop.run_in_executor(self._poller, self._rewind)
         return committed
 
@@ -269,13 +300,18 @@ class KafkaScoringDoor:
             ready.cancel()
             self._consumer.subscribe([self.requests_topic], on_revoke=self._finish_commit)
             while not stop.is_set():
-                messages, group_metadata = await loop.run_in_executor(self._poller, self._take)
+                messages, group_metadata, waiting = await loop.run_in_executor(self._poller, self._take)
                 if not messages:
                     await self._settle()
-                    self._progress.progressed(still_holding=False)
+                    if waiting or self._owed:
+                        self._progress.holding()
+                    else:
+                        self._progress.progressed(still_holding=False)
                     continue
                 self._progress.holding()
-                outputs = await asyncio.gather(*(self._score_one(m) for m in messages))
+                outputs = []
+                for start in range(0, len(messages), self.max_in_flight):
+                    outputs += await asyncio.gather(*(self._score_one(m) for m in messages[start : start + self.max_in_flight]))
                 if not await self._settle():
                     continue  # the previous batch was rewound; this one comes again after it
                 self._committing = self._committer.submit(

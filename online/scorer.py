@@ -46,11 +46,15 @@ class Scorer:
         metrics: ScorerMetrics,
         cache: ResultCache | None = None,
         model: ServedModel | None = None,
+        feature_batch_size: int = 64,
     ) -> None:
-        """``model``, when given, serves as ``prod`` from the start (else ``install`` one)."""
+        """``model``, when given, serves as ``prod`` from the start (else ``install`` one). Concurrent feature
+        reads share pipelined Redis round trips of up to ``feature_batch_size`` entities, whatever the model's
+        batch size."""
         self.reader = reader
         self.budget_s = budget_s
         self.knobs = knobs
+        self.feature_batch_size = feature_batch_size
         self.metrics = metrics
         self.cache = cache
         #: The share of requests the canary scores (when one is installed).
@@ -89,7 +93,7 @@ class Scorer:
     def _put(self, alias: str, model: ServedModel) -> ModelLane | None:
         """Route ``alias`` to a new lane for ``model``; the lane it replaces, if any."""
         features = [name for name in model.inputs if not name.startswith(REQUEST_PREFIX)]
-        fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.knobs.max_batch_size)
+        fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size)
         previous = self._lanes.get(alias)
         self._lanes[alias] = ModelLane(model, fetcher, self.knobs, self.metrics)
         self.metrics.model.labels(alias).info({"name": model.name, "version": model.version, "provider": model.provider})

@@ -323,8 +323,18 @@ def _offline_dirs(plan: FeaturePlan, settings: JobSettings) -> dict[str, Path]:
     }
 
 
+def _prometheus_reporter_jar() -> Path:
+    """Flink's Prometheus metrics reporter, as PyFlink ships it (a plugin)."""
+    import pyflink
+
+    (jar,) = (Path(pyflink.__file__).parent / "plugins" / "metrics-prometheus").glob("flink-metrics-prometheus-*.jar")
+    return jar
+
+
 def new_environment(settings: JobSettings, restore_from: str | None = None):
-    """A StreamExecutionEnvironment configured for the job: connector jar, checkpoints, Python bundles."""
+    """A StreamExecutionEnvironment configured for the job: connector jar, checkpoints, Python bundles, and
+    with ``settings.metrics_port`` Prometheus metrics (``late_events``, ``invalid_events``, ``feature_rows_written``
+    and Flink's own) at ``:<port>/metrics`` while the job runs embedded."""
     from pyflink.common import Configuration
     from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
     from pyflink.util.java_utils import add_jars_to_context_class_loader
@@ -345,11 +355,25 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
     config.set_string("execution.checkpointing.storage", "filesystem")
     config.set_string("execution.checkpointing.dir", settings.checkpoint_dir.absolute().as_uri())
     config.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
+    # A failed job (Redis or the broker away) retries with growing pauses; capped at 10 s, and forgotten after a
+    # minute of running, so features are fresh again soon after an outage rather than after Flink's 1-minute cap.
+    config.set_string("restart-strategy.type", "exponential-delay")
+    config.set_string("restart-strategy.exponential-delay.max-backoff", "10 s")
+    config.set_string("restart-strategy.exponential-delay.reset-backoff-threshold", "1 min")
     if restore_from:
         config.set_string("execution.state-recovery.path", restore_from)
+    reporter_jars: list[Path] = []
+    if settings.metrics_port:
+        # The reporter listens on every interface. A port already taken costs only the reporter (Flink logs an
+        # error), never the job. On a Flink cluster (`flink run`) reporters are the cluster's own configuration.
+        config.set_string("metrics.reporter.prometheus.factory.class", "org.apache.flink.metrics.prometheus.PrometheusReporterFactory")
+        config.set_string("metrics.reporter.prometheus.port", str(settings.metrics_port))
+        reporter_jars.append(_prometheus_reporter_jar())
     env = StreamExecutionEnvironment.get_execution_environment(config)
-    # The client builds the job graph with the operators' classes, so its class loader needs them too.
-    add_jars_to_context_class_loader([settings.operators_jar.as_uri()])
+    # The client builds the job graph with the operators' classes, so its class loader needs them too. The
+    # embedded mini-cluster it starts looks for reporters there as well: it loads no plugins (it has no plugin
+    # manager, whatever FLINK_PLUGINS_DIR says), so the reporter's plugin jar goes on that class loader.
+    add_jars_to_context_class_loader([jar.as_uri() for jar in (settings.operators_jar, *reporter_jars)])
     env.set_parallelism(settings.parallelism)
     env.enable_checkpointing(settings.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
     return env

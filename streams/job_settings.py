@@ -42,6 +42,8 @@ class JobSettings:
     #: Feature rows are held (checkpointed) this long, then appended offline as one file per view.
     offline_flush_interval_ms: int = 5_000
     parallelism: int = 1
+    #: The embedded job serves its metrics to Prometheus on this port (every interface, /metrics); None or 0: off.
+    metrics_port: int | None = None
     python_options: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:

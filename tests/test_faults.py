@@ -1,21 +1,37 @@
 """Fault injection under load: kill -9 and restart the broker, Redis, the feature job and the Kafka-door
-scorer in turn (``loopline/fault_drill.py``), then count what was lost.
+scorer in turn (``loopline/fault_drill.py``), then count what was lost; and a scorer whose broker
+freezes fails its liveness probe and still stops within its bound on SIGTERM.
 
-A stack of its own (the drill kills its Kafka and Redis), real processes throughout. The long
-version, with several faults of each kind, is ``benchmarks/faults.py``.
+The drill runs on a stack of its own (it kills its Kafka and Redis), real processes throughout. The
+long version, with several faults of each kind, is ``benchmarks/faults.py``.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
+import requests
 
-from conftest import stack_settings
+from conftest import score_request, stack_settings, start_group_at_end
 from feature_store.config import apply_definitions
+from infra.service import free_port, wait_until
+from infra.stack import LocalStack
 from loopline.components import build_stack
 from loopline.fault_drill import FAULT_KINDS, FaultDrill
-from schemas.topics import TOPICS
+from loopline.settings import Settings, settings_environment
+from offline_training.onnx_models import write_linear_model
+from schemas.topics import SCORE_REQUESTS, TOPICS
+from streams.producer import EventProducer
+from streams.synthetic import Emitted
 from streams.topics import apply_topics
 
 
@@ -42,3 +58,48 @@ def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: P
     slow_or_failed = [a for a in during if not a.on_defaults_within(report.budget_s)]
     assert not slow_or_failed, f"answered within budget on defaults while Redis was down: {slow_or_failed}"
     assert report.not_live == [], "every process is up and live"
+
+
+def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
+    applied: Settings, stack: LocalStack, tmp_path: Path
+) -> None:
+    model = write_linear_model(tmp_path / "m.onnx", ["request:amount"], np.array([0.01]), -1.0)
+    port, group = free_port(), f"frozen-{uuid.uuid4().hex[:8]}"
+    start_group_at_end(applied.kafka.bootstrap_servers, group, SCORE_REQUESTS.name)
+    env = settings_environment(applied, LOOPLINE_SERVING__HTTP_PORT=str(port), LOOPLINE_SERVING__MODEL_PATH=str(model),
+                               LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__STALL_AFTER_S="2",
+                               LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5")  # fmt: skip
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen([sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http", "--kafka"], env=env,
+                              stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        assert wait_until(lambda: _status(f"{url}/v1/models/ready") == 200, 60, 0.1), "the scorer did not start"
+        burst = [score_request(f"frozen-{n % 50}", 3.0) for n in range(20_000)]
+        EventProducer(applied.kafka.bootstrap_servers).publish(
+            Emitted(SCORE_REQUESTS.name, r["request_id"], json.dumps(r).encode(), 0, None) for r in burst
+        )
+        # Mid-stream (the door always holds a batch then), the broker freezes: connections open, nothing answered.
+        assert wait_until(lambda: log.read_bytes().count(b" ms ok") >= 1_000, 60, 0.1), "the scorer is not scoring"
+        pid = stack.kafka.pid()
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: _status(f"{url}/v1/health/live") == 503, 60, 0.2), "a stuck door fails liveness"
+            began = time.monotonic()
+            server.send_signal(signal.SIGTERM)
+            code = server.wait(30)
+            took_s = time.monotonic() - began
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert took_s < 10, f"SIGTERM took {took_s:.1f} s; the bound is serving.shutdown_timeout_s (5 s)"
+    assert code in (0, 1), code
+
+
+def _status(url: str) -> int:
+    try:
+        return requests.get(url, timeout=2).status_code
+    except requests.RequestException:
+        return 0

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from loopline.settings import Settings
+from feature_store.config import REPO_PATH
+from feature_store.redis_connection import redis_client
+from loopline.settings import Settings, settings_environment
 
 
 def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -35,3 +39,28 @@ def test_invalid_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("LOOPLINE_REDIS__PORT", "70000")
     with pytest.raises(ValueError, match="redis.port"):
         Settings()
+
+
+def test_cluster_settings_reach_a_child_process_and_the_redis_clients(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    settings = Settings(
+        kafka={"client_config": {"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "ssl.ca.location": "/etc/ca.pem"}},
+        redis={"host": "redis.internal", "port": 6380, "password": "p4ss", "ssl": True},
+        serving={"auth_token": "t0ken", "limits": {"max_body_bytes": 4096}},
+    )
+    assert settings.redis_connection == "redis.internal:6380,password=p4ss,ssl=true"
+    for name in [n for n in os.environ if n.startswith("LOOPLINE_")]:
+        monkeypatch.delenv(name)
+    for name, value in settings_environment(settings).items():
+        if name.startswith("LOOPLINE_"):
+            monkeypatch.setenv(name, value)
+    child = Settings()
+    assert child.kafka.client_config == settings.kafka.client_config
+    assert child.redis_connection == settings.redis_connection
+    assert (child.auth_token, child.serving.limits.max_body_bytes) == ("t0ken", 4096)
+    client = redis_client(child.redis_connection)
+    assert client.connection_pool.connection_kwargs["password"] == "p4ss"
+    assert client.connection_pool.connection_class.__name__ == "SSLConnection"
+
+
+def test_the_feast_registry_defaults_to_the_one_the_repo_names() -> None:
+    assert Settings().registry_path == REPO_PATH / "data" / "registry.db"

@@ -12,6 +12,7 @@ import random
 import shutil
 import signal
 import time
+import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import replace
@@ -20,6 +21,7 @@ import pandas as pd
 import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from loopline.feature_job_process import start_feature_job, stop_feature_job
 from feature_store.config import REPO_PATH, apply_definitions, feature_store
@@ -92,6 +94,13 @@ def _start_job(settings: Settings, group: str):
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
         LOOPLINE_STREAM__OFFLINE_DIR=str(_offline_root(settings)),
     )
+
+
+def _late_events(metrics_port: int) -> float:
+    """The job's ``late_events`` counters, summed over subtasks, as Prometheus scrapes them from its reporter."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
+        families = text_string_to_metric_families(response.read().decode())
+    return sum(s.value for f in families if f.name == "flink_taskmanager_job_task_operator_late_events" for s in f.samples)
 
 
 def _offline_root(settings: Settings):
@@ -183,6 +192,8 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     messages = read_topic(bootstrap, SOURCE.name)
     accepted, late = accepted_events(plan, messages)
     assert len(late) > 10, "the stream should plant late events"
+    sent_after_the_crash = {e.record.event_id for e in second if e.record is not None}
+    assert late["event_id"].isin(sent_after_the_crash).any(), "... also among those sent after the crash"
     hot = accepted[accepted["user_id"] == HOT_USER]
     assert len(hot) > 2_500 and hot["event_time_ms"].duplicated().sum() > 2_000, "one entity with many events in the same ms"
     assert (hot["event_time_ms"].diff() < 0).sum() > 500, "... many of them out of order"
@@ -190,7 +201,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     assert all(len(frame) > 30 for frame in expected.values()), "many entities to compare"
     store = feature_store(settings.registry_path, settings.redis_connection)
 
-    job = _start_job(settings, job_group)  # resumes from the last checkpoint
+    job = _start_job(settings, job_group)  # resumes from the last checkpoint (metrics on settings.stream.metrics_port)
     try:
         problems: list[str] = []
 
@@ -203,12 +214,19 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
         except AssertionError:
             pytest.fail(f"{len(problems)} online values differ from the recompute, e.g. {problems[:5]}")
 
+        # The restarted job's counter starts at zero, and the events sent after the crash hold late ones.
+        _wait(lambda: _late_events(settings.stream.metrics_port) > 0, 30, "late events counted on the job's Prometheus endpoint")
+
         def logged_offline() -> bool:  # every entity's newest row, appended within the offline flush interval
-            newest = {view.name: expected[view.name]["event_time_ms"].max() * 1000 for view in plan.views}
-            return all(
-                not (rows := _offline_rows(settings, name)).empty and rows["event_timestamp"].max().value // 1000 >= at_us
-                for name, at_us in newest.items()
-            )
+            for view in plan.views:
+                rows = _offline_rows(settings, view.name)
+                if rows.empty:
+                    return False
+                logged_us = rows.groupby(view.entity_key)["event_timestamp"].max().astype("int64") // 1000
+                wanted_us = expected[view.name].set_index(view.entity_key)["event_time_ms"] * 1000
+                if not (logged_us.reindex(wanted_us.index) >= wanted_us).all():
+                    return False
+            return True
 
         _wait(logged_offline, 60, "the newest rows in the offline log")
     finally:

@@ -1,0 +1,139 @@
+"""GPU sizing: the memory a model needs to train (per ZeRO stage) and to serve, and which GPUs fit it.
+
+Training memory follows the ZeRO paper (Rajbhandari et al., 2020, section 3): with mixed precision
+and Adam, a model of Ψ parameters keeps 2Ψ bytes of 16-bit parameters, 2Ψ of 16-bit gradients and
+KΨ of optimizer state (K = 12: fp32 master weights, momentum and variance). Over N data-parallel
+GPUs, ZeRO stage 1 partitions the optimizer state, stage 2 also the gradients, stage 3 also the
+parameters:
+
+    stage 0: (2 + 2 + K)Ψ      stage 1: (2 + 2)Ψ + KΨ/N      stage 2: 2Ψ + (2 + K)Ψ/N      stage 3: (2 + 2 + K)Ψ/N
+
+(the paper's example, Ψ = 7.5 B on 64 GPUs: 120, 31.4, 16.6 and 1.9 GB). In fp32, parameters and
+gradients take 4 bytes each and Adam keeps K = 8 (momentum and variance). Activations come on
+top, per GPU: for a transformer layer ``s·b·h·(34 + 5·a·s/h)`` bytes at 16 bits without recomputation,
+``2·s·b·h`` with full activation checkpointing (Korthikanti et al., 2022); for an MLP the inputs each
+layer keeps for its backward pass.
+
+Serving memory: the parameters at the serving precision, plus for LLMs the KV cache,
+``2 × layers × hidden × max length × bytes × batch``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+#: Bytes per value by precision.
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int8": 1}
+#: Common data-centre GPUs and their memory in GB (10^9 bytes, as vendors count).
+GPUS = {"T4": 16, "L4": 24, "A10G": 24, "A100-40GB": 40, "A100-80GB": 80, "H100-80GB": 80, "H200": 141}
+#: The share of a GPU's memory a plan may use: CUDA context, allocator fragmentation and buffers take the rest.
+USABLE_SHARE = 0.9
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """A model's size: ``parameters``, and what its activations depend on.
+
+    An MLP gives its layer widths (``widths``, input first); a transformer its ``layers``, ``hidden``
+    size, attention ``heads`` and ``vocab``. ``parameters`` is computed from the shape when not given.
+    """
+
+    kind: str
+    parameters: float
+    widths: tuple[int, ...] = ()
+    layers: int = 0
+    hidden: int = 0
+    heads: int = 0
+    vocab: int = 0
+
+    @classmethod
+    def mlp(cls, widths: tuple[int, ...]) -> ModelShape:
+        """A dense network with these layer widths (input first, output last)."""
+        parameters = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+        return cls("mlp", float(parameters), widths=widths)
+
+    @classmethod
+    def transformer(cls, layers: int, hidden: int, heads: int, vocab: int) -> ModelShape:
+        """A decoder-only transformer: 12·h² per layer (attention 4h², MLP 8h²) plus the embeddings."""
+        return cls("transformer", float(12 * layers * hidden**2 + vocab * hidden), layers=layers, hidden=hidden, heads=heads,
+                   vocab=vocab)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TrainingMemory:
+    """Bytes per GPU to train: parameters, gradients, optimizer state, activations."""
+
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.parameters + self.gradients + self.optimizer + self.activations
+
+
+def training_memory(
+    shape: ModelShape, precision: str, zero_stage: int, gpus: int, batch_per_gpu: int, seq_len: int = 1, recompute: bool = False
+) -> TrainingMemory:
+    """Per-GPU training memory of ``shape`` with Adam, at ``precision`` (mixed for 16-bit), ZeRO ``zero_stage`` over
+    ``gpus``; ``recompute``: activation checkpointing (each layer keeps only its input)."""
+    if zero_stage not in (0, 1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 0 to 3, not {zero_stage}")
+    if precision not in ("fp32", "bf16", "fp16"):
+        raise ValueError(f"training precision must be fp32, bf16 or fp16, not {precision}")
+    psi = shape.parameters
+    weight = PRECISION_BYTES[precision]
+    k = 8 if precision == "fp32" else 12
+    params, grads, optimizer = weight * psi, weight * psi, k * psi
+    if zero_stage >= 1:
+        optimizer /= gpus
+    if zero_stage >= 2:
+        grads /= gpus
+    if zero_stage >= 3:
+        params /= gpus
+    return TrainingMemory(params, grads, optimizer, activation_bytes(shape, precision, batch_per_gpu, seq_len, recompute))
+
+
+def activation_bytes(shape: ModelShape, precision: str, batch: int, seq_len: int = 1, recompute: bool = False) -> float:
+    """Activations kept for the backward pass of one GPU's micro-batch."""
+    if shape.kind == "transformer":
+        s, b, h, a = seq_len, batch, shape.hidden, shape.heads
+        per_layer_16bit = 2 * s * b * h if recompute else s * b * h * (34 + 5 * a * s / h)
+        return shape.layers * per_layer_16bit * PRECISION_BYTES[precision] / 2
+    # Each layer keeps its input and its pre-activation output for the backward pass.
+    return batch * sum(shape.widths[:-1]) * 2 * PRECISION_BYTES[precision]
+
+
+def inference_memory(shape: ModelShape, precision: str, batch: int = 1, max_len: int = 0) -> tuple[float, float]:
+    """(parameter bytes, KV-cache bytes) to serve ``shape`` at ``precision``; the KV cache only for transformers."""
+    weight = PRECISION_BYTES[precision]
+    kv_cache = 2 * shape.layers * shape.hidden * max_len * weight * batch if shape.kind == "transformer" else 0.0
+    return shape.parameters * weight, kv_cache
+
+
+def fits(per_gpu: float, gpu: str) -> bool:
+    """Whether ``per_gpu`` bytes fit one ``gpu``."""
+    return per_gpu <= GPUS[gpu] * GB * USABLE_SHARE
+
+
+def smallest_training_fit(
+    shape: ModelShape, precision: str, zero_stage: int, batch_per_gpu: int, seq_len: int, gpu: str,
+    recompute: bool = False, max_gpus: int = 1024,
+) -> int | None:  # fmt: skip
+    """The fewest ``gpu`` (a power of two up to ``max_gpus``) that fit the training; None if none do."""
+    count = 1
+    while count <= max_gpus:
+        if fits(training_memory(shape, precision, zero_stage, count, batch_per_gpu, seq_len, recompute).total, gpu):
+            return count
+        count *= 2
+    return None
+
+
+def smallest_serving_fit(shape: ModelShape, precision: str, batch: int, max_len: int, gpu: str, max_gpus: int = 64) -> int | None:
+    """The fewest ``gpu`` (tensor-parallel: memory split evenly) that serve the model; None if none do."""
+    total = sum(inference_memory(shape, precision, batch, max_len))
+    count = max(1, math.ceil(total / (GPUS[gpu] * GB * USABLE_SHARE)))
+    return 1 << (count - 1).bit_length() if count <= max_gpus else None

@@ -1,0 +1,96 @@
+"""One Feast registry: `feast` in the repo folder and Loopline act on the same registry and Redis.
+
+A copy of the feature repo, its feature_store.yaml pointing at this session's Redis: `loopline apply`
+registers the views and the `feast` CLI in the folder lists them; a feature added with `feast apply`
+there is computed by the next `loopline stream submit`. Real Feast CLI, Kafka, Redis and Flink.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import yaml
+
+from feature_store.config import REPO_PATH
+from feature_store.online_read import OnlineReader
+from infra.service import wait_until
+from loopline.feature_job_process import start_feature_job, stop_feature_job
+from loopline.settings import FeatureStoreSettings, Settings, settings_environment
+from schemas.records import TransactionEvent
+from schemas.topics import DAY_MS, TopicSpec
+from schemas.validation import encode
+from streams.producer import EventProducer
+from streams.synthetic import Emitted
+from streams.topics import apply_topics
+
+VIEW = "user_transaction_features"
+NEW_FEATURE = "amount_min_1h"
+SOURCE = TopicSpec("test.registry", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
+
+
+def _repo_copy(settings: Settings, folder: Path) -> Path:
+    """The feature repo copied to ``folder``, its feature_store.yaml naming a registry there and this stack's Redis."""
+    repo = folder / "repo"
+    shutil.copytree(REPO_PATH, repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    config = yaml.safe_load((repo / "feature_store.yaml").read_text())
+    config["registry"] = str(folder / "registry.db")
+    config["online_store"]["connection_string"] = settings.redis_connection
+    (repo / "feature_store.yaml").write_text(yaml.safe_dump(config))
+    return repo
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tmp_path: Path) -> None:
+    repo = _repo_copy(applied, tmp_path)
+    # No registry path of Loopline's own: the repo's feature_store.yaml names it, as for `feast`.
+    settings = applied.model_copy(update={"feature_store": FeatureStoreSettings(repo_path=repo)})
+    assert settings.registry_path == tmp_path / "registry.db"
+    env = settings_environment(settings)
+    feast = str(Path(sys.executable).with_name("feast"))
+
+    _cli([sys.executable, "-c", "from loopline.cli import main; main()", "apply"], tmp_path, env)
+    listed = _cli([feast, "stream-feature-views", "list"], repo, env)
+    assert VIEW in listed and "merchant_transaction_features" in listed, listed
+
+    # A Feast user adds a feature the Feast way: edit the definitions, `feast apply` in the folder.
+    definitions = repo / "transactions.py"
+    text = definitions.read_text()
+    text = text.replace('        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n',
+                        f'        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n        _agg("{NEW_FEATURE}", "min", "amount", HOUR, MINUTE),\n')  # fmt: skip
+    text = text.replace('        Field(name="amount_max_24h", dtype=Float64, tags={DEFAULT: "0.0"}),\n',
+                        f'        Field(name="amount_max_24h", dtype=Float64, tags={{DEFAULT: "0.0"}}),\n        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{DEFAULT: "0.0"}}),\n')  # fmt: skip
+    assert NEW_FEATURE in text
+    definitions.write_text(text)
+    _cli([feast, "apply"], repo, env)
+    assert NEW_FEATURE in _cli([feast, "stream-feature-views", "describe", VIEW], repo, env)
+
+    # The next `loopline stream submit` compiles the registry's views: the new feature is computed.
+    apply_topics(settings.kafka.bootstrap_servers, [SOURCE])
+    user, now = f"registry-{uuid.uuid4().hex[:8]}", int(time.time() * 1000)
+    events = [
+        TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now + i, user_id=user, merchant_id="m1",
+                         amount=amount, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        for i, amount in enumerate((30.0, 12.5, 99.0))
+    ]
+    EventProducer(settings.kafka.bootstrap_servers).publish([Emitted(SOURCE.name, user, encode(e), now, e) for e in events])
+    job = start_feature_job(
+        settings, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name,
+        LOOPLINE_STREAM__GROUP_ID=f"registry-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
+    )  # fmt: skip
+    try:
+        reader = OnlineReader(settings.registry_path, settings.redis_connection, repo)
+        minimum = lambda: reader.get_online_features([f"{VIEW}:{NEW_FEATURE}"], [{"user_id": user}])[NEW_FEATURE][0]  # noqa: E731
+        assert wait_until(lambda: minimum() == 12.5 or job.poll() is not None, 180, 0.5), f"see {tmp_path / 'job.log'}"
+        assert minimum() == 12.5
+    finally:
+        stop_feature_job(job)
