@@ -20,7 +20,9 @@ from infra.service import tail
 from loopline.components import build_stack
 from loopline.produce import produce_stream
 from loopline.settings import Settings
-from loopline.views import stack_table, topics_table
+from loopline.views import snapshot_diff_table, snapshot_table, stack_table, topics_table
+from feedback_loop.snapshots import SnapshotError
+from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
 from schemas.compatibility import CompatibilityError, check_registered, register
 from schemas.model_registry import PROD_ALIAS
@@ -48,7 +50,7 @@ console = Console()
 #: Errors the user can act on: printed as one line, never as a trace.
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
-    ReleaseError,
+    ReleaseError, SnapshotError, TrainingError,
 )  # fmt: skip
 
 
@@ -292,6 +294,89 @@ def models_canary(
     release, name = _release(name)
     release.start_canary(name, version, share)
     console.print(f"{name} canary → v{version} on {share:.0%} of requests")
+
+
+feedback_app = typer.Typer(help="The feedback loop: predictions joined with late labels into training examples.")
+app.add_typer(feedback_app, name="feedback")
+snapshot_app = typer.Typer(help="Versioned training snapshots (parquet + manifest, content-addressed).")
+app.add_typer(snapshot_app, name="snapshot")
+
+
+@feedback_app.command("join")
+def feedback_join(
+    restore: Annotated[bool, typer.Option(help="Resume from the newest checkpoint; --no-restore starts from the group's offsets.")] = True,
+) -> None:
+    """Run the feedback joiner (PyFlink, embedded): scoring.predictions ⋈ events.labels → training.examples."""
+    from feedback_loop.joiner_job import run_embedded
+    from loopline.components import joiner_settings
+
+    config = settings()
+    console.print(f"feedback joiner: horizon {config.feedback.horizon_s:,.0f} s, group {config.feedback.group_id}")
+    run_embedded(joiner_settings(config), restore=restore)
+
+
+def _epoch_ms(text: str | None) -> int | None:
+    """An ISO-8601 time (UTC unless it says otherwise) as epoch milliseconds."""
+    if text is None:
+        return None
+    from datetime import datetime, timezone
+
+    moment = datetime.fromisoformat(text)
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp() * 1000)
+
+
+@snapshot_app.command("create")
+def snapshot_create(
+    start: Annotated[Optional[str], typer.Option("--from", help="Examples scored from this time (ISO-8601, UTC).")] = None,
+    end: Annotated[Optional[str], typer.Option("--to", help="... up to (not including) this time.")] = None,
+    backfill: Annotated[bool, typer.Option(help="Build examples from the event log (recompute), not from logged predictions.")] = False,
+) -> None:
+    """Write an immutable snapshot of labeled examples; print its manifest summary."""
+    from loopline.retraining import create_snapshot
+
+    manifest = create_snapshot(settings(), _epoch_ms(start), _epoch_ms(end), backfill=backfill)
+    console.print(snapshot_table([manifest], title="snapshot"))
+
+
+@snapshot_app.command("list")
+def snapshot_list() -> None:
+    """Every snapshot, oldest first."""
+    from feedback_loop.snapshots import list_snapshots
+
+    console.print(snapshot_table(list_snapshots(settings().snapshots_root), title=f"snapshots in {settings().snapshots_root}"))
+
+
+@snapshot_app.command("show")
+def snapshot_show(snapshot_id: Annotated[str, typer.Argument(help="A snapshot id (a unique prefix will do).")]) -> None:
+    """A snapshot's manifest."""
+    from feedback_loop.snapshots import find_snapshot
+
+    manifest, folder = find_snapshot(settings().snapshots_root, snapshot_id)
+    console.print(f"{folder}")
+    console.print_json(manifest.to_json())
+
+
+@snapshot_app.command("diff")
+def snapshot_diff(
+    a: Annotated[str, typer.Argument(help="The reference snapshot.")], b: Annotated[str, typer.Argument(help="The other.")]
+) -> None:
+    """How snapshot B differs from A: rows, labels, features, and each feature's drift (PSI on A's bins)."""
+    from feedback_loop.snapshots import diff_snapshots
+
+    console.print(snapshot_diff_table(diff_snapshots(settings().snapshots_root, a, b)))
+
+
+@app.command("train")
+def train(
+    snapshot: Annotated[str, typer.Option(help="The snapshot id to train on.")],
+    resume: Annotated[bool, typer.Option(help="Continue the last run on this snapshot from its newest checkpoint.")] = False,
+    processes: Annotated[Optional[int], typer.Option(help="Training processes (default feedback.train_processes).")] = None,
+) -> None:
+    """Train the model on a snapshot with DeepSpeed (torchrun), evaluate it on its time-based holdout, export ONNX."""
+    from loopline.retraining import train_on_snapshot
+
+    result = train_on_snapshot(settings(), snapshot, resume=resume, processes=processes)
+    console.print_json(result.read_text())
 
 
 @app.command("plan-gpu")

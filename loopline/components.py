@@ -13,13 +13,14 @@ from infra.kafka import KafkaBroker
 from infra.redis import RedisServer
 from infra.service import free_port
 from infra.stack import LocalStack
-from loopline.settings import FeatureStoreSettings, KafkaSettings, RedisSettings, Settings, StreamSettings
+from loopline.settings import FeatureStoreSettings, FeedbackSettings, KafkaSettings, RedisSettings, Settings, StreamSettings
 from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
 
 if TYPE_CHECKING:
+    from feedback_loop.joiner_job import JoinerSettings
     from offline_training.release import ModelRelease
     from online.registry_reader import RegistryReader
 
@@ -33,6 +34,7 @@ def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
         redis=RedisSettings(port=free_port()),
         feature_store=FeatureStoreSettings(registry_path=home / "feast" / "registry.db"),
         stream=StreamSettings(metrics_port=free_port()),
+        feedback=FeedbackSettings(metrics_port=free_port()),
     )
 
 
@@ -109,6 +111,29 @@ def job_settings(settings: Settings) -> JobSettings:
         max_batch_rows=stream.max_batch_rows,
         parallelism=stream.parallelism,
         metrics_port=stream.metrics_port,
+    )
+
+
+def joiner_settings(settings: Settings) -> JoinerSettings:
+    """Everything the feedback joiner needs to know about the stack it runs on."""
+    from feedback_loop.joiner_job import OPERATOR_SOURCES, JoinerSettings
+    from streams.operators_jar import SOURCES
+
+    feedback = settings.feedback
+    topics = {name: value for name, value in (("predictions_topic", feedback.predictions_topic), ("labels_topic", feedback.labels_topic),
+              ("examples_topic", feedback.examples_topic), ("dead_letter_topic", feedback.dead_letter_topic)) if value}  # fmt: skip
+    return JoinerSettings(
+        **topics,
+        bootstrap_servers=settings.kafka.bootstrap_servers,
+        connector_jar=flink_connector_jar(settings.resolved_jars_dir),
+        operators_jar=operators_jar(settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback"),
+        checkpoint_dir=settings.feedback_checkpoint_dir,
+        horizon_ms=int(feedback.horizon_s * 1000),
+        group_id=feedback.group_id,
+        out_of_orderness_ms=feedback.out_of_orderness_ms,
+        checkpoint_interval_ms=feedback.checkpoint_interval_ms,
+        metrics_port=feedback.metrics_port or None,
+        kafka_properties=dict(settings.kafka.client_config),
     )
 
 

@@ -21,7 +21,7 @@ from feature_store.online_read import OnlineReader
 
 from loopline.components import build_stack, synthetic_config
 from loopline.demo_scoring import DemoScoring
-from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving
+from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.settings import Settings
 from loopline.views import counts_table, scoring_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
@@ -133,7 +133,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         _, scored = scoring.stats()  # while the scorer still answers for its counters
     finally:
         scoring.stop()
-        stop_feature_job(job)
+        stop_process_group(job)
 
     console.rule("4. validating (bad records go to the dead-letter topic)")
     dead_letters: list[DeadLetterRecord] = []

@@ -40,7 +40,7 @@ from confluent_kafka import Consumer
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
 from loopline.demo_scoring import score_requests
-from loopline.feature_job_process import start_feature_job, stop_feature_job
+from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
 from schemas.records import ScoreRequest, TransactionEvent
@@ -152,7 +152,7 @@ class _Process:
         return self.process.poll() is None
 
     def stop(self) -> None:
-        stop_feature_job(self.process)
+        stop_process_group(self.process)
 
 
 class _suppress_lookup:

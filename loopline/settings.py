@@ -152,6 +152,23 @@ class ServingSettings(BaseModel):
     instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance>.")
 
 
+class FeedbackSettings(BaseModel):
+    """The feedback loop: the joiner (predictions ⋈ labels), snapshots, training."""
+
+    horizon_s: float = Field(default=7 * 86_400, gt=0, description="How long a prediction waits for its label; then unlabeled.")
+    group_id: str = "loopline-feedback"
+    out_of_orderness_ms: int = Field(default=5_000, ge=0, description="How far out of order records' Kafka timestamps may be.")
+    checkpoint_interval_ms: int = Field(default=5_000, ge=100)
+    metrics_port: int | None = Field(default=9250, ge=0, le=65535, description="The joiner's Prometheus metrics; 0 or null: off.")
+    snapshots: str | None = Field(default=None, description="Where snapshots go: a path or fsspec URL; default <home>/snapshots.")
+    train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default offline_training/configs/fraud_mlp.yaml.")
+    train_processes: int = Field(default=2, ge=1, description="Training processes (torchrun --nproc_per_node).")
+    predictions_topic: str | None = Field(default=None, description="Join this topic's predictions instead of scoring.predictions.")
+    labels_topic: str | None = Field(default=None, description="... and this topic's labels instead of events.labels.")
+    examples_topic: str | None = Field(default=None, description="Write examples here instead of training.examples.")
+    dead_letter_topic: str | None = Field(default=None, description="Dead letters here instead of events.dlq.")
+
+
 class RegistrySettings(BaseModel):
     """The MLflow model registry: training registers and releases versions there, serving loads them."""
 
@@ -174,6 +191,7 @@ class Settings(BaseSettings):
     feature_store: FeatureStoreSettings = FeatureStoreSettings()
     stream: StreamSettings = StreamSettings()
     serving: ServingSettings = ServingSettings()
+    feedback: FeedbackSettings = FeedbackSettings()
     registry: RegistrySettings = RegistrySettings()
 
     @classmethod
@@ -234,6 +252,16 @@ class Settings(BaseSettings):
         """Where the streaming job keeps its checkpoints: one folder per consumer group, so a job never
         resumes from another job's offsets and state."""
         return (self.home / "checkpoints" / self.stream.group_id).absolute()
+
+    @property
+    def feedback_checkpoint_dir(self) -> Path:
+        """Where the feedback joiner keeps its checkpoints (one folder per consumer group)."""
+        return (self.home / "checkpoints" / self.feedback.group_id).absolute()
+
+    @property
+    def snapshots_root(self) -> str:
+        """Where training snapshots live (a path or fsspec URL)."""
+        return self.feedback.snapshots or str((self.home / "snapshots").absolute())
 
     @property
     def tracking_uri(self) -> str:

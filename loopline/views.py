@@ -91,3 +91,31 @@ def scoring_table(recent: ScoringStats | None, total: ScoringStats | None, title
             "—" if stats.over_budget_rate is None else f"{stats.over_budget_rate:.0%}",
         )
     return table
+
+
+def snapshot_table(manifests, title: str) -> Table:
+    """One row per snapshot: id, kind, rows, label balance, the time its examples span, features."""
+    from feedback_loop.snapshots import time_range_label
+
+    table = Table(title=title)
+    for column in ("snapshot", "kind", "rows", "fraud / legit / unlabeled", "scored", "features"):
+        table.add_column(column, justify="right" if column == "rows" else "left")
+    for m in manifests:
+        balance = m.label_balance
+        table.add_row(m.snapshot_id, m.kind, f"{m.rows:,}", f"{balance['positive']:,} / {balance['negative']:,} / {balance['unlabeled']:,}",
+                      time_range_label(m), str(len(m.features)))  # fmt: skip
+    return table
+
+
+def snapshot_diff_table(diff: dict) -> Table:
+    """Per shared feature: the mean in each snapshot, the missing rates, and the PSI of the second against the first."""
+    a, b = diff["snapshots"]
+    table = Table(title=f"{b} against {a}: rows {diff['rows'][0]:,} → {diff['rows'][1]:,}; "
+                        f"added {diff['features_added'] or 'none'}, removed {diff['features_removed'] or 'none'}")  # fmt: skip
+    for column in ("feature", "mean", "missing", "PSI"):
+        table.add_column(column, justify="left" if column == "feature" else "right")
+    for name, figures in diff["features"].items():
+        means = " → ".join("—" if v is None else f"{v:,.3g}" for v in figures["mean"])
+        missing = " → ".join(f"{v:.1%}" for v in figures["missing_rate"])
+        table.add_row(name, means, missing, f"{figures['psi']:.3f}")
+    return table

@@ -59,6 +59,7 @@ def request_from_proto(message, limits: RequestLimits = RequestLimits()) -> Scor
             "request_fields": {name: _python(value) for name, value in message.request_fields.items()},
             "requested_at_ms": message.requested_at_ms,
             "model_name": message.model_name or None,
+            "event_id": message.event_id or None,
         })  # fmt: skip
     except ContractViolation as violation:
         raise InvalidRequest(violation.field, violation.reason) from None
@@ -78,6 +79,7 @@ def prediction_to_proto(record: PredictionRecord):
         stage_latency_ms=record.stage_latency_ms,
         requested_at_ms=record.requested_at_ms,
         scored_at_ms=record.scored_at_ms,
+        event_id=record.event_id or "",
     )
 
 

@@ -213,4 +213,5 @@ class Scorer:
             stage_latency_ms={stage: round(seconds * 1000, 3) for stage, seconds in stages.items()},
             requested_at_ms=request.requested_at_ms,
             scored_at_ms=int(time.time() * 1000),
+            event_id=request.event_id,
         )

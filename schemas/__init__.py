@@ -12,6 +12,7 @@ from schemas.records import (
     PredictionRecord,
     Record,
     ScoreRequest,
+    TrainingExample,
     TransactionEvent,
 )
 from schemas.topics import TOPICS, TopicSpec, topic_spec
@@ -29,6 +30,7 @@ __all__ = [
     "Record",
     "ScoreRequest",
     "TopicSpec",
+    "TrainingExample",
     "TransactionEvent",
     "check_compatible",
     "decode",

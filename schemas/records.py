@@ -94,6 +94,9 @@ class ScoreRequest(Record):
     )
     requested_at_ms: EpochMillis = Field(gt=0)
     model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")
+    event_id: str | None = Field(
+        default=None, min_length=1, description="The event (transaction) this request scores: labels join predictions by it."
+    )
 
 
 class PredictionRecord(Record):
@@ -117,6 +120,31 @@ class PredictionRecord(Record):
     )
     requested_at_ms: EpochMillis = Field(gt=0)
     scored_at_ms: EpochMillis = Field(gt=0)
+    event_id: str | None = Field(default=None, min_length=1, description="The event the request scored (its request's event_id).")
+
+
+class TrainingExample(Record):
+    """A scored event with the exact features the scorer used and, once known, its label (topic ``training.examples``).
+
+    ``label`` is None for an event still unlabeled when the feedback horizon passed (positive-unlabeled:
+    most such events are legitimate, but not all)."""
+
+    RECORD_NAME: ClassVar[str] = "training_example"
+
+    event_id: str = Field(min_length=1)
+    request_id: str = Field(min_length=1)
+    entity_keys: dict[str, str] = Field(min_length=1)
+    features: dict[str, float | int | str | bool | None] = Field(description="The exact inputs the model was given.")
+    defaulted_features: list[str] = Field(default_factory=list)
+    model_name: str = Field(min_length=1)
+    model_version: str = Field(min_length=1)
+    score: float = Field(allow_inf_nan=False)
+    label: bool | None = Field(description="The outcome (is fraud); None when unlabeled at the horizon.")
+    label_source: LabelSource | None = None
+    requested_at_ms: EpochMillis = Field(gt=0)
+    predicted_at_ms: EpochMillis = Field(gt=0, description="When the scorer scored it.")
+    label_time_ms: EpochMillis | None = Field(default=None, gt=0)
+    joined_at_ms: EpochMillis = Field(gt=0, description="When the joiner emitted it.")
 
 
 class DeadLetterRecord(Record):
@@ -177,5 +205,6 @@ RECORD_TYPES: tuple[type[Record], ...] = (
     LabelEvent,
     ScoreRequest,
     PredictionRecord,
+    TrainingExample,
     DeadLetterRecord,
 )

@@ -11,6 +11,7 @@ from schemas.records import (
     PredictionRecord,
     Record,
     ScoreRequest,
+    TrainingExample,
     TransactionEvent,
 )
 
@@ -44,8 +45,9 @@ PREDICTIONS = TopicSpec(
     "scoring.predictions", PredictionRecord, key="request_id", partitions=6, retention_ms=30 * DAY_MS
 )
 DEAD_LETTERS = TopicSpec("events.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=30 * DAY_MS)
+TRAINING_EXAMPLES = TopicSpec("training.examples", TrainingExample, key="event_id", partitions=3, retention_ms=90 * DAY_MS)
 
-TOPICS: tuple[TopicSpec, ...] = (TRANSACTIONS, LABELS, SCORE_REQUESTS, PREDICTIONS, DEAD_LETTERS)
+TOPICS: tuple[TopicSpec, ...] = (TRANSACTIONS, LABELS, SCORE_REQUESTS, PREDICTIONS, DEAD_LETTERS, TRAINING_EXAMPLES)
 
 
 def topic_spec(name: str) -> TopicSpec:

@@ -34,7 +34,9 @@ from schemas.ddl import column_types
 from schemas.records import DeadLetterRecord, TransactionEvent
 from schemas.validation import ContractViolation, decode, encode
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
-from streams.job_settings import JOB_NAME, JobSettings, JobStateError
+from streams.flink_job import kafka_options, latest_checkpoint, run_job
+from streams.flink_job import new_environment as flink_environment
+from streams.job_settings import JOB_NAME, JobSettings
 
 #: SQL type -> (DataStream type, Table type) for the columns the job carries.
 _TYPES = {
@@ -187,13 +189,6 @@ def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
     )
 
 
-def _kafka_options(settings: JobSettings, options: dict[str, str]) -> str:
-    """The WITH clause of a Kafka table: ``options``, the brokers and the settings' client properties."""
-    properties = {f"properties.{key}": value for key, value in settings.kafka_properties.items()}
-    every = {"connector": "kafka", "properties.bootstrap.servers": settings.bootstrap_servers, **properties, **options}
-    return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
-
-
 def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
@@ -224,7 +219,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     }
     t_env.execute_sql(
         "CREATE TABLE raw_events (`key` BYTES, `value` BYTES, `partition` INT METADATA VIRTUAL, "
-        f"`offset` BIGINT METADATA VIRTUAL) WITH ({_kafka_options(settings, source)})"
+        f"`offset` BIGINT METADATA VIRTUAL) WITH ({kafka_options(settings.bootstrap_servers, settings.kafka_properties, source)})"
     )
     # Dead letters are written in Kafka transactions committed with each checkpoint: a restarted job
     # replays events since its last checkpoint, and the dead letters it wrote for them before the
@@ -237,7 +232,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         # The broker's limit (15 min): a job down for longer than this loses its open transaction's letters.
         "properties.transaction.timeout.ms": "900000",
     }
-    t_env.execute_sql(f"CREATE TABLE dead_letters (`value` STRING) WITH ({_kafka_options(settings, dead_letters)})")
+    t_env.execute_sql(f"CREATE TABLE dead_letters (`value` STRING) WITH ({kafka_options(settings.bootstrap_servers, settings.kafka_properties, dead_letters)})")
     t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
 
     decoded_row = DataTypes.ROW(
@@ -323,60 +318,15 @@ def _offline_dirs(plan: FeaturePlan, settings: JobSettings) -> dict[str, Path]:
     }
 
 
-def _prometheus_reporter_jar() -> Path:
-    """Flink's Prometheus metrics reporter, as PyFlink ships it (a plugin)."""
-    import pyflink
-
-    (jar,) = (Path(pyflink.__file__).parent / "plugins" / "metrics-prometheus").glob("flink-metrics-prometheus-*.jar")
-    return jar
-
-
 def new_environment(settings: JobSettings, restore_from: str | None = None):
-    """A StreamExecutionEnvironment configured for the job: connector jar, checkpoints, Python bundles, and
-    with ``settings.metrics_port`` Prometheus metrics (``late_events``, ``invalid_events``, ``feature_rows_written``
-    and Flink's own) at ``:<port>/metrics`` while the job runs embedded."""
-    from pyflink.common import Configuration
-    from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
-    from pyflink.util.java_utils import add_jars_to_context_class_loader
-
-    config = Configuration()
-    config.set_string("pipeline.jars", ";".join(jar.as_uri() for jar in (settings.connector_jar, settings.operators_jar)))
-    config.set_string("pipeline.name", JOB_NAME)
-    # A Python step gets its rows in Arrow batches of up to max_batch_rows, waiting at most
-    # flush_interval_ms for one to fill: the knobs that trade freshness for throughput.
-    config.set_string("python.fn-execution.bundle.time", str(settings.flush_interval_ms))
-    config.set_string("python.fn-execution.bundle.size", str(settings.max_batch_rows))
-    config.set_string("python.fn-execution.arrow.batch.size", str(settings.max_batch_rows))
-    config.set_string("execution.buffer-timeout.interval", "10 ms")
-    # No operator of the job keeps a reference to its input rows, so chained operators can share them.
-    config.set_string("pipeline.object-reuse", "true")
-    for key, value in settings.python_options.items():
-        config.set_string(key, value)
-    config.set_string("execution.checkpointing.storage", "filesystem")
-    config.set_string("execution.checkpointing.dir", settings.checkpoint_dir.absolute().as_uri())
-    config.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
-    # A failed job (Redis or the broker away) retries with growing pauses; capped at 10 s, and forgotten after a
-    # minute of running, so features are fresh again soon after an outage rather than after Flink's 1-minute cap.
-    config.set_string("restart-strategy.type", "exponential-delay")
-    config.set_string("restart-strategy.exponential-delay.max-backoff", "10 s")
-    config.set_string("restart-strategy.exponential-delay.reset-backoff-threshold", "1 min")
-    if restore_from:
-        config.set_string("execution.state-recovery.path", restore_from)
-    reporter_jars: list[Path] = []
-    if settings.metrics_port:
-        # The reporter listens on every interface. A port already taken costs only the reporter (Flink logs an
-        # error), never the job. On a Flink cluster (`flink run`) reporters are the cluster's own configuration.
-        config.set_string("metrics.reporter.prometheus.factory.class", "org.apache.flink.metrics.prometheus.PrometheusReporterFactory")
-        config.set_string("metrics.reporter.prometheus.port", str(settings.metrics_port))
-        reporter_jars.append(_prometheus_reporter_jar())
-    env = StreamExecutionEnvironment.get_execution_environment(config)
-    # The client builds the job graph with the operators' classes, so its class loader needs them too. The
-    # embedded mini-cluster it starts looks for reporters there as well: it loads no plugins (it has no plugin
-    # manager, whatever FLINK_PLUGINS_DIR says), so the reporter's plugin jar goes on that class loader.
-    add_jars_to_context_class_loader([jar.as_uri() for jar in (settings.operators_jar, *reporter_jars)])
-    env.set_parallelism(settings.parallelism)
-    env.enable_checkpointing(settings.checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
-    return env
+    """A StreamExecutionEnvironment configured for the job (``streams/flink_job.py``); with ``settings.metrics_port``
+    its metrics (``late_events``, ``invalid_events``, ``feature_rows_written`` and Flink's own) at ``:<port>/metrics``."""
+    return flink_environment(
+        name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar, checkpoint_dir=settings.checkpoint_dir,
+        checkpoint_interval_ms=settings.checkpoint_interval_ms, parallelism=settings.parallelism,
+        metrics_port=settings.metrics_port, restore_from=restore_from, flush_interval_ms=settings.flush_interval_ms,
+        max_batch_rows=settings.max_batch_rows, python_options=settings.python_options,
+    )  # fmt: skip
 
 
 def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True) -> None:
@@ -386,21 +336,10 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
     it rebuilds its state from the oldest retained event. JobStateError when the checkpoint's
     state does not fit this job's operators.
     """
-    from py4j.protocol import Py4JJavaError
-
     restore_from = latest_checkpoint(settings.checkpoint_dir) if restore else None
     env = new_environment(settings, restore_from)
     build_job(env, plan, settings, from_earliest=not restore)
-    try:
-        env.execute(JOB_NAME)
-    except Py4JJavaError as err:
-        if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
-            raise JobStateError(
-                f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
-                "(Loopline or the feature views changed) — fix: rebuild the state from the retained events "
-                "with `loopline stream submit --no-restore`"
-            ) from None
-        raise
+    run_job(env, JOB_NAME, restore_from, "loopline stream submit --no-restore")
 
 
 def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None) -> list[str]:
@@ -424,14 +363,6 @@ def _main(settings_json: str, source_topic: str) -> None:
     env = new_environment(settings)
     build_job(env, plan.reading(source_topic) if source_topic else plan, settings)
     env.execute(JOB_NAME)
-
-
-def latest_checkpoint(checkpoint_dir: Path) -> str | None:
-    """The newest completed checkpoint under ``checkpoint_dir`` (a ``chk-N`` folder with metadata)."""
-    completed = [p for p in checkpoint_dir.glob("*/chk-*") if (p / "_metadata").exists()]
-    if not completed:
-        return None
-    return str(max(completed, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1]))))
 
 
 if __name__ == "__main__":

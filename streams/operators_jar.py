@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 SOURCES = Path(__file__).with_name("jvm") / "src"
@@ -30,18 +31,20 @@ def _flink_classpath() -> str:
     return ":".join(str(jar) for jar in sorted(lib.glob("*.jar")))
 
 
-def _source_digest(sources: list[Path]) -> str:
+def _source_digest(sources: list[tuple[Path, Path]]) -> str:
     digest = hashlib.sha256()
-    for source in sources:
-        digest.update(source.relative_to(SOURCES).as_posix().encode())
+    for root, source in sources:
+        digest.update(source.relative_to(root).as_posix().encode())
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 
 
-def operators_jar(build_dir: Path) -> Path:
-    """The operators jar under ``build_dir``, compiled with the JDK's ``javac`` if these sources have no jar yet."""
-    sources = sorted(SOURCES.rglob("*.java"))
-    jar = build_dir / f"loopline-operators-{_source_digest(sources)}.jar"
+def operators_jar(build_dir: Path, roots: Sequence[Path] = (SOURCES,), name: str = "loopline-operators") -> Path:
+    """The jar of the Java sources under ``roots`` (the feature job's by default), in ``build_dir``, compiled with the
+    JDK's ``javac`` if these sources have no jar yet (another job adds its own root to the feature job's)."""
+    located = sorted((root, source) for root in roots for source in root.rglob("*.java"))
+    sources = [source for _, source in located]
+    jar = build_dir / f"{name}-{_source_digest(located)}.jar"
     if jar.exists():
         return jar
     javac = shutil.which("javac")

@@ -1,4 +1,4 @@
-"""The streaming feature job as a child process (`loopline stream submit`), for the demo, tests and benchmarks."""
+"""Loopline's jobs as child processes (`loopline stream submit`, `loopline feedback join`), for the demo, tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -18,17 +18,14 @@ from streams.synthetic import SyntheticConfig, SyntheticStream
 _USER_VIEW = "user_transaction_features"
 
 
-def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
-    """Start `loopline stream submit` (embedded mini-cluster) in its own process group, logging to ``log_file``.
-
-    Without ``restore`` the job rebuilds its state from the oldest retained event.
-    """
+def start_loopline(settings: Settings, arguments: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
+    """`loopline <arguments>` with ``settings``, in its own process group, logging to ``log_file``; a Flink job's
+    mini-cluster log (restarts, task failures) goes to a folder beside it, not into PyFlink's package folder."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    # The mini-cluster's own log (restarts, task failures) goes beside ``log_file``, not into PyFlink's package folder.
     flink_logs = log_file.with_name(f"{log_file.stem}-flink")
     flink_logs.mkdir(exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "stream", "submit", *([] if restore else ["--no-restore"])],
+        [sys.executable, "-c", "from loopline.cli import main; main()", *arguments],
         env=settings_environment(settings, FLINK_LOG_DIR=str(flink_logs), **extra_env),
         stdout=log_file.open("ab"),
         stderr=subprocess.STDOUT,
@@ -36,13 +33,24 @@ def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, 
     )
 
 
-def stop_feature_job(job: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Stop the job's whole process group (the client, its JVM and Python workers)."""
+def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
+    """Start `loopline stream submit` (embedded mini-cluster); without ``restore`` the job rebuilds its state from
+    the oldest retained event."""
+    return start_loopline(settings, ["stream", "submit", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+
+
+def start_joiner(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
+    """Start `loopline feedback join` (the feedback joiner, embedded mini-cluster)."""
+    return start_loopline(settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+
+
+def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    """Stop a process started here and everything it started (a Flink job's JVM and Python workers)."""
     try:
-        os.killpg(job.pid, sig)
+        os.killpg(process.pid, sig)
     except ProcessLookupError:
         pass
-    job.wait(30)
+    process.wait(30)
 
 
 def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, timeout_s: float) -> None:

@@ -1,0 +1,203 @@
+"""The feedback joiner: predictions ⋈ late labels → labeled training examples, a PyFlink job.
+
+    scoring.predictions (read_committed) ─► decode [Python] ──invalid──► events.dlq
+    events.labels ─────────────────────────► decode [Python] ──invalid──► events.dlq
+        ─► key by event id ─► FeedbackJoin [JVM keyed state, event time] ─► example [Python] ─► training.examples
+
+The long-lived state (a prediction waiting days for its label, a label waiting for its prediction)
+lives in Flink keyed state, checkpointed with the sources' offsets; the examples are written in
+Kafka transactions committed with each checkpoint. A job killed and restarted from its checkpoint
+replays from the checkpointed offsets with the checkpointed state, and the examples of the replayed
+stretch were never committed: nothing is lost or doubled for read_committed readers.
+
+Time is the records' Kafka timestamps (when a prediction was logged, when a label was published),
+with a bounded out-of-orderness; an event unlabeled when the watermark passes its prediction's
+time plus ``horizon_ms`` yields an example with ``label: null`` (``feedback_loop/jvm``'s
+``FeedbackJoin`` has the rules).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+from pyflink.common import Types
+from pyflink.datastream.data_stream import DataStream
+from pyflink.java_gateway import get_gateway
+from pyflink.table import DataTypes, StreamTableEnvironment
+from pyflink.table.udf import FunctionContext, ScalarFunction, udf
+
+from schemas.records import DeadLetterRecord, LabelEvent, PredictionRecord, TrainingExample
+from schemas.topics import DEAD_LETTERS, LABELS, PREDICTIONS, TRAINING_EXAMPLES
+from schemas.validation import ContractViolation, decode, encode
+from streams.flink_job import kafka_options, latest_checkpoint, new_environment, run_job
+
+JOB_NAME = "loopline-feedback-joiner"
+#: The joiner's JVM operator; its jar also holds the feature job's operators (it keys with their FieldKey).
+OPERATOR_SOURCES = Path(__file__).with_name("jvm") / "src"
+_DECODED = DataTypes.ROW([DataTypes.FIELD(name, DataTypes.STRING()) for name in ("dead_letter", "event_id", "json")])
+
+
+@dataclass(frozen=True)
+class JoinerSettings:
+    """Where the joiner reads, writes and checkpoints; its horizon and knobs (plain values, no PyFlink)."""
+
+    bootstrap_servers: str
+    connector_jar: Path
+    #: The joiner's JVM operator (feedback_loop/jvm), compiled by streams/operators_jar.py.
+    operators_jar: Path
+    checkpoint_dir: Path
+    horizon_ms: int
+    group_id: str = "loopline-feedback"
+    predictions_topic: str = PREDICTIONS.name
+    labels_topic: str = LABELS.name
+    examples_topic: str = TRAINING_EXAMPLES.name
+    dead_letter_topic: str = DEAD_LETTERS.name
+    #: How far out of order the records' Kafka timestamps may come.
+    out_of_orderness_ms: int = 5_000
+    #: A source with nothing new for this long does not hold the watermark back.
+    idle_timeout_ms: int = 5_000
+    checkpoint_interval_ms: int = 5_000
+    parallelism: int = 1
+    metrics_port: int | None = None
+    kafka_properties: dict[str, str] = field(default_factory=dict)
+
+
+
+def _dead_letter(reason: str, error: str, error_field: str | None, topic: str, partition, offset, key, value) -> str:
+    return encode(DeadLetterRecord.for_payload(
+        reason=reason, error=error, error_field=error_field, source_topic=topic, source_partition=int(partition),
+        source_offset=int(offset), key=key, payload=value, consumer=JOB_NAME,
+    )).decode()  # fmt: skip
+
+
+class DecodeRecords(ScalarFunction):
+    """Validate a batch of one topic's records: (no dead letter, event id, the record's JSON), or a dead letter.
+
+    A prediction without an event id cannot be joined with any label: it is dead-lettered as ``no_event_id``.
+    """
+
+    def __init__(self, record_type: type, topic: str) -> None:
+        self.record_type, self.topic = record_type, topic
+
+    def open(self, function_context: FunctionContext) -> None:
+        self.invalid = function_context.get_metric_group().counter("invalid_records")
+
+    def _decoded(self, key, value, partition, offset) -> tuple[str | None, str | None, str | None]:
+        try:
+            record = decode(self.record_type, value or b"")
+        except ContractViolation as violation:
+            return _dead_letter("invalid", str(violation), violation.field, self.topic, partition, offset, key, value), None, None
+        except Exception as err:  # a record must never stop the job, whatever is wrong with it
+            return _dead_letter("unprocessable", repr(err), None, self.topic, partition, offset, key, value), None, None
+        if not record.event_id:
+            return _dead_letter("no_event_id", "the prediction names no event to join", "event_id", self.topic, partition,
+                                offset, key, value), None, None  # fmt: skip
+        return None, record.event_id, record.model_dump_json()
+
+    def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
+        rows = [self._decoded(k, v, p, o) for k, v, p, o in zip(key, value, partition, offset)]
+        self.invalid.inc(sum(row[0] is not None for row in rows))
+        return pd.DataFrame(rows, columns=["dead_letter", "event_id", "json"], dtype=object)
+
+
+class BuildExamples(ScalarFunction):
+    """Turn a batch of joined (prediction JSON, label JSON or null) into TrainingExample JSON."""
+
+    def eval(self, prediction: pd.Series, label: pd.Series) -> pd.Series:
+        return pd.Series([training_example(p, lbl) for p, lbl in zip(prediction, label)], dtype=object)
+
+
+def training_example(prediction_json: str, label_json: str | None) -> str:
+    """The example of one scored event: the exact features the scorer used, and its label when one came."""
+    prediction = PredictionRecord.model_validate_json(prediction_json)
+    label = LabelEvent.model_validate_json(label_json) if label_json else None
+    example = TrainingExample(
+        schema_version=TrainingExample.SCHEMA_VERSION, event_id=prediction.event_id, request_id=prediction.request_id,
+        entity_keys=prediction.entity_keys, features=prediction.features, defaulted_features=prediction.defaulted_features,
+        model_name=prediction.model_name, model_version=prediction.model_version, score=prediction.score,
+        label=None if label is None else label.is_fraud, label_source=None if label is None else label.source,
+        requested_at_ms=prediction.requested_at_ms, predicted_at_ms=prediction.scored_at_ms,
+        label_time_ms=None if label is None else label.label_time_ms, joined_at_ms=int(time.time() * 1000),
+    )  # fmt: skip
+    return example.model_dump_json()
+
+
+def _source(t_env, name: str, topic: str, settings: JoinerSettings) -> None:
+    """A Kafka source table of raw records with their position and Kafka timestamp (the event time)."""
+    options = {
+        "topic": topic, "properties.group.id": settings.group_id, "properties.auto.offset.reset": "earliest",
+        "properties.isolation.level": "read_committed", "scan.startup.mode": "group-offsets",
+        "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
+    }  # fmt: skip
+    t_env.execute_sql(
+        f"CREATE TABLE {name} (`key` BYTES, `value` BYTES, `partition` INT METADATA VIRTUAL, `offset` BIGINT METADATA VIRTUAL, "
+        "`ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL, "
+        f"WATERMARK FOR `ts` AS `ts` - INTERVAL '{settings.out_of_orderness_ms / 1000}' SECOND) "
+        f"WITH ({kafka_options(settings.bootstrap_servers, settings.kafka_properties, options)})"
+    )
+
+
+def build_job(env, settings: JoinerSettings) -> None:
+    """Add the joiner to a PyFlink StreamExecutionEnvironment."""
+    t_env = StreamTableEnvironment.create(env)
+    t_env.get_config().set("table.exec.source.idle-timeout", f"{settings.idle_timeout_ms} ms")
+    _source(t_env, "predictions_raw", settings.predictions_topic, settings)
+    _source(t_env, "labels_raw", settings.labels_topic, settings)
+    transactional = {"sink.delivery-guarantee": "exactly-once", "properties.transaction.timeout.ms": "900000"}
+    t_env.execute_sql(
+        "CREATE TABLE examples (`key` BYTES, `value` STRING) WITH ("
+        + kafka_options(settings.bootstrap_servers, settings.kafka_properties, {
+            "topic": settings.examples_topic, "key.format": "raw", "key.fields": "key", "value.format": "raw",
+            "value.fields-include": "EXCEPT_KEY", "sink.transactional-id-prefix": f"{settings.group_id}-examples", **transactional,
+        }) + ")"  # fmt: skip
+    )
+    t_env.execute_sql(
+        "CREATE TABLE dead_letters (`value` STRING) WITH ("
+        + kafka_options(settings.bootstrap_servers, settings.kafka_properties, {
+            "topic": settings.dead_letter_topic, "format": "raw", "sink.transactional-id-prefix": f"{settings.group_id}-dlq",
+            **transactional,
+        }) + ")"  # fmt: skip
+    )
+    for name, record_type, topic in (("decode_prediction", PredictionRecord, settings.predictions_topic),
+                                     ("decode_label", LabelEvent, settings.labels_topic)):  # fmt: skip
+        t_env.create_temporary_function(name, udf(DecodeRecords(record_type, topic), result_type=_DECODED, func_type="pandas"))
+    t_env.create_temporary_function("example", udf(BuildExamples(), result_type=DataTypes.STRING(), func_type="pandas"))
+    decoded = t_env.sql_query(
+        "SELECT 'p' AS kind, d.dead_letter, d.event_id, d.json, `ts` FROM "
+        "(SELECT decode_prediction(`key`, `value`, `partition`, `offset`) AS d, `ts` FROM predictions_raw) "
+        "UNION ALL SELECT 'l' AS kind, d.dead_letter, d.event_id, d.json, `ts` FROM "
+        "(SELECT decode_label(`key`, `value`, `partition`, `offset`) AS d, `ts` FROM labels_raw)"
+    )
+    t_env.create_temporary_view("decoded", decoded)
+    statements = t_env.create_statement_set()
+    statements.add_insert_sql("INSERT INTO dead_letters SELECT dead_letter FROM decoded WHERE dead_letter IS NOT NULL")
+    # The rows keep their Kafka timestamp as the event time (the rowtime `ts`), and the watermarks with it.
+    valid = t_env.sql_query("SELECT kind, event_id, json, `ts` FROM decoded WHERE dead_letter IS NULL")
+    operators = get_gateway().jvm.dev.loopline.feedback
+    joined_type = Types.ROW_NAMED(["event_id", "prediction", "label"], [Types.STRING(), Types.STRING(), Types.STRING()])
+    key_selector = get_gateway().jvm.dev.loopline.streams.FieldKey(1)
+    joined = (
+        t_env.to_data_stream(valid)._j_data_stream.keyBy(key_selector)
+        .process(operators.FeedbackJoin(settings.horizon_ms), joined_type.get_java_type_info())
+        .name("join predictions with labels").uid("feedback-join")
+    )  # fmt: skip
+    t_env.create_temporary_view("joined", t_env.from_data_stream(DataStream(joined)))
+    statements.add_insert_sql("INSERT INTO examples SELECT CAST(event_id AS BYTES), example(prediction, label) FROM joined")
+    statements.attach_as_datastream()
+
+
+def run_embedded(settings: JoinerSettings, restore: bool = True) -> None:
+    """Run the joiner on an embedded mini-cluster until it fails or the process is stopped; with ``restore``
+    it resumes from its newest retained checkpoint."""
+    restore_from = latest_checkpoint(settings.checkpoint_dir) if restore else None
+    env = new_environment(
+        name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
+        checkpoint_dir=settings.checkpoint_dir, checkpoint_interval_ms=settings.checkpoint_interval_ms,
+        parallelism=settings.parallelism, metrics_port=settings.metrics_port, restore_from=restore_from,
+    )  # fmt: skip
+    build_job(env, settings)
+    run_job(env, JOB_NAME, restore_from, "loopline feedback join --no-restore")
+

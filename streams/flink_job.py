@@ -1,0 +1,115 @@
+"""What every Loopline PyFlink job shares: its environment (jars, checkpoints, restarts, Python bundles,
+metrics), its Kafka table options, and running it embedded with a clear error for an unusable checkpoint.
+
+The feature job (``streams/feature_job.py``) and the feedback joiner (``feedback_loop/joiner_job.py``)
+are each a small program on top of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from streams.job_settings import JobStateError
+
+_REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
+
+
+def kafka_options(bootstrap_servers: str, kafka_properties: Mapping[str, str], options: Mapping[str, str]) -> str:
+    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings)."""
+    properties = {f"properties.{key}": value for key, value in kafka_properties.items()}
+    every = {"connector": "kafka", "properties.bootstrap.servers": bootstrap_servers, **properties, **options}
+    return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> str | None:
+    """The newest completed checkpoint under ``checkpoint_dir`` (a ``chk-N`` folder with metadata)."""
+    completed = [p for p in checkpoint_dir.glob("*/chk-*") if (p / "_metadata").exists()]
+    if not completed:
+        return None
+    return str(max(completed, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1]))))
+
+
+def _prometheus_reporter_jar() -> Path:
+    """Flink's Prometheus metrics reporter, as PyFlink ships it (a plugin)."""
+    import pyflink
+
+    (jar,) = (Path(pyflink.__file__).parent / "plugins" / "metrics-prometheus").glob("flink-metrics-prometheus-*.jar")
+    return jar
+
+
+def new_environment(
+    *,
+    name: str,
+    connector_jar: Path,
+    operators_jar: Path,
+    checkpoint_dir: Path,
+    checkpoint_interval_ms: int,
+    parallelism: int = 1,
+    metrics_port: int | None = None,
+    restore_from: str | None = None,
+    flush_interval_ms: int = 50,
+    max_batch_rows: int = 2_000,
+    python_options: Mapping[str, str] | None = None,
+):
+    """A StreamExecutionEnvironment for the job ``name``: the Kafka connector and the job's JVM operators on its classpath,
+    exactly-once checkpoints under ``checkpoint_dir`` (resuming from ``restore_from`` when given), bounded
+    restarts, and with ``metrics_port`` its metrics for Prometheus at ``:<port>/metrics`` while it runs embedded."""
+    from pyflink.common import Configuration
+    from pyflink.datastream import CheckpointingMode, StreamExecutionEnvironment
+    from pyflink.util.java_utils import add_jars_to_context_class_loader
+
+    config = Configuration()
+    config.set_string("pipeline.jars", ";".join(jar.as_uri() for jar in (connector_jar, operators_jar)))
+    config.set_string("pipeline.name", name)
+    # A Python step gets its rows in Arrow batches of up to max_batch_rows, waiting at most
+    # flush_interval_ms for one to fill: the knobs that trade freshness for throughput.
+    config.set_string("python.fn-execution.bundle.time", str(flush_interval_ms))
+    config.set_string("python.fn-execution.bundle.size", str(max_batch_rows))
+    config.set_string("python.fn-execution.arrow.batch.size", str(max_batch_rows))
+    config.set_string("execution.buffer-timeout.interval", "10 ms")
+    # No operator of Loopline's jobs keeps a reference to its input rows, so chained operators can share them.
+    config.set_string("pipeline.object-reuse", "true")
+    for key, value in (python_options or {}).items():
+        config.set_string(key, value)
+    config.set_string("execution.checkpointing.storage", "filesystem")
+    config.set_string("execution.checkpointing.dir", checkpoint_dir.absolute().as_uri())
+    config.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
+    # A failed job (Redis or the broker away) retries with growing pauses; capped at 10 s, and forgotten after a
+    # minute of running, so the job works again soon after an outage rather than after Flink's 1-minute cap.
+    config.set_string("restart-strategy.type", "exponential-delay")
+    config.set_string("restart-strategy.exponential-delay.max-backoff", "10 s")
+    config.set_string("restart-strategy.exponential-delay.reset-backoff-threshold", "1 min")
+    if restore_from:
+        config.set_string("execution.state-recovery.path", restore_from)
+    reporter_jars: list[Path] = []
+    if metrics_port:
+        # The reporter listens on every interface. A port already taken costs only the reporter (Flink logs an
+        # error), never the job. On a Flink cluster (`flink run`) reporters are the cluster's own configuration.
+        config.set_string("metrics.reporter.prometheus.factory.class", _REPORTER)
+        config.set_string("metrics.reporter.prometheus.port", str(metrics_port))
+        reporter_jars.append(_prometheus_reporter_jar())
+    env = StreamExecutionEnvironment.get_execution_environment(config)
+    # The client builds the job graph with the operators' classes, so its class loader needs them too. The
+    # embedded mini-cluster it starts looks for reporters there as well: it loads no plugins (it has no plugin
+    # manager, whatever FLINK_PLUGINS_DIR says), so the reporter's plugin jar goes on that class loader.
+    add_jars_to_context_class_loader([jar.as_uri() for jar in (operators_jar, *reporter_jars)])
+    env.set_parallelism(parallelism)
+    env.enable_checkpointing(checkpoint_interval_ms, CheckpointingMode.EXACTLY_ONCE)
+    return env
+
+
+def run_job(env, name: str, restore_from: str | None, rebuild_command: str) -> None:
+    """Run the built job until it fails or the process is stopped; JobStateError (saying to run
+    ``rebuild_command``) when ``restore_from``'s state does not fit the job's operators."""
+    from py4j.protocol import Py4JJavaError
+
+    try:
+        env.execute(name)
+    except Py4JJavaError as err:
+        if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
+            raise JobStateError(
+                f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
+                f"(Loopline or its definitions changed) — fix: rebuild the state from the retained events with `{rebuild_command}`"
+            ) from None
+        raise
