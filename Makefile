@@ -12,7 +12,7 @@ export DEMO_SECONDS
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,train]'
 	touch $@
 
 # Python packages, Debian packages (redis-server, kcat; as root) and the pinned Maven jars.

@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_read import OnlineReader  # noqa: E402
-from loopline.feature_job_process import start_feature_job, stop_feature_job, wait_until_serving  # noqa: E402
+from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving  # noqa: E402
 from infra.service import wait_until  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from schemas.topics import TRANSACTIONS  # noqa: E402
@@ -126,7 +126,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
             "freshness_samples": len(freshness),
         }
     finally:
-        stop_feature_job(job, signal.SIGKILL)
+        stop_process_group(job, signal.SIGKILL)
 
 
 def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) -> dict:
@@ -163,7 +163,7 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
             )
         return {"catch_up_events_per_s": round(events / (time.monotonic() - began), 1) if caught_up else None}
     finally:
-        stop_feature_job(job, signal.SIGKILL)
+        stop_process_group(job, signal.SIGKILL)
 
 
 def measure_reads(settings: Settings, iterations: int) -> dict:

@@ -20,12 +20,11 @@ from infra.service import tail
 from loopline.components import build_stack
 from loopline.produce import produce_stream
 from loopline.settings import Settings
-from loopline.views import snapshot_diff_table, snapshot_table, stack_table, topics_table
+from loopline.views import alias_history_table, release_step_line, snapshot_diff_table, snapshot_table, stack_table, topics_table
 from feedback_loop.snapshots import SnapshotError
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
 from schemas.compatibility import CompatibilityError, check_registered, register
-from schemas.model_registry import PROD_ALIAS
 from schemas.topics import TOPICS
 from streams.feature_plan import PlanError
 from streams.job_settings import JobStateError
@@ -258,6 +257,13 @@ def _release(name: str | None) -> tuple[ModelRelease, str]:
     return model_release(config), name or config.serving.model_name
 
 
+def _actor() -> str:
+    """Who makes a release step from the CLI, for the alias history."""
+    import getpass
+
+    return f"{getpass.getuser()} (loopline CLI)"
+
+
 @models_app.command("register")
 def models_register(
     path: Annotated[Path, typer.Argument(help="The ONNX file (schemas/model_contract.py).", exists=True, dir_okay=False)],
@@ -268,19 +274,19 @@ def models_register(
     release, name = _release(name)
     version = release.register(name, path)
     if alias:
-        release.set_alias(name, alias, version)
+        release.set_alias(name, alias, version, _actor(), "registered with --alias")
     console.print(f"registered {name} v{version}" + (f" as {alias}" if alias else ""))
 
 
 @models_app.command("promote")
 def models_promote(
     version: Annotated[str, typer.Argument(help="The version to serve as prod.")],
+    reason: Annotated[str, typer.Option(help="Why, for the alias history.")] = "promoted by hand",
     name: ModelNameOption = None,
 ) -> None:
     """Point prod at VERSION (scorers hot-swap at their next poll) and end any canary."""
     release, name = _release(name)
-    release.set_alias(name, PROD_ALIAS, version)
-    release.end_canary(name)
+    release.promote(name, version, _actor(), reason)
     console.print(f"{name} prod → v{version}")
 
 
@@ -292,8 +298,56 @@ def models_canary(
 ) -> None:
     """Send SHARE of the traffic to VERSION (alias canary)."""
     release, name = _release(name)
-    release.start_canary(name, version, share)
+    release.start_canary(name, version, share, _actor())
     console.print(f"{name} canary → v{version} on {share:.0%} of requests")
+
+
+@models_app.command("history")
+def models_history(name: ModelNameOption = None) -> None:
+    """Every alias change: when, who or what, which alias, from which version to which, and why."""
+    release, name = _release(name)
+    console.print(alias_history_table(release.history(name), title=f"{name}: alias history"))
+
+
+@app.command("release")
+def release(
+    target: Annotated[str, typer.Argument(help="A VERSION to release as a canary, or `watch`.")],
+    canary: Annotated[float, typer.Option(min=0.0, max=100.0, help="Percent of requests the canary takes.")] = 5.0,
+    once: Annotated[bool, typer.Option(help="watch: look once and apply the verdict, then stop.")] = False,
+    name: ModelNameOption = None,
+) -> None:
+    """`loopline release VERSION --canary 5` sends 5 % of requests to VERSION; `loopline release watch` watches the
+    canary against prod (the scorers' metrics, labeled feedback) until the policy promotes or rolls it back."""
+    if target != "watch":
+        registry, name = _release(name)
+        registry.start_canary(name, target, canary / 100, _actor(), f"released as a canary on {canary:g} % of requests")
+        console.print(f"{name} v{target} is the canary on {canary:g} % of requests; `loopline release watch` decides")
+        return
+    from loopline.components import release_controller
+
+    config = settings()
+    controller = release_controller(config)
+    while True:
+        outcome = controller.step()
+        if outcome is None:
+            console.print("no canary is out")
+            return
+        decision, canary_stats, prod_stats = outcome
+        console.print(release_step_line(decision, canary_stats, prod_stats), highlight=False)
+        if once or decision.action != "wait":
+            return
+        time.sleep(config.release.poll_s)
+
+
+@app.command("rollback")
+def rollback(
+    reason: Annotated[str, typer.Option(help="Why, for the alias history.")] = "rolled back by hand",
+    name: ModelNameOption = None,
+) -> None:
+    """Point prod back at the version it replaced (and end any canary), in one command."""
+    release, name = _release(name)
+    version = release.rollback(name, _actor(), reason)
+    console.print(f"{name} prod → v{version} (rolled back)")
 
 
 feedback_app = typer.Typer(help="The feedback loop: predictions joined with late labels into training examples.")

@@ -21,6 +21,7 @@ from streams.synthetic import SyntheticConfig
 
 if TYPE_CHECKING:
     from feedback_loop.joiner_job import JoinerSettings
+    from loopline.release_controller import ReleaseController
     from offline_training.release import ModelRelease
     from online.registry_reader import RegistryReader
 
@@ -135,6 +136,24 @@ def joiner_settings(settings: Settings) -> JoinerSettings:
         metrics_port=feedback.metrics_port or None,
         kafka_properties=dict(settings.kafka.client_config),
     )
+
+
+def release_controller(settings: Settings) -> ReleaseController:
+    """The release controller of the settings' model, reading the scorers' metrics and the labeled feedback."""
+    from feedback_loop.example_log import logged_examples
+    from loopline.release_controller import ReleaseController
+    from offline_training.release_policy import ReleasePolicy
+    from schemas.topics import TRAINING_EXAMPLES
+
+    release, kafka, serving = settings.release, settings.kafka, settings.serving
+    policy = ReleasePolicy(**{f: getattr(release, f) for f in ReleasePolicy.__dataclass_fields__})
+    urls = release.metrics_urls or [f"http://{serving.host}:{serving.http_port}/metrics"]
+    topic = settings.feedback.examples_topic or TRAINING_EXAMPLES.name
+
+    def examples(since_ms: int):
+        return logged_examples(kafka.bootstrap_servers, topic, since_ms, None, kafka.client_config)[0]
+
+    return ReleaseController(model_release(settings), serving.model_name, policy, urls, examples)
 
 
 def _tracking_uri(settings: Settings) -> str:

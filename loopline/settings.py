@@ -169,6 +169,22 @@ class FeedbackSettings(BaseModel):
     dead_letter_topic: str | None = Field(default=None, description="Dead letters here instead of events.dlq.")
 
 
+class ReleaseSettings(BaseModel):
+    """The release controller: where it reads the scorers' metrics, how often, and its policy
+    (``offline_training/release_policy.py``)."""
+
+    metrics_urls: list[str] = Field(default_factory=list, description="Scorers' /metrics; default the local scorer's.")
+    poll_s: float = Field(default=10.0, gt=0)
+    min_watch_s: float = Field(default=60.0, ge=0, description="Watch a canary at least this long before promoting.")
+    max_watch_s: float = Field(default=3_600.0, gt=0, description="Without enough evidence by then: roll back.")
+    min_requests: int = Field(default=200, ge=0)
+    max_error_rate_increase: float = Field(default=0.01, ge=0)
+    max_latency_ratio: float = Field(default=1.5, ge=1)
+    min_labels: int = Field(default=50, ge=1, description="Labeled events per arm before quality counts.")
+    max_auc_drop: float = Field(default=0.02, ge=0)
+    require_quality: bool = Field(default=False, description="Promote only with enough labels on both arms.")
+
+
 class RegistrySettings(BaseModel):
     """The MLflow model registry: training registers and releases versions there, serving loads them."""
 
@@ -192,6 +208,7 @@ class Settings(BaseSettings):
     stream: StreamSettings = StreamSettings()
     serving: ServingSettings = ServingSettings()
     feedback: FeedbackSettings = FeedbackSettings()
+    release: ReleaseSettings = ReleaseSettings()
     registry: RegistrySettings = RegistrySettings()
 
     @classmethod

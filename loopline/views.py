@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
@@ -119,3 +120,26 @@ def snapshot_diff_table(diff: dict) -> Table:
         missing = " → ".join(f"{v:.1%}" for v in figures["missing_rate"])
         table.add_row(name, means, missing, f"{figures['psi']:.3f}")
     return table
+
+
+def alias_history_table(changes, title: str) -> Table:
+    """One row per alias change, oldest first."""
+    table = Table(title=title)
+    for column in ("when (UTC)", "who / what", "alias", "from", "to", "why"):
+        table.add_column(column)
+    for c in changes:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.at_ms / 1000))
+        table.add_row(when, c.actor, c.alias, "—" if c.previous is None else f"v{c.previous}",
+                      "—" if c.version is None else f"v{c.version}", c.reason)  # fmt: skip
+    return table
+
+
+def release_step_line(decision, canary, prod) -> str:
+    """One line per look of the release controller: both arms and the verdict."""
+
+    def arm(name: str, stats) -> str:
+        p99 = "—" if stats.p99_s is None else f"{stats.p99_s * 1000:.0f} ms"
+        auc = "—" if stats.auc is None else f"{stats.auc:.3f}"
+        return f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 ≤{p99}, {stats.labeled} labeled, AUC {auc}"
+
+    return f"{arm('canary', canary)} | {arm('prod', prod)} → {decision.action}: {decision.reason}"

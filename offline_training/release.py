@@ -3,11 +3,14 @@
 Registering a version logs its ONNX file as a run artifact, creates the model version from it and
 records the file's SHA-256 on the version, so serving can check that what it loads is what was
 registered. Releasing is then moving aliases: ``prod``, and ``canary`` with its traffic share.
+Every move is recorded with who or what made it and why (``AliasChange``), so ``history`` can tell
+what served when, and ``rollback`` can point ``prod`` back at the version it replaced.
 """
 
 from __future__ import annotations
 
 import tempfile
+import time
 from pathlib import Path
 
 from schemas.model_registry import (
@@ -16,7 +19,9 @@ from schemas.model_registry import (
     CANARY_ALIAS,
     CANARY_SHARE_TAG,
     EXPERIMENT,
+    PROD_ALIAS,
     SHA256_TAG,
+    AliasChange,
     artifact_sha256,
     parse_canary_share,
 )
@@ -64,8 +69,20 @@ class ModelRelease:
         )  # fmt: skip
         return str(version.version)
 
-    def set_alias(self, name: str, alias: str, version: str) -> None:
-        """Point ``alias`` of ``name`` at ``version`` (serving picks it up at its next poll); ReleaseError
+    def history(self, name: str) -> list[AliasChange]:
+        """Every recorded alias change of ``name``, oldest first."""
+        return AliasChange.from_tags(self.client.get_registered_model(name).tags)
+
+    def aliases(self, name: str) -> dict[str, str]:
+        """The version each alias of ``name`` names now."""
+        return {alias: str(version) for alias, version in self.client.get_registered_model(name).aliases.items()}
+
+    def _record(self, name: str, alias: str, previous: str | None, version: str | None, actor: str, reason: str) -> None:
+        change = AliasChange(int(time.time() * 1000), actor, alias, previous, version, reason)
+        self.client.set_registered_model_tag(name, *change.tag(len(self.history(name)) + 1))
+
+    def set_alias(self, name: str, alias: str, version: str, actor: str = "unknown", reason: str = "") -> None:
+        """Point ``alias`` of ``name`` at ``version`` (serving picks it up at its next poll) and record it; ReleaseError
         when there is no such version."""
         from mlflow.exceptions import MlflowException
 
@@ -73,16 +90,36 @@ class ModelRelease:
             self.client.get_model_version(name, version)
         except MlflowException as err:
             raise ReleaseError(f"{name} has no version {version!r}: {err.message}") from err
+        previous = self.aliases(name).get(alias)
         self.client.set_registered_model_alias(name, alias, version)
+        self._record(name, alias, previous, version, actor, reason)
 
-    def start_canary(self, name: str, version: str, share: float) -> None:
+    def start_canary(self, name: str, version: str, share: float, actor: str = "unknown", reason: str = "") -> None:
         """Send ``share`` of ``name``'s traffic to ``version`` (alias ``canary``)."""
         share = parse_canary_share(str(share))
-        self.set_alias(name, CANARY_ALIAS, version)
+        self.set_alias(name, CANARY_ALIAS, version, actor, reason or f"canary on {share:.0%} of requests")
         self.client.set_registered_model_tag(name, CANARY_SHARE_TAG, str(share))
 
-    def end_canary(self, name: str) -> None:
+    def end_canary(self, name: str, actor: str = "unknown", reason: str = "") -> None:
         """Send all traffic back to ``prod``."""
         self.client.set_registered_model_tag(name, CANARY_SHARE_TAG, "0")
-        if CANARY_ALIAS in self.client.get_registered_model(name).aliases:
+        previous = self.aliases(name).get(CANARY_ALIAS)
+        if previous is not None:
             self.client.delete_registered_model_alias(name, CANARY_ALIAS)
+            self._record(name, CANARY_ALIAS, previous, None, actor, reason or "canary ended")
+
+    def promote(self, name: str, version: str, actor: str = "unknown", reason: str = "") -> None:
+        """Point ``prod`` at ``version`` and end any canary."""
+        self.set_alias(name, PROD_ALIAS, version, actor, reason or "promoted")
+        self.end_canary(name, actor, f"v{version} promoted")
+
+    def rollback(self, name: str, actor: str = "unknown", reason: str = "") -> str:
+        """Point ``prod`` back at the version its last move replaced (and end any canary); that version.
+        ReleaseError when prod has no earlier version on record."""
+        moves = [c for c in self.history(name) if c.alias == PROD_ALIAS and c.previous is not None]
+        if not moves:
+            raise ReleaseError(f"{name}: prod has never replaced a version, so there is nothing to roll back to")
+        previous = moves[-1].previous
+        self.set_alias(name, PROD_ALIAS, previous, actor, reason or f"rolled back from v{moves[-1].version}")
+        self.end_canary(name, actor, "rollback")
+        return previous

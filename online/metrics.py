@@ -52,6 +52,15 @@ class ScorerMetrics:
             "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.registry
         )
         self.model = Info("loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.registry)
+        # Per model version, what a release controller compares a canary with prod by.
+        self.model_requests = Counter(
+            "loopline_scoring_model_requests", "Requests a model version scored (ok) or failed on (error).",
+            ["alias", "version", "outcome"], registry=self.registry,
+        )  # fmt: skip
+        self.model_latency = Histogram(
+            "loopline_scoring_model_latency_seconds", "Scoring latency (feature fetch to score) per model version.",
+            ["alias", "version"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+        )  # fmt: skip
         self.model_swaps = Counter(
             "loopline_scoring_model_swaps", "Hot swaps of the model serving under an alias.", ["alias"], registry=self.registry
         )

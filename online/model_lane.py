@@ -26,9 +26,10 @@ ServedModel = OnnxModel | VllmModel
 
 
 class ModelLane:
-    """``model``, reading the features it needs through ``fetcher``; ``infer(row)`` scores one input row."""
+    """``model`` serving under ``alias``, reading the features it needs through ``fetcher``; ``infer(row)`` scores one input row."""
 
-    def __init__(self, model: ServedModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics) -> None:
+    def __init__(self, alias: str, model: ServedModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics) -> None:
+        self.alias = alias
         self.model = model
         self.fetcher = fetcher
         self._batcher: DynamicBatcher[list[float], float] | None = None

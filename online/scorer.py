@@ -16,7 +16,7 @@ import numpy as np
 
 from feature_store.online_read import OnlineReader
 from online.batcher import BatchingKnobs
-from online.errors import InvalidRequest, ModelNotReady, ScoringFailed, UnknownModel
+from online.errors import InvalidRequest, ModelNotReady, ScoringError, ScoringFailed, UnknownModel
 from online.features import FeatureFetcher
 from online.metrics import ScorerMetrics
 from online.model_lane import ModelLane, ServedModel
@@ -95,7 +95,7 @@ class Scorer:
         features = [name for name in model.inputs if not name.startswith(REQUEST_PREFIX)]
         fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size)
         previous = self._lanes.get(alias)
-        self._lanes[alias] = ModelLane(model, fetcher, self.knobs, self.metrics)
+        self._lanes[alias] = ModelLane(alias, model, fetcher, self.knobs, self.metrics)
         self.metrics.model.labels(alias).info({"name": model.name, "version": model.version, "provider": model.provider})
         if alias == PROD_ALIAS:
             self._ready.set()
@@ -183,17 +183,28 @@ class Scorer:
         began = time.perf_counter()
         lane = self._route(request)
         request_inputs = self._request_inputs(lane.model, request)
+        outcome = self.metrics.model_requests.labels(lane.alias, lane.model.version, "error")
         lane.enter()
         try:
             fetched = await lane.fetcher.fetch(request.entity_keys)
             fetched_at = time.perf_counter()
             row, used = self._vector(lane.model, request_inputs, fetched.values)
             score, queue_wait_s, inference_s = await self._infer(lane, row)
+        except ScoringError as err:
+            if not err.retriable:
+                outcome.inc()
+            raise
+        except Exception:
+            outcome.inc()
+            raise
         finally:
             lane.leave()
         if not math.isfinite(score):
+            outcome.inc()
             raise ScoringFailed(f"model {lane.model.name} v{lane.model.version} gave score {score} for inputs {used}")
         total = time.perf_counter() - began
+        self.metrics.model_requests.labels(lane.alias, lane.model.version, "ok").inc()
+        self.metrics.model_latency.labels(lane.alias, lane.model.version).observe(total)
         stages = {"feature_fetch": fetched_at - began, "queue_wait": queue_wait_s, "inference": inference_s, "total": total}
         for stage, seconds in stages.items():
             self.metrics.stage_seconds.labels(stage).observe(seconds)

@@ -10,11 +10,16 @@
 * A request goes to the canary when ``canary_bucket(request_id) < share``: the bucket is a hash of
   the request id, uniform in [0, 1), so a retried request meets the same model and the routing
   needs no shared state between scorers.
+* Every alias change is recorded, since MLflow's aliases keep no history: the registered model's
+  tag ``loopline.alias_history.<sequence>`` (zero-padded, so tags sort in order) holds one
+  ``AliasChange`` as JSON: when, who or what, which alias, from which version to which, and why.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 PROD_ALIAS = "prod"
@@ -25,6 +30,28 @@ ARTIFACT_DIR = "model"
 ARTIFACT_FILE = "model.onnx"
 SHA256_TAG = "loopline.artifact_sha256"
 CANARY_SHARE_TAG = "loopline.canary_share"
+HISTORY_TAG_PREFIX = "loopline.alias_history."
+
+
+@dataclass(frozen=True)
+class AliasChange:
+    """One move of an alias: at ``at_ms`` ``actor`` pointed ``alias`` from ``previous`` to ``version`` (None: unset), because ``reason``."""
+
+    at_ms: int
+    actor: str
+    alias: str
+    previous: str | None
+    version: str | None
+    reason: str
+
+    def tag(self, sequence: int) -> tuple[str, str]:
+        """The (tag key, value) that records this change as the ``sequence``-th."""
+        return f"{HISTORY_TAG_PREFIX}{sequence:06d}", json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> list[AliasChange]:
+        """The history recorded in a registered model's tags, oldest first."""
+        return [cls(**json.loads(tags[key])) for key in sorted(k for k in tags if k.startswith(HISTORY_TAG_PREFIX))]
 
 
 def artifact_sha256(path: Path) -> str:

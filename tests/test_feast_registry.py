@@ -19,7 +19,7 @@ import yaml
 from feature_store.config import REPO_PATH
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
-from loopline.feature_job_process import start_feature_job, stop_feature_job
+from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import FeatureStoreSettings, Settings, settings_environment
 from schemas.records import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
@@ -93,4 +93,4 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
         assert wait_until(lambda: minimum() == 12.5 or job.poll() is not None, 180, 0.5), f"see {tmp_path / 'job.log'}"
         assert minimum() == 12.5
     finally:
-        stop_feature_job(job)
+        stop_process_group(job)

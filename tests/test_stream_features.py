@@ -23,7 +23,7 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
-from loopline.feature_job_process import start_feature_job, stop_feature_job
+from loopline.job_processes import start_feature_job, stop_process_group
 from feature_store.config import REPO_PATH, apply_definitions, feature_store
 from infra.service import wait_until
 from loopline.settings import Settings
@@ -184,7 +184,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     try:
         _wait(lambda: _committed(bootstrap, job_group) >= len(first) // 2, 180, "a checkpoint covering part of the first batch")
     finally:
-        stop_feature_job(job, signal.SIGKILL)  # mid-stream, without warning
+        stop_process_group(job, signal.SIGKILL)  # mid-stream, without warning
 
     second = [replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
     producer.publish(_merged(second, _hot_entity(range(1_500, 3_000), ms_per_hot_event)))
@@ -230,7 +230,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
 
         _wait(logged_offline, 60, "the newest rows in the offline log")
     finally:
-        stop_feature_job(job, signal.SIGKILL)
+        stop_process_group(job, signal.SIGKILL)
 
     problems = feature_differences(plan, expected, _historical(_offline_store(settings)))
     assert not problems, f"{len(problems)} historical values differ from the recompute, e.g. {problems[:5]}"

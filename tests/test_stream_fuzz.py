@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings as hypothesis_settings, stra
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
-from loopline.feature_job_process import start_feature_job, stop_feature_job
+from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings
 from schemas.records import DeadLetterRecord, TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
@@ -119,4 +119,4 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
         assert reasons["late"] == len(late) and set(reasons) <= {"invalid", "out_of_range", "late"}, reasons
         assert not math.isnan(accepted["amount"].sum())
     finally:
-        stop_feature_job(job)
+        stop_process_group(job)

@@ -1,0 +1,84 @@
+"""When a canary is promoted or rolled back: a declared policy over what the canary and prod showed meanwhile.
+
+The release controller gathers, for each arm (canary, prod) over the canary's time so far: requests
+and errors (the scorers' ``loopline_scoring_model_requests_total``), the 99th-percentile latency
+(``loopline_scoring_model_latency_seconds``) and the quality of its scores on the events labeled
+since (AUC). ``decide`` turns that into one of three verdicts, with the reason:
+
+* roll back at once when the canary's error rate exceeds prod's by more than the allowance, its p99
+  exceeds prod's by more than the ratio, or, once both arms have enough labels, its AUC falls short
+  of prod's by more than the allowance;
+* promote once the canary has been watched for the minimum time and served enough requests, and
+  its quality held (or, when the policy does not require labels, none have come yet);
+* otherwise keep watching, up to the longest watch, after which a canary without the required
+  evidence is rolled back: no evidence is not good evidence.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class ReleasePolicy:
+    """The thresholds a canary is held to."""
+
+    min_watch_s: float = 60.0
+    max_watch_s: float = 3_600.0
+    min_requests: int = 200
+    max_error_rate_increase: float = 0.01
+    max_latency_ratio: float = 1.5
+    min_labels: int = 50
+    max_auc_drop: float = 0.02
+    require_quality: bool = False
+
+
+@dataclass(frozen=True)
+class ArmStats:
+    """What one arm (a model version under an alias) showed since the canary started."""
+
+    version: str
+    requests: int
+    errors: int
+    p99_s: float | None
+    labeled: int
+    auc: float | None
+
+    @property
+    def error_rate(self) -> float:
+        return self.errors / self.requests if self.requests else 0.0
+
+    def quality_known(self, min_labels: int) -> bool:
+        return self.labeled >= min_labels and self.auc is not None and not math.isnan(self.auc)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A verdict and why."""
+
+    action: Literal["promote", "rollback", "wait"]
+    reason: str
+
+
+def decide(policy: ReleasePolicy, canary: ArmStats, prod: ArmStats, watched_s: float) -> Decision:
+    """The policy's verdict on ``canary`` against ``prod`` after ``watched_s`` seconds."""
+    if canary.requests >= policy.min_requests and canary.error_rate > prod.error_rate + policy.max_error_rate_increase:
+        return Decision("rollback", f"canary error rate {canary.error_rate:.2%} against prod {prod.error_rate:.2%} "
+                                    f"(allowed +{policy.max_error_rate_increase:.2%})")  # fmt: skip
+    if canary.p99_s is not None and prod.p99_s and canary.p99_s > prod.p99_s * policy.max_latency_ratio:
+        return Decision("rollback", f"canary p99 {canary.p99_s * 1000:.1f} ms against prod {prod.p99_s * 1000:.1f} ms "
+                                    f"(allowed ×{policy.max_latency_ratio})")  # fmt: skip
+    quality_known = canary.quality_known(policy.min_labels) and prod.quality_known(policy.min_labels)
+    if quality_known and canary.auc < prod.auc - policy.max_auc_drop:
+        return Decision("rollback", f"canary AUC {canary.auc:.3f} against prod {prod.auc:.3f} on labeled events "
+                                    f"(allowed −{policy.max_auc_drop})")  # fmt: skip
+    evidence = canary.requests >= policy.min_requests and (quality_known or not policy.require_quality)
+    if watched_s >= policy.min_watch_s and evidence:
+        quality = f", AUC {canary.auc:.3f} vs {prod.auc:.3f}" if quality_known else ", no labels yet"
+        return Decision("promote", f"{canary.requests} requests, error rate {canary.error_rate:.2%} vs {prod.error_rate:.2%}{quality}")
+    if watched_s >= policy.max_watch_s:
+        return Decision("rollback", f"not enough evidence after {watched_s:.0f} s ({canary.requests} requests, "
+                                    f"{canary.labeled} labeled events)")  # fmt: skip
+    return Decision("wait", f"watching ({watched_s:.0f} s, {canary.requests} requests, {canary.labeled} labeled events)")

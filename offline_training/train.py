@@ -1,0 +1,374 @@
+"""The training process, one per data-parallel rank, started by torchrun or the deepspeed launcher.
+
+    python -m offline_training.train --snapshot DIR --config YAML --out DIR [--resume [--universal]]
+        [--tracking-uri URI] [--stop-after-steps N]
+
+Each process trains :class:`FraudMLP` on its share of a feedback snapshot's labelled rows through
+``deepspeed.initialize`` (ZeRO stage and precision from the DeepSpeed JSON the config names, and a
+``torch.optim.AdamW``: a DeepSpeed-config optimizer would JIT-compile fused Adam first). The JSONs
+under ``infra/deepspeed/`` train in fp32: their ``bf16`` section is there to switch on on GPUs that
+have bf16 units; CPUs train fp32.
+
+Guarantees:
+
+* Reproducible: the same snapshot, config, seed and world size give bit-identical weights. The
+  weights are seeded, the data order is ``DistributedSampler(seed)`` with ``set_epoch`` each epoch,
+  the rows are sorted by (prediction time, event id) whatever order the files list them in, and
+  torch runs its deterministic algorithms.
+* Resumable: a checkpoint is saved every ``checkpoint_every_steps`` optimizer steps and at each
+  epoch's end (the last ``keep_last`` kept); ``--resume`` loads the newest and goes on from the next
+  step, skipping the rows of the epoch already trained on, so a killed and resumed run ends with the
+  weights of an uninterrupted one. Every checkpoint carries ``universal_checkpoint_info``, so
+  ``offline_training.launch.convert_to_universal`` can make it loadable on another world size
+  (``--universal``).
+* Evaluated on time: the latest ``holdout_fraction`` of labelled rows by prediction time never
+  trains; each epoch reports its AUC, log loss and Brier score.
+
+Rank 0 shows a progress bar, tracks the run in MLflow with ``--tracking-uri`` (parameters, per-epoch
+metrics, snapshot id, code version; a resumed run continues its MLflow run) and at the end writes
+``model.pt`` (the state dict), ``model.onnx`` (checked against torch on the holdout rows) and
+``metrics.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from itertools import islice
+from pathlib import Path
+
+import deepspeed
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from deepspeed import comm as dist
+from deepspeed.checkpoint.constants import (
+    UNIVERSAL_CHECKPOINT_INFO,
+    UNIVERSAL_CHECKPOINT_VERSION_KEY,
+    UNIVERSAL_CHECKPOINT_VERSION_VALUE,
+)
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+from tqdm import tqdm
+
+from offline_training.evaluation import classification_metrics
+from offline_training.export import export_onnx, verify_onnx
+from offline_training.launch import CHECKPOINTS, checkpoint_world_size, latest_tag
+from offline_training.model import FraudMLP, fit_standardisation, state_fingerprint
+from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
+
+log = logging.getLogger("offline_training.train")
+#: The MLflow experiment training runs are tracked in (registered versions live in ``loopline-models``).
+EXPERIMENT = "loopline-training"
+#: Checkpoint folders: ``step<global step>``, and ``step<n>_universal`` for converted ones.
+CHECKPOINT_TAG = re.compile(r"step(\d+)(?:_universal)?")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A snapshot's labelled rows, split on time: ``train`` before, ``holdout`` after."""
+
+    snapshot_id: str
+    inputs: list[str]
+    train_x: np.ndarray
+    train_y: np.ndarray
+    holdout_x: np.ndarray
+    holdout_y: np.ndarray
+
+
+def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
+    """The labelled rows of the snapshot folder ``path`` (``manifest.json`` + ``data/**/*.parquet``).
+
+    Unlabelled rows are skipped; the latest ``holdout_fraction`` of the rest by ``predicted_at_ms``
+    is the holdout. The inputs are ``manifest["features"]``, in that order.
+    """
+    path = Path(path)
+    manifest = json.loads((path / "manifest.json").read_text())
+    inputs = list(manifest["features"])
+    try:
+        frame = pd.read_parquet(path / "data", columns=["event_id", "label", "predicted_at_ms", *inputs])
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(
+            f"snapshot {path}: cannot read event_id, label, predicted_at_ms and its {len(inputs)} features from "
+            f"data/**/*.parquet ({err}); snapshots are written by feedback_loop/snapshots.py"
+        ) from err
+    frame = frame[frame["label"].notna()].sort_values(["predicted_at_ms", "event_id"], kind="stable")
+    holdout = int(round(len(frame) * holdout_fraction))
+    if holdout < 1 or len(frame) - holdout < 1:
+        raise ValueError(f"snapshot {path}: {len(frame)} labelled rows cannot make a training split and a holdout")
+    x = frame[inputs].to_numpy(dtype=np.float64)
+    y = frame["label"].to_numpy(dtype=np.float64)
+    cut = len(frame) - holdout
+    return Snapshot(str(manifest["snapshot_id"]), inputs, x[:cut], y[:cut], x[cut:], y[cut:])
+
+
+def code_version() -> str:
+    """The git commit of the code training runs, or "unknown" outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=LOOPLINE_ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+class Tracking:
+    """The run's MLflow record (rank 0, with a tracking URI); every method does nothing without one."""
+
+    def __init__(self, tracking_uri: str | None) -> None:
+        self.client, self.run_id = None, None
+        if tracking_uri:
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(tracking_uri=tracking_uri)
+
+    def start(self, run_id: str | None, params: dict, tags: dict[str, str]) -> None:
+        """Continue the run ``run_id`` (a resumed training) or create one with ``params`` and ``tags``."""
+        if self.client is None:
+            return
+        if run_id:
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_id = run_id
+            return
+        experiment = self.client.get_experiment_by_name(EXPERIMENT)
+        experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(EXPERIMENT)
+        self.run_id = self.client.create_run(experiment_id, tags=tags).info.run_id
+        for key, value in params.items():
+            self.client.log_param(self.run_id, key, value)
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self.client is not None:
+            for key, value in metrics.items():
+                self.client.log_metric(self.run_id, key, value, step=step)
+
+    def finish(self, metrics: dict[str, float]) -> None:
+        if self.client is not None:
+            self.log(metrics, step=0)
+            self.client.set_terminated(self.run_id)
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where training stands: in ``epoch``, after ``rows_done`` rows of its shuffled order (all ranks together)."""
+
+    epoch: int = 0
+    rows_done: int = 0
+
+
+def _prune(checkpoints: Path, keep_last: int) -> None:
+    """Delete checkpoint folders (and their universal conversions) older than the last ``keep_last`` steps."""
+    tags = {
+        path: int(m.group(1)) for path in checkpoints.iterdir() if path.is_dir() and (m := CHECKPOINT_TAG.fullmatch(path.name))
+    }
+    kept = set(sorted(set(tags.values()))[-keep_last:])
+    for path, step in tags.items():
+        if step not in kept:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _fold(loss: torch.Tensor) -> torch.Tensor:
+    """All ranks' (loss sum, rows) added up on rank 0, zero elsewhere: the total survives a checkpoint,
+    which keeps rank 0's client state."""
+    dist.all_reduce(loss)
+    return loss if dist.get_rank() == 0 else torch.zeros_like(loss)
+
+
+def _resume(engine, checkpoints: Path, universal: bool, snapshot_id: str) -> dict:
+    """Load the newest checkpoint (its universal conversion with ``universal``) into ``engine``; its client state."""
+    written_by, world = checkpoint_world_size(checkpoints), dist.get_world_size()
+    if not universal and written_by not in (None, world):
+        raise SystemExit(
+            f"the checkpoint in {checkpoints} was written by {written_by} processes and this run has {world}: resume "
+            "through offline_training.launch.launch_training (it converts), or run convert_to_universal() and add --universal"
+        )
+    load_path, client = engine.load_checkpoint(str(checkpoints))
+    if load_path is None:
+        raise SystemExit(f"no checkpoint could be loaded from {checkpoints}: start without --resume")
+    if client["snapshot_id"] != snapshot_id:
+        raise SystemExit(
+            f"{load_path} trained on snapshot {client['snapshot_id']}, not {snapshot_id}: resume with that snapshot or use a new --out"
+        )
+    log.info(
+        "resumed from checkpoint %s (written by %d processes) at global step %d, epoch %d, row %d of the epoch; weights sha256 %s",
+        latest_tag(checkpoints, universal), client["world_size"], engine.global_steps, client["epoch"],
+        client["rows_in_epoch"], state_fingerprint(engine.module.state_dict()),
+    )  # fmt: skip
+    return client
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--snapshot", type=Path, required=True, help="the snapshot folder (manifest.json + data/)")
+    parser.add_argument("--config", type=Path, required=True, help="the training config (YAML)")
+    parser.add_argument("--out", type=Path, required=True, help="checkpoints, model.pt, model.onnx and metrics.json go here")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
+    parser.add_argument(
+        "--universal", action="store_true", help="with --resume: load its universal conversion (another world size)"
+    )
+    parser.add_argument("--tracking-uri", help="the MLflow tracking URI (default: no tracking)")
+    parser.add_argument("--stop-after-steps", type=int, help="for tests: exit like a kill after this global step")
+    args = parser.parse_args(argv)
+    if args.universal and not args.resume:
+        parser.error("--universal loads a checkpoint: add --resume")
+    return args
+
+
+def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
+    """The DeepSpeed engine over a freshly seeded model, standardised on the training split."""
+    torch.manual_seed(config.seed)
+    torch.use_deterministic_algorithms(True)
+    # Deterministic mode also fills every torch.empty with NaN; ZeRO allocates its (large) gradient buckets
+    # that way each step, which made a step ~400x slower. Nothing reads those buffers before writing them.
+    torch.utils.deterministic.fill_uninitialized_memory = False
+    mean, std = fit_standardisation(snapshot.train_x)
+    model = FraudMLP(snapshot.inputs, config.hidden, mean, std, seed=config.seed)
+    ds_config = deepspeed_config(config)
+    if universal:
+        ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
+    return engine
+
+
+def _save(engine, checkpoints: Path, keep_last: int, client_state: dict) -> None:
+    """Checkpoint every rank's state as ``step<global step>``; rank 0 then drops checkpoints beyond ``keep_last``."""
+    # What ds_to_universal needs to rebuild unpartitioned tensors (a plain data-parallel model: no patterns).
+    universal = {UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
+    engine.save_checkpoint(str(checkpoints), tag=f"step{engine.global_steps}", client_state={**client_state, **universal})
+    dist.barrier()  # every rank's shards are on disk, and `latest` names them, before older ones go
+    if dist.get_rank() == 0:
+        _prune(checkpoints, keep_last)
+
+
+def train(args: argparse.Namespace, config: TrainConfig) -> None:
+    """Run (or resume) the training loop, then write the model and its metrics (rank 0)."""
+    snapshot = load_snapshot(args.snapshot, config.holdout_fraction)
+    engine = _engine(snapshot, config, args.universal)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dtype = next(engine.module.parameters()).dtype  # bf16 when the DeepSpeed config turns it on
+    train_x, train_y = (torch.from_numpy(a.astype(np.float32)) for a in (snapshot.train_x, snapshot.train_y))
+    sampler = DistributedSampler(TensorDataset(train_x, train_y), num_replicas=world, rank=rank, seed=config.seed)
+    loader = DataLoader(sampler.dataset, batch_size=config.micro_batch_per_process, sampler=sampler)
+    accumulation = engine.gradient_accumulation_steps()
+    # An epoch ends on an optimizer step, so epoch-end checkpoints never hold half-accumulated gradients.
+    batches = len(loader) // accumulation * accumulation
+    rows_per_batch = config.micro_batch_per_process * world
+    if batches == 0:
+        raise SystemExit(f"{len(train_y)} training rows make no optimizer step: lower micro_batch_per_process or the processes")
+
+    checkpoints = args.out / CHECKPOINTS
+    tracking = Tracking(args.tracking_uri if rank == 0 else None)
+    position, loss = Position(), torch.zeros(2, dtype=torch.float64)  # loss: (sum over rows, rows) this epoch
+    client: dict = {}
+    if args.resume:
+        client = _resume(engine, checkpoints, args.universal, snapshot.snapshot_id)
+        position = Position(client["epoch"], client["rows_in_epoch"])
+        if rank == 0:
+            loss = torch.tensor(client["epoch_loss"], dtype=torch.float64)
+    tracking.start(
+        client.get("mlflow_run_id"),
+        params={**config.model_dump(mode="json"), "zero_stage": engine.zero_optimization_stage(), "world_size": world,
+                "train_rows": len(train_y), "holdout_rows": len(snapshot.holdout_y)},
+        tags={"loopline.snapshot_id": snapshot.snapshot_id, "loopline.code_version": code_version()},
+    )  # fmt: skip
+
+    def client_state(after: Position) -> dict:
+        """What resuming needs beyond DeepSpeed's own state: where the run stands after this step."""
+        return {
+            "epoch": after.epoch, "step_in_epoch": after.rows_done // rows_per_batch, "rows_in_epoch": after.rows_done,
+            "global_step": engine.global_steps, "world_size": world, "snapshot_id": snapshot.snapshot_id,
+            "epoch_loss": loss.tolist(), "mlflow_run_id": tracking.run_id,
+        }  # fmt: skip
+
+    # On another world size a batch holds another number of rows: resume at the last whole batch
+    # (the few rows of a partial one train again), on an optimizer-step boundary.
+    skip = position.rows_done // rows_per_batch // accumulation * accumulation
+    remaining = (batches - skip) // accumulation + max(config.epochs - position.epoch - 1, 0) * (batches // accumulation)
+    bar = tqdm(total=engine.global_steps + remaining, initial=engine.global_steps, disable=rank != 0, unit="step",
+               desc=f"train {snapshot.snapshot_id}", mininterval=1.0)  # fmt: skip
+    holdout = torch.from_numpy(snapshot.holdout_x.astype(np.float32)).to(engine.device, dtype)
+    started, rows_trained = time.perf_counter(), 0
+    for epoch in range(position.epoch, config.epochs):
+        sampler.set_epoch(epoch)
+        first = skip if epoch == position.epoch else 0
+        for index, (x, y) in enumerate(islice(loader, first, batches), start=first):
+            batch_loss = F.binary_cross_entropy_with_logits(engine(x.to(engine.device, dtype)), y.to(engine.device, dtype))
+            engine.backward(batch_loss)
+            engine.step()
+            loss += torch.tensor([batch_loss.item() * len(x), len(x)], dtype=torch.float64)
+            rows_trained += len(x)
+            if (index + 1) % accumulation:
+                continue
+            bar.update(1)
+            if index + 1 == batches:
+                totals = _fold(loss)
+                if rank == 0:
+                    with torch.no_grad():
+                        scores = engine.module.predict_proba(holdout).float().cpu().numpy()
+                    metrics = {"train_loss": float(totals[0] / totals[1])} | {
+                        f"holdout_{name}": value for name, value in classification_metrics(scores, snapshot.holdout_y).items()
+                    }
+                    tracking.log(metrics, step=epoch + 1)
+                    bar.write(f"epoch {epoch + 1}/{config.epochs}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+                loss = torch.zeros(2, dtype=torch.float64)
+                _save(engine, checkpoints, config.keep_last, client_state(Position(epoch + 1, 0)))
+            elif engine.global_steps % config.checkpoint_every_steps == 0:
+                loss = _fold(loss)
+                _save(engine, checkpoints, config.keep_last, client_state(Position(epoch, (index + 1) * rows_per_batch)))
+            if engine.global_steps == args.stop_after_steps:
+                dist.barrier()  # no rank is still writing the checkpoint when the processes go
+                os._exit(1)
+    bar.close()
+    seconds = time.perf_counter() - started
+    if rank == 0:
+        _write_outputs(
+            engine.module, snapshot, config, args.out, world, seconds, rows_trained * world, engine.global_steps, tracking
+        )
+    dist.barrier()
+
+
+def _write_outputs(
+    module: FraudMLP, snapshot: Snapshot, config: TrainConfig, out: Path, world: int, seconds: float,
+    rows_trained: int, global_steps: int, tracking: Tracking,
+) -> None:  # fmt: skip
+    """Write ``model.pt``, ``model.onnx`` (verified against torch on the holdout) and ``metrics.json``."""
+    model = FraudMLP(snapshot.inputs, config.hidden, np.zeros(len(snapshot.inputs)), np.ones(len(snapshot.inputs)))
+    model.load_state_dict({name: tensor.detach().float().cpu() for name, tensor in module.state_dict().items()})
+    model.eval()
+    torch.save(model.state_dict(), out / "model.pt")
+    onnx_path = export_onnx(model, snapshot.inputs, out / "model.onnx")
+    difference = verify_onnx(model, onnx_path, snapshot.holdout_x)
+    with torch.no_grad():
+        scores = model.predict_proba(torch.from_numpy(snapshot.holdout_x.astype(np.float32))).numpy()
+    holdout = classification_metrics(scores, snapshot.holdout_y)
+    metrics = {
+        "snapshot_id": snapshot.snapshot_id, "rows": {"train": len(snapshot.train_y), "holdout": len(snapshot.holdout_y)},
+        "epochs": config.epochs, "global_steps": global_steps, "world_size": world,
+        "holdout": holdout, "onnx_max_abs_diff": difference, "seconds": round(seconds, 3),
+        # Rows trained in this process's run (a resumed run counts from where it resumed).
+        "samples_per_second": round(rows_trained / seconds, 1) if seconds > 0 else None,
+    }  # fmt: skip
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    tracking.finish(
+        {f"final_holdout_{k}": v for k, v in holdout.items()} | {"samples_per_second": metrics["samples_per_second"] or 0.0}
+    )
+    log.info("wrote %s, %s and metrics.json: holdout AUC %.4f", out / "model.pt", onnx_path, holdout["auc"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    # Libraries (DeepSpeed, the ONNX exporter's passes) say only warnings; this module tells progress on rank 0.
+    logging.basicConfig(format="%(message)s")
+    log.setLevel(logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING)
+    args.out.mkdir(parents=True, exist_ok=True)
+    train(args, load_train_config(args.config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Training for real: DeepSpeed on the CPU (gloo, 2 processes through torchrun) on a small synthetic snapshot.
+
+Kill-and-resume equals an uninterrupted run bit for bit; a universal checkpoint written by 2 processes
+resumes on 1; the ONNX export scores as torch does and loads in the scorer's runtime; the holdout
+finds the planted signal. The first DeepSpeed initialize on a machine JIT-compiles a CPU comm op
+(about a minute, then cached under ~/.cache/torch_extensions): the first run here pays it once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    find_spec("torch") is None or find_spec("deepspeed") is None,
+    reason="needs torch and deepspeed: pip install -e '.[train]' (make setup installs the train extra)",
+)
+
+FEATURES = [
+    "user_transaction_features:txn_count_5m",
+    "user_transaction_features:txn_amount_sum_1h",
+    "user_transaction_features:distinct_merchants_1d",
+    "request:amount",
+    "request:hour",
+    "request:is_new_device",
+]
+ROWS, HOLDOUT_FRACTION = 3000, 0.2
+# 2 processes x 32 rows make 36 optimizer steps an epoch, 108 in all: the stopped run dies at step 50,
+# 10 steps after its newest checkpoint (step 40, mid-epoch 2), so resuming replays steps 41-50.
+CONFIG = {
+    "hidden": [16, 8], "learning_rate": 0.01, "weight_decay": 0.0001, "epochs": 3, "micro_batch_per_process": 32,
+    "seed": 3, "holdout_fraction": HOLDOUT_FRACTION, "checkpoint_every_steps": 20, "keep_last": 2,
+    "ds_config": "infra/deepspeed/zero2.json",
+}  # fmt: skip
+STOP_AFTER, LAST_CHECKPOINT_BEFORE_STOP, TOTAL_STEPS = 50, 40, 108
+
+
+def write_snapshot(folder: Path, rows: int = ROWS, seed: int = 0) -> Path:
+    """A snapshot as feedback_loop/snapshots.py lays it out, with fraud driven by three of its inputs.
+
+    Raw scales differ by orders of magnitude (counts, amounts in the thousands), a few values are
+    missing, 5 % of rows are unlabelled, and the files list rows out of time order.
+    """
+    rng = np.random.default_rng(seed)
+    count = rng.poisson(3, rows).astype(float)
+    amount = rng.lognormal(4, 1.2, rows)
+    new_device = rng.integers(0, 2, rows).astype(float)
+    logit = 1.2 * (count - 3) + 2.0 * new_device + 1.8 * (np.log(amount) - 4) - 1.5
+    label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(float)
+    label[rng.random(rows) < 0.05] = np.nan
+    frame = pd.DataFrame({
+        "event_id": [f"evt-{i:05d}" for i in range(rows)],
+        "label": label,
+        "predicted_at_ms": 1_790_000_000_000 + np.arange(rows, dtype=np.int64) * 1000,
+        FEATURES[0]: count,
+        FEATURES[1]: np.where(rng.random(rows) < 0.03, np.nan, rng.gamma(2, 400, rows)),
+        FEATURES[2]: rng.integers(1, 12, rows).astype(float),
+        FEATURES[3]: amount,
+        FEATURES[4]: rng.integers(0, 24, rows).astype(float),
+        FEATURES[5]: new_device,
+    })  # fmt: skip
+    shuffled = frame.sample(frac=1.0, random_state=seed)
+    for part, chunk in enumerate((shuffled.iloc[: rows // 2], shuffled.iloc[rows // 2 :])):
+        path = folder / "data" / f"day=2026-11-{29 + part}" / f"part-{part}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        chunk.to_parquet(path, index=False)
+    manifest = {"snapshot_id": "snap-test-0001", "features": FEATURES, "rows": rows}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("training")
+    write_snapshot(root / "snapshot")
+    (root / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
+    return root
+
+
+@pytest.fixture(scope="module")
+def full_run(workspace) -> Path:
+    """An uninterrupted 2-process run, tracked in MLflow."""
+    from offline_training.launch import launch_training
+
+    out = workspace / "full"
+    launch_training(workspace / "snapshot", workspace / "config.yaml", out, tracking_uri=f"sqlite:///{workspace}/mlflow.db")
+    return out
+
+
+@pytest.fixture(scope="module")
+def stopped_run(workspace) -> Path:
+    """The same run, dying (os._exit, like a kill) after global step 50."""
+    from offline_training.launch import TrainingError, launch_training
+
+    out = workspace / "stopped"
+    with pytest.raises(TrainingError):
+        launch_training(workspace / "snapshot", workspace / "config.yaml", out, extra=["--stop-after-steps", str(STOP_AFTER)])
+    return out
+
+
+def _weights(out: Path) -> dict:
+    import torch
+
+    return torch.load(out / "model.pt", weights_only=True)
+
+
+def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(workspace, full_run, stopped_run):
+    from offline_training.launch import latest_tag, launch_training
+
+    out = workspace / "resumed"
+    shutil.copytree(stopped_run, out)
+    assert latest_tag(out / "checkpoints") == f"step{LAST_CHECKPOINT_BEFORE_STOP}"
+    assert not (out / "model.pt").exists()
+
+    done = launch_training(workspace / "snapshot", workspace / "config.yaml", out, resume=True)
+
+    assert f"at global step {LAST_CHECKPOINT_BEFORE_STOP}, epoch 1" in done.stdout
+    expected, resumed = _weights(full_run), _weights(out)
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        assert np.array_equal(expected[name].numpy(), resumed[name].numpy()), name
+    # Checkpoints every 20 steps and at each epoch's end, only the last 2 kept.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step100", f"step{TOTAL_STEPS}"]
+    assert json.loads((out / "metrics.json").read_text())["global_steps"] == TOTAL_STEPS
+
+
+def test_universal_checkpoint_resumes_on_another_world_size(workspace, stopped_run):
+    import torch
+
+    from offline_training.launch import launch_training, latest_tag
+    from offline_training.model import state_fingerprint
+
+    out = workspace / "universal"
+    shutil.copytree(stopped_run, out)
+    tag = latest_tag(out / "checkpoints")
+    saved = torch.load(out / "checkpoints" / tag / "mp_rank_00_model_states.pt", weights_only=False)
+
+    done = launch_training(workspace / "snapshot", workspace / "config.yaml", out, processes=1, resume=True)
+
+    assert latest_tag(out / "checkpoints", universal=True) == f"{tag}_universal"
+    resumed = re.search(r"resumed from checkpoint (\S+) \(written by 2 processes\).*weights sha256 ([0-9a-f]{64})", done.stdout)
+    assert resumed, done.stdout[-3000:]
+    assert resumed.group(1) == f"{tag}_universal"
+    assert resumed.group(2) == state_fingerprint(saved["module"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    # One process takes 32-row steps: the rest of epoch 2 (64 steps after its first 8) and epoch 3 (72 steps).
+    assert metrics["world_size"] == 1
+    assert metrics["global_steps"] == LAST_CHECKPOINT_BEFORE_STOP + 64 + 72
+    assert metrics["holdout"]["auc"] > 0.8
+
+
+def test_onnx_export_scores_as_torch_and_loads_in_the_scorer(workspace, full_run):
+    import torch
+
+    from offline_training.export import verify_onnx
+    from offline_training.model import FraudMLP
+    from offline_training.train import load_snapshot
+    from online.onnx_runtime import OnnxModel
+
+    snapshot = load_snapshot(workspace / "snapshot", HOLDOUT_FRACTION)
+    model = FraudMLP(FEATURES, CONFIG["hidden"], np.zeros(len(FEATURES)), np.ones(len(FEATURES)))
+    model.load_state_dict(_weights(full_run))
+    rows = snapshot.holdout_x.astype(np.float32)
+    rows[::7, 1] = np.nan  # missing inputs take the same path in both
+
+    assert verify_onnx(model, full_run / "model.onnx", rows, atol=1e-5) <= 1e-5
+    served = OnnxModel(full_run / "model.onnx", "fraud", "1")
+    assert served.inputs == FEATURES
+    with torch.no_grad():
+        expected = model.predict_proba(torch.from_numpy(rows)).numpy()
+    for batch in (rows[:1], rows[:37], rows):
+        np.testing.assert_allclose(served.predict(batch), expected[: len(batch)], atol=1e-5, rtol=0)
+    assert json.loads((full_run / "metrics.json").read_text())["onnx_max_abs_diff"] <= 1e-5
+
+
+def test_holdout_finds_the_planted_signal_and_the_run_is_tracked(workspace, full_run):
+    from mlflow import MlflowClient
+
+    metrics = json.loads((full_run / "metrics.json").read_text())
+    assert metrics["holdout"]["auc"] > 0.8
+    assert metrics["rows"]["train"] + metrics["rows"]["holdout"] < ROWS  # unlabelled rows skipped
+    assert metrics["samples_per_second"] > 0
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{workspace}/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("loopline-training").experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["loopline.snapshot_id"] == "snap-test-0001"
+    assert run.data.tags["loopline.code_version"]
+    assert run.data.params["epochs"] == "3"
+    auc_by_epoch = client.get_metric_history(run.info.run_id, "holdout_auc")
+    assert [m.step for m in auc_by_epoch] == [1, 2, 3]
+
+
+def test_config_files_are_valid():
+    from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
+
+    config = load_train_config(LOOPLINE_ROOT / "offline_training" / "configs" / "fraud_mlp.yaml")
+    ds_config = deepspeed_config(config)
+    assert ds_config["train_micro_batch_size_per_gpu"] == config.micro_batch_per_process
+    assert ds_config["zero_optimization"]["stage"] == 1
+    zero2 = deepspeed_config(TrainConfig(ds_config=Path("infra/deepspeed/zero2.json")))
+    assert zero2["zero_optimization"]["stage"] == 2 and not zero2["bf16"]["enabled"]
