@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from confluent_kafka import KafkaException
@@ -30,6 +30,9 @@ from streams.feature_plan import PlanError
 from streams.job_settings import JobStateError
 from streams.producer import DeliveryError
 from streams.topics import TopicSpecError, apply_topics
+
+if TYPE_CHECKING:
+    from loopline.retraining import RetrainOutcome
 
 
 app = typer.Typer(help="Loopline: streaming-first real-time features and inference.", pretty_exceptions_enable=False)
@@ -261,7 +264,11 @@ def _actor() -> str:
     """Who makes a release step from the CLI, for the alias history."""
     import getpass
 
-    return f"{getpass.getuser()} (loopline CLI)"
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's user without a passwd entry or $USER
+        user = "unknown user"
+    return f"{user} (loopline CLI)"
 
 
 @models_app.command("register")
@@ -425,12 +432,65 @@ def train(
     snapshot: Annotated[str, typer.Option(help="The snapshot id to train on.")],
     resume: Annotated[bool, typer.Option(help="Continue the last run on this snapshot from its newest checkpoint.")] = False,
     processes: Annotated[Optional[int], typer.Option(help="Training processes (default feedback.train_processes).")] = None,
+    quantize: Annotated[Optional[bool], typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
+    canary: Annotated[Optional[float], typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
 ) -> None:
-    """Train the model on a snapshot with DeepSpeed (torchrun), evaluate it on its time-based holdout, export ONNX."""
-    from loopline.retraining import train_on_snapshot
+    """Train on a snapshot with DeepSpeed (torchrun), compare with prod on the same holdout rows, write the model card,
+    register the model if it is not worse than prod, and with --canary release it on part of the traffic."""
+    from loopline.retraining import retrain
 
-    result = train_on_snapshot(settings(), snapshot, resume=resume, processes=processes)
-    console.print_json(result.read_text())
+    reason = f"loopline train --canary {canary:g}" if canary else ""
+    outcome = retrain(settings(), snapshot, resume=resume, processes=processes, quantize=quantize, canary_percent=canary,
+                      actor=_actor(), reason=reason)  # fmt: skip
+    _print_outcome(outcome, canary)
+
+
+def _print_outcome(outcome: RetrainOutcome, canary_requested: float | None) -> None:
+    """The candidate against prod (table), whether it was registered and why, INT8's verdict, the canary, the card."""
+    from loopline.views import candidate_table
+
+    report = outcome.report
+    console.print(candidate_table(report, outcome.name))
+    quantization = report.quantization
+    if quantization is not None:
+        console.print(f"INT8 {'kept' if quantization.kept else 'refused'}: {quantization.reason}; latency gain "
+                      f"×{quantization.latency_gain:.2f} (fp32 median ÷ INT8 median)", highlight=False)  # fmt: skip
+    if report.version is None:
+        console.print(f"[red]not registered[/red]: {report.verdict.reason}", highlight=False)
+    else:
+        console.print(f"[green]registered {outcome.name} v{report.version}[/green]: {report.verdict.reason}", highlight=False)
+    if outcome.canary_percent is not None:
+        console.print(f"v{report.version} is the canary on {outcome.canary_percent:g} % of requests; `loopline release watch` "
+                      "decides")
+    elif canary_requested and report.version is not None:
+        console.print(f"no canary: there is no prod to compare v{report.version} with; `loopline models promote "
+                      f"{report.version}` serves it")
+    console.print(f"model card: {report.card_path}", highlight=False)
+
+
+retrain_app = typer.Typer(help="The retrain trigger: retrain when prod's labeled quality falls below the policy (retrain.*).")
+app.add_typer(retrain_app, name="retrain")
+
+
+@retrain_app.command("watch")
+def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on it), then stop.")] = False) -> None:
+    """Judge prod on the labeled examples of the last retrain.window_s every retrain.poll_s; when its quality falls, print
+    why (mode notify) or also snapshot, train, evaluate and release the new version as a canary (mode retrain)."""
+    from loopline.retraining import trigger_step
+
+    config = settings()
+    if config.retrain.mode == "off":
+        console.print("the retrain trigger is off: set retrain.mode to notify or retrain (LOOPLINE_RETRAIN__MODE)")
+        return
+    while True:
+        decision, outcome = trigger_step(config)
+        verdict = f"[red]fire[/red] ({config.retrain.mode})" if decision.fire else "quiet"
+        console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
+        if outcome is not None:
+            _print_outcome(outcome, config.retrain.canary_percent)
+        if once:
+            return
+        time.sleep(config.retrain.poll_s)
 
 
 @app.command("plan-gpu")
@@ -482,8 +542,8 @@ def plan_gpu(
 
 @app.command("demo")
 def demo(
-    seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 60.0,
-    rate: Annotated[float, typer.Option(help="Transactions per second (the embedded job keeps up with ~3,000).")] = 1000.0,
+    seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 240.0,
+    rate: Annotated[float, typer.Option(help="Transactions per second, each one scored (the feature job alone keeps up with ~3,000).")] = 250.0,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up."""
     from loopline.demo import run_demo

@@ -1,14 +1,18 @@
-"""``make demo``: the loop so far, end to end on the local stack, in bounded time.
+"""``make demo``: the whole loop, end to end on the local stack, in bounded time.
 
 Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own
-process) → the synthetic producer → a live table of a few users' features as they update in
-Redis, and of the scorer (Kafka door, model from the registry, hot-swapped a third of the way in;
-``loopline/demo_scoring.py``) → every record validated (bad ones dead-lettered) → a summary.
-The stack stays up.
+process) → the synthetic producer, each transaction followed by a score request naming it → live
+tables: a few users' features as they update in Redis; the scorer (Kafka door, a hand-set model
+from the registry as ``prod``; ``loopline/demo_scoring.py``); and the loop closing once
+(``loopline/demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot
+is made, a model trained on it, evaluated against prod, released as a canary, and the release
+controller promotes or rolls it back while the scorer hot-swaps → every record validated (bad
+ones dead-lettered) → a summary. The stack stays up.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -20,6 +24,7 @@ from rich.table import Table
 from feature_store.online_read import OnlineReader
 
 from loopline.components import build_stack, synthetic_config
+from loopline.demo_loop import DemoLoop
 from loopline.demo_scoring import DemoScoring
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.settings import Settings
@@ -36,8 +41,12 @@ _REPORT_RESERVE_S = 8.0
 #: The demo's producer sends a few broken records on purpose, to show dead-lettering.
 _DEMO_MALFORMED_RATE = 0.002
 _JOB_START_TIMEOUT_S = 120.0
-#: Score requests per second the demo sends (beside the producer's transactions, on the same cores).
-_SCORING_RATE = 100.0
+#: Labels come days late in life; in the demo they come within seconds, so the loop closes while you watch.
+_DEMO_LABEL_DELAY_S = (2.0, 20.0)
+#: How long the demo's release controller watches the canary before it may promote it.
+_CANARY_WATCH_S = 15.0
+#: Seconds kept, after the loop's last step, for the canary's verdict and the after-quality to show.
+_LOOP_RESERVE_S = 15.0
 _USER_VIEW = "user_transaction_features"
 _SHOWN = ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")
 #: The synthetic stream's most active users (Zipf ranks 0-4): their rows change every second or so.
@@ -48,7 +57,7 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
     now_us = time.time() * 1e6
     values = reader.get_online_features([f"{_USER_VIEW}:{f}" for f in _SHOWN], [{"user_id": u} for u in _WATCHED_USERS])
     stamps = reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)
-    table = Table(title=f"live features in Redis — {produced:,} transactions produced in {elapsed_s:.0f} s")
+    table = Table(title=f"live features in Redis — {produced:,} records produced in {elapsed_s:.0f} s (transactions, score requests, labels)")
     for column in ("user", *_SHOWN, "row age"):
         table.add_column(column, justify="left" if column == "user" else "right")
     for index, user in enumerate(_WATCHED_USERS):
@@ -58,11 +67,11 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
     return table
 
 
-def _produce_while_showing_features(
-    settings: Settings, job, scoring: DemoScoring, budget_s: float, rate: float, console: Console
+def _produce_while_showing_loop(
+    settings: Settings, job, scoring: DemoScoring, loop: DemoLoop, budget_s: float, rate: float, console: Console
 ) -> tuple[PublishStats, OnlineReader]:
-    """Wait for the job, then produce and score for the rest of the budget while live tables show
-    features and scoring; a third of the way in, a new model version is promoted."""
+    """Wait for the job, then produce (each transaction scored) for the rest of the budget while live tables show
+    features, scoring and the loop closing in the background."""
     reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
     waited_from = time.monotonic()
     with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start) and the scorer"):
@@ -70,7 +79,8 @@ def _produce_while_showing_features(
         scoring.wait_ready()
     # The wait for the job counts against the budget too.
     duration = max(5.0, budget_s - (time.monotonic() - waited_from) - _REPORT_RESERVE_S)
-    stream = SyntheticStream(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), int(time.time()), int(time.time() * 1000))
+    config = dataclasses.replace(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), label_delay_s=_DEMO_LABEL_DELAY_S)
+    stream = scoring.requests_for(SyntheticStream(config, int(time.time()), int(time.time() * 1000)))
     produced = [0]
     outcome: list[PublishStats] = []
     producing = threading.Thread(
@@ -83,18 +93,17 @@ def _produce_while_showing_features(
     )
     started = time.monotonic()
     producing.start()
-    scoring.send_requests(duration)
+    loop.close_once(deadline=started + duration - _LOOP_RESERVE_S)
 
     def tables() -> Group:
         elapsed_s = time.monotonic() - started
-        versions = " → ".join(f"v{v}" for v in scoring.released)
-        title = f"scoring over Kafka, p50/p99 — prod {versions} (hot swap a third of the way in)"
-        return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(*scoring.stats(), title=title))
+        recent, whole = scoring.stats()
+        versions = " → ".join(f"v{v}" for v in (whole.versions if whole else {}))
+        title = f"scoring every transaction over Kafka, p50/p99 — model versions {versions or '—'}"
+        return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(recent, whole, title=title), loop.table())
 
     with Live(console=console, refresh_per_second=4) as live:
         while producing.is_alive():
-            if len(scoring.released) == 1 and time.monotonic() - started >= duration / 3:
-                scoring.promote_next()
             live.update(tables())
             time.sleep(0.25)
         live.update(tables())
@@ -119,21 +128,27 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     console.print(f"feast apply: {', '.join(views)}")
     console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
 
-    console.rule("3. streaming feature job (PyFlink, embedded), the producer, and the scorer")
+    console.rule("3. streaming feature job and feedback joiner (PyFlink, embedded), the producer, the scorer, the loop")
     # The demo rebuilds the job's state from the retained events, so a checkpoint left by an
     # earlier Loopline (other operators) never stands in its way.
     job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False)
-    scoring = DemoScoring(settings, settings.home / "models", _SCORING_RATE)
+    # The demo watches its canary for seconds, not the policy's default minute: the verdict comes while you watch.
+    demo_policy = settings.release.model_copy(update={"min_watch_s": _CANARY_WATCH_S, "min_requests": 100})
+    scoring = DemoScoring(settings.model_copy(update={"release": demo_policy}), settings.home / "models")
+    loop = DemoLoop(scoring.settings, scoring.run_id)
     try:
-        # While the job starts: the scorer (its own process, as in production) loads its model and warms up.
+        # While the jobs start: the scorer (its own process, as in production) loads its model and warms up.
         scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
-        stats, reader = _produce_while_showing_features(
-            settings, job, scoring, seconds - (time.monotonic() - began), rate, console
+        loop.start(settings.resolved_logs_dir / "joiner.log")
+        stats, reader = _produce_while_showing_loop(
+            settings, job, scoring, loop, seconds - (time.monotonic() - began), rate, console
         )
         _, scored = scoring.stats()  # while the scorer still answers for its counters
     finally:
+        loop.stop()
         scoring.stop()
         stop_process_group(job)
+    console.print(loop.table())
 
     console.rule("4. validating (bad records go to the dead-letter topic)")
     dead_letters: list[DeadLetterRecord] = []
@@ -171,6 +186,12 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "scorer_p99_ms": round(scored.scorer_p99_ms, 2) if scored else None,
         "defaulted_feature_rate": round(scored.defaulted_rate, 3) if scored else None,
         "over_feature_budget_rate": round(scored.over_budget_rate, 3) if scored and scored.over_budget_rate is not None else None,
+        "labeled_examples": len(loop.labeled()),
+        "snapshot_id": loop.outcome.snapshot_id,
+        "trained_version": loop.outcome.candidate_version,
+        "holdout_auc": {k: round(v, 4) for k, v in loop.outcome.holdout_auc.items()},
+        "release": loop.outcome.release,
+        "loop_steps": {step.name: step.state for step in loop.steps.values()},
     }
     console.rule("summary")
     console.print(json.dumps(summary))

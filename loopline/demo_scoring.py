@@ -1,12 +1,12 @@
-"""The demo's scoring half: a model released through the registry, scored over Kafka, swapped mid-run.
+"""The demo's scoring half: a model released through the registry, scoring every transaction over Kafka.
 
-While the feature job and the producer run, ``DemoScoring`` registers a small fraud model as
-``prod``, serves it with `loopline serve --kafka --http` in a process of its own, as in production
-(``scoring.requests`` → ``scoring.predictions``, exactly once), sends a stream of score requests for
-the synthetic users, and reads the prediction log back (and the scorer's /metrics) to report
-requests/s, latency, batch size, model versions, the defaulted-feature rate and the share of reads
-over budget. A third of the way in, a second version is registered and promoted: the scorer
-hot-swaps to it and the table shows the switch.
+While the feature job and the producer run, ``DemoScoring`` registers a small hand-set fraud model as
+``prod`` and serves it with `loopline serve --kafka --http` in a process of its own, as in production
+(``scoring.requests`` → ``scoring.predictions``, exactly once). Every transaction the producer sends is
+followed by a score request naming it (``requests_for_transactions``), so its label, when it comes,
+meets the prediction in the feedback joiner. A reader of the prediction log (and of the scorer's
+/metrics) reports requests/s, latency, batch size, model versions, the defaulted-feature rate and the
+share of reads over budget.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,20 +34,16 @@ from loopline.components import model_release
 from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
 from schemas.model_registry import PROD_ALIAS
-from schemas.records import PredictionRecord, ScoreRequest
-from schemas.topics import PREDICTIONS, SCORE_REQUESTS
+from schemas.records import PredictionRecord, ScoreRequest, TransactionEvent
+from schemas.topics import PREDICTIONS, SCORE_REQUESTS, TRANSACTIONS
 from schemas.validation import decode, encode
-from streams.producer import EventProducer
-from streams.synthetic import Emitted, synthetic_user_id
+from streams.synthetic import Emitted
 
 _VIEW = "user_transaction_features"
 _INPUTS = [f"{_VIEW}:{name}" for name in
            ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")] + ["request:amount"]  # fmt: skip
-#: Two hand-set logistic regressions: many recent transactions, at many merchants, for large amounts look like fraud.
-_VERSIONS = (
-    (np.array([0.25, 0.001, 0.002, 0.30, -0.0005, 0.004]), -4.0),
-    (np.array([0.35, 0.002, 0.001, 0.45, -0.0010, 0.006]), -4.5),
-)
+#: A hand-set logistic regression: many recent transactions, at many merchants, for large amounts look like fraud.
+_FIRST_MODEL = (np.array([0.25, 0.001, 0.002, 0.30, -0.0005, 0.004]), -4.0)
 _WINDOW_S = 5.0
 
 
@@ -65,6 +61,21 @@ def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> I
             request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
         )  # fmt: skip
         yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
+
+
+def requests_for_transactions(stream: Iterable[Emitted], run_id: str) -> Iterator[Emitted]:
+    """``stream`` with a score request ``<run_id>-<event id>`` after each of its valid transactions, naming the
+    transaction (``event_id``), its user and amount; stamped as it is drawn, i.e. as the producer sends it."""
+    for emitted in stream:
+        yield emitted
+        transaction = emitted.record
+        if emitted.topic == TRANSACTIONS.name and isinstance(transaction, TransactionEvent):
+            request = ScoreRequest(
+                schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{transaction.event_id}",
+                event_id=transaction.event_id, entity_keys={"user_id": transaction.user_id},
+                request_fields={"amount": transaction.amount}, requested_at_ms=int(time.time() * 1000),
+            )  # fmt: skip
+            yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), emitted.emit_at_ms, request)
 
 
 #: Scorer counters the table reads (mean batch size, share of requests over the feature budget).
@@ -125,13 +136,12 @@ def _sample(metrics_text: str, name: str, labels: dict[str, str]) -> float:
 class DemoScoring:
     """The scorer (a process of its own), its request stream and a reader of its prediction log."""
 
-    def __init__(self, settings: Settings, models_dir: Path, rate_per_s: float = 200.0) -> None:
+    def __init__(self, settings: Settings, models_dir: Path) -> None:
         serving = settings.serving.model_copy(update={"registry_poll_s": 1.0, "kafka_group_id": "loopline-demo-scorer"})
         self.settings = settings.model_copy(update={"serving": serving})
-        self.rate_per_s = rate_per_s
         self.run_id = f"demo-{int(time.time())}"
         self._release = model_release(self.settings)
-        self._files = [write_linear_model(models_dir / f"fraud-{i + 1}.onnx", _INPUTS, w, b) for i, (w, b) in enumerate(_VERSIONS)]
+        self._first_model = write_linear_model(models_dir / "fraud-hand-set.onnx", _INPUTS, *_FIRST_MODEL)
         self._stop = threading.Event()
         self._scorer: subprocess.Popen | None = None
         self._records: deque[tuple[float, PredictionRecord]] = deque()
@@ -139,21 +149,11 @@ class DemoScoring:
         self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
         self.url = f"http://{serving.host}:{serving.http_port}"
-        self.released: list[str] = []
 
-    def _release_version(self, index: int) -> None:
+    def _release_first_model(self) -> None:
         name = self.settings.serving.model_name
-        version = self._release.register(name, self._files[index], description=f"demo model {index + 1} ({self.run_id})")
-        self._release.set_alias(name, PROD_ALIAS, version)
-        self.released.append(version)
-
-    def _send_requests(self, seconds: float) -> None:
-        users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
-        requests = score_requests(users, self.rate_per_s, self.run_id)
-        kafka = self.settings.kafka
-        EventProducer(kafka.bootstrap_servers, client_id="loopline-demo-requests", client_config=kafka.client_config).publish(
-            itertools.takewhile(lambda _: not self._stop.is_set(), requests), rate_per_s=self.rate_per_s, duration_s=seconds
-        )  # fmt: skip
+        version = self._release.register(name, self._first_model, description=f"hand-set demo model ({self.run_id})")
+        self._release.set_alias(name, PROD_ALIAS, version, "loopline demo", "the demo's first model")
 
     def _read_predictions(self) -> None:
         # From the start of the topic (keys filtered by this run's prefix): a reader that joined late
@@ -176,7 +176,7 @@ class DemoScoring:
 
     def start_serving(self, log_file: Path) -> None:
         """Release version 1 and start `loopline serve --kafka --http` (it joins its consumer group once the model is warm)."""
-        self._release_version(0)
+        self._release_first_model()
         log_file.parent.mkdir(parents=True, exist_ok=True)
         self._scorer = subprocess.Popen(
             [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--kafka", "--http"],
@@ -204,14 +204,11 @@ class DemoScoring:
             return [0.0] * len(_COUNTERS)
         return [_sample(text, name, labels) for name, labels in _COUNTERS]
 
-    def send_requests(self, seconds: float) -> None:
-        """Send score requests for ``seconds`` (in the background)."""
+    def requests_for(self, stream: Iterable[Emitted]) -> Iterator[Emitted]:
+        """``stream`` with a score request after each transaction (see ``requests_for_transactions``); the
+        figures' clock starts now."""
         self._started = time.monotonic()
-        self._thread(self._send_requests, seconds)
-
-    def promote_next(self) -> None:
-        """Register and promote version 2: the scorer hot-swaps at its next registry poll."""
-        self._release_version(1)
+        return requests_for_transactions(stream, self.run_id)
 
     def stats(self) -> tuple[ScoringStats | None, ScoringStats | None]:
         """(the last few seconds, the whole run)."""
@@ -229,7 +226,7 @@ class DemoScoring:
         )
 
     def stop(self) -> None:
-        """Stop sending, serving (SIGTERM: the scorer commits what it scored and leaves its group) and reading."""
+        """Stop serving (SIGTERM: the scorer commits what it scored and leaves its group) and reading."""
         self._stop.set()
         if self._scorer is not None and self._scorer.poll() is None:
             self._scorer.send_signal(signal.SIGTERM)

@@ -1,17 +1,23 @@
 """The release controller (`loopline release watch`): watches the canary against prod and applies the policy.
 
 Each look gathers, since the canary started: per arm, requests, errors and the latency histogram from
-every scorer's ``/metrics`` (summed over scorers; prod's counts as they grew since this controller's
-first look at this canary), and the AUC of its scores on the events labeled since (``training.examples``).
-``offline_training/release_policy.py`` decides; a promotion or a rollback is applied to the registry,
-recorded with the controller as the actor and the policy's reason.
+every scorer's ``/metrics`` (summed over scorers), and the AUC of its scores on the events labeled since
+(``training.examples``). ``offline_training/release_policy.py`` decides; a promotion or a rollback is
+applied to the registry, recorded with the controller as the actor and the policy's reason.
+
+Like for like: a scorer restarts both arms' per-version counts when it starts a canary
+(``ScorerMetrics.start_comparison``), so on every scorer canary and prod are counted over the same
+window, and the labeled events of both arms are those predicted since the canary started. The
+controller keeps no baseline of its own: a restarted controller, or ``loopline release watch --once``
+run from cron, sees the same evidence as one that has watched from the start.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import requests
@@ -30,29 +36,33 @@ _LATENCY = "loopline_scoring_model_latency_seconds_bucket"
 
 @dataclass
 class _Counts:
-    """One arm's cumulative counters as scraped: requests, errors, and latency bucket counts by upper bound."""
+    """One arm's counters as scraped: requests, errors, and cumulative latency bucket counts by upper bound."""
 
     ok: float = 0.0
     errors: float = 0.0
-    buckets: dict[float, float] | None = None
-
-    def minus(self, earlier: _Counts) -> _Counts:
-        buckets = {le: n - (earlier.buckets or {}).get(le, 0.0) for le, n in (self.buckets or {}).items()}
-        return _Counts(self.ok - earlier.ok, self.errors - earlier.errors, buckets)
+    buckets: dict[float, float] = field(default_factory=dict)
 
     def p99_s(self) -> float | None:
-        """The 99th percentile, as the upper bound of the histogram bucket it falls in."""
-        if not self.buckets:
-            return None
-        total = max(self.buckets.values())
+        """The 99th percentile, interpolated within its bucket as Prometheus' ``histogram_quantile`` does (so it reads
+        as a dashboard does, and moves with the data rather than by whole buckets)."""
+        bounds = sorted(self.buckets.items())
+        total = bounds[-1][1] if bounds else 0.0  # the +Inf bucket counts every observation
         if total <= 0:
             return None
-        return next((le for le, n in sorted(self.buckets.items()) if n >= 0.99 * total), None)
+        rank, lower, below = 0.99 * total, 0.0, 0.0
+        for le, count in bounds:
+            if count >= rank:
+                if math.isinf(le):
+                    return lower  # beyond the largest finite bound: that bound, as histogram_quantile answers
+                return lower + (le - lower) * (rank - below) / (count - below)
+            lower, below = le, count
+        return None
 
 
-def scrape(urls: Sequence[str], alias: str, version: str) -> _Counts:
-    """``alias``/``version``'s counters summed over the scorers at ``urls`` (a scorer that does not answer adds nothing)."""
-    counts = _Counts(buckets={})
+def scrape(urls: Sequence[str], arms: Mapping[str, str]) -> dict[str, _Counts]:
+    """The counters of each arm (``arms``: alias → version) summed over the scorers at ``urls``, both arms from the
+    same scrape of each scorer (a scorer that does not answer adds nothing)."""
+    counts = {alias: _Counts() for alias in arms}
     for url in urls:
         try:
             text = requests.get(url, timeout=5).text
@@ -61,22 +71,24 @@ def scrape(urls: Sequence[str], alias: str, version: str) -> _Counts:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 labels = sample.labels
-                if labels.get("alias") != alias or labels.get("version") != version:
+                arm = counts.get(labels.get("alias", ""))
+                if arm is None or labels.get("version") != arms[labels["alias"]]:
                     continue
                 if sample.name == _REQUESTS:
                     if labels.get("outcome") == "ok":
-                        counts.ok += sample.value
+                        arm.ok += sample.value
                     else:
-                        counts.errors += sample.value
+                        arm.errors += sample.value
                 elif sample.name == _LATENCY:
                     le = float(labels["le"])
-                    counts.buckets[le] = counts.buckets.get(le, 0.0) + sample.value
+                    arm.buckets[le] = arm.buckets.get(le, 0.0) + sample.value
     return counts
 
 
-def labeled_quality(examples: Sequence[TrainingExample], version: str) -> tuple[int, float | None]:
-    """(labeled events, AUC of the scores) of ``version``'s examples."""
-    mine = [e for e in examples if e.model_version == version and e.label is not None]
+def labeled_quality(examples: Sequence[TrainingExample], name: str, version: str) -> tuple[int, float | None]:
+    """(labeled events, AUC of the scores) of the examples model ``name`` v``version`` scored (one topic may carry
+    the examples of several models, whose version numbers overlap)."""
+    mine = [e for e in examples if e.model_name == name and e.model_version == version and e.label is not None]
     if not mine:
         return 0, None
     return len(mine), roc_auc(np.array([e.score for e in mine]), np.array([float(e.label) for e in mine]))
@@ -95,7 +107,6 @@ class ReleaseController:
     ) -> None:
         self.release, self.name, self.policy = release, name, policy
         self.metrics_urls, self.examples = list(metrics_urls), examples
-        self._baseline: tuple[str, _Counts] | None = None
 
     def observe(self) -> tuple[ArmStats, ArmStats, float] | None:
         """(canary, prod, seconds watched) now; None when no canary is out."""
@@ -105,15 +116,12 @@ class ReleaseController:
             return None
         started = max((c.at_ms for c in self.release.history(self.name) if c.alias == CANARY_ALIAS and c.version == canary),
                       default=int(time.time() * 1000))  # fmt: skip
-        prod_counts = scrape(self.metrics_urls, PROD_ALIAS, prod)
-        if self._baseline is None or self._baseline[0] != f"{canary}/{prod}":
-            self._baseline = (f"{canary}/{prod}", prod_counts)
-        prod_counts = prod_counts.minus(self._baseline[1])
-        canary_counts = scrape(self.metrics_urls, CANARY_ALIAS, canary)
         feedback = self.examples(started)
+        scraped = scrape(self.metrics_urls, {CANARY_ALIAS: canary, PROD_ALIAS: prod})
         arms = []
-        for version, counts in ((canary, canary_counts), (prod, prod_counts)):
-            labeled, auc = labeled_quality(feedback, version)
+        for alias, version in ((CANARY_ALIAS, canary), (PROD_ALIAS, prod)):
+            counts = scraped[alias]
+            labeled, auc = labeled_quality(feedback, self.name, version)
             requests_ = int(counts.ok + counts.errors)
             arms.append(ArmStats(version, requests_, int(counts.errors), counts.p99_s(), labeled, auc))
         return arms[0], arms[1], time.time() - started / 1000

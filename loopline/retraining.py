@@ -1,18 +1,25 @@
-"""The retraining path wired from settings: examples → snapshot → training (what `loopline snapshot create` and
-`loopline train` run)."""
+"""The retraining path wired from settings: examples → snapshot → training → evaluation against prod → registration →
+canary (what `loopline snapshot create`, `loopline train` and `loopline retrain watch` run)."""
 
 from __future__ import annotations
 
 import shutil
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 from feedback_loop.example_log import backfill_examples, logged_examples
+from feedback_loop.retrain_trigger import TriggerDecision, TriggerPolicy, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
-from loopline.components import feature_plan
+from loopline.components import feature_plan, model_release, registry_reader
 from loopline.settings import Settings
 from schemas.topics import LABELS, TRAINING_EXAMPLES, TRANSACTIONS
 from streams.topics import read_topic
+
+if TYPE_CHECKING:
+    from offline_training.candidate import CandidateReport, ProdModel
 
 #: The model's inputs when a snapshot is backfilled (no logged prediction names them): the demo model's.
 BACKFILL_INPUTS = (
@@ -21,6 +28,11 @@ BACKFILL_INPUTS = (
     "user_transaction_features:distinct_countries_24h", "user_transaction_features:secs_since_prev_txn", "request:amount",
 )  # fmt: skip
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "offline_training" / "configs" / "fraud_mlp.yaml"
+#: Who the retrain trigger is in the alias history.
+TRIGGER_ACTOR = "retrain-trigger"
+#: The registered model's tag holding when the trigger last fired (epoch ms): the cooldown survives a restarted watcher,
+#: and every watcher of the registry sees it.
+LAST_FIRED_TAG = "loopline.retrain_trigger.last_fired_ms"
 
 
 def create_snapshot(settings: Settings, from_ms: int | None, to_ms: int | None, backfill: bool = False) -> Manifest:
@@ -43,17 +55,144 @@ def create_snapshot(settings: Settings, from_ms: int | None, to_ms: int | None, 
                           time_range={"from_ms": from_ms, "to_ms": to_ms})  # fmt: skip
 
 
-def train_on_snapshot(settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None) -> Path:
+def train_on_snapshot(
+    settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = sys.stderr
+) -> Path:
     """Train on a snapshot (DeepSpeed under torchrun), the run's folder ``<home>/training/<snapshot id>``; the path of
     its metrics (holdout AUC, log loss, Brier, samples/s). Without ``resume`` an earlier run's folder is replaced."""
     from offline_training.launch import launch_training
 
     manifest, folder = find_snapshot(settings.snapshots_root, snapshot_id)
-    out = (settings.home / "training" / manifest.snapshot_id).absolute()
+    out = run_folder(settings, manifest.snapshot_id)
     if not resume and out.exists():
         shutil.rmtree(out)
     launch_training(
         Path(folder), settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes or settings.feedback.train_processes,
-        resume=resume, tracking_uri=settings.tracking_uri, echo=sys.stderr,
+        resume=resume, tracking_uri=settings.tracking_uri, echo=echo,
     )  # fmt: skip
     return out / "metrics.json"
+
+
+def run_folder(settings: Settings, snapshot_id: str) -> Path:
+    """The folder of the training run on a snapshot (its full id): checkpoints, model files, metrics, model card."""
+    return (settings.home / "training" / snapshot_id).absolute()
+
+
+@dataclass(frozen=True)
+class RetrainOutcome:
+    """What retraining produced: the run judged against prod (``report``) and the canary share started (None: none)."""
+
+    name: str
+    snapshot_id: str
+    run_dir: Path
+    report: CandidateReport
+    canary_percent: float | None
+
+
+def _prod_model(settings: Settings, destination: Path) -> ProdModel | None:
+    """The version ``prod`` names now and its file, downloaded and verified as serving does; None when there is none."""
+    from mlflow.exceptions import MlflowException
+
+    from offline_training.candidate import ProdModel
+    from online.registry_reader import ArtifactRefused
+
+    reader = registry_reader(settings)
+    try:
+        version = reader.assignment().prod
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return None  # no version of this model was ever registered
+    if version is None:
+        return None
+    shutil.rmtree(destination, ignore_errors=True)
+    try:
+        return ProdModel(version, reader.fetch(version, destination))
+    except ArtifactRefused as err:
+        return ProdModel(version, None, str(err))
+
+
+def evaluate_run(
+    settings: Settings, snapshot_id: str, *, quantize: bool | None = None, canary_percent: float | None = None, actor: str,
+    reason: str = "",
+) -> RetrainOutcome:  # fmt: skip
+    """Judge the finished training run on a snapshot against prod (``offline_training/candidate.py``): the model card, the
+    version registered when the gate passes, and then, with ``canary_percent``, that version as the canary (recorded as
+    ``actor``'s, for ``reason``). No canary goes out without a prod to compare it with."""
+    from offline_training.candidate import evaluate_and_register
+    from offline_training.train_config import load_train_config
+
+    manifest, folder = find_snapshot(settings.snapshots_root, snapshot_id)
+    run_dir, options, name = run_folder(settings, manifest.snapshot_id), settings.retrain, settings.serving.model_name
+    config = load_train_config(settings.feedback.train_config or DEFAULT_TRAIN_CONFIG)
+    prod = _prod_model(settings, run_dir / "prod")
+    release = model_release(settings)
+    report = evaluate_and_register(
+        run_dir, Path(folder), config.holdout_fraction, release, name, prod, threshold=options.threshold,
+        max_auc_drop=options.max_auc_drop, quantize=options.quantize if quantize is None else quantize,
+        max_quantized_auc_change=options.max_quantized_auc_change,
+    )  # fmt: skip
+    started = None
+    if canary_percent and report.version is not None and prod is not None:
+        why = reason or f"retrained on snapshot {manifest.snapshot_id}"
+        release.start_canary(name, report.version, canary_percent / 100, actor, why)
+        started = canary_percent
+    return RetrainOutcome(name, manifest.snapshot_id, run_dir, report, started)
+
+
+def retrain(
+    settings: Settings, snapshot_id: str | None = None, *, resume: bool = False, processes: int | None = None,
+    quantize: bool | None = None, canary_percent: float | None = None, actor: str, reason: str = "",
+    echo: TextIO | None = sys.stderr,
+) -> RetrainOutcome:  # fmt: skip
+    """Snapshot (every logged example, unless ``snapshot_id`` names one) → train (its output copied to ``echo``) →
+    evaluate against prod → register when not worse → canary on ``canary_percent`` of requests: `loopline train`, the
+    retrain trigger and the demo run this."""
+    if snapshot_id is None:
+        snapshot_id = create_snapshot(settings, None, None).snapshot_id
+    train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo)
+    return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason)
+
+
+def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecision:
+    """The retrain trigger's verdict now: prod's labeled examples over the window (``training.examples``), the registry's
+    aliases and when the trigger last fired."""
+    from mlflow.exceptions import MlflowException
+
+    from offline_training.evaluation import classification_metrics
+    from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
+
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    options, kafka = settings.retrain, settings.kafka
+    policy = TriggerPolicy(window_s=options.window_s, min_auc=options.min_auc, min_labels=options.min_labels,
+                           cooldown_s=options.cooldown_s, max_calibration_error=options.max_calibration_error)
+    try:
+        model = model_release(settings).client.get_registered_model(settings.serving.model_name)
+    except MlflowException as err:
+        if err.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        return TriggerDecision(False, f"{settings.serving.model_name} is not registered: nothing to judge")
+    aliases = {alias: str(version) for alias, version in model.aliases.items()}
+    fired = model.tags.get(LAST_FIRED_TAG)
+    topic = settings.feedback.examples_topic or TRAINING_EXAMPLES.name
+    since_ms = now_ms - int(options.window_s * 1000)
+    examples, _ = logged_examples(kafka.bootstrap_servers, topic, since_ms, None, kafka.client_config)
+    return decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
+                  canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
+                  quality=lambda scores, labels: classification_metrics(scores, labels, options.threshold))  # fmt: skip
+
+
+def trigger_step(settings: Settings) -> tuple[TriggerDecision, RetrainOutcome | None]:
+    """One look of `loopline retrain watch`: the verdict and, when it fires in mode ``retrain``, the retraining it ran.
+
+    A firing is recorded on the registered model before anything runs (in ``notify`` mode too), so the cooldown holds
+    even if the retraining fails or the watcher restarts."""
+    decision = check_trigger(settings)
+    if not decision.fire:
+        return decision, None
+    name = settings.serving.model_name
+    model_release(settings).client.set_registered_model_tag(name, LAST_FIRED_TAG, str(int(time.time() * 1000)))
+    if settings.retrain.mode != "retrain":
+        return decision, None
+    outcome = retrain(settings, canary_percent=settings.retrain.canary_percent, actor=TRIGGER_ACTOR, reason=decision.reason)
+    return decision, outcome

@@ -185,6 +185,24 @@ class ReleaseSettings(BaseModel):
     require_quality: bool = Field(default=False, description="Promote only with enough labels on both arms.")
 
 
+class RetrainSettings(BaseModel):
+    """Retraining: how a trained candidate is judged against prod and released (`loopline train`), and the trigger that
+    retrains when prod's labeled quality falls (`loopline retrain watch`, ``feedback_loop/retrain_trigger.py``)."""
+
+    threshold: float = Field(default=0.5, gt=0, lt=1, description="The operating threshold precision and recall are measured at.")
+    max_auc_drop: float = Field(default=0.01, ge=0, description="Register only if the holdout AUC is at most this below prod's.")
+    quantize: bool = Field(default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its AUC holds.")
+    max_quantized_auc_change: float = Field(default=0.005, ge=0, description="INT8 is kept only within this of the fp32 AUC.")
+    mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What the trigger does when quality falls.")
+    window_s: float = Field(default=86_400.0, gt=0, description="Judge prod on the examples it scored this far back.")
+    min_auc: float = Field(default=0.75, gt=0, lt=1, description="Below this labeled AUC, the trigger fires.")
+    max_calibration_error: float | None = Field(default=None, gt=0, description="Above this, it fires too; unset: not judged.")
+    min_labels: int = Field(default=200, ge=1, description="Labeled examples of prod in the window before quality is judged.")
+    cooldown_s: float = Field(default=21_600.0, ge=0, description="Quiet this long after firing (the retraining it started).")
+    poll_s: float = Field(default=300.0, gt=0, description="How often `retrain watch` looks.")
+    canary_percent: float = Field(default=5.0, ge=0, le=100, description="% of requests the trigger's version takes; 0: none.")
+
+
 class RegistrySettings(BaseModel):
     """The MLflow model registry: training registers and releases versions there, serving loads them."""
 
@@ -210,6 +228,7 @@ class Settings(BaseSettings):
     feedback: FeedbackSettings = FeedbackSettings()
     release: ReleaseSettings = ReleaseSettings()
     registry: RegistrySettings = RegistrySettings()
+    retrain: RetrainSettings = RetrainSettings()
 
     @classmethod
     def settings_customise_sources(

@@ -15,6 +15,9 @@ from streams.validating_consumer import TopicCounts
 
 if TYPE_CHECKING:
     from loopline.demo_scoring import ScoringStats
+    from offline_training.candidate import CandidateReport
+    from offline_training.release_policy import ArmStats, Decision
+    from schemas.model_registry import AliasChange
 
 _STATE_STYLE = {"ready": "green", "stopped": "dim"}
 
@@ -122,7 +125,7 @@ def snapshot_diff_table(diff: dict) -> Table:
     return table
 
 
-def alias_history_table(changes, title: str) -> Table:
+def alias_history_table(changes: Iterable[AliasChange], title: str) -> Table:
     """One row per alias change, oldest first."""
     table = Table(title=title)
     for column in ("when (UTC)", "who / what", "alias", "from", "to", "why"):
@@ -134,12 +137,40 @@ def alias_history_table(changes, title: str) -> Table:
     return table
 
 
-def release_step_line(decision, canary, prod) -> str:
+def release_step_line(decision: Decision, canary: ArmStats, prod: ArmStats) -> str:
     """One line per look of the release controller: both arms and the verdict."""
 
-    def arm(name: str, stats) -> str:
-        p99 = "—" if stats.p99_s is None else f"{stats.p99_s * 1000:.0f} ms"
+    def arm(name: str, stats: ArmStats) -> str:
+        p99 = "—" if stats.p99_s is None else f"{stats.p99_s * 1000:.1f} ms"
         auc = "—" if stats.auc is None else f"{stats.auc:.3f}"
-        return f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 ≤{p99}, {stats.labeled} labeled, AUC {auc}"
+        return f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 {p99}, {stats.labeled} labeled, AUC {auc}"
 
     return f"{arm('canary', canary)} | {arm('prod', prod)} → {decision.action}: {decision.reason}"
+
+
+def candidate_table(report: CandidateReport, name: str) -> Table:
+    """A trained candidate against prod on the same holdout rows, and its INT8 version when one was tried (with latency)."""
+    from offline_training.model_card import METRIC_LABELS
+
+    comparison, quantization = report.comparison, report.quantization
+    columns = {"candidate": comparison.candidate}
+    if comparison.prod_version is not None:
+        columns[f"prod v{comparison.prod_version}"] = comparison.prod or {}
+    if quantization is not None:
+        columns["INT8 " + ("kept" if quantization.kept else "refused")] = quantization.int8
+    table = Table(title=f"{name}: candidate on snapshot {comparison.snapshot_id}, {comparison.holdout_rows:,} holdout rows "
+                        f"({comparison.holdout_positives:,} fraud), threshold {comparison.threshold:g}")  # fmt: skip
+    table.add_column("metric")
+    for column in columns:
+        table.add_column(column, justify="right")
+
+    def number(value: float | None, digits: int = 4) -> str:
+        return "—" if value is None or value != value else f"{value:.{digits}f}"  # NaN != NaN
+
+    for key, label in METRIC_LABELS.items():
+        table.add_row(label, *(number(metrics.get(key)) for metrics in columns.values()))
+    if quantization is not None:
+        for label, field in (("latency median ms", "median_ms"), ("latency p99 ms", "p99_ms")):
+            fp32, int8 = getattr(quantization.fp32_latency, field), getattr(quantization.int8_latency, field)
+            table.add_row(label, number(fp32, 3), *(["—"] if comparison.prod_version is not None else []), number(int8, 3))
+    return table

@@ -12,6 +12,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from schemas.model_registry import (
     ARTIFACT_DIR,
@@ -25,6 +26,9 @@ from schemas.model_registry import (
     artifact_sha256,
     parse_canary_share,
 )
+
+if TYPE_CHECKING:
+    from mlflow.entities.model_registry import RegisteredModel
 
 
 class ReleaseError(ValueError):
@@ -69,13 +73,22 @@ class ModelRelease:
         )  # fmt: skip
         return str(version.version)
 
+    def _registered(self, name: str) -> RegisteredModel:
+        """The registered model ``name``; ReleaseError when there is none (a typo, or another registry)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_registered_model(name)
+        except MlflowException as err:
+            raise ReleaseError(f"no registered model {name!r} in this registry: {err.message}") from err
+
     def history(self, name: str) -> list[AliasChange]:
         """Every recorded alias change of ``name``, oldest first."""
-        return AliasChange.from_tags(self.client.get_registered_model(name).tags)
+        return AliasChange.from_tags(self._registered(name).tags)
 
     def aliases(self, name: str) -> dict[str, str]:
         """The version each alias of ``name`` names now."""
-        return {alias: str(version) for alias, version in self.client.get_registered_model(name).aliases.items()}
+        return {alias: str(version) for alias, version in self._registered(name).aliases.items()}
 
     def _record(self, name: str, alias: str, previous: str | None, version: str | None, actor: str, reason: str) -> None:
         change = AliasChange(int(time.time() * 1000), actor, alias, previous, version, reason)
@@ -102,8 +115,8 @@ class ModelRelease:
 
     def end_canary(self, name: str, actor: str = "unknown", reason: str = "") -> None:
         """Send all traffic back to ``prod``."""
-        self.client.set_registered_model_tag(name, CANARY_SHARE_TAG, "0")
         previous = self.aliases(name).get(CANARY_ALIAS)
+        self.client.set_registered_model_tag(name, CANARY_SHARE_TAG, "0")
         if previous is not None:
             self.client.delete_registered_model_alias(name, CANARY_ALIAS)
             self._record(name, CANARY_ALIAS, previous, None, actor, reason or "canary ended")

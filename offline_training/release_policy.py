@@ -5,9 +5,10 @@ and errors (the scorers' ``loopline_scoring_model_requests_total``), the 99th-pe
 (``loopline_scoring_model_latency_seconds``) and the quality of its scores on the events labeled
 since (AUC). ``decide`` turns that into one of three verdicts, with the reason:
 
-* roll back at once when the canary's error rate exceeds prod's by more than the allowance, its p99
-  exceeds prod's by more than the ratio, or, once both arms have enough labels, its AUC falls short
-  of prod's by more than the allowance;
+* roll back at once when, over at least the minimum requests, the canary's error rate exceeds prod's
+  by more than the allowance or (both arms past the minimum) its p99 exceeds prod's by more than the
+  ratio; or when, once both arms have enough labels, its AUC falls short of prod's by more than the
+  allowance;
 * promote once the canary has been watched for the minimum time and served enough requests, and
   its quality held (or, when the policy does not require labels, none have come yet);
 * otherwise keep watching, up to the longest watch, after which a canary without the required
@@ -48,9 +49,11 @@ class ArmStats:
 
     @property
     def error_rate(self) -> float:
+        """Errors per request (0 before any request)."""
         return self.errors / self.requests if self.requests else 0.0
 
     def quality_known(self, min_labels: int) -> bool:
+        """Whether at least ``min_labels`` labeled events gave an AUC (both classes among them)."""
         return self.labeled >= min_labels and self.auc is not None and not math.isnan(self.auc)
 
 
@@ -67,7 +70,10 @@ def decide(policy: ReleasePolicy, canary: ArmStats, prod: ArmStats, watched_s: f
     if canary.requests >= policy.min_requests and canary.error_rate > prod.error_rate + policy.max_error_rate_increase:
         return Decision("rollback", f"canary error rate {canary.error_rate:.2%} against prod {prod.error_rate:.2%} "
                                     f"(allowed +{policy.max_error_rate_increase:.2%})")  # fmt: skip
-    if canary.p99_s is not None and prod.p99_s and canary.p99_s > prod.p99_s * policy.max_latency_ratio:
+    # A p99 over a handful of requests is their slowest one (a cold cache, a GC pause): judge latency
+    # only when both arms have served the requests the policy asks for.
+    latency_known = min(canary.requests, prod.requests) >= policy.min_requests and canary.p99_s is not None and prod.p99_s
+    if latency_known and canary.p99_s > prod.p99_s * policy.max_latency_ratio:
         return Decision("rollback", f"canary p99 {canary.p99_s * 1000:.1f} ms against prod {prod.p99_s * 1000:.1f} ms "
                                     f"(allowed ×{policy.max_latency_ratio})")  # fmt: skip
     quality_known = canary.quality_known(policy.min_labels) and prod.quality_known(policy.min_labels)

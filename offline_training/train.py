@@ -46,7 +46,6 @@ from pathlib import Path
 
 import deepspeed
 import numpy as np
-import pandas as pd
 import torch
 import torch.nn.functional as F
 from deepspeed import comm as dist
@@ -62,6 +61,7 @@ from offline_training.evaluation import classification_metrics
 from offline_training.export import export_onnx, verify_onnx
 from offline_training.launch import CHECKPOINTS, checkpoint_world_size, latest_tag
 from offline_training.model import FraudMLP, fit_standardisation, state_fingerprint
+from offline_training.training_data import Snapshot, load_snapshot
 from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
 
 log = logging.getLogger("offline_training.train")
@@ -69,44 +69,6 @@ log = logging.getLogger("offline_training.train")
 EXPERIMENT = "loopline-training"
 #: Checkpoint folders: ``step<global step>``, and ``step<n>_universal`` for converted ones.
 CHECKPOINT_TAG = re.compile(r"step(\d+)(?:_universal)?")
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """A snapshot's labelled rows, split on time: ``train`` before, ``holdout`` after."""
-
-    snapshot_id: str
-    inputs: list[str]
-    train_x: np.ndarray
-    train_y: np.ndarray
-    holdout_x: np.ndarray
-    holdout_y: np.ndarray
-
-
-def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
-    """The labelled rows of the snapshot folder ``path`` (``manifest.json`` + ``data/**/*.parquet``).
-
-    Unlabelled rows are skipped; the latest ``holdout_fraction`` of the rest by ``predicted_at_ms``
-    is the holdout. The inputs are ``manifest["features"]``, in that order.
-    """
-    path = Path(path)
-    manifest = json.loads((path / "manifest.json").read_text())
-    inputs = list(manifest["features"])
-    try:
-        frame = pd.read_parquet(path / "data", columns=["event_id", "label", "predicted_at_ms", *inputs])
-    except (OSError, ValueError, KeyError) as err:
-        raise ValueError(
-            f"snapshot {path}: cannot read event_id, label, predicted_at_ms and its {len(inputs)} features from "
-            f"data/**/*.parquet ({err}); snapshots are written by feedback_loop/snapshots.py"
-        ) from err
-    frame = frame[frame["label"].notna()].sort_values(["predicted_at_ms", "event_id"], kind="stable")
-    holdout = int(round(len(frame) * holdout_fraction))
-    if holdout < 1 or len(frame) - holdout < 1:
-        raise ValueError(f"snapshot {path}: {len(frame)} labelled rows cannot make a training split and a holdout")
-    x = frame[inputs].to_numpy(dtype=np.float64)
-    y = frame["label"].to_numpy(dtype=np.float64)
-    cut = len(frame) - holdout
-    return Snapshot(str(manifest["snapshot_id"]), inputs, x[:cut], y[:cut], x[cut:], y[cut:])
 
 
 def code_version() -> str:

@@ -14,6 +14,10 @@ values.ValueClass = values.MutexValue
 
 #: Stage latencies span 50 µs (a cached read) to 0.5 s (an overloaded queue).
 _LATENCY_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5)
+#: Per-version latency is compared canary against prod by a ratio (1.5× by default): its bounds are 1.25× apart (the R10
+#: series, 0.25 ms to 2.5 s), so a p99 read from it moves by less than that ratio when a bucket bound is crossed.
+_R10 = (1.0, 1.25, 1.6, 2.0, 2.5, 3.15, 4.0, 5.0, 6.3, 8.0)
+_MODEL_LATENCY_BUCKETS = tuple(round(m * 10.0**e, 9) for e in range(-4, 1) for m in _R10 if 0.00025 <= m * 10.0**e <= 2.5)
 STAGES = ("feature_fetch", "queue_wait", "inference", "total")
 #: Why a registered model version was refused: its artifact is not the one registered, or it is no loadable model.
 REFUSAL_REASONS = ("artifact", "invalid_model")
@@ -52,14 +56,18 @@ class ScorerMetrics:
             "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.registry
         )
         self.model = Info("loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.registry)
-        # Per model version, what a release controller compares a canary with prod by.
+        # Per model version, what a release controller compares a canary with prod by: both count from
+        # the moment this scorer started the current canary (``start_comparison``), so the two arms cover
+        # the same window.
         self.model_requests = Counter(
-            "loopline_scoring_model_requests", "Requests a model version scored (ok) or failed on (error).",
+            "loopline_scoring_model_requests",
+            "Requests a model version scored (ok) or failed on (error), since this scorer started the current canary.",
             ["alias", "version", "outcome"], registry=self.registry,
         )  # fmt: skip
         self.model_latency = Histogram(
-            "loopline_scoring_model_latency_seconds", "Scoring latency (feature fetch to score) per model version.",
-            ["alias", "version"], buckets=_LATENCY_BUCKETS, registry=self.registry,
+            "loopline_scoring_model_latency_seconds",
+            "Scoring latency (feature fetch to score) per model version, since this scorer started the current canary.",
+            ["alias", "version"], buckets=_MODEL_LATENCY_BUCKETS, registry=self.registry,
         )  # fmt: skip
         self.model_swaps = Counter(
             "loopline_scoring_model_swaps", "Hot swaps of the model serving under an alias.", ["alias"], registry=self.registry
@@ -76,6 +84,15 @@ class ScorerMetrics:
         """A batch of ``size`` started with ``queue_left`` requests still waiting."""
         self.batch_size.observe(size)
         self.queue_depth.set(queue_left)
+
+    def start_comparison(self) -> None:
+        """A canary starts: the per-version counts of every arm restart from zero (a counter reset, which
+        Prometheus' ``rate``/``increase`` allow for), so canary and prod are compared over the same window
+        with no baseline to keep, whenever and wherever a release controller looks."""
+        with warnings.catch_warnings():  # it warns whenever PROMETHEUS_MULTIPROC_DIR is set, though our values are in process
+            warnings.simplefilter("ignore", UserWarning)
+            self.model_requests.clear()
+            self.model_latency.clear()
 
     def model_removed(self, alias: str) -> None:
         """Nothing serves under ``alias`` any more."""

@@ -82,8 +82,12 @@ class Scorer:
         """Serve ``model`` (loaded and warm) under ``alias`` from now on.
 
         The switch is atomic (one assignment on the event loop); requests the previous model took
-        finish on it, and then it is released. Returns once it is.
+        finish on it, and then it is released. Returns once it is. A new canary restarts the per-version
+        metrics (``ScorerMetrics.start_comparison``).
         """
+        if alias == CANARY_ALIAS:
+            # A new canary: its requests and prod's are counted from here on, in the same step that routes to it.
+            self.metrics.start_comparison()
         previous = self._put(alias, model)
         if previous is not None:
             self.metrics.model_swaps.labels(alias).inc()

@@ -161,7 +161,7 @@ def test_onnx_export_scores_as_torch_and_loads_in_the_scorer(workspace, full_run
 
     from offline_training.export import verify_onnx
     from offline_training.model import FraudMLP
-    from offline_training.train import load_snapshot
+    from offline_training.training_data import load_snapshot
     from online.onnx_runtime import OnnxModel
 
     snapshot = load_snapshot(workspace / "snapshot", HOLDOUT_FRACTION)

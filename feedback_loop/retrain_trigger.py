@@ -1,0 +1,89 @@
+"""When to retrain: prod's quality on the outcomes that came back over a recent window fell below a threshold.
+
+``decide`` is pure: it takes the labeled examples (``training.examples``), what the registry says
+(prod's and any canary's version, when the trigger last fired) and the time, and says whether to
+fire and why. Only prod's own examples count (its model name and version), scored within the window
+and labeled; at least
+``min_labels`` of them, with both outcomes, before quality is judged at all. It stays quiet while a
+canary is out (the release decides first) and for ``cooldown_s`` after it fired, which covers the
+retraining it started: snapshot, training and evaluation take minutes.
+
+Quality is measured by a function passed in (``offline_training.evaluation.classification_metrics``
+in Loopline: the same AUC and calibration error training reports), since this package sits below
+``offline_training`` and does not import it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from schemas.records import TrainingExample
+
+#: Scores and labels (1.0 fraud, 0.0 legitimate) → named metrics, at least ``auc`` and ``calibration_error``.
+QualityFunction = Callable[[np.ndarray, np.ndarray], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class TriggerPolicy:
+    """The thresholds prod's labeled quality is held to; ``max_calibration_error`` None: calibration is not judged."""
+
+    window_s: float = 86_400.0
+    min_auc: float = 0.75
+    min_labels: int = 200
+    cooldown_s: float = 21_600.0
+    max_calibration_error: float | None = None
+
+
+@dataclass(frozen=True)
+class TriggerDecision:
+    """Whether to retrain, why, and what was measured (``labeled`` examples; ``quality`` empty when not judged)."""
+
+    fire: bool
+    reason: str
+    labeled: int = 0
+    quality: Mapping[str, float] = field(default_factory=dict)
+
+
+def window_examples(
+    examples: Iterable[TrainingExample], model_name: str, version: str, since_ms: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(scores, labels) of the labeled examples ``model_name`` ``version`` scored at or after ``since_ms``."""
+    mine = [e for e in examples if (e.model_name, e.model_version) == (model_name, version) and e.label is not None
+            and e.predicted_at_ms >= since_ms]  # fmt: skip
+    return np.array([e.score for e in mine], dtype=np.float64), np.array([float(e.label) for e in mine], dtype=np.float64)
+
+
+def decide(
+    policy: TriggerPolicy, examples: Iterable[TrainingExample], *, model_name: str, prod_version: str | None,
+    canary_version: str | None, now_ms: int, last_fired_ms: int | None, quality: QualityFunction,
+) -> TriggerDecision:  # fmt: skip
+    """Whether the labeled quality of ``model_name``'s prod version over the window ending at ``now_ms`` calls for
+    retraining (``canary_version``: the canary out now, if any; ``last_fired_ms``: when this trigger last fired)."""
+    if prod_version is None:
+        return TriggerDecision(False, "no prod model: nothing to judge")
+    if canary_version is not None:
+        return TriggerDecision(False, f"canary v{canary_version} is out: its release is decided first")
+    if last_fired_ms is not None and now_ms - last_fired_ms < policy.cooldown_s * 1000:
+        wait_s = (last_fired_ms + policy.cooldown_s * 1000 - now_ms) / 1000
+        since_s = (now_ms - last_fired_ms) / 1000
+        return TriggerDecision(False, f"cooling down: fired {since_s:,.0f} s ago, quiet for {wait_s:,.0f} s more")
+    scores, labels = window_examples(examples, model_name, prod_version, now_ms - int(policy.window_s * 1000))
+    where = f"prod v{prod_version} over {len(labels):,} labeled examples of the last {policy.window_s:,.0f} s"
+    if len(labels) < policy.min_labels:
+        return TriggerDecision(False, f"{where}: quality is judged from {policy.min_labels:,}", len(labels))
+    measured = dict(quality(scores, labels))
+    auc = measured["auc"]
+    if math.isnan(auc):
+        return TriggerDecision(False, f"{where}: one outcome only, no AUC yet", len(labels), measured)
+    if auc < policy.min_auc:
+        return TriggerDecision(True, f"{where}: AUC {auc:.3f} below {policy.min_auc:g}", len(labels), measured)
+    calibration = measured["calibration_error"]
+    if policy.max_calibration_error is not None and calibration > policy.max_calibration_error:
+        return TriggerDecision(True, f"{where}: calibration error {calibration:.3f} above {policy.max_calibration_error:g}",
+                               len(labels), measured)  # fmt: skip
+    return TriggerDecision(False, f"{where}: AUC {auc:.3f}, calibration error {calibration:.3f}: within the policy", len(labels),
+                           measured)  # fmt: skip

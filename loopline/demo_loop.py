@@ -1,0 +1,218 @@
+"""The demo's feedback half: the loop closed once while the producer and the scorer run.
+
+The feedback joiner (PyFlink, a process of its own) joins the scorer's predictions with the labels
+as they arrive; once enough are labeled, ``DemoLoop`` snapshots them, trains a model on exactly
+the features the scorer used (DeepSpeed on the CPU), evaluates it against ``prod`` on the same
+holdout rows, registers it when it is not worse, releases it as a canary, and lets the release
+controller promote or roll it back by the policy. ``table()`` shows each step as it happens and
+the labeled quality of each model version, before and after.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from confluent_kafka import Consumer
+from rich.table import Table
+
+from loopline.job_processes import start_joiner, stop_process_group
+from loopline.settings import Settings
+from offline_training.evaluation import roc_auc
+from schemas.records import TrainingExample
+from schemas.topics import TRAINING_EXAMPLES
+from schemas.validation import ContractViolation, decode
+
+#: Enough labels to train on and hold out from: labeled examples, of which frauds.
+MIN_LABELED, MIN_FRAUD = 600, 40
+#: The trained model's share of requests while the controller watches it (half: evidence comes fast).
+CANARY_PERCENT = 50.0
+#: Who the demo is in the alias history.
+ACTOR = "loopline demo"
+#: The controller looks this often.
+_CONTROLLER_POLL_S = 2.0
+
+
+@dataclass
+class Step:
+    """One step of closing the loop: its name, state (waiting, running, done, skipped, failed) and what it found."""
+
+    name: str
+    state: str = "waiting"
+    detail: str = ""
+    began: float | None = None
+    seconds: float | None = None
+
+
+@dataclass
+class LoopOutcome:
+    """What closing the loop produced, for the demo's summary."""
+
+    snapshot_id: str | None = None
+    snapshot_rows: int | None = None
+    candidate_version: str | None = None
+    holdout_auc: dict[str, float] = field(default_factory=dict)
+    release: str | None = None
+
+
+class DemoLoop:
+    """The joiner, a reader of its examples, and the thread that closes the loop once."""
+
+    def __init__(self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_fraud: int = MIN_FRAUD) -> None:
+        """The loop over ``settings``' stack, for the score requests whose ids start with ``run_id``; it trains once
+        ``min_labeled`` of them, ``min_fraud`` frauds among them, have their labels."""
+        self.settings, self.run_id = settings, run_id
+        self.min_labeled, self.min_fraud = min_labeled, min_fraud
+        self.started_ms = int(time.time() * 1000)
+        self.steps = {name: Step(name) for name in ("labels", "snapshot", "train, evaluate, release", "controller")}
+        self.outcome = LoopOutcome()
+        self._examples: list[TrainingExample] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._joiner = None
+
+    def start(self, log_file: Path) -> None:
+        """Start the joiner (from scratch: an earlier demo's state is not this run's) and the reader of its examples."""
+        self._joiner = start_joiner(self.settings, log_file, restore=False)
+        self._thread(self._read_examples)
+
+    def close_once(self, deadline: float) -> None:
+        """Close the loop in the background, giving up on steps that cannot finish before ``deadline`` (monotonic)."""
+        self._thread(self._close, deadline)
+
+    def _thread(self, target, *args) -> None:
+        self._threads.append(threading.Thread(target=target, args=args, daemon=True))
+        self._threads[-1].start()
+
+    def _read_examples(self) -> None:
+        kafka = self.settings.kafka
+        consumer = Consumer({**kafka.client_config, "bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{self.run_id}-examples",
+                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer.subscribe([self.settings.feedback.examples_topic or TRAINING_EXAMPLES.name])
+        try:
+            while not self._stop.is_set():
+                for message in consumer.consume(1000, timeout=0.2):
+                    if message.error() is not None:
+                        continue
+                    try:
+                        example = decode(TrainingExample, message.value() or b"")
+                    except ContractViolation:
+                        continue
+                    if example.request_id.startswith(self.run_id):
+                        with self._lock:
+                            self._examples.append(example)
+        finally:
+            consumer.close()
+
+    def labeled(self) -> list[TrainingExample]:
+        """This run's labeled examples so far."""
+        with self._lock:
+            return [e for e in self._examples if e.label is not None]
+
+    def _run(self, name: str, action: Callable[[], str]) -> bool:
+        step = self.steps[name]
+        step.state, step.began = "running", time.monotonic()
+        try:
+            step.detail = action()
+            step.state = "done"
+        except Exception as err:  # the demo goes on and says what failed
+            step.state, step.detail = "failed", f"{type(err).__name__}: {err}"[:300]
+        step.seconds = time.monotonic() - step.began
+        return step.state == "done"
+
+    def _close(self, deadline: float) -> None:
+        from loopline.components import release_controller
+        from loopline.retraining import create_snapshot, retrain
+
+        def enough_labels() -> str:
+            while not self._stop.is_set():
+                labeled = self.labeled()
+                frauds = sum(bool(e.label) for e in labeled)
+                self.steps["labels"].detail = f"{len(labeled):,} labeled examples joined, {frauds} fraud (need {self.min_labeled}, {self.min_fraud})"
+                if len(labeled) >= self.min_labeled and frauds >= self.min_fraud:
+                    return self.steps["labels"].detail
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not enough labels before the time budget ran out ({self.steps['labels'].detail})")
+                time.sleep(0.5)
+            raise InterruptedError("stopped")
+
+        def snapshot() -> str:
+            manifest = create_snapshot(self.settings, self.started_ms, None)
+            self.outcome.snapshot_id, self.outcome.snapshot_rows = manifest.snapshot_id, manifest.rows
+            return f"{manifest.snapshot_id}: {manifest.rows:,} examples, labels {manifest.label_balance}"
+
+        def train_and_release() -> str:
+            outcome = retrain(self.settings, self.outcome.snapshot_id, canary_percent=CANARY_PERCENT, actor=ACTOR,
+                              reason="trained on this run's feedback", echo=None)  # fmt: skip
+            report = outcome.report
+            comparison = report.comparison
+            aucs = {"candidate": comparison.candidate["auc"]}
+            if comparison.prod is not None:
+                aucs[f"prod v{comparison.prod_version}"] = comparison.prod["auc"]
+            self.outcome.candidate_version, self.outcome.holdout_auc = report.version, aucs
+            on_holdout = f"holdout AUC ({comparison.holdout_rows:,} latest rows): " + ", ".join(f"{k} {v:.3f}" for k, v in aucs.items())
+            if report.version is None:
+                raise RuntimeError(f"not registered ({report.verdict.reason}); {on_holdout}")
+            return f"v{report.version} registered and released as the canary on {CANARY_PERCENT:g} % of requests; {on_holdout}"
+
+        def control() -> str:
+            controller = release_controller(self.settings)
+            while not self._stop.is_set():
+                outcome = controller.step()
+                if outcome is None:
+                    raise RuntimeError("the canary is gone")
+                decision, canary_stats, prod_stats = outcome
+                self.steps["controller"].detail = f"{decision.action}: {decision.reason}"
+                if decision.action != "wait":
+                    self.outcome.release = decision.action
+                    return self.steps["controller"].detail
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no verdict before the time budget ran out ({decision.reason})")
+                time.sleep(_CONTROLLER_POLL_S)
+            raise InterruptedError("stopped")
+
+        for step_name, action in (("labels", enough_labels), ("snapshot", snapshot), ("train, evaluate, release", train_and_release),
+                                  ("controller", control)):  # fmt: skip
+            if not self._run(step_name, action):
+                for later in list(self.steps.values())[list(self.steps).index(step_name) + 1 :]:
+                    later.state = "skipped"
+                return
+
+    def quality_by_version(self) -> dict[str, tuple[int, int, float | None]]:
+        """Per model version: (labeled examples, frauds, AUC of its scores) over this run's feedback."""
+        by_version: dict[str, list[TrainingExample]] = {}
+        for example in self.labeled():
+            by_version.setdefault(example.model_version, []).append(example)
+        quality = {}
+        for version, examples in sorted(by_version.items(), key=lambda kv: int(kv[0])):
+            labels = np.array([float(e.label) for e in examples])
+            auc = roc_auc(np.array([e.score for e in examples]), labels)
+            quality[version] = (len(examples), int(labels.sum()), None if np.isnan(auc) else auc)
+        return quality
+
+    def table(self) -> Table:
+        """The loop's steps, and each version's quality on the labels that came back."""
+        table = Table(title="closing the loop — predictions ⋈ labels → snapshot → train → canary → controller")
+        for column in ("step", "state", "", "what happened"):
+            table.add_column(column, justify="right" if column == "" else "left")
+        for step in self.steps.values():
+            running = time.monotonic() - step.began if step.state == "running" and step.began else None
+            seconds = step.seconds if step.seconds is not None else running
+            table.add_row(step.name, step.state, "" if seconds is None else f"{seconds:.0f} s", step.detail)
+        for version, (labeled, frauds, auc) in self.quality_by_version().items():
+            table.add_row(f"v{version} on feedback", "", "", f"{labeled:,} labeled ({frauds} fraud): AUC "
+                          + ("—" if auc is None else f"{auc:.3f}"))  # fmt: skip
+        return table
+
+    def stop(self) -> None:
+        """Stop the joiner and the threads (a step still running is abandoned)."""
+        self._stop.set()
+        if self._joiner is not None:
+            stop_process_group(self._joiner)
+        for thread in self._threads:
+            thread.join(30)

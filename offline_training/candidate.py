@@ -1,0 +1,175 @@
+"""Judging a finished training run: the candidate against ``prod`` on the same holdout rows, an optional INT8
+version, a model card, and registration only when the candidate is not worse than prod.
+
+* Same rows: both models score the time-based holdout of the run's snapshot (the split training
+  used, so no row either trained on) through ONNX Runtime, each taking the snapshot's columns its
+  metadata names. A prod whose inputs the snapshot lacks, or whose file could not be had, is
+  reported as not comparable; the candidate is then judged on its own.
+* The gate: the model to be registered (INT8 when it was kept, else fp32) must have a holdout AUC no
+  more than ``max_auc_drop`` below prod's. No prod, or none comparable, passes; an AUC that cannot be
+  measured (a holdout of one class) does not.
+* A registered version is tagged with its snapshot id, its holdout metrics, the prod version it was
+  compared with, its precision (fp32 or int8) and the model card as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from offline_training.evaluation import classification_metrics
+from offline_training.model_card import ModelCard, caveats, write_card
+from offline_training.onnx_scoring import columns_for, cpu_session, model_inputs, scores
+from offline_training.quantization import QuantizationResult, quantize_int8
+from offline_training.release import ModelRelease
+from offline_training.training_data import Snapshot, load_snapshot
+
+#: Version tags a registered candidate carries (beside the registry's own, schemas/model_registry.py).
+SNAPSHOT_TAG = "loopline.snapshot_id"
+METRIC_TAG_PREFIX = "loopline.holdout."
+COMPARED_WITH_TAG = "loopline.compared_with"
+PRECISION_TAG = "loopline.precision"
+CARD_TAG = "loopline.model_card"
+
+
+@dataclass(frozen=True)
+class ProdModel:
+    """The version ``prod`` names and its ONNX file; ``path`` is None when the file could not be had (``problem``: why)."""
+
+    version: str
+    path: Path | None
+    problem: str = ""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The candidate's and prod's holdout metrics on the same rows (``prod`` None: no prod, or ``not_comparable``)."""
+
+    snapshot_id: str
+    threshold: float
+    holdout_rows: int
+    holdout_positives: int
+    candidate: dict[str, float]
+    prod_version: str | None = None
+    prod: dict[str, float] | None = None
+    not_comparable: str | None = None
+
+
+@dataclass(frozen=True)
+class GateVerdict:
+    """Whether the candidate is registered, and why."""
+
+    register: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class CandidateReport:
+    """Everything judging a run produced: the comparison, INT8's result, the verdict, the version (None: not
+    registered), the file registered or that would have been, and the model card's Markdown path."""
+
+    comparison: Comparison
+    quantization: QuantizationResult | None
+    verdict: GateVerdict
+    version: str | None
+    model_path: Path
+    card_path: Path
+
+
+def holdout_metrics(model_path: Path, snapshot: Snapshot, threshold: float) -> dict[str, float]:
+    """The model file's metrics on the snapshot's holdout; :class:`NotComparable` when it needs inputs the snapshot lacks."""
+    session = cpu_session(model_path)
+    rows = columns_for(model_inputs(session), snapshot.inputs, snapshot.holdout_x)
+    return classification_metrics(scores(session, rows), snapshot.holdout_y, threshold)
+
+
+def compare_with_prod(candidate_path: Path, snapshot: Snapshot, prod: ProdModel | None, threshold: float = 0.5) -> Comparison:
+    """The candidate at ``candidate_path`` and ``prod`` scored on the same holdout rows of ``snapshot``."""
+    comparison = Comparison(snapshot.snapshot_id, threshold, len(snapshot.holdout_y), int((snapshot.holdout_y == 1).sum()),
+                            holdout_metrics(candidate_path, snapshot, threshold))  # fmt: skip
+    if prod is None:
+        return comparison
+    if prod.path is None:
+        return replace(comparison, prod_version=prod.version, not_comparable=prod.problem)
+    try:
+        return replace(comparison, prod_version=prod.version, prod=holdout_metrics(prod.path, snapshot, threshold))
+    except ValueError as err:  # NotComparable, or metadata that names no inputs
+        return replace(comparison, prod_version=prod.version, not_comparable=f"prod v{prod.version}: {err}")
+
+
+def registration_gate(comparison: Comparison, max_auc_drop: float, quantization: QuantizationResult | None = None) -> GateVerdict:
+    """Register the model to be registered (INT8 when kept) only if its AUC is at most ``max_auc_drop`` below prod's."""
+    kept = quantization is not None and quantization.kept
+    auc = quantization.int8["auc"] if kept else comparison.candidate["auc"]
+    which = "INT8 candidate" if kept else "candidate"
+    rows = f"{comparison.holdout_rows:,} holdout rows"
+    if math.isnan(auc):
+        return GateVerdict(False, f"the {which}'s AUC cannot be measured on {rows} of one class: a snapshot with both "
+                                  "outcomes is needed")  # fmt: skip
+    if comparison.prod_version is None:
+        return GateVerdict(True, f"no prod model to compare with; {which} AUC {auc:.4f} on {rows}")
+    if comparison.prod is None:
+        return GateVerdict(True, f"prod v{comparison.prod_version} is not comparable ({comparison.not_comparable}); "
+                                 f"{which} AUC {auc:.4f} on {rows}, the canary will compare them on live traffic")  # fmt: skip
+    prod_auc = comparison.prod["auc"]
+    versus = f"{which} AUC {auc:.4f} vs prod v{comparison.prod_version} {prod_auc:.4f} on the same {rows}"
+    if auc < prod_auc - max_auc_drop:
+        return GateVerdict(False, f"{versus}: {prod_auc - auc:.4f} worse, more than the allowed {max_auc_drop:g}")
+    return GateVerdict(True, f"{versus} (allowed drop {max_auc_drop:g})")
+
+
+def _version_tags(card: ModelCard, metrics: dict[str, float], comparison: Comparison, int8: bool) -> dict[str, str]:
+    """The tags that record what a registered version is (see the module docstring)."""
+    return {
+        SNAPSHOT_TAG: comparison.snapshot_id,
+        **{f"{METRIC_TAG_PREFIX}{name}": f"{value:.6g}" for name, value in metrics.items()},
+        COMPARED_WITH_TAG: "none" if comparison.prod is None else f"v{comparison.prod_version}",
+        PRECISION_TAG: "int8" if int8 else "fp32",
+        CARD_TAG: card.to_json(),
+    }
+
+
+def evaluate_and_register(
+    run_dir: Path, snapshot_dir: Path, holdout_fraction: float, release: ModelRelease, name: str, prod: ProdModel | None, *,
+    threshold: float = 0.5, max_auc_drop: float = 0.01, quantize: bool = False, max_quantized_auc_change: float = 0.005,
+) -> CandidateReport:  # fmt: skip
+    """Judge the run in ``run_dir`` (``model.onnx``, ``metrics.json``) trained on the snapshot at ``snapshot_dir`` with
+    ``holdout_fraction``: compare with ``prod``, optionally quantize, write the model card, and register it as a new
+    version of ``name`` when the gate passes. ValueError when the run's holdout is not this one (another split)."""
+    run_dir, snapshot_dir = Path(run_dir), Path(snapshot_dir)
+    snapshot = load_snapshot(snapshot_dir, holdout_fraction)
+    training = json.loads((run_dir / "metrics.json").read_text())
+    if (training["snapshot_id"], training["rows"]["holdout"]) != (snapshot.snapshot_id, len(snapshot.holdout_y)):
+        raise ValueError(f"{run_dir} was trained on snapshot {training['snapshot_id']} with a holdout of "
+                         f"{training['rows']['holdout']} rows, not {snapshot.snapshot_id} with {len(snapshot.holdout_y)}: "
+                         "evaluate it with the holdout fraction it was trained with, or rows it trained on would "
+                         "count")  # fmt: skip
+    candidate_path = run_dir / "model.onnx"
+    comparison = compare_with_prod(candidate_path, snapshot, prod, threshold)
+    quantization = None
+    if quantize:
+        quantization = quantize_int8(candidate_path, snapshot.holdout_x, snapshot.holdout_y,
+                                     max_auc_change=max_quantized_auc_change, threshold=threshold)  # fmt: skip
+    verdict = registration_gate(comparison, max_auc_drop, quantization)
+    int8 = quantization is not None and quantization.kept
+    model_path = quantization.path if int8 else candidate_path
+    manifest = json.loads((snapshot_dir / "manifest.json").read_text())
+    card = ModelCard(
+        model=name, version=None, registered=verdict.register, decision=verdict.reason,
+        snapshot={"id": snapshot.snapshot_id, **{key: manifest.get(key) for key in ("kind", "rows", "time_range", "label_balance",
+                                                                                      "model_versions")}},
+        training=training, evaluation=asdict(comparison), quantization=None if quantization is None else asdict(quantization),
+        caveats=caveats(manifest, comparison.holdout_rows, comparison.holdout_positives, comparison.not_comparable),
+        created_at_ms=int(time.time() * 1000),
+    )  # fmt: skip
+    version = None
+    if verdict.register:
+        version = release.register(name, model_path, description=f"trained on snapshot {snapshot.snapshot_id}: {verdict.reason}")
+        card = replace(card, version=version)
+        metrics = quantization.int8 if int8 else comparison.candidate
+        for key, value in _version_tags(card, metrics, comparison, int8).items():
+            release.client.set_model_version_tag(name, version, key, value)
+    return CandidateReport(comparison, quantization, verdict, version, model_path, write_card(card, run_dir))

@@ -1,0 +1,144 @@
+"""A model card: what a trained candidate is, what it was trained and judged on, how it compares with ``prod``,
+and what its numbers do not say.
+
+Written into the run's folder as ``model_card.json`` (the same JSON goes onto a registered version's
+``loopline.model_card`` tag) and ``model_card.md`` for people. Missing values (an AUC on one class,
+a precision with nothing flagged) are ``null`` in the JSON and "—" in the text.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+JSON_FILE, MARKDOWN_FILE = "model_card.json", "model_card.md"
+#: Below this many rows of either class in the holdout, the card warns that its AUC is noisy.
+FEW_HOLDOUT_ROWS = 50
+#: The metrics the card's table shows, in order, with their labels.
+METRIC_LABELS = {"auc": "AUC", "log_loss": "log loss", "brier": "Brier", "precision": "precision @ t", "recall": "recall @ t",
+                 "calibration_error": "calibration error"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    """The card of one candidate; ``version`` is set once it is registered."""
+
+    model: str
+    version: str | None
+    registered: bool
+    decision: str
+    snapshot: dict[str, Any]
+    training: dict[str, Any]
+    evaluation: dict[str, Any]
+    quantization: dict[str, Any] | None
+    caveats: list[str]
+    created_at_ms: int
+
+    def to_json(self) -> str:
+        """The card as JSON (missing numbers as null)."""
+        return json.dumps(_without_nan(asdict(self)), indent=2, sort_keys=True, default=str)
+
+    def markdown(self) -> str:
+        """The card for people."""
+        evaluation, quantization = self.evaluation, self.quantization
+        title = f"{self.model} v{self.version}" if self.version else f"{self.model} (candidate, not registered)"
+        columns = {"candidate": evaluation["candidate"]}
+        if evaluation.get("prod") is not None:
+            columns[f"prod v{evaluation['prod_version']}"] = evaluation["prod"]
+        if quantization is not None:
+            columns["candidate INT8" + ("" if quantization["kept"] else " (refused)")] = quantization["int8"]
+        state = "Registered" if self.registered else "Not registered"
+        lines = [f"# Model card: {title}", "", f"**{state}**: {self.decision}", "",
+                 f"Holdout: the latest {evaluation['holdout_rows']:,} labeled rows of snapshot `{self.snapshot['id']}` "
+                 f"({evaluation['holdout_positives']:,} fraud); operating threshold t = {evaluation['threshold']:g}.", "",
+                 "| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]  # fmt: skip
+        for key, label in METRIC_LABELS.items():
+            lines.append(f"| {label} | " + " | ".join(_number(metrics.get(key)) for metrics in columns.values()) + " |")
+        lines += ["", "## Data", "", _snapshot_line(self.snapshot), "", "## Training", "", _training_line(self.training), "",
+                  "## Comparison with prod", "", _comparison_line(evaluation)]  # fmt: skip
+        if quantization is not None:
+            fp32, int8 = quantization["fp32_latency"], quantization["int8_latency"]
+            lines += ["", "## Quantization (dynamic INT8, CPU)", "", quantization["reason"] + ".", "",
+                      f"Latency per batch of {quantization['batch_size']} over {quantization['repeats']} repeats: fp32 median "
+                      f"{fp32['median_ms']:.3f} ms, p99 {fp32['p99_ms']:.3f} ms; INT8 median {int8['median_ms']:.3f} ms, p99 "
+                      f"{int8['p99_ms']:.3f} ms: a latency gain of ×{fp32['median_ms'] / int8['median_ms']:.2f} "
+                      "(fp32 median ÷ INT8 median)."]  # fmt: skip
+        lines += ["", "## Caveats", "", *(f"- {caveat}" for caveat in self.caveats)]
+        return "\n".join(lines) + "\n"
+
+
+def caveats(manifest: dict[str, Any], holdout_rows: int, holdout_positives: int, not_comparable: str | None) -> list[str]:
+    """What the card's numbers do not say, from the snapshot's manifest, the holdout's size and the comparison."""
+    notes = []
+    unlabeled = manifest.get("label_balance", {}).get("unlabeled", 0)
+    if unlabeled:
+        notes.append(f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
+                     "are left out of training and evaluation; most are legitimate, but a fraud never reported looks the same "
+                     "(positive-unlabeled), so these metrics describe labeled rows only")  # fmt: skip
+    notes.append("labels arrive late: the holdout is the most recent rows, whose labels are the least complete when the "
+                 "snapshot was taken, and a late fraud label would move its figures")  # fmt: skip
+    negatives = holdout_rows - holdout_positives
+    if min(holdout_positives, negatives) < FEW_HOLDOUT_ROWS:
+        notes.append(f"the holdout holds {holdout_positives:,} fraud and {negatives:,} legitimate rows: fewer than "
+                     f"{FEW_HOLDOUT_ROWS} of a class make its AUC noisy")  # fmt: skip
+    if manifest.get("kind") == "backfill":
+        notes.append("a backfilled snapshot: features were recomputed from the event log, not the values a scorer served")
+    if not_comparable:
+        notes.append(f"not compared with prod: {not_comparable}")
+    return notes
+
+
+def write_card(card: ModelCard, folder: Path) -> Path:
+    """Write ``model_card.json`` and ``model_card.md`` into ``folder``; the path of the Markdown one."""
+    folder = Path(folder)
+    (folder / JSON_FILE).write_text(card.to_json() + "\n")
+    (folder / MARKDOWN_FILE).write_text(card.markdown())
+    return folder / MARKDOWN_FILE
+
+
+def _without_nan(value: Any) -> Any:
+    """``value`` with every NaN replaced by None (JSON has no NaN)."""
+    if isinstance(value, dict):
+        return {key: _without_nan(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_without_nan(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _number(value: float | None) -> str:
+    return "—" if value is None or math.isnan(value) else f"{value:.4f}"
+
+
+def _iso(ms: int | None) -> str:
+    return "—" if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="seconds")
+
+
+def _snapshot_line(snapshot: dict[str, Any]) -> str:
+    balance = snapshot.get("label_balance") or {}
+    scored = snapshot.get("time_range") or {}
+    labels = ", ".join(f"{n:,} {kind}" for kind, n in balance.items()) or "not recorded"
+    return (f"Snapshot `{snapshot['id']}` ({snapshot.get('kind') or 'kind not recorded'}): {snapshot.get('rows', 0):,} rows "
+            f"scored {_iso(scored.get('first_ms'))} … {_iso(scored.get('last_ms'))} by model versions "
+            f"{snapshot.get('model_versions') or 'not recorded'}; labels: {labels}.")  # fmt: skip
+
+
+def _training_line(training: dict[str, Any]) -> str:
+    rows = training.get("rows", {})
+    return (f"{rows.get('train', 0):,} training rows, {training.get('epochs')} epochs, {training.get('global_steps')} optimizer "
+            f"steps at world size {training.get('world_size')} in {training.get('seconds')} s "
+            f"({training.get('samples_per_second')} samples/s); the ONNX export scores within "
+            f"{training.get('onnx_max_abs_diff', float('nan')):.2g} of torch.")  # fmt: skip
+
+
+def _comparison_line(evaluation: dict[str, Any]) -> str:
+    if evaluation.get("prod_version") is None:
+        return "There was no prod model to compare with."
+    if evaluation.get("not_comparable"):
+        return f"prod v{evaluation['prod_version']} could not be scored on these rows: {evaluation['not_comparable']}."
+    return f"prod v{evaluation['prod_version']} scored the same holdout rows (its ONNX file, as serving downloads it)."

@@ -1,0 +1,127 @@
+"""The whole loop on the local stack, as `make demo` runs it: produce → score → labels → join → snapshot → train →
+register → canary → promote, while a running scorer hot-swaps with no failed request; then `loopline rollback`.
+
+Real parts throughout: Kafka and Redis (the session's stack), the streaming feature job and the feedback joiner
+(PyFlink mini-clusters), `loopline serve --kafka --http` in its own process, DeepSpeed training on the CPU, MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import LogReader
+from feature_store.online_read import OnlineReader
+from infra.service import free_port, wait_until
+from loopline.cli import app
+from loopline.components import model_release, synthetic_config
+from loopline.demo_loop import DemoLoop
+from loopline.demo_scoring import DemoScoring
+from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
+from loopline.settings import ReleaseSettings, ServingSettings, Settings, settings_environment
+from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
+from schemas.records import DeadLetterRecord, PredictionRecord
+from schemas.topics import DEAD_LETTERS, PREDICTIONS
+from schemas.validation import decode
+from streams.producer import EventProducer
+from streams.synthetic import SyntheticStream
+
+#: Transactions per second, each followed by its score request; labels within seconds, as in the demo.
+RATE, LABEL_DELAY_S = 150.0, (1.0, 10.0)
+#: The longest the loop may take from the first transaction to the controller's verdict.
+LOOP_BUDGET_S = 300.0
+
+
+@pytest.fixture()
+def loop_settings(applied: Settings, tmp_path: Path) -> Settings:
+    """The session's stack with a scorer on free ports, its own registry and a release policy a test can wait for."""
+    serving = ServingSettings(http_port=free_port(), grpc_port=free_port(), kafka_group_id="loop-scorer", model_name="loop-fraud")
+    release = ReleaseSettings(min_watch_s=5, min_requests=100, max_watch_s=120, max_latency_ratio=10.0)
+    # This test is about the loop's plumbing: whichever model the few hundred labels train is registered (the gate's
+    # judgement is tested in test_candidate.py).
+    retrain = applied.retrain.model_copy(update={"max_auc_drop": 1.0})
+    return applied.model_copy(update={"serving": serving, "release": release, "retrain": retrain,
+                                      "registry": applied.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})})  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str, tmp_path: Path) -> None:
+    settings = loop_settings
+    job = start_feature_job(settings, tmp_path / "feature-job.log", restore=False)
+    scoring = DemoScoring(settings, tmp_path / "models")
+    loop = DemoLoop(scoring.settings, scoring.run_id, min_labeled=300, min_fraud=20)
+    predictions, dead_letters = LogReader(bootstrap, PREDICTIONS.name), LogReader(bootstrap, DEAD_LETTERS.name)
+    try:
+        scoring.start_serving(tmp_path / "scorer.log")
+        loop.start(tmp_path / "joiner.log")
+        reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
+        wait_until_serving(job, settings, reader, timeout_s=180)
+        scoring.wait_ready()
+
+        config = dataclasses.replace(synthetic_config(settings, RATE, 0.0), label_delay_s=LABEL_DELAY_S)
+        stream = scoring.requests_for(SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000)))
+        producer = EventProducer(bootstrap, client_config=settings.kafka.client_config)
+        began = time.monotonic()
+        loop.close_once(deadline=began + LOOP_BUDGET_S)
+        sent = []
+        # Produce in slices until the controller has decided (or the budget is spent), keeping every request sent.
+        while loop.outcome.release is None and time.monotonic() - began < LOOP_BUDGET_S + 30:
+            batch = [next(stream) for _ in range(int(RATE * 2))]
+            sent += [e.key for e in batch if e.topic == "scoring.requests"]
+            producer.publish(batch, rate_per_s=RATE * 2)
+            failed = [s for s in loop.steps.values() if s.state == "failed"]
+            assert not failed, f"{failed[0].name}: {failed[0].detail}; see {tmp_path}"
+        assert loop.outcome.release == "promote", {s.name: (s.state, s.detail) for s in loop.steps.values()}
+        trained = loop.outcome.candidate_version
+        release = model_release(settings)
+        assert release.aliases(settings.serving.model_name) == {PROD_ALIAS: trained}
+
+        # The scorer swaps to the promoted version: requests sent from now on are scored by it.
+        after = [next(stream) for _ in range(int(RATE * 4))]
+        producer.publish(after, rate_per_s=RATE * 2)
+        sent += [e.key for e in after if e.topic == "scoring.requests"]
+
+        def all_scored() -> bool:
+            return len({r.request_id for r in _records(predictions)} & set(sent)) == len(set(sent))
+
+        assert wait_until(all_scored, 120, 0.5), "not every score request was answered"
+        records = [r for r in _records(predictions) if r.request_id in set(sent)]
+        # Exactly once, none failed (no request of this run dead-lettered), and scored by prod, the canary, then the new prod.
+        assert Counter(r.request_id for r in records).most_common(1)[0][1] == 1
+        assert not [d for d in _dead_letters(dead_letters) if d.key in set(sent)]
+        by_version = Counter(r.model_version for r in records)
+        assert set(by_version) == {"1", trained} and by_version[trained] > 0, by_version
+        last = {r.request_id: r.model_version for r in records}
+        assert all(last[e.key] == trained for e in after[-50:] if e.topic == "scoring.requests")
+
+        # One command puts the previous version back, and the alias history says who did what and why.
+        outcome = CliRunner().invoke(app, ["rollback", "--reason", "test"], env=settings_environment(settings))
+        assert outcome.exit_code == 0, outcome.output
+        assert release.aliases(settings.serving.model_name)[PROD_ALIAS] == "1"
+        changes = release.history(settings.serving.model_name)
+        history = [(c.alias, c.previous, c.version, c.actor) for c in changes]
+        assert (CANARY_ALIAS, None, trained, "loopline demo") in history
+        assert (PROD_ALIAS, "1", trained, "release-controller") in history
+        assert history[-1][:3] == (PROD_ALIAS, trained, "1") and changes[-1].reason == "test"
+        # While it was the canary, the trained version already scored part of the traffic.
+        promoted_at_ms = next(c.at_ms for c in changes if (c.alias, c.version) == (PROD_ALIAS, trained))
+        assert any(r.model_version == trained and r.scored_at_ms < promoted_at_ms for r in records), "the canary took no requests"
+    finally:
+        loop.stop()
+        scoring.stop()
+        stop_process_group(job)
+        predictions.close()
+        dead_letters.close()
+
+
+def _records(reader: LogReader) -> list[PredictionRecord]:
+    return [decode(PredictionRecord, value) for value in reader.poll()]
+
+
+def _dead_letters(reader: LogReader) -> list[DeadLetterRecord]:
+    return [decode(DeadLetterRecord, value) for value in reader.poll()]

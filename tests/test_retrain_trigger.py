@@ -1,0 +1,157 @@
+"""The retrain trigger: fires when prod's labeled quality over the window falls below the policy, with at least the
+minimum of labels; stays quiet on good quality, too few labels, other models' or versions' examples, examples older
+than the window, while a canary is out and during its cooldown. Then `loopline retrain watch --once` on the real
+stack: it reads training.examples and the registry, fires (notify mode), and records the firing so the next look
+cools down."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+from typer.testing import CliRunner
+
+from feedback_loop.retrain_trigger import TriggerPolicy, decide
+from loopline.cli import app
+from loopline.components import model_release
+from loopline.retraining import LAST_FIRED_TAG
+from loopline.settings import RetrainSettings, ServingSettings, Settings, settings_environment
+from offline_training.evaluation import classification_metrics
+from offline_training.onnx_models import write_linear_model
+from schemas.records import TrainingExample
+from schemas.topics import TRAINING_EXAMPLES
+from schemas.validation import encode
+
+NOW_MS = 1_790_000_000_000
+HOUR_MS = 3_600_000
+MODEL = "fraud"
+POLICY = TriggerPolicy(window_s=86_400, min_auc=0.75, min_labels=200, cooldown_s=6 * 3600)
+
+
+def examples(count: int, *, quality: str, version: str = "2", model: str = MODEL, age_ms: int = HOUR_MS, seed: int = 0,
+             labeled: bool = True) -> list[TrainingExample]:  # fmt: skip
+    """``count`` examples scored ``age_ms`` before NOW_MS, half fraud: ``good`` scores rank them nearly perfectly,
+    ``bad`` scores are noise, ``overconfident`` rank well but sit in [0.9, 1] (badly calibrated)."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(count) % 2 == 0
+    noise = rng.random(count)
+    score = {"good": 0.8 * labels + 0.2 * noise, "bad": noise, "overconfident": 0.9 + 0.08 * labels + 0.02 * noise}[quality]
+    return [
+        TrainingExample(
+            schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"evt-{seed}-{i}", request_id=f"req-{seed}-{i}",
+            entity_keys={"user_id": f"u{i}"}, features={"request:amount": 1.0}, model_name=model, model_version=version,
+            score=float(score[i]), label=bool(labels[i]) if labeled else None, requested_at_ms=NOW_MS - age_ms,
+            predicted_at_ms=NOW_MS - age_ms, label_time_ms=NOW_MS if labeled else None, joined_at_ms=NOW_MS,
+        )  # fmt: skip
+        for i in range(count)
+    ]
+
+
+def judge(batch: list[TrainingExample], policy: TriggerPolicy = POLICY, *, prod: str | None = "2", canary: str | None = None,
+          last_fired_ms: int | None = None):  # fmt: skip
+    return decide(policy, batch, model_name=MODEL, prod_version=prod, canary_version=canary, now_ms=NOW_MS,
+                  last_fired_ms=last_fired_ms, quality=classification_metrics)  # fmt: skip
+
+
+def test_fires_when_prods_auc_falls_below_the_threshold():
+    decision = judge(examples(300, quality="bad"))
+    assert decision.fire, decision.reason
+    assert decision.labeled == 300
+    assert decision.quality["auc"] < POLICY.min_auc
+    assert "AUC" in decision.reason and "below 0.75" in decision.reason and "prod v2" in decision.reason
+
+
+def test_quiet_while_quality_holds():
+    decision = judge(examples(300, quality="good"))
+    assert not decision.fire, decision.reason
+    assert decision.quality["auc"] > 0.95
+    assert "within the policy" in decision.reason
+
+
+def test_quiet_with_fewer_labels_than_the_minimum():
+    batch = examples(150, quality="bad") + examples(400, quality="bad", seed=1, labeled=False)
+    decision = judge(batch)
+    assert not decision.fire
+    assert decision.labeled == 150
+    assert "judged from 200" in decision.reason
+    assert judge(batch, TriggerPolicy(min_labels=150)).fire  # the same examples, a lower minimum
+
+
+def test_only_prods_own_examples_within_the_window_count():
+    other_version = examples(300, quality="bad", version="1", seed=1)
+    other_model = examples(300, quality="bad", model="churn", seed=2)
+    too_old = examples(300, quality="bad", age_ms=30 * HOUR_MS, seed=3)
+    current = examples(300, quality="good", seed=4)
+    decision = judge(other_version + other_model + too_old + current)
+    assert not decision.fire, decision.reason
+    assert decision.labeled == 300
+    # Each bad group does count where it belongs: as prod's (or that model's) examples, or inside a wider window.
+    assert judge(other_version, prod="1").fire
+    assert decide(POLICY, other_model, model_name="churn", prod_version="2", canary_version=None, now_ms=NOW_MS,
+                  last_fired_ms=None, quality=classification_metrics).fire  # fmt: skip
+    assert judge(too_old, TriggerPolicy(window_s=48 * 3600)).fire
+
+
+def test_quiet_during_the_cooldown_and_fires_after_it():
+    bad = examples(300, quality="bad")
+    cooling = judge(bad, last_fired_ms=NOW_MS - HOUR_MS)
+    assert not cooling.fire
+    assert "cooling down" in cooling.reason and "18,000 s more" in cooling.reason
+    assert judge(bad, last_fired_ms=NOW_MS - 7 * HOUR_MS).fire
+
+
+def test_quiet_while_a_canary_is_out_or_without_prod():
+    bad = examples(300, quality="bad")
+    with_canary = judge(bad, canary="3")
+    assert not with_canary.fire and "canary v3" in with_canary.reason
+    without_prod = judge(bad, prod=None)
+    assert not without_prod.fire and "no prod" in without_prod.reason
+
+
+def test_one_outcome_only_is_not_judged():
+    legit_only = [e for e in examples(600, quality="bad") if not e.label]
+    decision = judge(legit_only)
+    assert not decision.fire and "one outcome" in decision.reason
+
+
+def test_calibration_fires_only_when_the_policy_judges_it():
+    overconfident = examples(300, quality="overconfident")
+    unjudged = judge(overconfident)
+    assert not unjudged.fire, unjudged.reason
+    assert unjudged.quality["auc"] > 0.95 and unjudged.quality["calibration_error"] > 0.3
+    judged = judge(overconfident, TriggerPolicy(max_calibration_error=0.1))
+    assert judged.fire and "calibration error" in judged.reason
+
+
+@pytest.mark.stack
+def test_watch_once_reads_the_examples_topic_fires_and_then_cools_down(settings: Settings, bootstrap: str, tmp_path: Path):
+    name = f"watched-{uuid.uuid4().hex[:8]}"
+    watched = settings.model_copy(update={
+        "serving": ServingSettings(model_name=name),
+        "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                                                         "artifact_location": str(tmp_path / "artifacts")}),
+        "retrain": RetrainSettings(mode="notify", min_labels=200, window_s=10 * 365 * 86_400),
+    })  # fmt: skip
+    release = model_release(watched)
+    version = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.ones(1), 0.0))
+    release.promote(name, version, "test", "the model the trigger judges")
+    producer = Producer({"bootstrap.servers": bootstrap})
+    for example in examples(300, quality="bad", model=name, version=version):
+        producer.produce(TRAINING_EXAMPLES.name, key=example.event_id, value=encode(example))
+    assert producer.flush(30) == 0
+    producer.close()
+    runner, env = CliRunner(), settings_environment(watched)
+
+    first = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
+    assert first.exit_code == 0, first.output
+    assert "fire (notify)" in first.output and f"prod v{version}" in first.output, first.output
+    fired_ms = int(release.client.get_registered_model(name).tags[LAST_FIRED_TAG])
+
+    second = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
+    assert second.exit_code == 0, second.output
+    assert "quiet: cooling down" in second.output, second.output
+    assert int(release.client.get_registered_model(name).tags[LAST_FIRED_TAG]) == fired_ms
+    assert release.aliases(name) == {"prod": version}  # notify mode retrains nothing
