@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-DEMO_SECONDS ?= 240
+DEMO_SECONDS ?= 300
 export DEMO_SECONDS
 
 .PHONY: setup demo test down status clean

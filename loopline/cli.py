@@ -542,8 +542,8 @@ def plan_gpu(
 
 @app.command("demo")
 def demo(
-    seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 240.0,
-    rate: Annotated[float, typer.Option(help="Transactions per second, each one scored (the feature job alone keeps up with ~3,000).")] = 250.0,
+    seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 300.0,
+    rate: Annotated[float, typer.Option(help="Transactions per second, each one scored (the feature job alone keeps up with ~3,000).")] = 100.0,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up."""
     from loopline.demo import run_demo

@@ -153,6 +153,8 @@ class DemoScoring:
     def _release_first_model(self) -> None:
         name = self.settings.serving.model_name
         version = self._release.register(name, self._first_model, description=f"hand-set demo model ({self.run_id})")
+        # A canary an earlier demo left out (its controller had no time for a verdict) would take half of this run's traffic.
+        self._release.end_canary(name, "loopline demo", "a new demo starts")
         self._release.set_alias(name, PROD_ALIAS, version, "loopline demo", "the demo's first model")
 
     def _read_predictions(self) -> None:

@@ -1,0 +1,241 @@
+"""The training side of the loop on a private stack (127.0.0.1 only): joiner, snapshots, DeepSpeed, and the streaming features' worth.
+
+1. The feedback joiner (`loopline feedback join`: PyFlink mini-cluster, JVM keyed state, exactly-once Kafka
+   sink, checkpoints every second) joins ``scoring.predictions`` with ``events.labels``. Its start-up is not
+   measured: a warm-up batch of events is produced as it starts, and the clock starts once all of their
+   examples are readable. Then a batch of N events (a prediction and its label each) is produced as fast as
+   Kafka takes it; ``joiner_events_per_s`` is 2N records / the time from the first record produced until the
+   N-th example is readable by a read_committed consumer. The examples of a checkpoint become readable when it
+   completes, so the figure includes up to one checkpoint interval (1 s) of commit delay. Every event must
+   yield exactly one labelled example: the count of those that did not is reported.
+2. ``snapshot_rows_per_s``: ``write_snapshot`` (canonical form, content hash, partitioned parquet, reference
+   statistics, manifest) on the examples the joiner wrote, into a fresh folder.
+3. What the streaming features are worth: the synthetic stream with planted fraud (streams/synthetic.py, 2,000
+   users at 5 transactions/s, so a velocity burst stands out of a user's history) goes through Kafka, its
+   labelled transactions are backfilled point in time with the offline recompute (the feature job's windows),
+   and the demo model's config (offline_training/configs/fraud_mlp.yaml; 8 epochs in full runs) trains
+   twice on the same rows and time split: with the user's streaming features and the request fields, and with
+   the request fields alone. ``auc_gain`` and ``auc_ratio`` are computed here from the two holdout AUCs.
+4. ``train_samples_per_s``: DeepSpeed on this CPU (ZeRO 1, 2 processes under torchrun, gloo), the streaming
+   run's own figure (metrics.json: rows trained / the training loop's seconds, which include each epoch's
+   holdout evaluation and checkpoint). Full runs also train once with ZeRO 2 (``train_samples_per_s_zero2``).
+
+Machine: the 2-core box this runs on, shared with whatever else runs there (its load average at the start is
+reported). The last line printed is one JSON object.
+
+    python benchmarks/training.py [--quick]
+
+``--quick``: 5,000 joiner events, 100,000 synthetic records, the config's 4 epochs; the full run: 50,000 joiner
+events, 200,000 synthetic records, 8 epochs, and the ZeRO 2 run. (With 60,000 records and 2 epochs the streaming
+model was under-trained and lost to the one-input model: the comparison needs a few hundred optimizer steps.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from feedback_loop.example_log import backfill_examples  # noqa: E402
+from feedback_loop.snapshots import examples_frame, write_snapshot  # noqa: E402
+from harness import private_stack, report  # noqa: E402  (this folder)
+from infra.service import tail, wait_until  # noqa: E402
+from loopline.components import feature_plan  # noqa: E402
+from loopline.job_processes import start_joiner, stop_process_group  # noqa: E402
+from loopline.retraining import BACKFILL_INPUTS, DEFAULT_TRAIN_CONFIG  # noqa: E402
+from loopline.settings import Settings  # noqa: E402
+from offline_training.ablation import train_arms  # noqa: E402
+from offline_training.train_config import load_train_config  # noqa: E402
+from schemas.records import LabelEvent, PredictionRecord, TrainingExample  # noqa: E402
+from schemas.topics import DAY_MS, LABELS, PREDICTIONS, TRAINING_EXAMPLES, TRANSACTIONS, TopicSpec  # noqa: E402
+from schemas.validation import decode, encode  # noqa: E402
+from streams.producer import EventProducer  # noqa: E402
+from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream  # noqa: E402
+from streams.topics import apply_topics, read_topic  # noqa: E402
+
+console = Console()
+#: The synthetic stream of the comparison (see tests/test_streaming_value.py for why these knobs).
+STREAM, STREAM_SEED = SyntheticConfig(users=2_000, merchants=500, rate_per_s=5.0), 1
+REQUEST_INPUTS = [name for name in BACKFILL_INPUTS if name.startswith("request:")]
+CHECKPOINT_INTERVAL_MS = 1_000
+WARMUP_EVENTS = 500
+START_TIMEOUT_S = 240.0
+
+
+class ExampleCounter:
+    """Reads ``training.examples`` from its start as a read_committed consumer, keeping every value it saw."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        self.consumer.subscribe([TRAINING_EXAMPLES.name])
+        self.values: list[bytes] = []
+
+    def reached(self, count: int) -> bool:
+        """Whether ``count`` examples are readable, after one more fetch."""
+        self.values += [m.value() for m in self.consumer.consume(10_000, timeout=0.05) if m.error() is None]
+        return len(self.values) >= count
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def _event_records(prefix: str, count: int) -> list[tuple[str, str, bytes]]:
+    """(topic, key, value) of ``count`` scored events: each prediction (the demo model's inputs) followed by its label."""
+    now = int(time.time() * 1000)
+    records = []
+    for i in range(count):
+        event = f"{prefix}-{i}"
+        features = {name: float(i % 97) for name in BACKFILL_INPUTS}
+        prediction = PredictionRecord(
+            schema_version=1, request_id=f"req-{event}", entity_keys={"user_id": f"u{i % 2_000:06d}"}, features=features,
+            model_name="fraud", model_version="1", score=0.1, requested_at_ms=now - 5, scored_at_ms=now, event_id=event,
+        )  # fmt: skip
+        label = LabelEvent(schema_version=1, event_id=event, user_id=f"u{i % 2_000:06d}", is_fraud=i % 10 == 0, label_time_ms=now,
+                           source="chargeback" if i % 10 == 0 else "manual_review")  # fmt: skip
+        records += [(PREDICTIONS.name, prediction.request_id, encode(prediction)), (LABELS.name, event, encode(label))]
+    return records
+
+
+def _produce(producer: Producer, records: list[tuple[str, str, bytes]]) -> None:
+    for topic, key, value in records:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:  # local queue full: let deliveries drain
+                producer.poll(0.05)
+    if producer.flush(60) != 0:
+        raise RuntimeError("Kafka did not acknowledge every prediction and label")
+
+
+def _backfill(settings: Settings, records: int):
+    """The synthetic stream's labelled transactions with their features recomputed point in time (snapshot columns)."""
+    bootstrap, run = settings.kafka.bootstrap_servers, uuid.uuid4().hex[:6]
+    transactions = TopicSpec(f"bench.tx.{run}", TRANSACTIONS.record_type, key="user_id", partitions=2, retention_ms=7 * DAY_MS)
+    labels = TopicSpec(f"bench.labels.{run}", LABELS.record_type, key="event_id", partitions=1, retention_ms=7 * DAY_MS)
+    apply_topics(bootstrap, [transactions, labels])
+    # Yesterday's midnight (UTC): every window bucket falls where it does on any day, so the examples are the same.
+    start_ms = (int(time.time() * 1000) // DAY_MS - 1) * DAY_MS
+    routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
+    stream = SyntheticStream(STREAM, seed=STREAM_SEED, start_ms=start_ms)
+    EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for _, e in zip(range(records), stream))
+    plan = feature_plan(settings).reading(transactions.name)
+    return backfill_examples(plan, read_topic(bootstrap, transactions.name), read_topic(bootstrap, labels.name), BACKFILL_INPUTS)
+
+
+def _train_config(folder: Path, epochs: int | None, ds_config: str | None = None) -> Path:
+    """The demo model's config, with ``epochs`` (and ``ds_config``) replaced, written to ``folder``."""
+    config = load_train_config(DEFAULT_TRAIN_CONFIG)
+    changes = {"epochs": epochs or config.epochs} | ({"ds_config": Path(ds_config)} if ds_config else {})
+    path = folder / f"train-{changes['epochs']}-{Path(ds_config or config.ds_config).stem}.yaml"
+    path.write_text(json.dumps(config.model_copy(update=changes).model_dump(mode="json")))  # JSON is YAML
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller batches, fewer epochs, no ZeRO 2 run")
+    args = parser.parse_args()
+    events, records, epochs = (5_000, 100_000, None) if args.quick else (50_000, 200_000, 8)
+    figures: dict = {"load_average_1m_at_start": round(os.getloadavg()[0], 2)}
+    began = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="loopline-bench-training-"))
+
+    with private_stack(console, "loopline-bench-training-") as settings:
+        bootstrap = settings.kafka.bootstrap_servers
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        counter = ExampleCounter(bootstrap)
+        log = work / "joiner.log"
+        launched = time.monotonic()
+        joiner = start_joiner(settings, log, LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS=str(CHECKPOINT_INTERVAL_MS))
+        try:
+            _produce(producer, _event_records("warmup", WARMUP_EVENTS))
+            # The job starts (unmeasured) while the comparison's examples are backfilled beside it.
+            with console.status(f"backfilling {records:,} synthetic records while the joiner starts"):
+                frame = _backfill(settings, records)
+            with console.status("waiting for the joiner's first examples"):
+                if not wait_until(lambda: counter.reached(WARMUP_EVENTS) or joiner.poll() is not None, START_TIMEOUT_S, 0.05) or (
+                    joiner.poll() is not None
+                ):
+                    raise SystemExit(f"the joiner did not start within {START_TIMEOUT_S:.0f} s; its log:\n" + "\n".join(tail(log, 30)))
+            figures["joiner_startup_s"] = round(time.monotonic() - launched, 1)
+            batch = _event_records(f"bench-{uuid.uuid4().hex[:6]}", events)
+            with console.status(f"joining {events:,} events ({len(batch):,} records)"):
+                started = time.monotonic()
+                _produce(producer, batch)
+                joined = wait_until(lambda: counter.reached(WARMUP_EVENTS + events) or joiner.poll() is not None, 300, 0.0)
+                seconds = time.monotonic() - started
+            if not joined or joiner.poll() is not None:
+                raise SystemExit(f"{len(counter.values) - WARMUP_EVENTS:,} of {events:,} examples in 300 s; see {log}")
+        finally:
+            stop_process_group(joiner, signal.SIGTERM)
+            counter.close()
+            del producer  # before the stack goes: a live client keeps reconnecting to the stopped broker
+        examples = [decode(TrainingExample, value) for value in counter.values]
+        measured = {e.event_id for e in examples if e.event_id.startswith("bench-") and e.label is not None}
+        figures |= {"joiner_events_per_s": round(len(batch) / seconds), "joiner_events": len(batch), "joiner_seconds": round(seconds, 2),
+                    "joiner_examples_missing_or_doubled": abs(events - len(measured)) + (len(examples) - len({e.event_id for e in examples}))}  # fmt: skip
+
+        with console.status(f"writing a snapshot of {len(examples):,} examples"):
+            rows = examples_frame(examples)
+            started = time.monotonic()
+            manifest = write_snapshot(rows, str(work / "snapshots"), kind="feedback", source={"benchmark": True},
+                                      time_range={"from_ms": None, "to_ms": None})  # fmt: skip
+            seconds = time.monotonic() - started
+        figures |= {"snapshot_rows_per_s": round(manifest.rows / seconds), "snapshot_rows": manifest.rows,
+                    "snapshot_seconds": round(seconds, 3)}  # fmt: skip
+
+    config = _train_config(work, epochs)
+    arms = {"streaming": BACKFILL_INPUTS, "no_streaming": REQUEST_INPUTS}
+    with console.status(f"training twice (DeepSpeed ZeRO 1, 2 processes, {load_train_config(config).epochs} epochs) on {len(frame):,} rows"):
+        started = time.monotonic()
+        results = train_arms(frame, arms, work / "ablation", config)
+        training_wall = time.monotonic() - started
+    streaming, no_streaming = results["streaming"], results["no_streaming"]
+    if streaming.metrics["rows"] != no_streaming.metrics["rows"]:
+        raise SystemExit(f"the two runs split differently: {streaming.metrics['rows']} vs {no_streaming.metrics['rows']}")
+    figures |= {
+        "train_samples_per_s": streaming.metrics["samples_per_second"], "train_zero_stage": 1, "train_processes": 2,
+        "train_rows": streaming.metrics["rows"]["train"], "holdout_rows": streaming.metrics["rows"]["holdout"],
+        "holdout_positives": int(frame.sort_values(["predicted_at_ms", "event_id"])["label"].tail(streaming.metrics["rows"]["holdout"]).sum()),
+        "epochs": streaming.metrics["epochs"], "synthetic_records": records, "two_trainings_wall_s": round(training_wall, 1),
+        "holdout_auc_streaming": round(streaming.holdout_auc, 4), "holdout_auc_no_streaming": round(no_streaming.holdout_auc, 4),
+        "auc_gain": round(streaming.holdout_auc - no_streaming.holdout_auc, 4),
+        "auc_ratio": round(streaming.holdout_auc / no_streaming.holdout_auc, 3),
+    }  # fmt: skip
+    if not args.quick:
+        zero2 = _train_config(work, epochs, "infra/deepspeed/zero2.json")
+        with console.status("training once more with ZeRO 2"):
+            figures["train_samples_per_s_zero2"] = train_arms(frame, {"zero2": BACKFILL_INPUTS}, work / "zero2", zero2)["zero2"].metrics[
+                "samples_per_second"
+            ]
+
+    quick = f"quick mode: {events:,} events" if args.quick else f"{events:,} events"
+    anchors = {
+        "joiner_events_per_s": f"{quick}, start-up excluded, ≤ 1 s commit delay included",
+        "joiner_examples_missing_or_doubled": "goal 0 — " + ("met" if figures["joiner_examples_missing_or_doubled"] == 0 else "NOT met"),
+        "joiner_startup_s": "launch → first examples readable, beside the backfill",
+        "snapshot_rows_per_s": f"{'quick mode: ' if args.quick else ''}write_snapshot on the joined examples",
+        "train_samples_per_s": "DeepSpeed ZeRO 1, 2 processes, CPU (gloo)",
+        "auc_gain": "goal > 0 (streaming features worth it) — " + ("met" if figures["auc_gain"] > 0 else "NOT met"),
+        "holdout_auc_no_streaming": f"request fields only: {', '.join(REQUEST_INPUTS)}",
+        "holdout_auc_streaming": f"{len(BACKFILL_INPUTS) - len(REQUEST_INPUTS)} streaming features + the request fields",
+    }
+    report(console, "training side of the loop", args.quick, figures, anchors, began)
+
+
+if __name__ == "__main__":
+    main()
