@@ -25,9 +25,10 @@ reported). The last line printed is one JSON object.
 
     python benchmarks/training.py [--quick]
 
-``--quick``: 5,000 joiner events, 100,000 synthetic records, the config's 4 epochs; the full run: 50,000 joiner
-events, 200,000 synthetic records, 8 epochs, and the ZeRO 2 run. (With 60,000 records and 2 epochs the streaming
-model was under-trained and lost to the one-input model: the comparison needs a few hundred optimizer steps.)
+``--quick`` (70 s on this box when idle, 3 minutes at a load average of 12): 5,000 joiner events, 100,000
+synthetic records, the config's 4 epochs; the full run (3.5 minutes): 50,000 joiner events, 200,000 synthetic
+records, 8 epochs, and the ZeRO 2 run. (With 60,000 records and 2 epochs the streaming model was under-trained and
+lost to the one-input model: the comparison needs a few hundred optimizer steps.)
 """
 
 from __future__ import annotations
