@@ -143,12 +143,11 @@ def release_controller(settings: Settings) -> ReleaseController:
     from feedback_loop.example_log import logged_examples
     from loopline.release_controller import ReleaseController
     from offline_training.release_policy import ReleasePolicy
-    from schemas.topics import TRAINING_EXAMPLES
 
     release, kafka, serving = settings.release, settings.kafka, settings.serving
     policy = ReleasePolicy(**{f: getattr(release, f) for f in ReleasePolicy.__dataclass_fields__})
     urls = release.metrics_urls or [f"http://{serving.host}:{serving.http_port}/metrics"]
-    topic = settings.feedback.examples_topic or TRAINING_EXAMPLES.name
+    topic = settings.examples_topic
 
     def examples(since_ms: int):
         return logged_examples(kafka.bootstrap_servers, topic, since_ms, None, kafka.client_config)[0]

@@ -24,7 +24,6 @@ from loopline.job_processes import start_joiner, stop_process_group
 from loopline.settings import Settings
 from offline_training.evaluation import roc_auc
 from schemas.records import TrainingExample
-from schemas.topics import TRAINING_EXAMPLES
 from schemas.validation import ContractViolation, decode
 
 #: Enough labels to train on and hold out from: labeled examples, of which frauds.
@@ -96,7 +95,7 @@ class DemoLoop:
         kafka = self.settings.kafka
         consumer = Consumer({**kafka.client_config, "bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{self.run_id}-examples",
                              "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
-        consumer.subscribe([self.settings.feedback.examples_topic or TRAINING_EXAMPLES.name])
+        consumer.subscribe([self.settings.examples_topic])
         try:
             while not self._stop.is_set():
                 for message in consumer.consume(1000, timeout=0.2):

@@ -15,7 +15,7 @@ from feedback_loop.retrain_trigger import TriggerDecision, TriggerPolicy, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from loopline.components import feature_plan, model_release, registry_reader
 from loopline.settings import Settings
-from schemas.topics import LABELS, TRAINING_EXAMPLES, TRANSACTIONS
+from schemas.topics import LABELS, TRANSACTIONS
 from streams.topics import read_topic
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def create_snapshot(settings: Settings, from_ms: int | None, to_ms: int | None, 
             frame = frame[frame["predicted_at_ms"] < to_ms]
         source = {"backfill": {"transactions": TRANSACTIONS.name, "labels": LABELS.name, "events": len(transactions)}}
     else:
-        examples, source = logged_examples(kafka.bootstrap_servers, TRAINING_EXAMPLES.name, from_ms, to_ms, kafka.client_config)
+        examples, source = logged_examples(kafka.bootstrap_servers, settings.examples_topic, from_ms, to_ms, kafka.client_config)
         frame = examples_frame(examples)
     return write_snapshot(frame, settings.snapshots_root, kind="backfill" if backfill else "feedback", source=source,
                           time_range={"from_ms": from_ms, "to_ms": to_ms})  # fmt: skip
@@ -174,9 +174,8 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
         return TriggerDecision(False, f"{settings.serving.model_name} is not registered: nothing to judge")
     aliases = {alias: str(version) for alias, version in model.aliases.items()}
     fired = model.tags.get(LAST_FIRED_TAG)
-    topic = settings.feedback.examples_topic or TRAINING_EXAMPLES.name
     since_ms = now_ms - int(options.window_s * 1000)
-    examples, _ = logged_examples(kafka.bootstrap_servers, topic, since_ms, None, kafka.client_config)
+    examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config)
     return decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
                   canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
                   quality=lambda scores, labels: classification_metrics(scores, labels, options.threshold))  # fmt: skip

@@ -230,6 +230,13 @@ class Settings(BaseSettings):
     registry: RegistrySettings = RegistrySettings()
     retrain: RetrainSettings = RetrainSettings()
 
+    @property
+    def examples_topic(self) -> str:
+        """The topic of labeled training examples: ``feedback.examples_topic``, or ``training.examples``."""
+        from schemas.topics import TRAINING_EXAMPLES
+
+        return self.feedback.examples_topic or TRAINING_EXAMPLES.name
+
     @classmethod
     def settings_customise_sources(
         cls,

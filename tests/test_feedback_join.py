@@ -14,7 +14,7 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.service import wait_until
 from loopline.job_processes import start_joiner, stop_process_group
@@ -98,10 +98,13 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
     joiner = start_joiner(applied, tmp_path / "joiner.log", **env)
     try:
         assert wait_until(lambda: len(examples()) >= 100 or joiner.poll() is not None, 180, 0.5), f"see {tmp_path / 'joiner.log'}"
+        publish(range(200, 400), last_tail)
+        expected |= {f"tail-{first_tail}-{partition}": None for partition in range(PREDICTIONS.partitions)}
+        # Kill while examples sit in an open transaction (written, not yet committed by a checkpoint): they must come
+        # back once, from the restored state, not twice and not never.
+        assert wait_until(lambda: _uncommitted(bootstrap, EXAMPLES.name) > 0 or joiner.poll() is not None, 120, 0.02)
     finally:
-        stop_process_group(joiner, signal.SIGKILL)  # its open transaction (examples since the last checkpoint) never commits
-    publish(range(200, 400), last_tail)
-    expected |= {f"tail-{first_tail}-{partition}": None for partition in range(PREDICTIONS.partitions)}
+        stop_process_group(joiner, signal.SIGKILL)
     assert len(examples()) < len(expected), "the crash should come before every example is out"
 
     joiner = start_joiner(applied, tmp_path / "joiner.log", **env)  # resumes from its checkpoint
@@ -121,3 +124,16 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
     assert by_event["ev-0"].features == {"f:x": 1.5, "request:amount": 3.0} and by_event["ev-0"].label_time_ms == T0 + 15_000
     letters = [decode(DeadLetterRecord, m.value()) for m in read_topic(bootstrap, DEAD.name)]
     assert sorted((d.key, d.reason) for d in letters) == [("bad", "invalid"), ("no-event", "no_event_id")]
+
+
+def _uncommitted(bootstrap: str, topic: str) -> int:
+    """Records of ``topic`` in open transactions: the high watermark (read_uncommitted) minus the last stable offset."""
+    marks = []
+    for isolation in ("read_uncommitted", "read_committed"):
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"marks-{RUN}", "isolation.level": isolation})
+        try:
+            partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+            marks.append([consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions])
+        finally:
+            consumer.close()
+    return sum(high - stable for high, stable in zip(*marks))

@@ -23,8 +23,8 @@ import org.apache.flink.util.Collector;
  *       ({@code label_json} null): the event is unlabeled at the horizon.
  * </ul>
  * A second prediction of the same event (a retried request) and a second label are ignored: each
- * event yields one example. The state of an event is kept until one more horizon has passed after
- * it was settled, so late duplicates are still recognised, then cleared. Counters:
+ * event yields one example. The state of an event is kept for two horizons after it was settled
+ * (by the watermark), so late duplicates are still recognised, then cleared. Counters:
  * {@code examples_labeled}, {@code examples_unlabeled}, {@code labels_too_late},
  * {@code labels_without_prediction}, {@code duplicates_ignored}.
  */
