@@ -28,8 +28,9 @@ def logged_examples(
     bootstrap_servers: str, topic: str, from_ms: int | None, to_ms: int | None, client_config: Mapping[str, str] | None = None
 ) -> tuple[list[TrainingExample], dict[str, Any]]:
     """The examples on ``topic`` scored in ``[from_ms, to_ms)`` (read_committed), and their source: the topic and,
-    per partition, the first and last offset read."""
-    messages = read_topic(bootstrap_servers, topic, client_config)
+    per partition, the first and last offset read. An example is written after it was scored, so its Kafka timestamp
+    is at or after its prediction time: reading starts at ``from_ms`` by timestamp, not at the topic's start."""
+    messages = read_topic(bootstrap_servers, topic, client_config, since_ms=from_ms)
     examples, offsets = [], {}
     for message in messages:
         try:

@@ -33,6 +33,8 @@ MIN_LABELED, MIN_FRAUD = 400, 30
 TRAIN_PROCESSES = 1
 #: The trained model's share of requests while the controller watches it (half: evidence comes fast).
 CANARY_PERCENT = 50.0
+#: The step that trains (the heaviest moment on the demo's cores).
+TRAINING_STEP = "train, evaluate, release"
 #: Who the demo is in the alias history.
 ACTOR = "loopline demo"
 #: The controller looks this often.
@@ -64,13 +66,17 @@ class LoopOutcome:
 class DemoLoop:
     """The joiner, a reader of its examples, and the thread that closes the loop once."""
 
-    def __init__(self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_fraud: int = MIN_FRAUD) -> None:
+    def __init__(
+        self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_fraud: int = MIN_FRAUD,
+        on_step: Callable[[Step], None] | None = None,
+    ) -> None:  # fmt: skip
         """The loop over ``settings``' stack, for the score requests whose ids start with ``run_id``; it trains once
-        ``min_labeled`` of them, ``min_fraud`` frauds among them, have their labels."""
-        self.settings, self.run_id = settings, run_id
+        ``min_labeled`` of them, ``min_fraud`` frauds among them, have their labels. ``on_step`` is called as each
+        step starts and ends."""
+        self.settings, self.run_id, self.on_step = settings, run_id, on_step
         self.min_labeled, self.min_fraud = min_labeled, min_fraud
         self.started_ms = int(time.time() * 1000)
-        self.steps = {name: Step(name) for name in ("labels", "snapshot", "train, evaluate, release", "controller")}
+        self.steps = {name: Step(name) for name in ("labels", "snapshot", TRAINING_STEP, "controller")}
         self.outcome = LoopOutcome()
         self._examples: list[TrainingExample] = []
         self._lock = threading.Lock()
@@ -119,12 +125,16 @@ class DemoLoop:
     def _run(self, name: str, action: Callable[[], str]) -> bool:
         step = self.steps[name]
         step.state, step.began = "running", time.monotonic()
+        if self.on_step is not None:
+            self.on_step(step)
         try:
             step.detail = action()
             step.state = "done"
         except Exception as err:  # the demo goes on and says what failed
             step.state, step.detail = "failed", f"{type(err).__name__}: {err}"[:300]
         step.seconds = time.monotonic() - step.began
+        if self.on_step is not None:
+            self.on_step(step)
         return step.state == "done"
 
     def _close(self, deadline: float) -> None:
@@ -149,7 +159,7 @@ class DemoLoop:
             return f"{manifest.snapshot_id}: {manifest.rows:,} examples, labels {manifest.label_balance}"
 
         def train_and_release() -> str:
-            self.steps["train, evaluate, release"].detail = (
+            self.steps[TRAINING_STEP].detail = (
                 f"DeepSpeed on the CPU ({TRAIN_PROCESSES} process), ONNX export, evaluation against prod, registration"
             )
             outcome = retrain(self.settings, self.outcome.snapshot_id, processes=TRAIN_PROCESSES, canary_percent=CANARY_PERCENT,
@@ -181,7 +191,7 @@ class DemoLoop:
                 time.sleep(_CONTROLLER_POLL_S)
             raise InterruptedError("stopped")
 
-        for step_name, action in (("labels", enough_labels), ("snapshot", snapshot), ("train, evaluate, release", train_and_release),
+        for step_name, action in (("labels", enough_labels), ("snapshot", snapshot), (TRAINING_STEP, train_and_release),
                                   ("controller", control)):  # fmt: skip
             if not self._run(step_name, action):
                 for later in list(self.steps.values())[list(self.steps).index(step_name) + 1 :]:

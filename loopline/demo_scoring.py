@@ -198,6 +198,11 @@ class DemoScoring:
         if not wait_until(lambda: ready() or self._scorer.poll() is not None, timeout_s, 0.2) or self._scorer.poll() is not None:
             raise StackError(f"the scorer at {self.url} did not get ready", "see its log (scorer.log under the stack's logs)")
 
+    def over_budget_counts(self) -> tuple[float, float]:
+        """(reads over the feature budget, requests answered) so far, from the scorer's /metrics."""
+        counted = self._counters()
+        return counted[2], counted[3]
+
     def _counters(self) -> list[float]:
         """The scorer's counters of ``_COUNTERS``, from its /metrics (zeros if it does not answer)."""
         try:

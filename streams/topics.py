@@ -143,14 +143,21 @@ def topic_sizes(
 
 
 def read_topic(
-    bootstrap_servers: str, topic: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0
+    bootstrap_servers: str, topic: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+    since_ms: int | None = None,
 ) -> list[Message]:
-    """Every committed record ``topic`` holds now (read_committed, from each partition's start to its end)."""
+    """Every committed record ``topic`` holds now (read_committed, from each partition's start to its end); with
+    ``since_ms``, from each partition's first record whose Kafka timestamp is at or after it."""
     consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-reader",
                          "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=_TIMEOUT_S).topics[topic].partitions]
         ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S) for tp in partitions}
+        if since_ms is not None:
+            # offsets_for_times gives the first offset at or after the time (-1 when every record is older: start at the end).
+            found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in ends], timeout=_TIMEOUT_S)
+            ends = {tp.partition: (ends[tp.partition][1] if tp.offset < 0 else max(tp.offset, ends[tp.partition][0]),
+                                   ends[tp.partition][1]) for tp in found}  # fmt: skip
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
         # Offsets count transaction markers and aborted records too: read until each position reaches its end.
         reached = {p: low for p, (low, _) in ends.items()}
