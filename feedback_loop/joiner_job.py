@@ -32,7 +32,7 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 from schemas.records import DeadLetterRecord, LabelEvent, PredictionRecord, TrainingExample
 from schemas.topics import DEAD_LETTERS, LABELS, PREDICTIONS, TRAINING_EXAMPLES
 from schemas.validation import ContractViolation, decode, encode
-from streams.flink_job import kafka_options, latest_checkpoint, new_environment, run_job
+from streams.flink_job import kafka_options, new_environment, run_job
 
 JOB_NAME = "loopline-feedback-joiner"
 #: The joiner's JVM operator; its jar also holds the feature job's operators (it keys with their FieldKey).
@@ -192,12 +192,14 @@ def build_job(env, settings: JoinerSettings) -> None:
 def run_embedded(settings: JoinerSettings, restore: bool = True) -> None:
     """Run the joiner on an embedded mini-cluster until it fails or the process is stopped; with ``restore``
     it resumes from its newest retained checkpoint."""
-    restore_from = latest_checkpoint(settings.checkpoint_dir) if restore else None
-    env = new_environment(
-        name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
-        checkpoint_dir=settings.checkpoint_dir, checkpoint_interval_ms=settings.checkpoint_interval_ms,
-        parallelism=settings.parallelism, metrics_port=settings.metrics_port, restore_from=restore_from,
-    )  # fmt: skip
-    build_job(env, settings)
-    run_job(env, JOB_NAME, restore_from, "loopline feedback join --no-restore")
+    def build(restore_from: str | None):
+        env = new_environment(
+            name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
+            checkpoint_dir=settings.checkpoint_dir, checkpoint_interval_ms=settings.checkpoint_interval_ms,
+            parallelism=settings.parallelism, metrics_port=settings.metrics_port, restore_from=restore_from,
+        )  # fmt: skip
+        build_job(env, settings)
+        return env
+
+    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline feedback join --no-restore")
 

@@ -336,10 +336,12 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
     it rebuilds its state from the oldest retained event. JobStateError when the checkpoint's
     state does not fit this job's operators.
     """
-    restore_from = latest_checkpoint(settings.checkpoint_dir) if restore else None
-    env = new_environment(settings, restore_from)
-    build_job(env, plan, settings, from_earliest=not restore)
-    run_job(env, JOB_NAME, restore_from, "loopline stream submit --no-restore")
+    def build(restore_from: str | None):
+        env = new_environment(settings, restore_from)
+        build_job(env, plan, settings, from_earliest=not restore)
+        return env
+
+    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore")
 
 
 def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None) -> list[str]:

@@ -7,12 +7,19 @@ are each a small program on top of these.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
-from streams.job_settings import JobStateError
+from streams.job_settings import JobStalled, JobStateError
 
 _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
+#: A running job completes a checkpoint every interval (seconds); none for this long means its tasks are not running.
+#: Long enough for a Flink restart that backs off 10 s, a broker or Redis outage, and a slow mini-cluster start.
+STALL_AFTER_S = 180.0
+_WATCH_INTERVAL_S = 2.0
 
 
 def kafka_options(bootstrap_servers: str, kafka_properties: Mapping[str, str], options: Mapping[str, str]) -> str:
@@ -99,17 +106,51 @@ def new_environment(
     return env
 
 
-def run_job(env, name: str, restore_from: str | None, rebuild_command: str) -> None:
-    """Run the built job until it fails or the process is stopped; JobStateError (saying to run
-    ``rebuild_command``) when ``restore_from``'s state does not fit the job's operators."""
+def run_job(
+    build: Callable[[str | None], Any], name: str, checkpoint_dir: Path, restore: bool, rebuild_command: str,
+    stall_after_s: float = STALL_AFTER_S,
+) -> None:  # fmt: skip
+    """Run the job ``build(restore_from)`` makes (an environment with the job on it) until it fails or the process is
+    stopped; with ``restore`` from the newest checkpoint under ``checkpoint_dir``.
+
+    A job that completes no checkpoint for ``stall_after_s`` is cancelled and run again from its newest checkpoint:
+    PyFlink's Beam runner can fail the embedded mini-cluster's only task manager while cancelling a task ("Reference
+    count must not be negative"), after which the job stays RUNNING with every task SCHEDULED, doing nothing.
+    JobStateError (saying to run ``rebuild_command``) when the checkpoint's state does not fit the job's operators.
+    """
     from py4j.protocol import Py4JJavaError
 
-    try:
-        env.execute(name)
-    except Py4JJavaError as err:
-        if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
-            raise JobStateError(
-                f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
-                f"(Loopline or its definitions changed) — fix: rebuild the state from the retained events with `{rebuild_command}`"
-            ) from None
-        raise
+    restore_from = latest_checkpoint(checkpoint_dir) if restore else None
+    while True:
+        try:
+            _run_watched(build(restore_from), name, checkpoint_dir, stall_after_s)
+            return
+        except JobStalled as err:
+            print(f"{name}: {err}; running it again from its newest checkpoint", file=sys.stderr, flush=True)
+            restore_from = latest_checkpoint(checkpoint_dir) or restore_from
+        except Py4JJavaError as err:
+            if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
+                raise JobStateError(
+                    f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
+                    f"(Loopline or its definitions changed) — fix: rebuild the state from the retained events with "
+                    f"`{rebuild_command}`"
+                ) from None
+            raise
+
+
+def _run_watched(env, name: str, checkpoint_dir: Path, stall_after_s: float) -> None:
+    """Execute the job and wait for its end, raising JobStalled (after cancelling it) when no checkpoint completes
+    for ``stall_after_s``."""
+    from pyflink.common import JobStatus
+
+    client = env.execute_async(name)
+    newest, since = latest_checkpoint(checkpoint_dir), time.monotonic()
+    while not client.get_job_status().result().is_globally_terminal_state():
+        time.sleep(_WATCH_INTERVAL_S)
+        now = latest_checkpoint(checkpoint_dir)
+        if now != newest:
+            newest, since = now, time.monotonic()
+        elif time.monotonic() - since > stall_after_s and client.get_job_status().result() == JobStatus.RUNNING:
+            client.cancel().result()
+            raise JobStalled(f"no checkpoint completed for {stall_after_s:.0f} s")
+    client.get_job_execution_result().result()  # raises the job's failure, if it failed

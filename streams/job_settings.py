@@ -16,6 +16,10 @@ class JobStateError(RuntimeError):
     """The job cannot resume from its checkpoint; the message says what to do instead."""
 
 
+class JobStalled(RuntimeError):
+    """The job has completed no checkpoint for longer than it may: its tasks are not running."""
+
+
 @dataclass(frozen=True)
 class JobSettings:
     """Where the job reads, writes and checkpoints, and its batching and checkpoint knobs."""
