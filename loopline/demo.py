@@ -188,6 +188,11 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             timeout_s=30.0,
             on_valid=lambda _topic, record: dead_letters.append(record),  # type: ignore[arg-type]
         )
+    except TimeoutError as err:
+        # Seen on a second demo over the same stack: a dead-letter transaction a stopped job left open holds
+        # read_committed readers back until the broker times it out. The records above are counted; say so and go on.
+        console.print(f"[yellow]events.dlq not read to its end ({err}): a transaction a stopped job left open holds"
+                      " read_committed readers back until it times out[/yellow]", highlight=False)  # fmt: skip
     finally:
         dlq.close()
     console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS], client)))
