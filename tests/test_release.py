@@ -309,9 +309,10 @@ def test_cli_release_history_and_rollback(registry, run_cli) -> None:
 # --- the controller against a real scorer --------------------------------------------------------------------
 
 
-def _write_slow_model(path: Path, inputs: list[str], width: int = 1024, repeats: int = 60) -> Path:
-    """A model that multiplies a ``width``-wide hidden row by the same matrix ``repeats`` times: tens of ms per row
-    from a 4 MB file (one shared weight), scores near 0.5."""
+def _write_slow_model(path: Path, inputs: list[str], width: int = 1024, repeats: int = 500) -> Path:
+    """A model that multiplies a ``width``-wide hidden row by the same matrix ``repeats`` times: ~30 ms per row on
+    one of this machine's cores (60 repeats took 3.5 ms, too close to prod on a faster CI machine) from a 4 MB file
+    (one shared weight), scores near 0.5."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -408,8 +409,8 @@ def test_a_failing_or_slow_canary_is_rolled_back_by_the_controller(served, model
         assert prod_stats.errors == 0 and prod_stats.p99_s is not None
         if kind == "nan":  # every canary request fails (HTTP 500, no version), and each is counted as its error
             assert canary_stats.errors == canary_stats.requests == sum(status == 500 for status, _ in sent)
-        else:  # tens of ms of model per canary request; prod's p99 is whatever a loaded machine adds to ~2 ms
-            assert canary_stats.errors == 0 and canary_stats.p99_s > 0.02
+        else:  # tens of ms of model per canary request against prod's ~2 ms, whatever the machine's speed
+            assert canary_stats.errors == 0 and canary_stats.p99_s > prod_stats.p99_s
         decisions: list[Decision] = []
 
         def rolled_back() -> bool:
