@@ -19,6 +19,12 @@
 4. ``train_samples_per_s``: DeepSpeed on this CPU (ZeRO 1, 2 processes under torchrun, gloo), the streaming
    run's own figure (metrics.json: rows trained / the training loop's seconds, which include each epoch's
    holdout evaluation and checkpoint). Full runs also train once with ZeRO 2 (``train_samples_per_s_zero2``).
+5. Peak memory against ``plan-gpu``: an MLP of ~8.4 M parameters (three hidden layers of 2,048) trains one epoch
+   on 3,000 rows with ZeRO 1 and with ZeRO 2. Each rank records how far its resident memory rose from just before
+   the model was built to its peak while training (metrics.json ``memory``); the same figure for the demo's model
+   of a few thousand parameters (the streaming run above) is torch's and DeepSpeed's own start-up, and is
+   subtracted. ``memory_vs_plan_zero{1,2}`` is what remains over ``plan-gpu``'s fp32 per-GPU estimate for that
+   shape, stage, 2 processes and micro-batch (parameters, gradients, AdamW state, activations).
 
 Machine: the 2-core box this runs on, shared with whatever else runs there (its load average at the start is
 reported). The last line printed is one JSON object.
@@ -58,6 +64,7 @@ from loopline.job_processes import start_joiner, stop_process_group  # noqa: E40
 from loopline.retraining import BACKFILL_INPUTS, DEFAULT_TRAIN_CONFIG  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from offline_training.ablation import train_arms  # noqa: E402
+from offline_training.gpu_plan import ModelShape, training_memory  # noqa: E402
 from offline_training.train_config import load_train_config  # noqa: E402
 from schemas.records import LabelEvent, PredictionRecord, TrainingExample  # noqa: E402
 from schemas.topics import DAY_MS, LABELS, PREDICTIONS, TRAINING_EXAMPLES, TRANSACTIONS, TopicSpec  # noqa: E402
@@ -73,6 +80,9 @@ REQUEST_INPUTS = [name for name in BACKFILL_INPUTS if name.startswith("request:"
 CHECKPOINT_INTERVAL_MS = 1_000
 WARMUP_EVENTS = 500
 START_TIMEOUT_S = 240.0
+#: The memory comparison's model: wide enough (~8.4 M parameters) that its states, not torch's runtime, dominate.
+MEMORY_HIDDEN, MEMORY_ROWS = (2048, 2048, 2048), 3_000
+MEMORY_PARAMETERS = ModelShape.mlp((len(BACKFILL_INPUTS), *MEMORY_HIDDEN, 1)).parameters
 
 
 class ExampleCounter:
@@ -137,13 +147,29 @@ def _backfill(settings: Settings, records: int):
     return backfill_examples(plan, read_topic(bootstrap, transactions.name), read_topic(bootstrap, labels.name), BACKFILL_INPUTS)
 
 
-def _train_config(folder: Path, epochs: int | None, ds_config: str | None = None) -> Path:
-    """The demo model's config, with ``epochs`` (and ``ds_config``) replaced, written to ``folder``."""
+def _train_config(folder: Path, epochs: int | None, ds_config: str | None = None, hidden: tuple[int, ...] | None = None) -> Path:
+    """The demo model's config, with ``epochs`` (and ``ds_config``, ``hidden``) replaced, written to ``folder``."""
     config = load_train_config(DEFAULT_TRAIN_CONFIG)
-    changes = {"epochs": epochs or config.epochs} | ({"ds_config": Path(ds_config)} if ds_config else {})
-    path = folder / f"train-{changes['epochs']}-{Path(ds_config or config.ds_config).stem}.yaml"
+    changes = {"epochs": epochs or config.epochs, "ds_config": Path(ds_config or config.ds_config), "hidden": hidden or config.hidden}
+    path = folder / f"train-{changes['epochs']}-{changes['ds_config'].stem}-{'x'.join(map(str, changes['hidden']))}.yaml"
     path.write_text(json.dumps(config.model_copy(update=changes).model_dump(mode="json")))  # JSON is YAML
     return path
+
+
+def _memory_against_plan(frame, work: Path, stage: int, fixed_bytes: int) -> dict:
+    """Train the wide memory model for one epoch on ``MEMORY_ROWS`` rows with ZeRO ``stage``; compare the most a
+    rank's resident memory grew while training (metrics.json), less ``fixed_bytes`` (the same growth for the demo's
+    model of a few thousand parameters: torch's and DeepSpeed's own start-up), with ``plan-gpu``'s fp32 estimate."""
+    config = _train_config(work, 1, f"infra/deepspeed/zero{stage}.json", MEMORY_HIDDEN)
+    run = train_arms(frame.head(MEMORY_ROWS), {f"memory_zero{stage}": BACKFILL_INPUTS}, work / f"memory{stage}", config)
+    metrics = run[f"memory_zero{stage}"].metrics
+    shape = ModelShape.mlp((len(BACKFILL_INPUTS), *MEMORY_HIDDEN, 1))
+    if shape.parameters != metrics["parameters"]:
+        raise SystemExit(f"plan-gpu counts {shape.parameters:,.0f} parameters, the trained model has {metrics['parameters']:,}")
+    estimate = training_memory(shape, "fp32", stage, metrics["world_size"], load_train_config(config).micro_batch_per_process).total
+    measured = metrics["memory"]["training_bytes"] - fixed_bytes
+    return {f"peak_memory_mb_zero{stage}": round(measured / 1e6, 1), f"plan_gpu_estimate_mb_zero{stage}": round(estimate / 1e6, 1),
+            f"memory_vs_plan_zero{stage}": round(measured / estimate, 2)}  # fmt: skip
 
 
 def main() -> None:
@@ -224,6 +250,11 @@ def main() -> None:
                 "samples_per_second"
             ]
 
+    with console.status(f"peak training memory of a {'x'.join(map(str, MEMORY_HIDDEN))} MLP against plan-gpu (ZeRO 1 and 2)"):
+        for stage in (1, 2):
+            figures |= _memory_against_plan(frame, work, stage, streaming.metrics["memory"]["training_bytes"])
+    figures["framework_memory_mb"] = round(streaming.metrics["memory"]["training_bytes"] / 1e6, 1)
+
     quick = f"quick mode: {events:,} events" if args.quick else f"{events:,} events"
     anchors = {
         "joiner_events_per_s": f"{quick}, start-up excluded, ≤ 1 s commit delay included",
@@ -234,6 +265,10 @@ def main() -> None:
         "auc_gain": "goal > 0 (streaming features worth it) — " + ("met" if figures["auc_gain"] > 0 else "NOT met"),
         "holdout_auc_no_streaming": f"request fields only: {', '.join(REQUEST_INPUTS)}",
         "holdout_auc_streaming": f"{len(BACKFILL_INPUTS) - len(REQUEST_INPUTS)} streaming features + the request fields",
+        "framework_memory_mb": f"a rank's resident growth training the demo's {streaming.metrics['parameters']:,}-parameter model: "
+                               "torch's and DeepSpeed's own start-up",
+        **{f"memory_vs_plan_zero{stage}": f"(a rank's resident growth − the framework's) / plan-gpu's fp32 per-GPU estimate, "
+           f"{MEMORY_PARAMETERS / 1e6:.1f} M parameters, 2 processes" for stage in (1, 2)},
     }
     report(console, "training side of the loop", args.quick, figures, anchors, began)
 

@@ -104,11 +104,22 @@ def examples_frame(examples: Iterable[TrainingExample], inputs: Sequence[str] | 
     return pd.DataFrame(rows, columns=[*BASE_COLUMNS, *inputs])
 
 
+def is_categorical(column: pd.Series) -> bool:
+    """Whether a feature column holds categories: any present value a string (numbers and booleans are numeric)."""
+    return any(isinstance(value, str) for value in column.dropna())
+
+
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
-    """The frame in one canonical form: sorted by event id, one example per event, types fixed."""
-    frame = frame.drop_duplicates("event_id", keep="first").sort_values("event_id", kind="stable").reset_index(drop=True)
+    """The frame in one canonical form whatever the order of its rows: one example per event (the earliest scored),
+    sorted by event id, types fixed (categorical inputs as strings, the others as floats, booleans 0/1)."""
+    frame = frame.sort_values(["event_id", "predicted_at_ms", "request_id"], kind="stable")
+    frame = frame.drop_duplicates("event_id", keep="first").reset_index(drop=True)
     for column in ("score", "label", *frame.columns[len(BASE_COLUMNS):]):
-        frame[column] = pd.to_numeric(frame[column], errors="coerce").astype("float64")
+        if is_categorical(frame[column]):
+            frame[column] = frame[column].map(lambda v: None if v is None or v != v else str(v)).astype("string")
+        else:
+            frame[column] = pd.to_numeric(frame[column].map(lambda v: float(v) if isinstance(v, bool) else v),
+                                          errors="coerce").astype("float64")  # fmt: skip
     for column in ("predicted_at_ms", "defaulted"):
         frame[column] = frame[column].astype("int64")
     frame["label_time_ms"] = frame["label_time_ms"].astype("Int64")
@@ -126,12 +137,15 @@ def content_id(frame: pd.DataFrame) -> str:
 
 
 def reference_statistics(frame: pd.DataFrame, inputs: Sequence[str]) -> dict[str, FeatureReference]:
-    """Each input's reference distribution in ``frame``."""
+    """Each input's reference distribution in ``frame``: decile bins for numbers, value shares for categories."""
     references = {}
     for name in inputs:
-        column = pd.to_numeric(frame[name], errors="coerce")
-        missing = float(column.isna().mean()) if len(column) else 0.0
-        values = column.dropna().to_numpy(dtype=float)
+        missing = float(frame[name].isna().mean()) if len(frame) else 0.0
+        if is_categorical(frame[name]):
+            shares = frame[name].dropna().astype(str).value_counts(normalize=True).sort_index()
+            references[name] = FeatureReference("categorical", missing, values={k: float(v) for k, v in shares.items()})
+            continue
+        values = pd.to_numeric(frame[name], errors="coerce").dropna().to_numpy(dtype=float)
         if values.size == 0:
             references[name] = FeatureReference("numeric", missing)
             continue

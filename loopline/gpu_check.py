@@ -1,7 +1,8 @@
 """The GPU check (`infra/gpu_check.sh`): on a machine with an NVIDIA GPU, the parts of the loop that need one.
 
 1. A few DeepSpeed training steps on CUDA: the real trainer (``offline_training/train.py`` under
-   torchrun, one process per GPU, ZeRO 1, NCCL) on a small snapshot made here with a planted signal.
+   torchrun, one process per GPU, ZeRO 1, NCCL) on a small snapshot made here with a planted signal, and the
+   most CUDA memory a rank allocated against ``plan-gpu``'s estimate.
 2. The trained model scored through ONNX Runtime's CUDA execution provider, as the scorer loads it
    (``online/onnx_runtime.py``): which provider ran, the largest difference from the CPU provider's
    scores, and the latency of a 64-row batch.
@@ -50,16 +51,25 @@ def synthetic_snapshot(root: Path, rows: int = ROWS, seed: int = 0) -> Path:
 
 
 def train_on_cuda(snapshot: Path, out: Path, gpus: int) -> dict:
-    """Train on ``gpus`` GPUs; the run's metrics (steps, samples/s, holdout AUC)."""
+    """Train on ``gpus`` GPUs; the run's metrics (steps, samples/s, holdout AUC) and its peak CUDA memory against
+    ``plan-gpu``'s estimate for the same shape, ZeRO stage, GPU count and micro-batch."""
+    from offline_training.gpu_plan import ModelShape, training_memory
     from offline_training.launch import launch_training
+    from offline_training.train_config import TrainConfig
 
-    config = out.parent / "gpu_check.yaml"
-    config.write_text(json.dumps({"hidden": [256, 128], "epochs": 2, "micro_batch_per_process": 128, "checkpoint_every_steps": 20}))
+    config = TrainConfig(hidden=(256, 128), epochs=2, micro_batch_per_process=128, checkpoint_every_steps=20)
+    path = out.parent / "gpu_check.yaml"
+    path.write_text(json.dumps(config.model_dump(mode="json")))  # JSON is YAML
     began = time.perf_counter()
-    launch_training(snapshot, config, out, processes=gpus)
+    launch_training(snapshot, path, out, processes=gpus)
     metrics = json.loads((out / "metrics.json").read_text())
+    shape = ModelShape.mlp((len(INPUTS), *config.hidden, 1))
+    estimate = training_memory(shape, "fp32", 1, gpus, config.micro_batch_per_process).total
+    allocated = metrics["memory"].get("cuda_peak_allocated_bytes", 0)
     return {"deepspeed_steps": metrics["global_steps"], "train_samples_per_s": metrics["samples_per_second"],
-            "train_holdout_auc": round(metrics["holdout"]["auc"], 4), "train_wall_s": round(time.perf_counter() - began, 1)}  # fmt: skip
+            "train_holdout_auc": round(metrics["holdout"]["auc"], 4), "train_wall_s": round(time.perf_counter() - began, 1),
+            "cuda_peak_allocated_mb": round(allocated / 1e6, 2), "plan_gpu_estimate_mb": round(estimate / 1e6, 2),
+            "cuda_memory_vs_plan": round(allocated / estimate, 2)}  # fmt: skip
 
 
 def score_on_cuda(model_path: Path, snapshot: Path) -> dict:

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import subprocess
 import time
@@ -134,11 +135,18 @@ def _prune(checkpoints: Path, keep_last: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _fold(loss: torch.Tensor) -> torch.Tensor:
+def _all_reduce(values: torch.Tensor, device: torch.device, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """``values`` reduced over the ranks, through the engine's device (NCCL reduces only CUDA tensors)."""
+    on_device = values.to(device)
+    dist.all_reduce(on_device, op=op)
+    return on_device.cpu()
+
+
+def _fold(loss: torch.Tensor, device: torch.device) -> torch.Tensor:
     """All ranks' (loss sum, rows) added up on rank 0, zero elsewhere: the total survives a checkpoint,
     which keeps rank 0's client state."""
-    dist.all_reduce(loss)
-    return loss if dist.get_rank() == 0 else torch.zeros_like(loss)
+    total = _all_reduce(loss, device)
+    return total if dist.get_rank() == 0 else torch.zeros_like(loss)
 
 
 def _resume(engine, checkpoints: Path, universal: bool, snapshot_id: str) -> dict:
@@ -198,6 +206,20 @@ def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
     return engine
 
 
+def _resident_bytes() -> int:
+    """This process's resident memory now."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _training_memory(before_model: int, device: torch.device) -> dict[str, int]:
+    """The most any rank's resident memory grew from before the model was built to its peak while training, the
+    peak itself and, on GPUs, the most CUDA memory a rank allocated: the figures to hold against ``plan-gpu``."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
+    ranks = _all_reduce(torch.tensor([peak - before_model, peak, cuda], dtype=torch.int64), device, dist.ReduceOp.MAX)
+    return {"training_bytes": int(ranks[0]), "peak_rss_bytes": int(ranks[1])} | ({"cuda_peak_allocated_bytes": int(ranks[2])} if cuda else {})
+
+
 def _save(engine, checkpoints: Path, keep_last: int, client_state: dict) -> None:
     """Checkpoint every rank's state as ``step<global step>``; rank 0 then drops checkpoints beyond ``keep_last``."""
     # What ds_to_universal needs to rebuild unpartitioned tensors (a plain data-parallel model: no patterns).
@@ -211,6 +233,7 @@ def _save(engine, checkpoints: Path, keep_last: int, client_state: dict) -> None
 def train(args: argparse.Namespace, config: TrainConfig) -> None:
     """Run (or resume) the training loop, then write the model and its metrics (rank 0)."""
     snapshot = load_snapshot(args.snapshot, config.holdout_fraction)
+    before_model = _resident_bytes()
     engine = _engine(snapshot, config, args.universal)
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = next(engine.module.parameters()).dtype  # bf16 when the DeepSpeed config turns it on
@@ -269,7 +292,7 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
                 continue
             bar.update(1)
             if index + 1 == batches:
-                totals = _fold(loss)
+                totals = _fold(loss, engine.device)
                 if rank == 0:
                     with torch.no_grad():
                         scores = engine.module.predict_proba(holdout).float().cpu().numpy()
@@ -281,23 +304,25 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
                 loss = torch.zeros(2, dtype=torch.float64)
                 _save(engine, checkpoints, config.keep_last, client_state(Position(epoch + 1, 0)))
             elif engine.global_steps % config.checkpoint_every_steps == 0:
-                loss = _fold(loss)
+                loss = _fold(loss, engine.device)
                 _save(engine, checkpoints, config.keep_last, client_state(Position(epoch, (index + 1) * rows_per_batch)))
             if engine.global_steps == args.stop_after_steps:
                 dist.barrier()  # no rank is still writing the checkpoint when the processes go
                 os._exit(1)
     bar.close()
     seconds = time.perf_counter() - started
+    memory = _training_memory(before_model, engine.device)  # before rank 0 exports: ONNX export is not training
     if rank == 0:
         _write_outputs(
-            engine.module, snapshot, config, args.out, world, seconds, rows_trained * world, engine.global_steps, tracking
+            engine.module, snapshot, config, args.out, world, seconds, rows_trained * world, engine.global_steps, tracking,
+            memory,
         )
     dist.barrier()
 
 
 def _write_outputs(
     module: FraudMLP, snapshot: Snapshot, config: TrainConfig, out: Path, world: int, seconds: float,
-    rows_trained: int, global_steps: int, tracking: Tracking,
+    rows_trained: int, global_steps: int, tracking: Tracking, memory: dict[str, int],
 ) -> None:  # fmt: skip
     """Write ``model.pt``, ``model.onnx`` (verified against torch on the holdout) and ``metrics.json``."""
     model = FraudMLP(snapshot.inputs, config.hidden, np.zeros(len(snapshot.inputs)), np.ones(len(snapshot.inputs)))
@@ -315,6 +340,7 @@ def _write_outputs(
         "holdout": holdout, "onnx_max_abs_diff": difference, "seconds": round(seconds, 3),
         # Rows trained in this process's run (a resumed run counts from where it resumed).
         "samples_per_second": round(rows_trained / seconds, 1) if seconds > 0 else None,
+        "parameters": sum(p.numel() for p in model.parameters()), "memory": memory,
     }  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     tracking.finish(

@@ -41,6 +41,10 @@ def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
             f"snapshot {path}: cannot read event_id, label, predicted_at_ms and its {len(inputs)} features from "
             f"data/**/*.parquet ({err}); snapshots are written by feedback_loop/snapshots.py"
         ) from err
+    categorical = [name for name, ref in manifest.get("reference", {}).items() if ref.get("kind") == "categorical" and name in inputs]
+    if categorical:
+        raise ValueError(f"snapshot {path}: the MLP trains on numbers, and {categorical} hold categories; "
+                         "encode them as numbers in the feature view, or train without them")  # fmt: skip
     frame = frame[frame["label"].notna()].sort_values(["predicted_at_ms", "event_id"], kind="stable")
     holdout = int(round(len(frame) * holdout_fraction))
     if holdout < 1 or len(frame) - holdout < 1:

@@ -96,6 +96,29 @@ def test_population_stability_is_zero_for_the_same_distribution() -> None:
     assert population_stability(reference, values[10_000:] + 1.0) > 0.25
 
 
+def test_a_snapshot_keeps_categories_and_one_example_per_event_whatever_the_order(tmp_path: Path) -> None:
+    examples = _examples(200, seed=3)
+    channel, flagged = "request:channel", "request:flagged"
+    examples = [e.model_copy(update={"features": e.features | {channel: ["web", "app", None][i % 3], flagged: i % 2 == 0}})
+                for i, e in enumerate(examples)]  # fmt: skip
+    # A prediction scored twice (a retried request): the earlier scoring is the example, in any order.
+    retried = examples[7].model_copy(update={"request_id": "r-retry", "predicted_at_ms": examples[7].predicted_at_ms + 50, "score": 0.5})
+    time_range = {"from_ms": None, "to_ms": None}
+    one = write_snapshot(examples_frame([*examples, retried]), str(tmp_path / "a"), kind="feedback", source={}, time_range=time_range)
+    two = write_snapshot(examples_frame([retried, *reversed(examples)]), str(tmp_path / "b"), kind="feedback", source={},
+                         time_range=time_range)  # fmt: skip
+    assert one.snapshot_id == two.snapshot_id and one.rows == 200
+
+    _, frame = read_snapshot(str(tmp_path / "a"), one.snapshot_id)
+    assert frame.set_index("event_id").loc[examples[7].event_id, "request_id"] == examples[7].request_id
+    assert frame[channel].value_counts().to_dict() == {"web": 67, "app": 67} and frame[channel].isna().sum() == 66
+    assert frame[flagged].isin([0.0, 1.0]).all() and frame[flagged].sum() == 100
+    reference = one.reference[channel]
+    assert reference.kind == "categorical" and reference.values == pytest.approx({"app": 0.5, "web": 0.5}, abs=0.01)
+    assert reference.missing_rate == pytest.approx(1 / 3, abs=0.01)
+    assert one.reference[flagged].kind == "numeric" and one.reference[flagged].mean == pytest.approx(0.5)
+
+
 def test_backfill_builds_labeled_examples_point_in_time_from_the_event_log(applied: Settings, tmp_path: Path) -> None:
     bootstrap = applied.kafka.bootstrap_servers
     run = uuid.uuid4().hex[:6]

@@ -9,14 +9,20 @@ finds the planted signal. The first DeepSpeed initialize on a machine JIT-compil
 from __future__ import annotations
 
 import json
+import random
 import re
 import shutil
+import signal
+import threading
+import time
 from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
+from infra.service import wait_until
 
 pytestmark = pytest.mark.skipif(
     find_spec("torch") is None or find_spec("deepspeed") is None,
@@ -111,24 +117,49 @@ def _weights(out: Path) -> dict:
     return torch.load(out / "model.pt", weights_only=True)
 
 
-def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(workspace, full_run, stopped_run):
+@pytest.fixture(scope="module")
+def killed_run(workspace) -> Path:
+    """The same run, its launcher and both workers killed with SIGKILL at a (seeded) random moment after its first
+    checkpoint: mid-step, mid-checkpoint or between them."""
+    import psutil
+
+    from offline_training.launch import CHECKPOINTS, TrainingError, launch_training
+
+    out = workspace / "killed"
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            launch_training(workspace / "snapshot", workspace / "config.yaml", out)
+        except TrainingError as err:
+            failures.append(err)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    assert wait_until(lambda: (out / CHECKPOINTS / "latest").exists() or not runner.is_alive(), 120, 0.01)
+    time.sleep(random.Random(7).uniform(0.0, 1.0))  # the kill's moment, not a wait for a condition
+    for process in psutil.process_iter(["cmdline"]):
+        if str(out) in " ".join(process.info["cmdline"] or []):
+            process.send_signal(signal.SIGKILL)
+    runner.join(60)
+    assert failures and not (out / "model.pt").exists(), "the run finished before the kill"
+    return out
+
+
+def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(workspace, full_run, killed_run):
     from offline_training.launch import latest_tag, launch_training
 
-    out = workspace / "resumed"
-    shutil.copytree(stopped_run, out)
-    assert latest_tag(out / "checkpoints") == f"step{LAST_CHECKPOINT_BEFORE_STOP}"
-    assert not (out / "model.pt").exists()
+    tag = latest_tag(killed_run / "checkpoints")
+    done = launch_training(workspace / "snapshot", workspace / "config.yaml", killed_run, resume=True)
 
-    done = launch_training(workspace / "snapshot", workspace / "config.yaml", out, resume=True)
-
-    assert f"at global step {LAST_CHECKPOINT_BEFORE_STOP}, epoch 1" in done.stdout
-    expected, resumed = _weights(full_run), _weights(out)
+    assert f"resumed from checkpoint {tag} " in done.stdout
+    expected, resumed = _weights(full_run), _weights(killed_run)
     assert expected.keys() == resumed.keys()
     for name in expected:
         assert np.array_equal(expected[name].numpy(), resumed[name].numpy()), name
     # Checkpoints every 20 steps and at each epoch's end, only the last 2 kept.
-    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step100", f"step{TOTAL_STEPS}"]
-    assert json.loads((out / "metrics.json").read_text())["global_steps"] == TOTAL_STEPS
+    assert sorted(p.name for p in (killed_run / "checkpoints").iterdir() if p.is_dir()) == ["step100", f"step{TOTAL_STEPS}"]
+    assert json.loads((killed_run / "metrics.json").read_text())["global_steps"] == TOTAL_STEPS
 
 
 def test_universal_checkpoint_resumes_on_another_world_size(workspace, stopped_run):
