@@ -25,11 +25,12 @@ REQUEST_FIELDS = {"request:amount": "amount"}
 
 
 def logged_examples(
-    bootstrap_servers: str, topic: str, from_ms: int | None, to_ms: int | None, client_config: Mapping[str, str] | None = None
+    bootstrap_servers: str, topic: str, from_ms: int | None, to_ms: int | None, client_config: Mapping[str, str] | None = None,
+    model_name: str | None = None,
 ) -> tuple[list[TrainingExample], dict[str, Any]]:
-    """The examples on ``topic`` scored in ``[from_ms, to_ms)`` (read_committed), and their source: the topic and,
-    per partition, the first and last offset read. An example is written after it was scored, so its Kafka timestamp
-    is at or after its prediction time: reading starts at ``from_ms`` by timestamp, not at the topic's start."""
+    """The examples on ``topic`` scored in ``[from_ms, to_ms)`` (read_committed), of ``model_name`` when given, and their
+    source: the topic and, per partition, the first and last offset read. An example is written after it was scored,
+    so its Kafka timestamp is at or after its prediction time: reading starts at ``from_ms`` by timestamp."""
     messages = read_topic(bootstrap_servers, topic, client_config, since_ms=from_ms)
     examples, offsets = [], {}
     for message in messages:
@@ -39,10 +40,13 @@ def logged_examples(
             continue  # the joiner writes only valid examples; anything else on the topic is not ours to train on
         if (from_ms is not None and example.predicted_at_ms < from_ms) or (to_ms is not None and example.predicted_at_ms >= to_ms):
             continue
+        if model_name is not None and example.model_name != model_name:
+            continue
         examples.append(example)
         first, last = offsets.get(message.partition(), (message.offset(), message.offset()))
         offsets[message.partition()] = (min(first, message.offset()), max(last, message.offset()))
-    return examples, {"topic": topic, "offsets": {str(p): list(span) for p, span in sorted(offsets.items())}}
+    source = {"topic": topic, "offsets": {str(p): list(span) for p, span in sorted(offsets.items())}}
+    return examples, source | ({"model_name": model_name} if model_name is not None else {})
 
 
 def backfill_examples(plan: FeaturePlan, transactions, labels, inputs: Sequence[str]) -> pd.DataFrame:

@@ -391,11 +391,12 @@ def snapshot_create(
     start: Annotated[Optional[str], typer.Option("--from", help="Examples scored from this time (ISO-8601, UTC).")] = None,
     end: Annotated[Optional[str], typer.Option("--to", help="... up to (not including) this time.")] = None,
     backfill: Annotated[bool, typer.Option(help="Build examples from the event log (recompute), not from logged predictions.")] = False,
+    model: Annotated[Optional[str], typer.Option(help="Only this model's logged examples (default: every model's).")] = None,
 ) -> None:
     """Write an immutable snapshot of labeled examples; print its manifest summary."""
     from loopline.retraining import create_snapshot
 
-    manifest = create_snapshot(settings(), _epoch_ms(start), _epoch_ms(end), backfill=backfill)
+    manifest = create_snapshot(settings(), _epoch_ms(start), _epoch_ms(end), backfill=backfill, model_name=model)
     console.print(snapshot_table([manifest], title="snapshot"))
 
 

@@ -158,7 +158,7 @@ class DemoLoop:
             raise InterruptedError("stopped")
 
         def snapshot() -> str:
-            manifest = create_snapshot(self.settings, self.started_ms, None)
+            manifest = create_snapshot(self.settings, self.started_ms, None, model_name=self.settings.serving.model_name)
             self.outcome.snapshot_id, self.outcome.snapshot_rows = manifest.snapshot_id, manifest.rows
             return f"{manifest.snapshot_id}: {manifest.rows:,} examples, labels {manifest.label_balance}"
 

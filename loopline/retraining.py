@@ -35,9 +35,12 @@ TRIGGER_ACTOR = "retrain-trigger"
 LAST_FIRED_TAG = "loopline.retrain_trigger.last_fired_ms"
 
 
-def create_snapshot(settings: Settings, from_ms: int | None, to_ms: int | None, backfill: bool = False) -> Manifest:
-    """Snapshot the examples scored in ``[from_ms, to_ms)``: the joiner's (``training.examples``), or with ``backfill``
-    examples recomputed point in time from the event log for every labeled transaction."""
+def create_snapshot(
+    settings: Settings, from_ms: int | None, to_ms: int | None, backfill: bool = False, model_name: str | None = None
+) -> Manifest:
+    """Snapshot the examples scored in ``[from_ms, to_ms)``: the joiner's (``training.examples``; only ``model_name``'s
+    when given), or with ``backfill`` examples recomputed point in time from the event log for every labeled
+    transaction."""
     kafka = settings.kafka
     if backfill:
         transactions = read_topic(kafka.bootstrap_servers, TRANSACTIONS.name, kafka.client_config)
@@ -49,7 +52,8 @@ def create_snapshot(settings: Settings, from_ms: int | None, to_ms: int | None, 
             frame = frame[frame["predicted_at_ms"] < to_ms]
         source = {"backfill": {"transactions": TRANSACTIONS.name, "labels": LABELS.name, "events": len(transactions)}}
     else:
-        examples, source = logged_examples(kafka.bootstrap_servers, settings.examples_topic, from_ms, to_ms, kafka.client_config)
+        examples, source = logged_examples(kafka.bootstrap_servers, settings.examples_topic, from_ms, to_ms, kafka.client_config,
+                                           model_name)  # fmt: skip
         frame = examples_frame(examples)
     return write_snapshot(frame, settings.snapshots_root, kind="backfill" if backfill else "feedback", source=source,
                           time_range={"from_ms": from_ms, "to_ms": to_ms})  # fmt: skip
@@ -145,11 +149,11 @@ def retrain(
     quantize: bool | None = None, canary_percent: float | None = None, actor: str, reason: str = "",
     echo: TextIO | None = sys.stderr,
 ) -> RetrainOutcome:  # fmt: skip
-    """Snapshot (every logged example, unless ``snapshot_id`` names one) → train (its output copied to ``echo``) →
+    """Snapshot (every logged example of the served model, unless ``snapshot_id`` names one) → train (its output copied to ``echo``) →
     evaluate against prod → register when not worse → canary on ``canary_percent`` of requests: `loopline train`, the
     retrain trigger and the demo run this."""
     if snapshot_id is None:
-        snapshot_id = create_snapshot(settings, None, None).snapshot_id
+        snapshot_id = create_snapshot(settings, None, None, model_name=settings.serving.model_name).snapshot_id
     train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo)
     return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason)
 
@@ -175,7 +179,8 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
     aliases = {alias: str(version) for alias, version in model.aliases.items()}
     fired = model.tags.get(LAST_FIRED_TAG)
     since_ms = now_ms - int(options.window_s * 1000)
-    examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config)
+    examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config,
+                                  model.name)
     return decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
                   canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
                   quality=lambda scores, labels: classification_metrics(scores, labels, options.threshold))  # fmt: skip

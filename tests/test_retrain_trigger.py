@@ -2,10 +2,13 @@
 minimum of labels; stays quiet on good quality, too few labels, other models' or versions' examples, examples older
 than the window, while a canary is out and during its cooldown. Then `loopline retrain watch --once` on the real
 stack: it reads training.examples and the registry, fires (notify mode), and records the firing so the next look
-cools down."""
+cools down; in retrain mode one look snapshots the model's own examples, trains (DeepSpeed), judges the candidate
+against prod and releases it as a canary."""
 
 from __future__ import annotations
 
+import json
+import time
 import uuid
 from pathlib import Path
 
@@ -17,7 +20,7 @@ from typer.testing import CliRunner
 from feedback_loop.retrain_trigger import TriggerPolicy, decide
 from loopline.cli import app
 from loopline.components import model_release
-from loopline.retraining import LAST_FIRED_TAG
+from loopline.retraining import LAST_FIRED_TAG, TRIGGER_ACTOR
 from loopline.settings import RetrainSettings, ServingSettings, Settings, settings_environment
 from offline_training.evaluation import classification_metrics
 from offline_training.onnx_models import write_linear_model
@@ -155,3 +158,65 @@ def test_watch_once_reads_the_examples_topic_fires_and_then_cools_down(settings:
     assert "quiet: cooling down" in second.output, second.output
     assert int(release.client.get_registered_model(name).tags[LAST_FIRED_TAG]) == fired_ms
     assert release.aliases(name) == {"prod": version}  # notify mode retrains nothing
+
+
+def _signal_examples(count: int, model: str, version: str, now_ms: int) -> list[TrainingExample]:
+    """``count`` examples of ``model`` scored in the last hour: fraud spends ~e^5, the rest ~e^3, and the logged scores
+    (prod's: -0.01 per unit of amount) rank them backwards."""
+    rng = np.random.default_rng(5)
+    labels = rng.random(count) < 0.3
+    amounts = np.where(labels, rng.lognormal(5, 0.5, count), rng.lognormal(3, 0.5, count))
+    return [
+        TrainingExample(
+            schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"sig-{i}", request_id=f"sig-req-{i}",
+            entity_keys={"user_id": f"u{i}"}, features={"request:amount": float(amounts[i])}, model_name=model,
+            model_version=version, score=float(1 / (1 + np.exp(0.01 * amounts[i]))), label=bool(labels[i]),
+            requested_at_ms=now_ms - HOUR_MS + i * 1_000, predicted_at_ms=now_ms - HOUR_MS + i * 1_000 + 3,
+            label_time_ms=now_ms, joined_at_ms=now_ms,
+        )  # fmt: skip
+        for i in range(count)
+    ]
+
+
+@pytest.mark.stack
+def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary(settings: Settings, bootstrap: str, tmp_path: Path):
+    from feedback_loop.snapshots import find_snapshot
+    from loopline.retraining import trigger_step
+    from schemas.topics import TopicSpec
+    from streams.topics import apply_topics
+
+    name, topic = f"retrained-{uuid.uuid4().hex[:8]}", f"test.examples.{uuid.uuid4().hex[:8]}"
+    apply_topics(bootstrap, [TopicSpec(topic, TrainingExample, key="event_id", partitions=2, retention_ms=7 * 24 * HOUR_MS)])
+    watched = settings.model_copy(update={
+        "home": tmp_path / "home",
+        "serving": ServingSettings(model_name=name),
+        "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                                                         "artifact_location": str(tmp_path / "artifacts")}),
+        "feedback": settings.feedback.model_copy(update={"examples_topic": topic, "train_processes": 1}),
+        "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=50.0),
+    })  # fmt: skip
+    release = model_release(watched)
+    prod = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.array([-0.01]), 0.0))
+    release.promote(name, prod, "test", "the model the trigger judges")
+    now_ms = int(time.time() * 1000)
+    producer = Producer({"bootstrap.servers": bootstrap})
+    # Another model's examples on the same topic are not this model's to train on.
+    for example in [*_signal_examples(600, name, prod, now_ms), *examples(150, quality="good", model="other-model", seed=9)]:
+        producer.produce(topic, key=example.event_id, value=encode(example))
+    assert producer.flush(30) == 0
+
+    decision, outcome = trigger_step(watched)
+
+    assert decision.fire and "AUC" in decision.reason, decision
+    assert outcome is not None and outcome.name == name
+    manifest, _ = find_snapshot(watched.snapshots_root, outcome.snapshot_id)
+    assert manifest.rows == 600 and manifest.source["model_name"] == name and manifest.features == ["request:amount"]
+    metrics = json.loads((outcome.run_dir / "metrics.json").read_text())
+    comparison = outcome.report.comparison
+    assert metrics["snapshot_id"] == manifest.snapshot_id and comparison.candidate["auc"] > 0.9 > 0.2 > comparison.prod["auc"]
+    assert outcome.report.verdict.register and outcome.report.card_path.exists()
+    assert release.aliases(name) == {"prod": prod, "canary": outcome.report.version} and outcome.canary_percent == 50.0
+    assert release.history(name)[-1].actor == TRIGGER_ACTOR and decision.reason in release.history(name)[-1].reason
+    # The firing is recorded: the next look cools down instead of training again.
+    again, nothing = trigger_step(watched)
+    assert not again.fire and nothing is None
