@@ -70,7 +70,8 @@ from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import free_port  # noqa: E402
 from loopline.serving import build_scorer  # noqa: E402
-from loopline.settings import Settings, settings_environment  # noqa: E402
+from loopline.job_processes import start_scorer  # noqa: E402
+from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
 from online.errors import Overloaded  # noqa: E402
 from online.scorer import Scorer  # noqa: E402
@@ -245,9 +246,8 @@ async def measure_core(settings: Settings, model_path: Path, rates: list[float],
 def _serve(settings: Settings, model_path: Path, doors: list[str], **env: str) -> tuple[subprocess.Popen, str]:
     """`loopline serve` with ``doors`` in its own process (and HTTP on a free port, for readiness); (process, url)."""
     port = free_port()
-    env = settings_environment(settings, LOOPLINE_SERVING__HTTP_PORT=str(port), LOOPLINE_SERVING__MODEL_PATH=str(model_path), **env)
-    server = subprocess.Popen([sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http", *doors], env=env,
-                              stdout=(settings.home / "serve.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    server = start_scorer(settings, ["--http", *doors], settings.home / "serve.log", LOOPLINE_SERVING__HTTP_PORT=str(port),
+                          LOOPLINE_SERVING__MODEL_PATH=str(model_path), **env)  # fmt: skip
     return server, f"http://127.0.0.1:{port}"
 
 

@@ -50,18 +50,18 @@ class JoinerSettings:
     operators_jar: Path
     checkpoint_dir: Path
     horizon_ms: int
-    group_id: str = "loopline-feedback"
+    group_id: str
+    #: How far out of order the records' Kafka timestamps may come.
+    out_of_orderness_ms: int
+    checkpoint_interval_ms: int
+    metrics_port: int | None
     predictions_topic: str = PREDICTIONS.name
     labels_topic: str = LABELS.name
     examples_topic: str = TRAINING_EXAMPLES.name
     dead_letter_topic: str = DEAD_LETTERS.name
-    #: How far out of order the records' Kafka timestamps may come.
-    out_of_orderness_ms: int = 5_000
     #: A source with nothing new for this long does not hold the watermark back.
     idle_timeout_ms: int = 5_000
-    checkpoint_interval_ms: int = 5_000
     parallelism: int = 1
-    metrics_port: int | None = None
     kafka_properties: dict[str, str] = field(default_factory=dict)
 
 

@@ -21,7 +21,7 @@ from streams.synthetic import SyntheticConfig
 
 if TYPE_CHECKING:
     from feedback_loop.joiner_job import JoinerSettings
-    from loopline.release_controller import ReleaseController
+    from offline_training.release_controller import ReleaseController
     from offline_training.release import ModelRelease
     from online.registry_reader import RegistryReader
 
@@ -141,11 +141,10 @@ def joiner_settings(settings: Settings) -> JoinerSettings:
 def release_controller(settings: Settings) -> ReleaseController:
     """The release controller of the settings' model, reading the scorers' metrics and the labeled feedback."""
     from feedback_loop.example_log import logged_examples
-    from loopline.release_controller import ReleaseController
-    from offline_training.release_policy import ReleasePolicy
+    from offline_training.release_controller import ReleaseController
 
     release, kafka, serving = settings.release, settings.kafka, settings.serving
-    policy = ReleasePolicy(**{f: getattr(release, f) for f in ReleasePolicy.__dataclass_fields__})
+    policy = release.policy()
     urls = release.metrics_urls or [f"http://{serving.host}:{serving.http_port}/metrics"]
     topic = settings.examples_topic
 

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from confluent_kafka import Consumer
 from rich.table import Table
 
 from loopline.job_processes import start_joiner, stop_process_group
 from loopline.settings import Settings
 from offline_training.evaluation import roc_auc
 from schemas.records import TrainingExample
-from schemas.validation import ContractViolation, decode
+from streams.topic_follower import TopicFollower
 
 #: Enough labels to train on and hold out from: labeled examples, of which frauds.
 MIN_LABELED, MIN_FRAUD = 400, 30
@@ -87,11 +86,16 @@ class DemoLoop:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._joiner = None
+        self._follower: TopicFollower | None = None
 
     def start(self, log_file: Path) -> None:
         """Start the joiner (from scratch: an earlier demo's state is not this run's) and the reader of its examples."""
         self._joiner = start_joiner(self.settings, log_file, restore=False)
-        self._thread(self._read_examples)
+        kafka = self.settings.kafka
+        self._follower = TopicFollower(
+            kafka.bootstrap_servers, self.settings.examples_topic, TrainingExample, self._keep_example,
+            keep=lambda message, example: example.request_id.startswith(self.run_id), client_config=kafka.client_config,
+        ).start()  # fmt: skip
 
     def close_once(self, deadline: float) -> None:
         """Close the loop in the background, giving up on steps that cannot finish before ``deadline`` (monotonic)."""
@@ -101,25 +105,9 @@ class DemoLoop:
         self._threads.append(threading.Thread(target=target, args=args, daemon=True))
         self._threads[-1].start()
 
-    def _read_examples(self) -> None:
-        kafka = self.settings.kafka
-        consumer = Consumer({**kafka.client_config, "bootstrap.servers": kafka.bootstrap_servers, "group.id": f"{self.run_id}-examples",
-                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
-        consumer.subscribe([self.settings.examples_topic])
-        try:
-            while not self._stop.is_set():
-                for message in consumer.consume(1000, timeout=0.2):
-                    if message.error() is not None:
-                        continue
-                    try:
-                        example = decode(TrainingExample, message.value() or b"")
-                    except ContractViolation:
-                        continue
-                    if example.request_id.startswith(self.run_id):
-                        with self._lock:
-                            self._examples.append(example)
-        finally:
-            consumer.close()
+    def _keep_example(self, message, example: TrainingExample) -> None:
+        with self._lock:
+            self._examples.append(example)
 
     def labeled(self) -> list[TrainingExample]:
         """This run's labeled examples so far."""
@@ -244,5 +232,7 @@ class DemoLoop:
         self._stop.set()
         if self._joiner is not None:
             stop_process_group(self._joiner)
+        if self._follower is not None:
+            self._follower.stop()
         for thread in self._threads:
             thread.join(30)

@@ -15,8 +15,6 @@ import itertools
 import random
 import signal
 import subprocess
-import sys
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,19 +23,20 @@ from pathlib import Path
 
 import numpy as np
 import requests
-from confluent_kafka import Consumer
 from prometheus_client.parser import text_string_to_metric_families
 
 from infra.errors import StackError
 from infra.service import wait_until
 from loopline.components import model_release
-from loopline.settings import Settings, settings_environment
+from loopline.job_processes import start_scorer
+from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.model_registry import PROD_ALIAS
 from schemas.records import PredictionRecord, ScoreRequest, TransactionEvent
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS, TRANSACTIONS
-from schemas.validation import decode, encode
+from schemas.validation import encode
 from streams.synthetic import Emitted
+from streams.topic_follower import TopicFollower
 
 _VIEW = "user_transaction_features"
 _INPUTS = [f"{_VIEW}:{name}" for name in
@@ -142,10 +141,9 @@ class DemoScoring:
         self.run_id = f"demo-{int(time.time())}"
         self._release = model_release(self.settings)
         self._first_model = write_linear_model(models_dir / "fraud-hand-set.onnx", _INPUTS, *_FIRST_MODEL)
-        self._stop = threading.Event()
         self._scorer: subprocess.Popen | None = None
         self._records: deque[tuple[float, PredictionRecord]] = deque()
-        self._threads: list[threading.Thread] = []
+        self._follower: TopicFollower | None = None
         self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
         self.url = f"http://{serving.host}:{serving.http_port}"
@@ -157,34 +155,17 @@ class DemoScoring:
         self._release.end_canary(name, "loopline demo", "a new demo starts")
         self._release.set_alias(name, PROD_ALIAS, version, "loopline demo", "the demo's first model")
 
-    def _read_predictions(self) -> None:
-        # From the start of the topic (keys filtered by this run's prefix): a reader that joined late
-        # would miss the first predictions.
-        consumer = Consumer({**self.settings.kafka.client_config, "bootstrap.servers": self.settings.kafka.bootstrap_servers,
-                             "group.id": f"{self.run_id}-reader", "auto.offset.reset": "earliest",
-                             "isolation.level": "read_committed"})  # fmt: skip
-        consumer.subscribe([PREDICTIONS.name])
-        try:
-            while not self._stop.is_set():
-                for message in consumer.consume(1000, timeout=0.2):
-                    if message.error() is None and message.key() and message.key().decode().startswith(self.run_id):
-                        self._records.append((time.monotonic(), decode(PredictionRecord, message.value())))
-        finally:
-            consumer.close()
-
-    def _thread(self, target, *args) -> None:
-        self._threads.append(threading.Thread(target=target, args=args, daemon=True))
-        self._threads[-1].start()
-
     def start_serving(self, log_file: Path) -> None:
         """Release version 1 and start `loopline serve --kafka --http` (it joins its consumer group once the model is warm)."""
         self._release_first_model()
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        self._scorer = subprocess.Popen(
-            [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--kafka", "--http"],
-            env=settings_environment(self.settings), stdout=log_file.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-        self._thread(self._read_predictions)
+        self._scorer = start_scorer(self.settings, ["--kafka", "--http"], log_file)
+        # From the start of the topic, keys filtered by this run's prefix: a reader that joined late would miss the first.
+        kafka = self.settings.kafka
+        self._follower = TopicFollower(
+            kafka.bootstrap_servers, PREDICTIONS.name, PredictionRecord, lambda message, record: self._records.append((time.monotonic(), record)),
+            keep=lambda message, record: (message.key() or b"").decode(errors="replace").startswith(self.run_id),
+            client_config=kafka.client_config,
+        ).start()  # fmt: skip
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until the scorer serves a model (StackError, naming its log, if it does not)."""
@@ -234,9 +215,8 @@ class DemoScoring:
 
     def stop(self) -> None:
         """Stop serving (SIGTERM: the scorer commits what it scored and leaves its group) and reading."""
-        self._stop.set()
         if self._scorer is not None and self._scorer.poll() is None:
             self._scorer.send_signal(signal.SIGTERM)
             self._scorer.wait(60)
-        for thread in self._threads:
-            thread.join(30)
+        if self._follower is not None:
+            self._follower.stop()

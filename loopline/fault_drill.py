@@ -22,7 +22,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -40,8 +39,8 @@ from confluent_kafka import Consumer
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
 from loopline.demo_scoring import score_requests
-from loopline.job_processes import start_feature_job, stop_process_group
-from loopline.settings import Settings, settings_environment
+from loopline.job_processes import start_feature_job, start_scorer, stop_process_group
+from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import ScoreRequest, TransactionEvent
 from schemas.topics import PREDICTIONS, TRANSACTIONS
@@ -211,13 +210,8 @@ class FaultDrill:
     # The processes ------------------------------------------------------------------------------
 
     def _serve(self, name: str, doors: list[str], model: Path, http_port: int, **env: str) -> Callable[[], subprocess.Popen]:
-        environment = settings_environment(
-            self.settings, LOOPLINE_SERVING__MODEL_PATH=str(model), LOOPLINE_SERVING__HTTP_PORT=str(http_port),
-            LOOPLINE_SERVING__STALL_AFTER_S="20", **env,
-        )  # fmt: skip
-        command = [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http", *doors]
-        log = (self.folder / f"{name}.log").open("ab")
-        return lambda: subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        return lambda: start_scorer(self.settings, ["--http", *doors], self.folder / f"{name}.log", LOOPLINE_SERVING__MODEL_PATH=str(model),
+                                    LOOPLINE_SERVING__HTTP_PORT=str(http_port), LOOPLINE_SERVING__STALL_AFTER_S="20", **env)  # fmt: skip
 
     def _live(self, port: int) -> bool:
         try:

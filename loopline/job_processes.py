@@ -1,4 +1,4 @@
-"""Loopline's jobs as child processes (`loopline stream submit`, `loopline feedback join`), for the demo, tests and benchmarks."""
+"""Loopline's processes as children (`loopline stream submit`, `feedback join`, `serve`), for the demo, tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -19,29 +19,39 @@ _USER_VIEW = "user_transaction_features"
 
 
 def start_loopline(settings: Settings, arguments: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
-    """`loopline <arguments>` with ``settings``, in its own process group, logging to ``log_file``; a Flink job's
-    mini-cluster log (restarts, task failures) goes to a folder beside it, not into PyFlink's package folder."""
+    """`loopline <arguments>` with ``settings`` (``extra_env`` on top), in its own process group, logging to ``log_file``."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    flink_logs = log_file.with_name(f"{log_file.stem}-flink")
-    flink_logs.mkdir(exist_ok=True)
     return subprocess.Popen(
         [sys.executable, "-c", "from loopline.cli import main; main()", *arguments],
-        env=settings_environment(settings, FLINK_LOG_DIR=str(flink_logs), **extra_env),
+        env=settings_environment(settings, **extra_env),
         stdout=log_file.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
 
 
+def _start_flink_job(settings: Settings, arguments: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
+    """A Flink job's `loopline` command; its mini-cluster log (restarts, task failures) goes to a folder beside
+    ``log_file``, not into PyFlink's package folder."""
+    flink_logs = log_file.with_name(f"{log_file.stem}-flink")
+    flink_logs.mkdir(parents=True, exist_ok=True)
+    return start_loopline(settings, arguments, log_file, FLINK_LOG_DIR=str(flink_logs), **extra_env)
+
+
 def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
     """Start `loopline stream submit` (embedded mini-cluster); without ``restore`` the job rebuilds its state from
     the oldest retained event."""
-    return start_loopline(settings, ["stream", "submit", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+    return _start_flink_job(settings, ["stream", "submit", *([] if restore else ["--no-restore"])], log_file, **extra_env)
 
 
 def start_joiner(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
     """Start `loopline feedback join` (the feedback joiner, embedded mini-cluster)."""
-    return start_loopline(settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+    return _start_flink_job(settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+
+
+def start_scorer(settings: Settings, doors: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
+    """Start `loopline serve` with ``doors`` (e.g. ``["--http", "--kafka"]``, and ``--model PATH``)."""
+    return start_loopline(settings, ["serve", *doors], log_file, **extra_env)
 
 
 def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:

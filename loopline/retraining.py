@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from feedback_loop.example_log import backfill_examples, logged_examples
-from feedback_loop.retrain_trigger import TriggerDecision, TriggerPolicy, decide
+from feedback_loop.retrain_trigger import TriggerDecision, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from loopline.components import feature_plan, model_release, registry_reader
 from loopline.settings import Settings
@@ -168,8 +168,7 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
 
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     options, kafka = settings.retrain, settings.kafka
-    policy = TriggerPolicy(window_s=options.window_s, min_auc=options.min_auc, min_labels=options.min_labels,
-                           cooldown_s=options.cooldown_s, max_calibration_error=options.max_calibration_error)
+    policy = options.trigger_policy()
     try:
         model = model_release(settings).client.get_registered_model(settings.serving.model_name)
     except MlflowException as err:

@@ -21,6 +21,9 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from feedback_loop.retrain_trigger import TriggerPolicy
+from offline_training.release_policy import ReleasePolicy
+
 DEFAULT_CONFIG_FILE = Path("loopline.yaml")
 
 
@@ -175,14 +178,18 @@ class ReleaseSettings(BaseModel):
 
     metrics_urls: list[str] = Field(default_factory=list, description="Scorers' /metrics; default the local scorer's.")
     poll_s: float = Field(default=10.0, gt=0)
-    min_watch_s: float = Field(default=60.0, ge=0, description="Watch a canary at least this long before promoting.")
-    max_watch_s: float = Field(default=3_600.0, gt=0, description="Without enough evidence by then: roll back.")
-    min_requests: int = Field(default=200, ge=0)
-    max_error_rate_increase: float = Field(default=0.01, ge=0)
-    max_latency_ratio: float = Field(default=1.5, ge=1)
-    min_labels: int = Field(default=50, ge=1, description="Labeled events per arm before quality counts.")
-    max_auc_drop: float = Field(default=0.02, ge=0)
-    require_quality: bool = Field(default=False, description="Promote only with enough labels on both arms.")
+    min_watch_s: float = Field(default=ReleasePolicy.min_watch_s, ge=0, description="Watch a canary at least this long before promoting.")
+    max_watch_s: float = Field(default=ReleasePolicy.max_watch_s, gt=0, description="Without enough evidence by then: roll back.")
+    min_requests: int = Field(default=ReleasePolicy.min_requests, ge=0)
+    max_error_rate_increase: float = Field(default=ReleasePolicy.max_error_rate_increase, ge=0)
+    max_latency_ratio: float = Field(default=ReleasePolicy.max_latency_ratio, ge=1)
+    min_labels: int = Field(default=ReleasePolicy.min_labels, ge=1, description="Labeled events per arm before quality counts.")
+    max_auc_drop: float = Field(default=ReleasePolicy.max_auc_drop, ge=0)
+    require_quality: bool = Field(default=ReleasePolicy.require_quality, description="Promote only with enough labels on both arms.")
+
+    def policy(self) -> ReleasePolicy:
+        """The policy these settings declare."""
+        return ReleasePolicy(**{name: getattr(self, name) for name in ReleasePolicy.__dataclass_fields__})
 
 
 class RetrainSettings(BaseModel):
@@ -194,13 +201,18 @@ class RetrainSettings(BaseModel):
     quantize: bool = Field(default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its AUC holds.")
     max_quantized_auc_change: float = Field(default=0.005, ge=0, description="INT8 is kept only within this of the fp32 AUC.")
     mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What the trigger does when quality falls.")
-    window_s: float = Field(default=86_400.0, gt=0, description="Judge prod on the examples it scored this far back.")
-    min_auc: float = Field(default=0.75, gt=0, lt=1, description="Below this labeled AUC, the trigger fires.")
-    max_calibration_error: float | None = Field(default=None, gt=0, description="Above this, it fires too; unset: not judged.")
-    min_labels: int = Field(default=200, ge=1, description="Labeled examples of prod in the window before quality is judged.")
-    cooldown_s: float = Field(default=21_600.0, ge=0, description="Quiet this long after firing (the retraining it started).")
+    window_s: float = Field(default=TriggerPolicy.window_s, gt=0, description="Judge prod on the examples it scored this far back.")
+    min_auc: float = Field(default=TriggerPolicy.min_auc, gt=0, lt=1, description="Below this labeled AUC, the trigger fires.")
+    max_calibration_error: float | None = Field(default=TriggerPolicy.max_calibration_error, gt=0,
+                                                description="Above this, it fires too; unset: not judged.")  # fmt: skip
+    min_labels: int = Field(default=TriggerPolicy.min_labels, ge=1, description="Labeled examples of prod in the window before quality is judged.")
+    cooldown_s: float = Field(default=TriggerPolicy.cooldown_s, ge=0, description="Quiet this long after firing (the retraining it started).")
     poll_s: float = Field(default=300.0, gt=0, description="How often `retrain watch` looks.")
     canary_percent: float = Field(default=5.0, ge=0, le=100, description="% of requests the trigger's version takes; 0: none.")
+
+    def trigger_policy(self) -> TriggerPolicy:
+        """The trigger's policy these settings declare."""
+        return TriggerPolicy(**{name: getattr(self, name) for name in TriggerPolicy.__dataclass_fields__})
 
 
 class RegistrySettings(BaseModel):

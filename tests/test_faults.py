@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -27,7 +25,8 @@ from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
 from loopline.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
-from loopline.settings import Settings, settings_environment
+from loopline.job_processes import start_scorer
+from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.topics import SCORE_REQUESTS, TOPICS
 from streams.producer import EventProducer
@@ -69,12 +68,10 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
     model = write_linear_model(tmp_path / "m.onnx", ["request:amount"], np.array([0.01]), -1.0)
     port, group = free_port(), f"frozen-{uuid.uuid4().hex[:8]}"
     start_group_at_end(applied.kafka.bootstrap_servers, group, SCORE_REQUESTS.name)
-    env = settings_environment(applied, LOOPLINE_SERVING__HTTP_PORT=str(port), LOOPLINE_SERVING__MODEL_PATH=str(model),
-                               LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__STALL_AFTER_S="2",
-                               LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5")  # fmt: skip
     log = tmp_path / "serve.log"
-    server = subprocess.Popen([sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http", "--kafka"], env=env,
-                              stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    server = start_scorer(applied, ["--http", "--kafka"], log, LOOPLINE_SERVING__HTTP_PORT=str(port),
+                          LOOPLINE_SERVING__MODEL_PATH=str(model), LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+                          LOOPLINE_SERVING__STALL_AFTER_S="2", LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5")  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until(lambda: _status(f"{url}/v1/models/ready") == 200, 60, 0.1), "the scorer did not start"

@@ -10,8 +10,6 @@ import asyncio
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -27,7 +25,8 @@ from conftest import LogReader, score_request, serving_doors
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.serving import build_scorer
-from loopline.settings import Settings, settings_environment
+from loopline.job_processes import start_scorer
+from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from online.errors import Overloaded
 from online.prediction_log import PredictionLog
@@ -106,10 +105,8 @@ def test_a_full_queue_pushes_back_instead_of_dropping(applied: Settings, stack: 
 
 def test_sigterm_delivers_every_queued_prediction(applied: Settings, model_path: Path, tmp_path: Path) -> None:
     port = free_port()
-    env = settings_environment(applied, LOOPLINE_SERVING__HTTP_PORT=str(port), LOOPLINE_SERVING__PREDICTION_LOG="async",
-                               LOOPLINE_SERVING__MODEL_PATH=str(model_path))  # fmt: skip
-    server = subprocess.Popen([sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http"], env=env,
-                              stdout=(tmp_path / "serve.log").open("ab"), stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    server = start_scorer(applied, ["--http"], tmp_path / "serve.log", LOOPLINE_SERVING__HTTP_PORT=str(port),
+                          LOOPLINE_SERVING__PREDICTION_LOG="async", LOOPLINE_SERVING__MODEL_PATH=str(model_path))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
     log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
     try:

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from infra.service import free_port, wait_until
 from loopline import cli
 from loopline.components import model_release, release_controller
-from loopline.release_controller import ACTOR, ReleaseController, scrape
+from offline_training.release_controller import ACTOR, ReleaseController, scrape
 from loopline.serving import build_scorer, model_watcher
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model

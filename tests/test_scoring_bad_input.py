@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -29,7 +28,8 @@ from hypothesis import HealthCheck, given, settings as hypothesis_settings, stra
 
 from conftest import LogReader, score_request, start_group_at_end
 from infra.service import free_port, wait_until
-from loopline.settings import Settings, settings_environment
+from loopline.job_processes import start_scorer
+from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.grpc_api import scoring_api
 from schemas.records import DeadLetterRecord, PredictionRecord
@@ -61,14 +61,10 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
     group = f"bad-input-{uuid.uuid4().hex[:8]}"
     start_group_at_end(applied.kafka.bootstrap_servers, group, SCORE_REQUESTS.name)
     http_port, grpc_port = free_port(), free_port()
-    env = settings_environment(
-        applied, LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__HTTP_PORT=str(http_port),
-        LOOPLINE_SERVING__GRPC_PORT=str(grpc_port), LOOPLINE_SERVING__INSTANCE=group,
-    )  # fmt: skip
     log = folder / "serve.log"
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--http", "--grpc", "--kafka", "--model", str(model)],
-        env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
+    process = start_scorer(
+        applied, ["--http", "--grpc", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+        LOOPLINE_SERVING__HTTP_PORT=str(http_port), LOOPLINE_SERVING__GRPC_PORT=str(grpc_port), LOOPLINE_SERVING__INSTANCE=group,
     )  # fmt: skip
     served = Served(process, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", log)
 

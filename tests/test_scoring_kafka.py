@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,7 +21,7 @@ import pytest
 from conftest import LogReader
 from infra.service import wait_until
 from loopline.demo_scoring import score_requests
-from loopline.settings import settings_environment
+from loopline.job_processes import start_scorer
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
@@ -37,11 +36,8 @@ REQUESTS = 20_000  # several seconds of scoring, so the kill lands mid-stream
 
 
 def _serve(settings: Settings, model: Path, group: str, log: Path, instance: str = "0") -> subprocess.Popen:
-    env = settings_environment(settings, LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__INSTANCE=instance)
-    return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", "serve", "--no-http", "--kafka", "--model", str(model)],
-        env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True,
-    )  # fmt: skip
+    return start_scorer(settings, ["--no-http", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+                        LOOPLINE_SERVING__INSTANCE=instance)  # fmt: skip
 
 
 def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings, bootstrap: str, tmp_path: Path) -> None:

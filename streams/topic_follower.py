@@ -1,0 +1,66 @@
+"""Follow a topic from its start on a background thread: each committed record that decodes and that the caller keeps
+is handed over as it arrives (the demo's live tables, its feedback loop)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
+
+from confluent_kafka import Consumer, Message
+from pydantic import BaseModel
+
+from schemas.validation import ContractViolation, decode
+
+RecordT = TypeVar("RecordT", bound=BaseModel)
+
+
+class TopicFollower(Generic[RecordT]):
+    """Reads ``topic`` from its start as a read_committed consumer of a group of its own, decodes each record as
+    ``record_type`` and calls ``handle(message, record)`` for those ``keep(message, record)`` accepts. Records that
+    do not decode are skipped: a follower only watches, the topic's writers dead-letter what is bad."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        record_type: type[RecordT],
+        handle: Callable[[Message, RecordT], None],
+        keep: Callable[[Message, RecordT], bool] = lambda message, record: True,
+        client_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self._consumer_config = {**(client_config or {}), "bootstrap.servers": bootstrap_servers,
+                                 "group.id": f"loopline-follower-{uuid.uuid4().hex[:12]}", "auto.offset.reset": "earliest",
+                                 "isolation.level": "read_committed", "enable.auto.commit": False}  # fmt: skip
+        self.topic, self._record_type, self._handle, self._keep = topic, record_type, handle, keep
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)
+
+    def start(self) -> TopicFollower[RecordT]:
+        """Start following; returns the follower."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop following and close the consumer (waiting up to ``timeout_s``)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        consumer = Consumer(self._consumer_config)
+        consumer.subscribe([self.topic])
+        try:
+            while not self._stop.is_set():
+                for message in consumer.consume(1000, timeout=0.2):
+                    if message.error() is not None:
+                        continue
+                    try:
+                        record = decode(self._record_type, message.value() or b"")
+                    except ContractViolation:
+                        continue
+                    if self._keep(message, record):
+                        self._handle(message, record)
+        finally:
+            consumer.close()
