@@ -73,6 +73,15 @@ class OnlineReader:
 
     def get_online_features(self, features: list[str], entity_rows: list[dict[str, str]]) -> dict[str, list]:
         """Like Feast's ``get_online_features(features, entity_rows).to_dict()`` (without full feature names)."""
+        return self.read_with_row_times(features, entity_rows)[0]
+
+    def read_with_row_times(
+        self, features: list[str], entity_rows: list[dict[str, str]]
+    ) -> tuple[dict[str, list], dict[str, list[int | None]]]:
+        """:meth:`get_online_features`, and per view the event time (ms) of each entity's row as read, None for
+        none: in the same round trip, so the time is that of the values returned."""
+        from google.protobuf.timestamp_pb2 import Timestamp
+
         by_view: dict[str, list[str]] = {}
         for reference in features:
             view, feature = reference.split(":", 1)
@@ -80,21 +89,23 @@ class OnlineReader:
         pipe = self._redis.pipeline(transaction=False)
         for view, names in by_view.items():
             layout = self._views[view]
-            fields = [layout.fields[name] for name in names]
+            fields = [*(layout.fields[name] for name in names), layout.timestamp_field]
             for row in entity_rows:
                 pipe.hmget(self._redis_key(layout.join_key, row[layout.join_key]), fields)
         replies = iter(pipe.execute())
         result: dict[str, list] = {}
+        row_times: dict[str, list[int | None]] = {}
         for row in entity_rows:
             for key, value in row.items():
                 result.setdefault(key, []).append(value)
         for view, names in by_view.items():
-            layout = self._views[view]
-            columns = [result.setdefault(name, []) for name in names]
+            columns, times = [result.setdefault(name, []) for name in names], row_times.setdefault(view, [])
             for _ in entity_rows:
-                for column, raw in zip(columns, next(replies)):
+                *raws, stamp = next(replies)
+                for column, raw in zip(columns, raws):
                     column.append(None if raw is None else self._decode(raw))
-        return result
+                times.append(None if stamp is None else _millis(Timestamp.FromString(stamp)))
+        return result, row_times
 
     def row_timestamps_us(self, view: str, entities: list[str]) -> list[int | None]:
         """When each entity's row was computed (its event time, in microseconds), or None if it has none."""
@@ -116,6 +127,11 @@ class OnlineReader:
         value = self._value.FromString(raw)
         kind = value.WhichOneof("val")
         return None if kind is None or kind == "null_val" else getattr(value, kind)
+
+
+def _millis(stamp) -> int:
+    """A protobuf Timestamp in epoch milliseconds."""
+    return stamp.seconds * 1000 + stamp.nanos // 1_000_000
 
 
 def _varint_int64(raw: bytes, start: int) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from feature_store.online_read import OnlineReader
 from online.batcher import DynamicBatcher
@@ -26,6 +26,7 @@ class _Read:
 
     keys: dict[str, str]
     values: list | None = None
+    row_times_ms: dict[str, int | None] | None = None
     finished_at: float | None = None
 
 
@@ -38,6 +39,8 @@ class FetchedFeatures:
     #: Why every feature fell back to its default, if the read itself failed: "over_budget",
     #: "unavailable" (Redis down, reads queue full) or "no_entity" (the request lacks a join key).
     fallback: str | None = None
+    #: Per feature view, the event time (ms) of the row the values came from (views with no row left out).
+    row_times_ms: dict[str, int] = field(default_factory=dict)
 
 
 class FeatureFetcher:
@@ -64,10 +67,11 @@ class FeatureFetcher:
         self._unwarned = 0
 
     def _read_batch(self, reads: list[_Read]) -> list[list]:
-        found = self.reader.get_online_features(self.features, [read.keys for read in reads])
+        found, row_times = self.reader.read_with_row_times(self.features, [read.keys for read in reads])
         finished = time.perf_counter()
         for i, read in enumerate(reads):
             read.values = [found[name][i] for name in self._names]
+            read.row_times_ms = {view: times[i] for view, times in row_times.items()}
             read.finished_at = finished  # set last: once the event loop sees it, the values are there
         return [read.values for read in reads]
 
@@ -97,7 +101,8 @@ class FeatureFetcher:
                 value = self.defaults[ref]
                 defaulted.append(ref)
             values[ref] = value
-        return FetchedFeatures(values, defaulted)
+        row_times = {view: ms for view, ms in (read.row_times_ms or {}).items() if ms is not None}
+        return FetchedFeatures(values, defaulted, row_times_ms=row_times)
 
     def _warn(self, err: Exception) -> None:
         """Log a read that fell back for an error, at most once per ``_WARN_EVERY_S`` (an outage would

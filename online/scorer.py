@@ -229,4 +229,5 @@ class Scorer:
             requested_at_ms=request.requested_at_ms,
             scored_at_ms=int(time.time() * 1000),
             event_id=request.event_id,
+            feature_row_times_ms=fetched.row_times_ms,
         )

@@ -121,6 +121,11 @@ class PredictionRecord(Record):
     requested_at_ms: EpochMillis = Field(gt=0)
     scored_at_ms: EpochMillis = Field(gt=0)
     event_id: str | None = Field(default=None, min_length=1, description="The event the request scored (its request's event_id).")
+    feature_row_times_ms: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per feature view, the event time of the online row the features were read from (views with a row): "
+        "tells a lagging feature from a wrong one.",
+    )
 
 
 class TrainingExample(Record):
