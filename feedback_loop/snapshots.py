@@ -23,42 +23,24 @@ import json
 import math
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import fsspec
-import numpy as np
 import pandas as pd
 
+from feedback_loop.drift import population_stability
+from feedback_loop.reference import FeatureReference, is_categorical, reference_statistics
 from schemas.records import TrainingExample
 
 MANIFEST = "manifest.json"
 #: Columns of every snapshot before the model inputs.
 BASE_COLUMNS = ("event_id", "request_id", "model_name", "model_version", "score", "label", "label_source", "predicted_at_ms",
                 "label_time_ms", "defaulted")  # fmt: skip
-#: Reference histograms use this many bins (deciles of the snapshot's own values).
-REFERENCE_BINS = 10
 
 
 class SnapshotError(ValueError):
     """A snapshot that cannot be made or found; the message says what to do."""
-
-
-@dataclass(frozen=True)
-class FeatureReference:
-    """A feature's distribution in a snapshot, for drift checks against it: bin edges fixed here (deciles),
-    the share of values per bin (values below the first edge count in the first bin, above the last in the
-    last), the missing rate and moments. Categorical features (strings) keep value shares instead."""
-
-    kind: str
-    missing_rate: float
-    edges: list[float] = field(default_factory=list)
-    shares: list[float] = field(default_factory=list)
-    values: dict[str, float] = field(default_factory=dict)
-    mean: float | None = None
-    std: float | None = None
-    minimum: float | None = None
-    maximum: float | None = None
 
 
 @dataclass(frozen=True)
@@ -104,11 +86,6 @@ def examples_frame(examples: Iterable[TrainingExample], inputs: Sequence[str] | 
     return pd.DataFrame(rows, columns=[*BASE_COLUMNS, *inputs])
 
 
-def is_categorical(column: pd.Series) -> bool:
-    """Whether a feature column holds categories: any present value a string (numbers and booleans are numeric)."""
-    return any(isinstance(value, str) for value in column.dropna())
-
-
 def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
     """The frame in one canonical form whatever the order of its rows: one example per event (the earliest scored),
     sorted by event id, types fixed (categorical inputs as strings, the others as floats, booleans 0/1)."""
@@ -134,36 +111,6 @@ def content_id(frame: pd.DataFrame) -> str:
     frame.to_csv(buffer, index=False, float_format="%.17g", na_rep="")
     digest.update(buffer.getvalue().encode())
     return digest.hexdigest()[:16]
-
-
-def reference_statistics(frame: pd.DataFrame, inputs: Sequence[str]) -> dict[str, FeatureReference]:
-    """Each input's reference distribution in ``frame``: decile bins for numbers, value shares for categories."""
-    references = {}
-    for name in inputs:
-        missing = float(frame[name].isna().mean()) if len(frame) else 0.0
-        if is_categorical(frame[name]):
-            shares = frame[name].dropna().astype(str).value_counts(normalize=True).sort_index()
-            references[name] = FeatureReference("categorical", missing, values={k: float(v) for k, v in shares.items()})
-            continue
-        values = pd.to_numeric(frame[name], errors="coerce").dropna().to_numpy(dtype=float)
-        if values.size == 0:
-            references[name] = FeatureReference("numeric", missing)
-            continue
-        edges = np.unique(np.quantile(values, np.linspace(0, 1, REFERENCE_BINS + 1)[1:-1]))
-        shares = bin_shares(values, edges)
-        references[name] = FeatureReference(
-            "numeric", missing, edges=[float(e) for e in edges], shares=shares, mean=float(values.mean()),
-            std=float(values.std()), minimum=float(values.min()), maximum=float(values.max()),
-        )  # fmt: skip
-    return references
-
-
-def bin_shares(values: np.ndarray, edges: Sequence[float]) -> list[float]:
-    """The share of ``values`` in each bin cut at ``edges`` (len(edges) + 1 bins; below and above go to the ends)."""
-    if values.size == 0:
-        return [0.0] * (len(edges) + 1)
-    counts = np.bincount(np.searchsorted(np.asarray(edges), values, side="right"), minlength=len(edges) + 1)
-    return [float(c) / values.size for c in counts]
 
 
 def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[str, Any],
@@ -225,15 +172,6 @@ def read_snapshot(root: str, snapshot_id: str) -> tuple[Manifest, pd.DataFrame]:
     parts = sorted(fs.glob(f"{path}/data/date=*/*.parquet"))
     frame = pd.concat([pd.read_parquet(fs.open(p, "rb")) for p in parts], ignore_index=True)
     return manifest, frame
-
-
-def population_stability(reference: FeatureReference, values: np.ndarray, floor: float = 1e-4) -> float:
-    """PSI of ``values`` against ``reference``'s bins: Σ (p - q) · ln(p / q), shares floored to avoid log(0)."""
-    if not reference.edges:
-        return 0.0
-    expected = np.maximum(np.asarray(reference.shares), floor)
-    actual = np.maximum(np.asarray(bin_shares(values, reference.edges)), floor)
-    return float(np.sum((actual - expected) * np.log(actual / expected)))
 
 
 def diff_snapshots(root: str, a: str, b: str) -> dict[str, Any]:

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from feedback_loop.example_log import backfill_examples, logged_examples
-from feedback_loop.snapshots import SnapshotError, diff_snapshots, examples_frame, list_snapshots, population_stability, read_snapshot, write_snapshot
+from feedback_loop.drift import population_stability
+from feedback_loop.snapshots import SnapshotError, diff_snapshots, examples_frame, list_snapshots, read_snapshot, write_snapshot
 from loopline.components import feature_plan
 from loopline.settings import Settings
 from schemas.records import TrainingExample
@@ -89,7 +90,7 @@ def test_snapshot_ids_follow_the_content(applied: Settings, tmp_path: Path) -> N
 def test_population_stability_is_zero_for_the_same_distribution() -> None:
     values = np.random.default_rng(0).normal(size=20_000)
     frame = examples_frame([]).assign(**{INPUTS[0]: values[:10_000], INPUTS[1]: values[:10_000]})
-    from feedback_loop.snapshots import reference_statistics
+    from feedback_loop.reference import reference_statistics
 
     reference = reference_statistics(frame, [INPUTS[0]])[INPUTS[0]]
     assert population_stability(reference, values[10_000:]) < 0.01

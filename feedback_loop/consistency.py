@@ -1,0 +1,170 @@
+"""Row-level online/offline consistency: the features a scorer used, against the offline recompute point in time.
+
+For each logged request of the sample, each streaming feature it used is recomputed from the raw event log as
+of the request's time (``streams/recompute.py``, the job's window semantics written independently) and compared
+with the value the scorer logged:
+
+* **match**: equal (counts exactly; sums and means within a relative 1e-9, one division of exact sums);
+* **lag**: different, but the online row was older than the request: the scorer read the row as of an earlier
+  event (its row time, logged with the request), and the recompute as of that earlier event gives the logged
+  value. Streaming always lags a little; this is freshness, not a bug;
+* **value**: different, and not explained by lag: the online path computes the feature differently;
+* **missing**: the scorer had no value (it used the default) where the log has events before the request;
+* **extra**: the scorer had a value where the log has no event before the request.
+
+Requests are sampled by a hash of the entity key, so a sampled key is followed over time and its whole history
+is in the replay. SMAPE (symmetric mean absolute percentage error, 0–2) of the compared numbers says how far off
+the mismatches are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from schemas.records import PredictionRecord
+from streams.feature_plan import FeaturePlan, ViewPlan
+from streams.recompute import EVENT_TIME, recompute
+
+#: Outcomes of one comparison.
+OUTCOMES = ("match", "lag", "value", "missing", "extra")
+
+
+def sampled(entity: str, rate: float) -> bool:
+    """Whether requests for ``entity`` are in the consistency sample: a stable hash of the key below ``rate``."""
+    if rate >= 1:
+        return True
+    digest = hashlib.blake2b(entity.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") < rate * 2**64
+
+
+def same_value(offline: float | None, online: float | None, feature: str) -> bool:
+    """Whether the logged value equals the recompute (means within a relative 1e-9; both missing counts as equal)."""
+    if offline is None or pd.isna(offline) or online is None or pd.isna(online):
+        return (offline is None or pd.isna(offline)) and (online is None or pd.isna(online))
+    tolerance = 1e-9 * abs(offline) if ("mean" in feature or "sum" in feature) else 0.0
+    return abs(float(offline) - float(online)) <= tolerance
+
+
+@dataclass
+class FeatureConsistency:
+    """One feature's outcomes over the compared requests, and the SMAPE of the value pairs compared."""
+
+    feature: str
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    smape_sum: float = 0.0
+    smape_pairs: int = 0
+
+    @property
+    def compared(self) -> int:
+        return sum(self.counts.values())
+
+    def rate(self, outcome: str) -> float:
+        """The share of compared requests with ``outcome`` (0 before any)."""
+        return self.counts[outcome] / self.compared if self.compared else 0.0
+
+    @property
+    def mismatch_ratio(self) -> float:
+        """Value mismatches per compared request: the online path computing the feature differently."""
+        return self.rate("value")
+
+    @property
+    def smape(self) -> float | None:
+        return self.smape_sum / self.smape_pairs if self.smape_pairs else None
+
+
+def _smape(a: float, b: float) -> float:
+    denominator = abs(a) + abs(b)
+    return 0.0 if denominator == 0 else 2 * abs(a - b) / denominator
+
+
+def _lookup(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[str, int], dict]:
+    """Recomputed features of ``view`` by (entity, at_ms), with the event time of the row they come from."""
+    at = at.drop_duplicates().sort_values([view.entity_key, "at_ms"], kind="stable")
+    if at.empty:
+        return {}
+    rows = recompute(view, events, at)
+    # Per entity the rows come in the order asked (ascending at_ms), each as of the latest event at or before its
+    # at_ms, points before the entity's first event left out: the latest row at or before at_ms is at_ms's own.
+    answered = {entity: group.to_dict("records") for entity, group in rows.groupby(view.entity_key, sort=False)}
+    found: dict[tuple[str, int], dict] = {}
+    for entity, points in at.groupby(view.entity_key, sort=False)["at_ms"]:
+        records = answered.get(entity, [])
+        times = [r[EVENT_TIME] for r in records]
+        for at_ms in points:
+            index = int(np.searchsorted(times, at_ms, side="right")) - 1
+            if index >= 0:
+                found[(entity, int(at_ms))] = records[index]
+    return found
+
+
+def check_consistency(
+    plan: FeaturePlan, events: pd.DataFrame, requests: Iterable[PredictionRecord], sample_rate: float = 1.0,
+    features: Sequence[str] | None = None,
+) -> dict[str, FeatureConsistency]:  # fmt: skip
+    """Compare the streaming features of ``requests`` (those whose entity is sampled at ``sample_rate``) with the
+    recompute over ``events`` (the accepted events of the log); per ``view:feature`` name, its outcomes. ``features``
+    limits the check to those names (default: every streaming feature the requests logged)."""
+    requests = list(requests)
+    report: dict[str, FeatureConsistency] = {}
+    for view in plan.views:
+        names = [f"{view.name}:{f}" for f in view.feature_names if features is None or f"{view.name}:{f}" in features]
+        chosen = [r for r in requests if view.entity_key in r.entity_keys and sampled(r.entity_keys[view.entity_key], sample_rate)
+                  and any(name in r.features for name in names)]  # fmt: skip
+        if not chosen:
+            continue
+        keys = [r.entity_keys[view.entity_key] for r in chosen]
+        row_times = [r.feature_row_times_ms.get(view.name) for r in chosen]
+        asked = pd.DataFrame({view.entity_key: keys + [k for k, t in zip(keys, row_times) if t is not None],
+                              "at_ms": [r.requested_at_ms for r in chosen] + [t for t in row_times if t is not None]})  # fmt: skip
+        lookup = _lookup(view, events, asked)
+        for record, key, row_time in zip(chosen, keys, row_times):
+            offline = lookup.get((key, record.requested_at_ms))
+            as_of_row = lookup.get((key, row_time)) if row_time is not None else None
+            for name in names:
+                if name not in record.features:
+                    continue
+                feature = name.split(":", 1)[1]
+                consistency = report.setdefault(name, FeatureConsistency(name))
+                online = None if name in record.defaulted_features else record.features[name]
+                want = None if offline is None else offline[feature]
+                consistency.counts[_outcome(feature, want, online, offline, as_of_row)] += 1
+                if want is not None and not pd.isna(want) and online is not None and not isinstance(online, str):
+                    consistency.smape_sum += _smape(float(want), float(online))
+                    consistency.smape_pairs += 1
+    return report
+
+
+def _outcome(feature: str, want, online, offline: dict | None, as_of_row: dict | None) -> str:
+    if offline is None:
+        return "match" if online is None else "extra"
+    if online is None:
+        return "missing"
+    if same_value(want, online, feature):
+        return "match"
+    if as_of_row is not None and as_of_row[EVENT_TIME] < offline[EVENT_TIME] and same_value(as_of_row[feature], online, feature):
+        return "lag"
+    return "value"
+
+
+def summary(report: dict[str, FeatureConsistency]) -> dict[str, dict[str, float | int | None]]:
+    """Per feature: requests compared, mismatch / lag / missing / extra ratios and SMAPE (for tables and JSON)."""
+    return {
+        name: {"compared": c.compared, "mismatch_ratio": c.mismatch_ratio, "lag_ratio": c.rate("lag"),
+               "missing_ratio": c.rate("missing"), "extra_ratio": c.rate("extra"), "smape": c.smape}
+        for name, c in sorted(report.items())
+    }  # fmt: skip
+
+
+def by_outcome(report: dict[str, FeatureConsistency]) -> dict[str, int]:
+    """Comparisons of every feature, by outcome."""
+    totals: dict[str, int] = defaultdict(int)
+    for consistency in report.values():
+        for outcome, count in consistency.counts.items():
+            totals[outcome] += count
+    return dict(totals)

@@ -1,0 +1,163 @@
+"""Distribution skew: online feature values against a training snapshot's reference distribution.
+
+Every measure works on counts (per reference bin for numbers, per value for categories), so a window of the
+online feature log is kept as counts that add up, and a check never revisits rows:
+
+* PSI (population stability index), Σ (a − e) · ln(a / e) over the reference's fixed bins, shares floored at
+  ``SHARE_FLOOR`` so an empty bin does not make it infinite. The field's usual reading: < 0.1 stable,
+  0.1–0.25 a shift worth a look, ≥ 0.25 a shift that matters.
+* Jensen–Shannon divergence (base 2, so in [0, 1]) over the same bins, for numbers: symmetric and bounded,
+  where PSI grows without limit as a bin empties.
+* L∞, the largest difference of one value's share, for categories (a new value counts as 0 in the reference).
+* The missing rate (no value) and the defaulted rate (the scorer fell back to the feature's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from feedback_loop.reference import FeatureReference, bin_counts
+
+#: Shares below this count as this, so PSI stays finite when a bin is empty on one side.
+SHARE_FLOOR = 1e-4
+
+
+@dataclass(frozen=True)
+class SkewThresholds:
+    """When a feature's skew warns or alerts: the field's usual defaults (PSI 0.1 / 0.25, JS and L∞ 0.1)."""
+
+    psi_warn: float = 0.1
+    psi_alert: float = 0.25
+    js_alert: float = 0.1
+    linf_alert: float = 0.1
+
+
+@dataclass(frozen=True)
+class FeatureCounts:
+    """A feature's online values over a window, as counts that add up: per reference bin (numbers) or per value
+    (categories), and rows with no value, rows where the scorer used the default, all rows."""
+
+    bins: tuple[int, ...] = ()
+    categories: tuple[tuple[str, int], ...] = ()
+    missing: int = 0
+    defaulted: int = 0
+    rows: int = 0
+
+    def __add__(self, other: FeatureCounts) -> FeatureCounts:
+        if not self.rows:
+            return other
+        if not other.rows:
+            return self
+        categories = dict(self.categories)
+        for value, count in other.categories:
+            categories[value] = categories.get(value, 0) + count
+        bins = tuple(a + b for a, b in zip(self.bins, other.bins)) if self.bins and other.bins else self.bins or other.bins
+        return FeatureCounts(bins, tuple(sorted(categories.items())), self.missing + other.missing,
+                             self.defaulted + other.defaulted, self.rows + other.rows)  # fmt: skip
+
+
+def count_values(reference: FeatureReference, values: np.ndarray | list, defaulted: np.ndarray | None = None) -> FeatureCounts:
+    """Count one feature's online ``values`` (None or NaN: missing) against its reference; ``defaulted`` marks the rows
+    where the scorer used the default."""
+    rows = len(values)
+    used = int(np.count_nonzero(defaulted)) if defaulted is not None else 0
+    if reference.kind == "categorical":
+        present = [str(v) for v in values if v is not None and v == v]
+        names, counts = np.unique(np.asarray(present, dtype=object).astype(str), return_counts=True) if present else ((), ())
+        return FeatureCounts((), tuple(zip(map(str, names), map(int, counts))), rows - len(present), used, rows)
+    numbers = np.asarray(values, dtype=float)
+    present = numbers[~np.isnan(numbers)]
+    return FeatureCounts(tuple(int(c) for c in bin_counts(present, reference.edges)), (), rows - present.size, used, rows)
+
+
+def _shares(counts: np.ndarray) -> np.ndarray:
+    total = counts.sum()
+    return counts / total if total else np.zeros_like(counts, dtype=float)
+
+
+def psi(expected: np.ndarray, actual: np.ndarray) -> float:
+    """PSI of the ``actual`` shares against the ``expected`` ones (same bins)."""
+    e, a = np.maximum(expected, SHARE_FLOOR), np.maximum(actual, SHARE_FLOOR)
+    return float(np.sum((a - e) * np.log(a / e)))
+
+
+def js_divergence(expected: np.ndarray, actual: np.ndarray) -> float:
+    """Jensen–Shannon divergence (base 2, in [0, 1]) of two share vectors over the same bins."""
+    middle = (expected + actual) / 2
+
+    def kl(p: np.ndarray) -> float:
+        mask = p > 0
+        with np.errstate(divide="ignore", over="ignore"):
+            # p / middle <= 2 exactly; with subnormal shares the division can overflow, so the bound holds it.
+            return float(np.sum(p[mask] * np.minimum(np.log2(p[mask] / middle[mask]), 1.0)))
+
+    return max(0.0, (kl(expected) + kl(actual)) / 2)
+
+
+@dataclass(frozen=True)
+class FeatureSkew:
+    """One feature's skew over a window against the reference: ``js_divergence`` for numbers, ``linf`` for
+    categories (None where it does not apply, and every measure None without a value to compare)."""
+
+    feature: str
+    kind: str
+    rows: int
+    psi: float | None
+    js_divergence: float | None
+    linf: float | None
+    missing_rate: float
+    defaulted_rate: float
+
+    def level(self, thresholds: SkewThresholds) -> str:
+        """``alert``, ``warn`` or ``ok`` under ``thresholds``."""
+        if (self.psi or 0) >= thresholds.psi_alert or (self.js_divergence or 0) >= thresholds.js_alert or (
+            self.linf or 0
+        ) >= thresholds.linf_alert:
+            return "alert"
+        return "warn" if (self.psi or 0) >= thresholds.psi_warn else "ok"
+
+
+def feature_skew(name: str, reference: FeatureReference, counts: FeatureCounts) -> FeatureSkew:
+    """The skew of a window's ``counts`` of feature ``name`` against its ``reference``."""
+    rows = max(counts.rows, 1)
+    missing_rate, defaulted_rate = counts.missing / rows, counts.defaulted / rows
+    if reference.kind == "categorical":
+        seen = dict(counts.categories)
+        values = sorted(set(reference.values) | set(seen))
+        expected = np.array([reference.values.get(v, 0.0) for v in values])
+        actual = _shares(np.array([seen.get(v, 0) for v in values], dtype=float))
+        if not values or not actual.any():
+            return FeatureSkew(name, reference.kind, counts.rows, None, None, None, missing_rate, defaulted_rate)
+        return FeatureSkew(name, reference.kind, counts.rows, psi(expected, actual), None,
+                           float(np.max(np.abs(actual - expected))), missing_rate, defaulted_rate)  # fmt: skip
+    actual = _shares(np.asarray(counts.bins, dtype=float))
+    if not reference.edges or not actual.any():
+        return FeatureSkew(name, reference.kind, counts.rows, None, None, None, missing_rate, defaulted_rate)
+    expected = np.asarray(reference.shares, dtype=float)
+    return FeatureSkew(name, reference.kind, counts.rows, psi(expected, actual), js_divergence(expected, actual), None,
+                       missing_rate, defaulted_rate)  # fmt: skip
+
+
+def skew_check(
+    references: Mapping[str, FeatureReference], columns: Mapping[str, np.ndarray | list],
+    defaulted: Mapping[str, np.ndarray] | None = None,
+) -> list[FeatureSkew]:  # fmt: skip
+    """Every referenced feature's skew over the rows of ``columns`` (feature → values; ``defaulted``: feature → a
+    boolean per row), in the references' order; a feature the rows do not carry is all missing."""
+    skews = []
+    rows = len(next(iter(columns.values()))) if columns else 0
+    for name, reference in references.items():
+        values = columns.get(name)
+        values = np.full(rows, np.nan) if values is None else values
+        skews.append(feature_skew(name, reference, count_values(reference, values, (defaulted or {}).get(name))))
+    return skews
+
+
+def population_stability(reference: FeatureReference, values: np.ndarray) -> float:
+    """PSI of numeric ``values`` against ``reference``'s bins (0.0 when the reference has none)."""
+    if not reference.edges:
+        return 0.0
+    return psi(np.asarray(reference.shares), _shares(bin_counts(values, reference.edges).astype(float)))

@@ -1,0 +1,86 @@
+"""The online feature log as a sliding window of counts: per model version and time bucket, every referenced
+feature's counts, which ``feedback_loop/drift.py`` measures skew from.
+
+The counts live in a mutable mapping given by the caller: the monitor's faust table (changelogged to Kafka, so a
+restarted monitor resumes with its window) or a dict in tests. A key is ``<reference>|<version>|<bucket start
+ms>|<source partition>``: bins only add up against the same reference (a new prod snapshot starts new keys), and a
+faust table's key must stay on the partition of the records that write it. A value maps each feature to its
+``FeatureCounts`` as plain JSON. A check adds up the buckets inside the window; older buckets are deleted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, MutableMapping
+from dataclasses import asdict
+
+from feedback_loop.drift import FeatureCounts, FeatureSkew, count_values, feature_skew
+from feedback_loop.reference import FeatureReference
+from schemas.records import PredictionRecord
+
+
+def _to_json(counts: FeatureCounts) -> dict:
+    return {**asdict(counts), "bins": list(counts.bins), "categories": [list(c) for c in counts.categories]}
+
+
+def _from_json(value: Mapping) -> FeatureCounts:
+    return FeatureCounts(tuple(value["bins"]), tuple((str(k), int(n)) for k, n in value["categories"]), int(value["missing"]),
+                         int(value["defaulted"]), int(value["rows"]))  # fmt: skip
+
+
+class FeatureLogWindow:
+    """Counts of logged feature values against ``references`` (feature → reference, named ``reference_id``), in
+    buckets of ``bucket_ms`` by scoring time, over the last ``window_ms``, kept in ``store``."""
+
+    def __init__(self, store: MutableMapping[str, dict], reference_id: str, references: Mapping[str, FeatureReference],
+                 bucket_ms: int, window_ms: int) -> None:  # fmt: skip
+        if bucket_ms <= 0 or window_ms < bucket_ms:
+            raise ValueError(f"a window of {window_ms} ms cannot hold buckets of {bucket_ms} ms")
+        self.store, self.bucket_ms, self.window_ms = store, bucket_ms, window_ms
+        self.use(reference_id, references)
+
+    def use(self, reference_id: str, references: Mapping[str, FeatureReference]) -> None:
+        """Count against another reference from now on (the counts against the old one age out of the window)."""
+        if "|" in reference_id:
+            raise ValueError(f"a reference id cannot hold '|': {reference_id!r}")
+        self.reference_id, self.references = reference_id, dict(references)
+
+    def add(self, records: Iterable[PredictionRecord], partition: int = 0) -> int:
+        """Count the referenced features of ``records`` (read from source ``partition``): one store update per
+        (version, bucket) touched; how many records were counted."""
+        groups: dict[tuple[str, int], list[PredictionRecord]] = {}
+        for record in records:
+            groups.setdefault((record.model_version, record.scored_at_ms // self.bucket_ms * self.bucket_ms), []).append(record)
+        for (version, bucket), batch in groups.items():
+            key = f"{self.reference_id}|{version}|{bucket}|{partition}"
+            counts = dict(self.store.get(key) or {})
+            for name, reference in self.references.items():
+                added = count_values(reference, [r.features.get(name) for r in batch], [name in r.defaulted_features for r in batch])
+                counts[name] = _to_json(added if name not in counts else _from_json(counts[name]) + added)
+            self.store[key] = counts
+        return sum(len(batch) for batch in groups.values())
+
+    def window(self, now_ms: int) -> dict[str, dict[str, FeatureCounts]]:
+        """Per model version and feature, the counts (against the current reference) of the buckets within the
+        window ending at ``now_ms``."""
+        start = now_ms - self.window_ms
+        totals: dict[str, dict[str, FeatureCounts]] = {}
+        for key, value in list(self.store.items()):
+            reference, version, bucket, _ = key.split("|")
+            if reference != self.reference_id or int(bucket) + self.bucket_ms <= start:
+                continue
+            by_feature = totals.setdefault(version, {})
+            for name, counts in value.items():
+                if name in self.references:
+                    by_feature[name] = by_feature.get(name, FeatureCounts()) + _from_json(counts)
+        return totals
+
+    def skews(self, now_ms: int) -> dict[str, list[FeatureSkew]]:
+        """Per model version, every referenced feature's skew over the window ending at ``now_ms``."""
+        return {version: [feature_skew(name, self.references[name], counts) for name, counts in sorted(features.items())]
+                for version, features in sorted(self.window(now_ms).items())}  # fmt: skip
+
+    def stale(self, now_ms: int) -> list[str]:
+        """The keys of buckets that ended before the window ending at ``now_ms``, or that count against another
+        reference and are as old: what to delete."""
+        start = now_ms - self.window_ms
+        return [key for key in list(self.store.keys()) if int(key.split("|")[2]) + self.bucket_ms <= start]

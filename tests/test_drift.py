@@ -1,0 +1,107 @@
+"""Distribution skew measures: PSI, Jensen–Shannon and L∞ against a snapshot's reference, from counts that add up."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from feedback_loop.drift import SkewThresholds, count_values, feature_skew, js_divergence, psi, skew_check
+from feedback_loop.feature_log import FeatureLogWindow
+from feedback_loop.reference import reference_statistics
+from schemas.records import PredictionRecord
+
+RNG = np.random.default_rng(0)
+AMOUNTS = RNG.lognormal(3, 1, 50_000)
+CHANNELS = RNG.choice(["web", "app", "pos"], 50_000, p=[0.5, 0.3, 0.2])
+REFERENCE = reference_statistics(pd.DataFrame({"amount": AMOUNTS[:25_000], "channel": CHANNELS[:25_000].astype(object)}),
+                                 ["amount", "channel"])  # fmt: skip
+THRESHOLDS = SkewThresholds()
+
+
+def test_the_same_distribution_is_stable_and_a_shifted_one_alerts() -> None:
+    same = skew_check(REFERENCE, {"amount": AMOUNTS[25_000:], "channel": CHANNELS[25_000:].astype(object)})
+    assert [s.level(THRESHOLDS) for s in same] == ["ok", "ok"], same
+    assert same[0].psi < 0.01 and same[0].js_divergence < 0.01 and same[1].linf < 0.02
+
+    shifted_amounts = AMOUNTS[25_000:] * 2.5  # a price rise, or a currency bug (x1.6 measured PSI 0.20: a warning)
+    moved_channels = RNG.choice(["web", "app", "pos"], 25_000, p=[0.3, 0.5, 0.2]).astype(object)
+    shifted = skew_check(REFERENCE, {"amount": shifted_amounts, "channel": moved_channels})
+    assert shifted[0].psi >= 0.25 and shifted[0].level(THRESHOLDS) == "alert"
+    assert shifted[1].linf == pytest.approx(0.2, abs=0.02) and shifted[1].level(THRESHOLDS) == "alert"
+    assert shifted[0].linf is None and shifted[1].js_divergence is None
+
+
+def test_missing_defaulted_and_new_categories_are_counted() -> None:
+    values = np.where(np.arange(1_000) % 10 == 0, np.nan, AMOUNTS[:1_000])
+    counts = count_values(REFERENCE["amount"], values, defaulted=np.arange(1_000) % 4 == 0)
+    skew = feature_skew("amount", REFERENCE["amount"], counts)
+    assert skew.missing_rate == pytest.approx(0.1) and skew.defaulted_rate == pytest.approx(0.25) and skew.rows == 1_000
+
+    unseen = count_values(REFERENCE["channel"], ["kiosk"] * 300 + [None] * 100)
+    skew = feature_skew("channel", REFERENCE["channel"], unseen)
+    assert skew.linf == pytest.approx(1.0) and skew.missing_rate == pytest.approx(0.25)
+    # No value at all: nothing to compare, no alert on an empty window.
+    empty = feature_skew("amount", REFERENCE["amount"], count_values(REFERENCE["amount"], np.full(50, np.nan)))
+    assert empty.psi is None and empty.level(THRESHOLDS) == "ok" and empty.missing_rate == 1.0
+
+
+shares = st.lists(st.floats(0, 1), min_size=2, max_size=12).filter(lambda xs: sum(xs) > 0).map(lambda xs: np.array(xs) / sum(xs))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_js_is_bounded_and_symmetric_and_psi_is_zero_only_for_equal_shares(data) -> None:
+    p = data.draw(shares)
+    q = data.draw(st.lists(st.floats(0, 1), min_size=len(p), max_size=len(p)).filter(lambda xs: sum(xs) > 0))
+    q = np.array(q) / sum(q)
+    assert 0.0 <= js_divergence(p, q) <= 1.0 + 1e-9
+    assert js_divergence(p, q) == pytest.approx(js_divergence(q, p), abs=1e-9)
+    assert psi(p, p) == pytest.approx(0.0, abs=1e-12) and psi(p, q) >= -1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.floats(-10, 500, allow_nan=False)), max_size=300), st.integers(0, 300))
+def test_window_counts_add_up_to_the_counts_of_all_rows(values: list, cut: int) -> None:
+    numbers = np.array([np.nan if v is None else v for v in values])
+    reference = REFERENCE["amount"]
+    whole = count_values(reference, numbers)
+    assert count_values(reference, numbers[:cut]) + count_values(reference, numbers[cut:]) == whole
+    assert sum(whole.bins) + whole.missing == whole.rows == len(values)
+    labels = [None if v is None else ("web" if v > 100 else "app") for v in values]
+    assert count_values(REFERENCE["channel"], labels[:cut]) + count_values(REFERENCE["channel"], labels[cut:]) == count_values(
+        REFERENCE["channel"], labels
+    )
+
+
+def _prediction(i: int, amount: float | None, at_ms: int, version: str = "3") -> PredictionRecord:
+    return PredictionRecord(
+        schema_version=1, request_id=f"r{i}", entity_keys={"user_id": f"u{i}"}, features={"amount": amount, "channel": "web"},
+        defaulted_features=["amount"] if amount is None else [], model_name="m", model_version=version, score=0.5,
+        requested_at_ms=at_ms, scored_at_ms=at_ms,
+    )  # fmt: skip
+
+
+def test_the_feature_log_window_adds_buckets_and_forgets_what_left_the_window() -> None:
+    store: dict = {}
+    window = FeatureLogWindow(store, "snap-a", REFERENCE, bucket_ms=60_000, window_ms=300_000)
+    minute, t0 = 60_000, 29_833_334 * 60_000  # t0: a minute's start
+    old = [_prediction(i, float(AMOUNTS[i]), t0 + i) for i in range(500)]
+    recent = [_prediction(i, float(AMOUNTS[i] * 3), t0 + 6 * minute + i) for i in range(500)]
+    canary = [_prediction(i, None, t0 + 6 * minute + i, version="4") for i in range(100)]
+    assert window.add(old, partition=0) + window.add(recent, partition=1) + window.add(canary, partition=1) == 1_100
+
+    at_7 = window.window(t0 + 7 * minute)  # the window (2, 7] minutes: only the recent buckets
+    assert at_7["3"]["amount"].rows == 500 and at_7["4"]["amount"].defaulted == 100
+    skews = {s.feature: s for s in window.skews(t0 + 7 * minute)["3"]}
+    assert skews["amount"].psi > 0.25 and skews["channel"].linf > 0.4  # all "web" against half
+    assert window.window(t0 + 5 * minute)["3"]["amount"].rows == 1_000  # (0, 5]: both
+    assert window.stale(t0 + 7 * minute) == [f"snap-a|3|{t0}|0"]
+
+    # A new reference (another prod snapshot) counts from scratch; the old counts only age out.
+    window.use("snap-b", REFERENCE)
+    assert window.window(t0 + 7 * minute) == {}
+    window.add(recent[:10], partition=1)
+    assert window.window(t0 + 7 * minute)["3"]["amount"].rows == 10
