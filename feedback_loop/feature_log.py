@@ -4,8 +4,10 @@ feature's counts, which ``feedback_loop/drift.py`` measures skew from.
 The counts live in a mutable mapping given by the caller: the monitor's faust table (changelogged to Kafka, so a
 restarted monitor resumes with its window) or a dict in tests. A key is ``<reference>|<version>|<bucket start
 ms>|<source partition>``: bins only add up against the same reference (a new prod snapshot starts new keys), and a
-faust table's key must stay on the partition of the records that write it. A value maps each feature to its
-``FeatureCounts`` as plain JSON. A check adds up the buckets inside the window; older buckets are deleted.
+faust table's key must stay on the partition of the records that write it. A value holds each feature's
+``FeatureCounts`` as plain JSON and the highest source offset counted into it: records of one partition come in
+offset order, so a record at or below it was counted already (a restarted consumer re-reading what its last commit
+did not cover) and is skipped. A check adds up the buckets inside the window; older buckets are deleted.
 """
 
 from __future__ import annotations
@@ -44,20 +46,26 @@ class FeatureLogWindow:
             raise ValueError(f"a reference id cannot hold '|': {reference_id!r}")
         self.reference_id, self.references = reference_id, dict(references)
 
-    def add(self, records: Iterable[PredictionRecord], partition: int = 0) -> int:
-        """Count the referenced features of ``records`` (read from source ``partition``): one store update per
-        (version, bucket) touched; how many records were counted."""
+    def add(self, records: Iterable[PredictionRecord], partition: int = 0, offset: int | None = None) -> int:
+        """Count the referenced features of ``records`` read from source ``partition`` (the last of them at ``offset``,
+        when given: a bucket that counted that offset already skips them): one store update per (version, bucket)
+        touched; how many records were counted."""
         groups: dict[tuple[str, int], list[PredictionRecord]] = {}
         for record in records:
             groups.setdefault((record.model_version, record.scored_at_ms // self.bucket_ms * self.bucket_ms), []).append(record)
+        counted = 0
         for (version, bucket), batch in groups.items():
             key = f"{self.reference_id}|{version}|{bucket}|{partition}"
-            counts = dict(self.store.get(key) or {})
+            stored = self.store.get(key) or {"features": {}, "through": -1}
+            if offset is not None and offset <= stored["through"]:
+                continue
+            counts = dict(stored["features"])
             for name, reference in self.references.items():
                 added = count_values(reference, [r.features.get(name) for r in batch], [name in r.defaulted_features for r in batch])
                 counts[name] = _to_json(added if name not in counts else _from_json(counts[name]) + added)
-            self.store[key] = counts
-        return sum(len(batch) for batch in groups.values())
+            self.store[key] = {"features": counts, "through": stored["through"] if offset is None else offset}
+            counted += len(batch)
+        return counted
 
     def window(self, now_ms: int) -> dict[str, dict[str, FeatureCounts]]:
         """Per model version and feature, the counts (against the current reference) of the buckets within the
@@ -69,7 +77,7 @@ class FeatureLogWindow:
             if reference != self.reference_id or int(bucket) + self.bucket_ms <= start:
                 continue
             by_feature = totals.setdefault(version, {})
-            for name, counts in value.items():
+            for name, counts in value["features"].items():
                 if name in self.references:
                     by_feature[name] = by_feature.get(name, FeatureCounts()) + _from_json(counts)
         return totals

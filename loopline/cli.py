@@ -494,6 +494,24 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
         time.sleep(config.retrain.poll_s)
 
 
+@app.command("monitor")
+def monitor() -> None:
+    """Watch the prediction log for feature skew against the reference snapshot and replay a sample against the offline
+    recompute; Prometheus metrics on monitor.metrics_port. Runs until SIGTERM."""
+    from prometheus_client import start_http_server
+
+    from feedback_loop.monitor_metrics import MonitorMetrics
+    from loopline.monitoring import build_monitor
+
+    config = settings()
+    metrics = MonitorMetrics()
+    monitor = build_monitor(config, metrics)
+    start_http_server(config.monitor.metrics_port, addr=config.serving.host, registry=metrics.registry)
+    console.print(f"monitor: skew against snapshot {monitor.window.reference_id}, metrics on "
+                  f"http://{config.serving.host}:{config.monitor.metrics_port}/metrics")  # fmt: skip
+    monitor.run()
+
+
 @app.command("plan-gpu")
 def plan_gpu(
     widths: Annotated[Optional[str], typer.Option(help="An MLP's layer widths, input first: 12,512,512,256,1.")] = None,

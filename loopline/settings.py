@@ -21,6 +21,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from feedback_loop.drift import SkewThresholds
 from feedback_loop.retrain_trigger import TriggerPolicy
 from offline_training.release_policy import ReleasePolicy
 
@@ -215,6 +216,40 @@ class RetrainSettings(BaseModel):
         return TriggerPolicy(**{name: getattr(self, name) for name in TriggerPolicy.__dataclass_fields__})
 
 
+class SkewThresholdSettings(BaseModel):
+    """When a feature's distribution skew warns or alerts (the field's usual defaults)."""
+
+    psi_warn: float = Field(default=SkewThresholds.psi_warn, gt=0)
+    psi_alert: float = Field(default=SkewThresholds.psi_alert, gt=0)
+    js_alert: float = Field(default=SkewThresholds.js_alert, gt=0, le=1)
+    linf_alert: float = Field(default=SkewThresholds.linf_alert, gt=0, le=1)
+
+    def thresholds(self) -> SkewThresholds:
+        """The thresholds these settings declare."""
+        return SkewThresholds(**self.model_dump())
+
+
+class MonitorSettings(BaseModel):
+    """The skew and consistency monitor (`loopline monitor`, ``feedback_loop/monitor.py``)."""
+
+    app_id: str = Field(default="loopline-monitor", description="The faust app id: its consumer group and changelog topics.")
+    metrics_port: int = Field(default=9260, ge=1, le=65535)
+    window_s: float = Field(default=900.0, gt=0, description="Skew is measured over the predictions scored this far back.")
+    bucket_s: float = Field(default=60.0, gt=0, description="The window moves in steps of this.")
+    check_interval_s: float = Field(default=10.0, gt=0)
+    min_rows: int = Field(default=300, ge=1, description="A model version's skew is published once its window holds this many rows.")
+    reference_snapshot: str | None = Field(
+        default=None, description="Measure against this snapshot; default: the training snapshot of the version prod names."
+    )
+    thresholds: SkewThresholdSettings = SkewThresholdSettings()
+    feature_thresholds: dict[str, SkewThresholdSettings] = Field(default_factory=dict, description="Per feature (view:feature).")
+    sample_rate: float = Field(default=0.1, gt=0, le=1, description="Share of entity keys whose requests the consistency check replays.")
+    consistency_interval_s: float = Field(default=60.0, gt=0)
+    settle_s: float = Field(default=20.0, ge=0, description="Replay a request only this long after it was scored (late events arrive).")
+    max_sampled: int = Field(default=20_000, ge=1, description="Sampled requests held for the next replay; the oldest go first.")
+    from_earliest: bool = Field(default=False, description="A new monitor reads scoring.predictions from its start, not its end.")
+
+
 class RegistrySettings(BaseModel):
     """The MLflow model registry: training registers and releases versions there, serving loads them."""
 
@@ -241,6 +276,7 @@ class Settings(BaseSettings):
     release: ReleaseSettings = ReleaseSettings()
     registry: RegistrySettings = RegistrySettings()
     retrain: RetrainSettings = RetrainSettings()
+    monitor: MonitorSettings = MonitorSettings()
 
     @property
     def examples_topic(self) -> str:

@@ -105,3 +105,14 @@ def test_the_feature_log_window_adds_buckets_and_forgets_what_left_the_window() 
     assert window.window(t0 + 7 * minute) == {}
     window.add(recent[:10], partition=1)
     assert window.window(t0 + 7 * minute)["3"]["amount"].rows == 10
+
+
+def test_a_record_counted_already_is_skipped_by_its_offset() -> None:
+    window = FeatureLogWindow({}, "snap-a", REFERENCE, bucket_ms=60_000, window_ms=300_000)
+    t0 = 29_833_334 * 60_000
+    records = [_prediction(i, float(AMOUNTS[i]), t0 + i) for i in range(10)]
+    assert sum(window.add([r], partition=2, offset=100 + i) for i, r in enumerate(records)) == 10
+    # A restarted consumer re-reads offsets 105-109 (its last commit covered 104), then goes on.
+    assert sum(window.add([r], partition=2, offset=100 + i) for i, r in enumerate(records) if i >= 5) == 0
+    assert window.add([records[0]], partition=2, offset=110) == 1
+    assert window.window(t0 + 60_000)["3"]["amount"].rows == 11

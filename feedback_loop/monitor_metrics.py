@@ -1,0 +1,104 @@
+"""The monitor's Prometheus metrics: skew per feature and model version, consistency per feature, thresholds.
+
+A feature's skew series exist only while its model version's window holds enough rows to judge (fewer would
+alert on noise); the thresholds are exported beside them so one alert rule serves every feature's own limits.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, values
+
+from feedback_loop.consistency import OUTCOMES, FeatureConsistency
+from feedback_loop.drift import FeatureSkew, SkewThresholds
+
+_SKEW = ("feature", "model_version")
+# The monitor imports Feast (the feature plan), which sets PROMETHEUS_MULTIPROC_DIR and so would switch every metric
+# to shared files, labels that cannot be cleared included (online/metrics.py does the same for the scorer).
+values.ValueClass = values.MutexValue
+
+
+class MonitorMetrics:
+    """Every metric the monitor exports, in a registry of its own."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.psi = Gauge("loopline_feature_psi", "Population stability index of the window against the reference.", _SKEW, registry=r)
+        self.js = Gauge("loopline_feature_js_divergence", "Jensen-Shannon divergence (base 2) of a numeric feature.", _SKEW, registry=r)
+        self.linf = Gauge("loopline_feature_linf_distance", "Largest change of one value's share (categorical).", _SKEW, registry=r)
+        self.defaulted = Gauge("loopline_feature_defaulted_ratio", "Share of requests scored with the default.", _SKEW, registry=r)
+        self.missing = Gauge("loopline_feature_missing_ratio", "Share of requests with no value.", _SKEW, registry=r)
+        self.rows = Gauge("loopline_feature_window_rows", "Requests in the window (all, before the minimum is reached).", _SKEW,
+                          registry=r)  # fmt: skip
+        self.threshold = Gauge("loopline_feature_skew_threshold", "Where a feature's skew warns or alerts.", ["feature", "measure"],
+                               registry=r)  # fmt: skip
+        self.mismatch = Gauge("loopline_feature_consistency_mismatch_ratio", "Value mismatches against the recompute, last replay.",
+                              ["feature"], registry=r)  # fmt: skip
+        self.lag = Gauge("loopline_feature_consistency_lag_ratio", "Mismatches explained by an older online row, last replay.",
+                         ["feature"], registry=r)  # fmt: skip
+        self.consistency_missing = Gauge("loopline_feature_consistency_missing_ratio", "No online value where the log had one.",
+                                         ["feature"], registry=r)  # fmt: skip
+        self.extra = Gauge("loopline_feature_consistency_extra_ratio", "An online value where the log had none.", ["feature"], registry=r)
+        self.smape = Gauge("loopline_feature_consistency_smape", "SMAPE (0-2) of the online values against the recompute.",
+                           ["feature"], registry=r)  # fmt: skip
+        self.comparisons = Counter("loopline_feature_consistency_comparisons_total", "Replayed comparisons by outcome.",
+                                   ["feature", "outcome"], registry=r)  # fmt: skip
+        self.records = Counter("loopline_monitor_records_total", "Predictions the monitor counted.", registry=r)
+        self.bad_records = Counter("loopline_monitor_bad_records_total", "Records on the predictions topic that did not decode.",
+                                   registry=r)  # fmt: skip
+        self.reference = Gauge("loopline_monitor_reference_info", "The snapshot skew is measured against (1).", ["snapshot_id"],
+                               registry=r)  # fmt: skip
+        self.last_check = Gauge("loopline_monitor_last_check_timestamp_seconds", "When skew was last computed.", registry=r)
+        self.last_replay = Gauge("loopline_monitor_last_replay_timestamp_seconds", "When the consistency replay last ran.", registry=r)
+        self._published: set[tuple[str, str]] = set()
+
+    def publish_skews(
+        self, skews: Mapping[str, list[FeatureSkew]], min_rows: int, thresholds: Mapping[str, SkewThresholds], reference_id: str
+    ) -> None:
+        """Set the skew series of every (feature, version) with at least ``min_rows`` rows; remove the others."""
+        with warnings.catch_warnings():  # it warns whenever PROMETHEUS_MULTIPROC_DIR is set, though our values are in process
+            warnings.simplefilter("ignore", UserWarning)
+            self.reference.clear()
+        self.reference.labels(reference_id).set(1)
+        published = set()
+        for version, features in skews.items():
+            for skew in features:
+                self.rows.labels(skew.feature, version).set(skew.rows)
+                if skew.rows < min_rows:
+                    continue
+                published.add((skew.feature, version))
+                for gauge, value in ((self.psi, skew.psi), (self.js, skew.js_divergence), (self.linf, skew.linf)):
+                    if value is not None:
+                        gauge.labels(skew.feature, version).set(value)
+                self.defaulted.labels(skew.feature, version).set(skew.defaulted_rate)
+                self.missing.labels(skew.feature, version).set(skew.missing_rate)
+        for labels in self._published - published:
+            for gauge in (self.psi, self.js, self.linf, self.defaulted, self.missing):
+                try:
+                    gauge.remove(*labels)
+                except KeyError:
+                    pass
+        self._published = published
+        for feature, limits in thresholds.items():
+            for measure in ("psi_warn", "psi_alert", "js_alert", "linf_alert"):
+                self.threshold.labels(feature, measure).set(getattr(limits, measure))
+        self.last_check.set(time.time())
+
+    def publish_consistency(self, report: Mapping[str, FeatureConsistency]) -> None:
+        """Set each replayed feature's ratios from the last replay and count its comparisons."""
+        for name, consistency in report.items():
+            if not consistency.compared:
+                continue
+            self.mismatch.labels(name).set(consistency.mismatch_ratio)
+            self.lag.labels(name).set(consistency.rate("lag"))
+            self.consistency_missing.labels(name).set(consistency.rate("missing"))
+            self.extra.labels(name).set(consistency.rate("extra"))
+            if consistency.smape is not None:
+                self.smape.labels(name).set(consistency.smape)
+            for outcome in OUTCOMES:
+                self.comparisons.labels(name, outcome).inc(consistency.counts[outcome])
+        self.last_replay.set(time.time())

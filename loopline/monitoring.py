@@ -1,0 +1,82 @@
+"""Wires the skew and consistency monitor (`loopline monitor`) to the settings' stack: the predictions topic, the
+reference snapshot (the prod version's training snapshot, or the one the settings name), and the event log the
+consistency replay recomputes from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from confluent_kafka.admin import AdminClient
+
+from feedback_loop.consistency import FeatureConsistency, check_consistency
+from feedback_loop.monitor import Monitor, MonitorConfig, References
+from feedback_loop.monitor_metrics import MonitorMetrics
+from feedback_loop.snapshots import find_snapshot
+from infra.errors import StackError
+from loopline.components import feature_plan, model_release
+from loopline.settings import Settings
+from schemas.records import PredictionRecord
+from schemas.topics import PREDICTIONS
+from streams.feature_plan import FeaturePlan
+from streams.recompute import accepted_events
+from streams.topics import read_topic
+
+
+def reference_snapshot(settings: Settings) -> References:
+    """What skew is measured against: ``monitor.reference_snapshot``, or the training snapshot of the version the
+    served model's ``prod`` alias names (its ``loopline.snapshot_id`` tag). StackError when there is neither."""
+    from offline_training.candidate import SNAPSHOT_TAG
+    from schemas.model_registry import PROD_ALIAS
+
+    snapshot_id = settings.monitor.reference_snapshot
+    if snapshot_id is None:
+        name = settings.serving.model_name
+        release = model_release(settings)
+        version = release.aliases(name).get(PROD_ALIAS)
+        if version is None:
+            raise StackError(f"{name} has no prod version to take a reference from",
+                             "set monitor.reference_snapshot (LOOPLINE_MONITOR__REFERENCE_SNAPSHOT) to a snapshot id")  # fmt: skip
+        snapshot_id = release.client.get_model_version(name, version).tags.get(SNAPSHOT_TAG)
+        if snapshot_id is None:
+            raise StackError(f"{name} v{version} (prod) was not trained on a snapshot: no reference to measure skew against",
+                             "set monitor.reference_snapshot to a snapshot of its inputs (loopline snapshot create --backfill)")  # fmt: skip
+    manifest, _ = find_snapshot(settings.snapshots_root, snapshot_id)
+    return manifest.snapshot_id, manifest.reference
+
+
+def consistency_replay(settings: Settings, plan: FeaturePlan):
+    """The replay of a batch of sampled requests: the event log from the longest window before the earliest of them,
+    judged as the job judges it (late events out), recomputed point in time and compared."""
+    kafka = settings.kafka
+    windows = [agg.window_ms or 0 for view in plan.views for agg in view.aggregations]
+    lookback_ms = max(windows, default=0) + plan.out_of_orderness_ms
+
+    def replay(batch: list[PredictionRecord]) -> Mapping[str, FeatureConsistency]:
+        since = min(record.requested_at_ms for record in batch) - lookback_ms
+        accepted, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config, since_ms=since))
+        return check_consistency(plan, accepted, batch) if len(accepted) else {}
+
+    return replay
+
+
+def _partitions(settings: Settings, topic: str) -> int:
+    admin = AdminClient({**settings.kafka.client_config, "bootstrap.servers": settings.kafka.bootstrap_servers})
+    metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
+    if metadata is None or metadata.error is not None or not metadata.partitions:
+        raise StackError(f"topic {topic} does not exist", "loopline stack up creates it; or start the scorer first")
+    return len(metadata.partitions)
+
+
+def build_monitor(settings: Settings, metrics: MonitorMetrics) -> Monitor:
+    """The monitor over the settings' stack."""
+    options = settings.monitor
+    config = MonitorConfig(
+        bootstrap_servers=settings.kafka.bootstrap_servers, predictions_topic=PREDICTIONS.name,
+        partitions=_partitions(settings, PREDICTIONS.name), app_id=options.app_id, window_ms=int(options.window_s * 1000),
+        bucket_ms=int(options.bucket_s * 1000), check_interval_s=options.check_interval_s, min_rows=options.min_rows,
+        thresholds=options.thresholds.thresholds(),
+        feature_thresholds={name: limits.thresholds() for name, limits in options.feature_thresholds.items()},
+        sample_rate=options.sample_rate, consistency_interval_s=options.consistency_interval_s,
+        settle_ms=int(options.settle_s * 1000), max_sampled=options.max_sampled, from_earliest=options.from_earliest,
+    )  # fmt: skip
+    return Monitor(config, lambda: reference_snapshot(settings), consistency_replay(settings, feature_plan(settings)), metrics)
