@@ -9,6 +9,7 @@ from pathlib import Path
 from infra.flink import FlinkRuntime
 from infra.jars import ensure_jars
 from infra.kafka import KafkaBroker
+from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
 from infra.service import ManagedService, ServiceStatus
 from infra.system_packages import ensure_packages
@@ -24,18 +25,20 @@ class StartReport:
 
 
 class LocalStack:
-    """Kafka (KRaft) + Redis as managed processes, and the embedded Flink runtime."""
+    """Kafka (KRaft), Redis and Prometheus as managed processes, and the embedded Flink runtime."""
 
-    def __init__(self, kafka: KafkaBroker, redis: RedisServer, flink: FlinkRuntime, jars_dir: Path) -> None:
+    def __init__(self, kafka: KafkaBroker, redis: RedisServer, prometheus: PrometheusServer, flink: FlinkRuntime,
+                 jars_dir: Path) -> None:  # fmt: skip
         self.kafka = kafka
         self.redis = redis
+        self.prometheus = prometheus
         self.flink = flink
         self.jars_dir = jars_dir
 
     @property
     def services(self) -> tuple[ManagedService, ...]:
         """The processes the stack runs, in start order."""
-        return (self.kafka, self.redis)
+        return (self.kafka, self.redis, self.prometheus)
 
     def setup(self) -> list[str]:
         """Install missing Debian packages and fetch missing jars; return what was added."""

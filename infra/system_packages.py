@@ -15,7 +15,10 @@ REQUIRED_COMMANDS: dict[str, str] = {
     "mvn": "maven",
     "redis-server": "redis-server",
     "kcat": "kcat",
+    "prometheus": "prometheus",
     "promtool": "prometheus",
+    # The dashboard's test runs the page in headless Chromium.
+    "chromium": "chromium",
 }
 
 

@@ -512,6 +512,21 @@ def monitor() -> None:
     monitor.run()
 
 
+@app.command("dashboard")
+def dashboard() -> None:
+    """Serve the skew alert dashboard: features' skew and consistency, alerts firing, model versions, scorer latency."""
+    import uvicorn
+
+    from infra.dashboard_server import dashboard_app
+    from loopline.monitoring import model_versions
+
+    config = settings()
+    page = dashboard_app(f"http://{config.prometheus.host}:{config.prometheus.port}", lambda: model_versions(config))
+    console.print(f"dashboard: http://{config.dashboard.host}:{config.dashboard.port}/ (Prometheus at "
+                  f"http://{config.prometheus.host}:{config.prometheus.port})")  # fmt: skip
+    uvicorn.run(page, host=config.dashboard.host, port=config.dashboard.port, log_level="warning")
+
+
 @app.command("plan-gpu")
 def plan_gpu(
     widths: Annotated[Optional[str], typer.Option(help="An MLP's layer widths, input first: 12,512,512,256,1.")] = None,

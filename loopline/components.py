@@ -10,10 +10,20 @@ from typing import TYPE_CHECKING
 from infra.flink import FlinkRuntime
 from infra.jars import flink_connector_jar
 from infra.kafka import KafkaBroker
+from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
 from infra.service import free_port
 from infra.stack import LocalStack
-from loopline.settings import FeatureStoreSettings, FeedbackSettings, KafkaSettings, RedisSettings, Settings, StreamSettings
+from loopline.settings import (
+    FeatureStoreSettings,
+    FeedbackSettings,
+    KafkaSettings,
+    MonitorSettings,
+    PrometheusSettings,
+    RedisSettings,
+    Settings,
+    StreamSettings,
+)
 from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.operators_jar import operators_jar
@@ -27,12 +37,15 @@ if TYPE_CHECKING:
 
 
 def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
-    """Settings for a stack of its own under ``home``, Kafka and Redis on free ports (tests, benchmarks)."""
+    """Settings for a stack of its own under ``home``, Kafka, Redis, Prometheus and metrics on free ports (tests,
+    benchmarks)."""
     return Settings(
         home=home,
         jars_dir=jars_dir,
         kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
         redis=RedisSettings(port=free_port()),
+        prometheus=PrometheusSettings(port=free_port()),
+        monitor=MonitorSettings(metrics_port=free_port()),
         feature_store=FeatureStoreSettings(registry_path=home / "feast" / "registry.db"),
         stream=StreamSettings(metrics_port=free_port()),
         feedback=FeedbackSettings(metrics_port=free_port()),
@@ -66,7 +79,23 @@ def build_stack(settings: Settings) -> LocalStack:
         log_dir=logs,
         start_timeout_s=settings.redis.start_timeout_s,
     )
-    return LocalStack(kafka, redis, FlinkRuntime(jars), jars)
+    prometheus = PrometheusServer(
+        host=settings.prometheus.host, port=settings.prometheus.port, targets=scrape_targets(settings),
+        scrape_interval_s=settings.prometheus.scrape_interval_s, data_dir=data, run_dir=run, log_dir=logs,
+        start_timeout_s=settings.prometheus.start_timeout_s,
+    )  # fmt: skip
+    return LocalStack(kafka, redis, prometheus, FlinkRuntime(jars), jars)
+
+
+def scrape_targets(settings: Settings) -> dict[str, list[str]]:
+    """What the stack's Prometheus scrapes, by job: the scorer, the monitor, the Flink jobs' reporters (when on)."""
+    host = settings.serving.host
+    targets = {"loopline-scorer": [f"{host}:{settings.serving.http_port}"], "loopline-monitor": [f"{host}:{settings.monitor.metrics_port}"]}
+    if settings.stream.metrics_port:
+        targets["loopline-feature-job"] = [f"127.0.0.1:{settings.stream.metrics_port}"]
+    if settings.feedback.metrics_port:
+        targets["loopline-joiner"] = [f"127.0.0.1:{settings.feedback.metrics_port}"]
+    return targets
 
 
 def synthetic_config(settings: Settings, rate_per_s: float, malformed_rate: float | None = None) -> SyntheticConfig:

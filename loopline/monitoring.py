@@ -4,6 +4,7 @@ consistency replay recomputes from."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 
 from confluent_kafka.admin import AdminClient
@@ -42,6 +43,19 @@ def reference_snapshot(settings: Settings) -> References:
                              "set monitor.reference_snapshot to a snapshot of its inputs (loopline snapshot create --backfill)")  # fmt: skip
     manifest, _ = find_snapshot(settings.snapshots_root, snapshot_id)
     return manifest.snapshot_id, manifest.reference
+
+
+def model_versions(settings: Settings) -> dict:
+    """The served model's registered versions, newest first: aliases, training snapshot, registration time."""
+    from offline_training.candidate import SNAPSHOT_TAG
+
+    name, release = settings.serving.model_name, model_release(settings)
+    aliases = release.aliases(name)
+    versions = sorted(release.client.search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version))
+    return {"name": name, "versions": [{
+        "version": str(v.version), "aliases": sorted(alias for alias, version in aliases.items() if version == str(v.version)),
+        "snapshot_id": v.tags.get(SNAPSHOT_TAG), "created": time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.creation_timestamp / 1000)),
+    } for v in versions[:20]]}  # fmt: skip
 
 
 def consistency_replay(settings: Settings, plan: FeaturePlan):

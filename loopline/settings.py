@@ -57,6 +57,22 @@ class RedisSettings(BaseModel):
     ssl: bool = Field(default=False, description="Connect with TLS.")
 
 
+class PrometheusSettings(BaseModel):
+    """The local Prometheus (Debian's package): it scrapes every Loopline process and evaluates the alert rules."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=9090, ge=1, le=65535)
+    scrape_interval_s: float = Field(default=5.0, gt=0, description="Also how often alert rules are evaluated.")
+    start_timeout_s: float = Field(default=30.0, gt=0)
+
+
+class DashboardSettings(BaseModel):
+    """The skew alert dashboard (`loopline dashboard`)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8050, ge=1, le=65535)
+
+
 class ProducerSettings(BaseModel):
     """Defaults of the synthetic transaction producer."""
 
@@ -268,6 +284,7 @@ class Settings(BaseSettings):
     jars_dir: Path | None = Field(default=None, description="Cached Maven jars; default <home>/jars.")
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
+    prometheus: PrometheusSettings = PrometheusSettings()
     producer: ProducerSettings = ProducerSettings()
     feature_store: FeatureStoreSettings = FeatureStoreSettings()
     stream: StreamSettings = StreamSettings()
@@ -277,6 +294,7 @@ class Settings(BaseSettings):
     registry: RegistrySettings = RegistrySettings()
     retrain: RetrainSettings = RetrainSettings()
     monitor: MonitorSettings = MonitorSettings()
+    dashboard: DashboardSettings = DashboardSettings()
 
     @property
     def examples_topic(self) -> str:

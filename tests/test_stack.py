@@ -11,12 +11,15 @@ from pathlib import Path
 
 import pytest
 import redis
+import requests
 from confluent_kafka import Producer
 
 from conftest import REPO, stack_settings
 from infra.errors import StackError
 from infra.flink import check_connector_matches
 from infra.jars import require_tool
+from infra.prometheus_server import RULES_DIR
+from infra.service import wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
 from loopline.settings import Settings
@@ -30,7 +33,7 @@ PROBE = TopicSpec("test.persistence", TransactionEvent, key="user_id", partition
 def test_up_twice_is_a_no_op(stack: LocalStack) -> None:
     pids = {status.name: status.pid for status in stack.status()}
     reports = stack.up()
-    assert [report.started for report in reports] == [False, False]
+    assert [report.started for report in reports] == [False, False, False]
     assert {status.name: status.pid for status in stack.status()} == pids
     assert all(status.state == "ready" for status in stack.status())
 
@@ -54,12 +57,26 @@ def _write_probe_data(settings: Settings) -> None:
     redis.Redis(port=settings.redis.port).set("probe", "kept")
 
 
+def test_prometheus_scrapes_every_loopline_process_and_loads_the_alert_rules(stack: LocalStack, settings: Settings) -> None:
+    api = f"{stack.prometheus.address}/api/v1"
+    jobs = {t["labels"]["job"] for t in requests.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]}
+    assert jobs == {"loopline-scorer", "loopline-monitor", "loopline-feature-job", "loopline-joiner"}
+
+    def groups() -> list[dict]:
+        return requests.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
+
+    rule_files = {Path(group["file"]).name for group in groups()}
+    assert rule_files == {path.name for path in RULES_DIR.glob("*.rules.yml")} and len(rule_files) >= 2
+    # Every rule evaluates (a rule naming a label Prometheus cannot parse, or a bad function, shows as "err").
+    assert wait_until(lambda: all(rule["health"] == "ok" for group in groups() for rule in group["rules"]), 30, 0.5), groups()
+
+
 def test_down_then_up_keeps_topics_and_data(scratch: tuple[LocalStack, Settings]) -> None:
     local, settings = scratch
     _write_probe_data(settings)
-    assert sorted(local.down()) == ["kafka", "redis"]
-    assert {s.name: s.state for s in local.status()[:2]} == {"kafka": "stopped", "redis": "stopped"}
-    assert [report.started for report in local.up()] == [True, True]
+    assert sorted(local.down()) == ["kafka", "prometheus", "redis"]
+    assert {s.name: s.state for s in local.status()[:3]} == {"kafka": "stopped", "redis": "stopped", "prometheus": "stopped"}
+    assert [report.started for report in local.up()] == [True, True, True]
     assert topic_sizes(settings.kafka.bootstrap_servers, [PROBE.name]) == {PROBE.name: 10}
     assert redis.Redis(port=settings.redis.port).get("probe") == b"kept"
 

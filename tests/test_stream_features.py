@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from loopline.job_processes import start_feature_job, stop_process_group
+from test_alert_rules import FLINK_METRICS
 from feature_store.config import REPO_PATH, apply_definitions, feature_store
 from infra.service import wait_until
 from loopline.settings import Settings
@@ -216,6 +217,10 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
 
         # The restarted job's counter starts at zero, and the events sent after the crash hold late ones.
         _wait(lambda: _late_events(settings.stream.metrics_port) > 0, 30, "late events counted on the job's Prometheus endpoint")
+        # The alert rules' freshness and lag metrics (tests/test_alert_rules.py) are what the job's reporter exports.
+        with urllib.request.urlopen(f"http://127.0.0.1:{settings.stream.metrics_port}/metrics", timeout=5) as response:
+            exported = {family.name for family in text_string_to_metric_families(response.read().decode())}
+        assert FLINK_METRICS <= exported, FLINK_METRICS - exported
 
         def logged_offline() -> bool:  # every entity's newest row, appended within the offline flush interval
             for view in plan.views:

@@ -1,0 +1,48 @@
+"""The skew alert dashboard's server (`loopline dashboard`): the page under ``infra/dashboard/`` (uPlot vendored from
+npm, no CDN), Prometheus' HTTP API passed through on the same origin, and the model versions from a callable."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import requests
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+#: The page and its scripts.
+PAGE_DIR = Path(__file__).parent / "dashboard"
+#: The Prometheus API endpoints the page reads; nothing else is passed through.
+PROMETHEUS_ENDPOINTS = frozenset({"query", "query_range", "alerts", "rules"})
+
+
+def dashboard_app(prometheus_url: str, models: Callable[[], dict], timeout_s: float = 5.0) -> FastAPI:
+    """The dashboard over the Prometheus at ``prometheus_url``; ``models()`` gives the model's versions and aliases."""
+    app = FastAPI(title="Loopline dashboard", docs_url=None, redoc_url=None)
+    app.mount("/static", StaticFiles(directory=PAGE_DIR), name="static")
+
+    @app.get("/")
+    def page() -> FileResponse:
+        return FileResponse(PAGE_DIR / "index.html")
+
+    @app.get("/api/prometheus/{endpoint}")
+    def prometheus(endpoint: str, request: Request) -> dict:
+        if endpoint not in PROMETHEUS_ENDPOINTS:
+            raise HTTPException(404, f"the dashboard passes only {sorted(PROMETHEUS_ENDPOINTS)} through")
+        try:
+            reply = requests.get(f"{prometheus_url}/api/v1/{endpoint}", params=dict(request.query_params), timeout=timeout_s)
+        except requests.RequestException as err:
+            raise HTTPException(502, f"Prometheus at {prometheus_url} does not answer: {err}") from err
+        if reply.status_code != 200:
+            raise HTTPException(502, f"Prometheus answered {reply.status_code}: {reply.text[:200]}")
+        return reply.json()
+
+    @app.get("/api/models")
+    def model_versions() -> dict:
+        try:
+            return models()
+        except Exception as err:  # the registry is down: the page still shows Prometheus' side
+            raise HTTPException(502, f"the model registry does not answer: {err}") from err
+
+    return app

@@ -1,0 +1,84 @@
+"""Prometheus from Debian's ``prometheus`` package: a plain process with its own config and data under the stack's
+home, scraping every Loopline process and evaluating the alert rules under ``infra/prometheus/``."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+
+import requests
+
+from infra.jars import require_tool
+from infra.service import ManagedService
+
+#: The alert rule files every stack loads.
+RULES_DIR = Path(__file__).parent / "prometheus"
+
+
+@cache
+def _server_version(binary: str) -> str:
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
+    found = re.search(r"version (\S+)", out)
+    return found.group(1) if found else "unknown"
+
+
+class PrometheusServer(ManagedService):
+    """A local Prometheus scraping ``targets`` (job name → ``host:port`` list) every ``scrape_interval_s``."""
+
+    name = "prometheus"
+    cmdline_marker = "prometheus"
+
+    def __init__(self, host: str, port: int, targets: dict[str, list[str]], scrape_interval_s: float, data_dir: Path,
+                 run_dir: Path, log_dir: Path, start_timeout_s: float = 30.0) -> None:  # fmt: skip
+        super().__init__(run_dir, log_dir, start_timeout_s)
+        self.host, self.port, self.targets, self.scrape_interval_s = host, port, targets, scrape_interval_s
+        self.data_dir = data_dir / "prometheus"
+        self.config_file = self.data_dir / "prometheus.yml"
+
+    @property
+    def address(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def ports(self) -> dict[str, tuple[str, int]]:
+        return {"web": (self.host, self.port)}
+
+    def version(self) -> str:
+        binary = shutil.which("prometheus")
+        return _server_version(binary) if binary else "not installed"
+
+    def config(self) -> dict:
+        """The Prometheus configuration: scrape jobs and rule files (JSON is YAML)."""
+        interval = f"{self.scrape_interval_s:g}s"
+        return {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval},
+            "rule_files": [str(path) for path in sorted(RULES_DIR.glob("*.rules.yml"))],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in self.targets.items()],
+        }
+
+    def prepare(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config_file.write_text(json.dumps(self.config(), indent=2))
+
+    def command(self) -> list[str]:
+        return [
+            require_tool("prometheus", "prometheus"),
+            f"--config.file={self.config_file}",
+            f"--storage.tsdb.path={self.data_dir / 'tsdb'}",
+            f"--web.listen-address={self.host}:{self.port}",
+            "--storage.tsdb.retention.time=7d",
+            "--web.enable-lifecycle",
+        ]
+
+    def ready(self) -> bool:
+        """Prometheus' own readiness endpoint answers 200."""
+        try:
+            return requests.get(f"{self.address}/-/ready", timeout=1).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def wipe(self) -> None:
+        shutil.rmtree(self.data_dir, ignore_errors=True)
