@@ -56,6 +56,21 @@ def apply_definitions(registry_path: Path | None = None, redis_connection: str |
     return sorted(view.name for view in views)
 
 
+def repo_stream_views(repo_path: Path = REPO_PATH) -> list:
+    """The repo's stream feature views as `feast apply` registers them (join keys inferred from their entities),
+    without a registry or an online store: for compiling the streaming plan offline (benchmarks)."""
+    from feast.field import Field
+    from feast.repo_operations import parse_repo
+    from feast.types import String
+
+    contents = parse_repo(repo_path)
+    join_keys = {entity.name: entity.join_key for entity in contents.entities}
+    views = list(contents.stream_feature_views)
+    for view in views:
+        view.entity_columns = [Field(name=join_keys[name], dtype=String) for name in view.entities]
+    return views
+
+
 def feature_fields(view) -> list:
     """A feature view's features without its entity columns (which Feast's inference adds to the schema)."""
     join_keys = {column.name for column in view.entity_columns}

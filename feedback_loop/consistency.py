@@ -83,8 +83,9 @@ def _smape(a: float, b: float) -> float:
     return 0.0 if denominator == 0 else 2 * abs(a - b) / denominator
 
 
-def _lookup(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[str, int], dict]:
-    """Recomputed features of ``view`` by (entity, at_ms), with the event time of the row they come from."""
+def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[str, int], dict]:
+    """Recomputed features of ``view`` at the ``(<entity key>, at_ms)`` points of ``at``, by (entity, at_ms), each with
+    the event time of the row they come from; points before an entity's first event are left out."""
     at = at.drop_duplicates().sort_values([view.entity_key, "at_ms"], kind="stable")
     if at.empty:
         return {}
@@ -120,9 +121,12 @@ def check_consistency(
             continue
         keys = [r.entity_keys[view.entity_key] for r in chosen]
         row_times = [r.feature_row_times_ms.get(view.name) for r in chosen]
-        asked = pd.DataFrame({view.entity_key: keys + [k for k, t in zip(keys, row_times) if t is not None],
-                              "at_ms": [r.requested_at_ms for r in chosen] + [t for t in row_times if t is not None]})  # fmt: skip
-        lookup = _lookup(view, events, asked)
+        lookup = features_at(view, events, pd.DataFrame({view.entity_key: keys, "at_ms": [r.requested_at_ms for r in chosen]}))
+        # Only a value that differs needs the recompute as of its row's time (to tell lag from a wrong value).
+        differing = [(key, row_time) for record, key, row_time in zip(chosen, keys, row_times) if row_time is not None
+                     and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
+        if differing:
+            lookup |= features_at(view, events, pd.DataFrame({view.entity_key: [k for k, _ in differing], "at_ms": [t for _, t in differing]}))
         for record, key, row_time in zip(chosen, keys, row_times):
             offline = lookup.get((key, record.requested_at_ms))
             as_of_row = lookup.get((key, row_time)) if row_time is not None else None
@@ -138,6 +142,15 @@ def check_consistency(
                     consistency.smape_sum += _smape(float(want), float(online))
                     consistency.smape_pairs += 1
     return report
+
+
+def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | None) -> bool:
+    """Whether any of ``names`` the record logged differs from the recompute ``offline`` (missing counts as differing)."""
+    for name in names:
+        if name in record.features and name not in record.defaulted_features:
+            if offline is None or not same_value(offline[name.split(":", 1)[1]], record.features[name], name):
+                return True
+    return False
 
 
 def _outcome(feature: str, want, online, offline: dict | None, as_of_row: dict | None) -> str:

@@ -49,15 +49,17 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
         if entity not in queries.groups:
             continue
         times = group[EVENT_TIME].to_numpy()
+        # Each column once as a plain array: slicing a pandas column per point costs more than the aggregation.
+        columns = {column: group[column].to_numpy() for column in {agg.column for agg in plan.aggregations if agg.column}}
         for at_ms in queries.get_group(entity):
             end = int(np.searchsorted(times, at_ms, side="right"))
             if end == 0:
                 continue
-            rows.append({key: entity, EVENT_TIME: int(times[end - 1]), **_features(plan, group, times, end)})
+            rows.append({key: entity, EVENT_TIME: int(times[end - 1]), **_features(plan, columns, times, end)})
     return pd.DataFrame(rows, columns=[key, EVENT_TIME, *plan.feature_names])
 
 
-def _features(plan: ViewPlan, group: pd.DataFrame, times: np.ndarray, end: int) -> dict:
+def _features(plan: ViewPlan, columns: dict[str, np.ndarray], times: np.ndarray, end: int) -> dict:
     latest = int(times[end - 1])
     values: dict = {}
     for agg in plan.aggregations:
@@ -67,7 +69,7 @@ def _features(plan: ViewPlan, group: pd.DataFrame, times: np.ndarray, end: int) 
             continue
         first_bucket = latest // agg.slide_ms - agg.window_buckets + 1
         start = int(np.searchsorted(times, first_bucket * agg.slide_ms, side="left"))
-        window = group[agg.column].iloc[start:end].tolist()
+        window = columns[agg.column][start:end].tolist()
         values[agg.name] = _aggregate(agg.function, window)
     return values
 

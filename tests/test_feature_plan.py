@@ -11,7 +11,7 @@ from feast.data_format import JsonFormat
 from feast.field import Field
 from feast.types import Float64, Int64, String
 
-from feature_store.repo.transactions import merchant_transaction_features, user_transaction_features
+from feature_store.config import repo_stream_views
 from streams.feature_plan import PlanError, compile_plan, compile_view
 
 USER = Entity(name="user", join_keys=["user_id"])
@@ -46,9 +46,7 @@ def with_join_key(feature_view: StreamFeatureView, join_key: str) -> StreamFeatu
 
 
 def test_the_repository_views_compile() -> None:
-    plan = compile_plan(
-        [with_join_key(user_transaction_features, "user_id"), with_join_key(merchant_transaction_features, "merchant_id")]
-    )
+    plan = compile_plan(repo_stream_views())
     user = next(v for v in plan.views if v.name == "user_transaction_features")
     assert user.entity_key == "user_id" and user.topic == "events.transactions"
     assert user.out_of_orderness_ms == 5_000
