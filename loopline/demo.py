@@ -6,8 +6,10 @@ tables: a few users' features as they update in Redis; the scorer (Kafka door, a
 from the registry as ``prod``; ``loopline/demo_scoring.py``); and the loop closing once
 (``loopline/demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot
 is made, a model trained on it, evaluated against prod, released as a canary, and the release
-controller promotes or rolls it back while the scorer hot-swaps → every record validated (bad
-ones dead-lettered) → a summary. The stack stays up.
+controller promotes or rolls it back while the scorer hot-swaps; the skew monitor watches the prediction log
+against the loop's snapshot, a skew is injected on purpose (amounts in cents) and the dashboard and Prometheus
+show it alerting (``loopline/demo_skew.py``) → every record validated (bad ones dead-lettered) → a summary. The
+stack stays up.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from feature_store.online_read import OnlineReader
 from loopline.components import build_stack, synthetic_config
 from loopline.demo_loop import TRAINING_STEP, DemoLoop, Step
 from loopline.demo_scoring import DemoScoring
+from loopline.demo_skew import SKEW_ALERT, SKEWED_FEATURE, DemoSkew
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.settings import Settings
 from loopline.views import counts_table, scoring_table, stack_table, topics_table
@@ -71,7 +74,7 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
 
 
 def _produce_while_showing_loop(
-    settings: Settings, job, scoring: DemoScoring, loop: DemoLoop, budget_s: float, rate: float, console: Console
+    settings: Settings, job, scoring: DemoScoring, loop: DemoLoop, skew: DemoSkew, budget_s: float, rate: float, console: Console
 ) -> tuple[PublishStats, OnlineReader]:
     """Wait for the job, then produce (each transaction scored) for the rest of the budget while live tables show
     features, scoring and the loop closing in the background."""
@@ -103,10 +106,12 @@ def _produce_while_showing_loop(
         recent, whole = scoring.stats()
         versions = " → ".join(f"v{v}" for v in (whole.versions if whole else {}))
         title = f"scoring every transaction over Kafka, p50/p99 — model versions {versions or '—'}"
-        return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(recent, whole, title=title), loop.table())
+        return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(recent, whole, title=title), loop.table(),
+                     skew.table())  # fmt: skip
 
     with Live(console=console, refresh_per_second=4) as live:
         while producing.is_alive():
+            skew.step(deadline=started + duration)
             live.update(tables())
             time.sleep(0.25)
         live.update(tables())
@@ -154,22 +159,30 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     # The scorer's counts as training starts and ends: the steady state's over-budget share is the rest of the run.
     around_training: dict[str, tuple[float, float]] = {}
 
-    def note_training(step: Step) -> None:
+    skew = DemoSkew(settings, scoring, settings.resolved_logs_dir)
+    console.print(f"the skew alert dashboard: {skew.dashboard_url} (Prometheus: http://{settings.prometheus.host}:"
+                  f"{settings.prometheus.port}/alerts)", highlight=False)  # fmt: skip
+
+    def note_step(step: Step) -> None:
         if step.name == TRAINING_STEP:
             around_training["end" if step.state != "running" else "start"] = scoring.over_budget_counts()
+        if step.name == "snapshot" and step.state == "done" and loop.outcome.snapshot_id:
+            skew.start_monitor(loop.outcome.snapshot_id)
 
-    loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_training)
+    loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
     try:
         # While the jobs start: the scorer (its own process, as in production) loads its model and warms up.
         scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
         loop.start(settings.resolved_logs_dir / "joiner.log")
         stats, reader = _produce_while_showing_loop(
-            settings, job, scoring, loop, seconds - (time.monotonic() - began), rate, console
+            settings, job, scoring, loop, skew, seconds - (time.monotonic() - began), rate, console
         )
         _, scored = scoring.stats()  # while the scorer still answers for its counters
         final_counts = scoring.over_budget_counts()
+        skew_summary = skew.summary()
     finally:
         loop.stop()
+        skew.stop()
         scoring.stop()
         stop_process_group(job)
     console.print(loop.table())
@@ -222,6 +235,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "holdout_auc": {k: round(v, 4) for k, v in loop.outcome.holdout_auc.items()},
         "release": loop.outcome.release,
         "loop_steps": {step.name: step.state for step in loop.steps.values()},
+        **skew_summary,
     }
     console.rule("summary")
     console.print(json.dumps(summary))
@@ -235,7 +249,14 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             f" {os.cpu_count()} cores: two Flink jobs, Kafka, Redis, the scorer, the training run and the producer.",
             highlight=False,
         )
+    if summary["skew_injected"]:
+        console.print(
+            f"Skew injected (score requests' amounts ×100, as in cents): the monitor measured PSI {summary['skew_psi']} for"
+            f" {SKEWED_FEATURE} against snapshot {summary['skew_reference_snapshot']}; Prometheus' {SKEW_ALERT} alert:"
+            f" {summary['skew_alert']} (it fires after holding 1 min).",
+            highlight=False,
+        )
     console.print(
         "The stack is still up for exploring (`loopline stack status`, `loopline stream submit` to run the"
-        " feature job again); `make down` stops it."
+        " feature job again, `loopline monitor` and `loopline dashboard` for the skew page); `make down` stops it."
     )

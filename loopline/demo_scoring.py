@@ -17,7 +17,7 @@ import signal
 import subprocess
 import time
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,9 +62,12 @@ def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> I
         yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
 
 
-def requests_for_transactions(stream: Iterable[Emitted], run_id: str) -> Iterator[Emitted]:
+def requests_for_transactions(
+    stream: Iterable[Emitted], run_id: str, amount_factor: Callable[[], float] = lambda: 1.0
+) -> Iterator[Emitted]:
     """``stream`` with a score request ``<run_id>-<event id>`` after each of its valid transactions, naming the
-    transaction (``event_id``), its user and amount; stamped as it is drawn, i.e. as the producer sends it."""
+    transaction (``event_id``), its user and amount (times ``amount_factor()``: the demo's injected skew); stamped as
+    it is drawn, i.e. as the producer sends it."""
     for emitted in stream:
         yield emitted
         transaction = emitted.record
@@ -72,7 +75,7 @@ def requests_for_transactions(stream: Iterable[Emitted], run_id: str) -> Iterato
             request = ScoreRequest(
                 schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{transaction.event_id}",
                 event_id=transaction.event_id, entity_keys={"user_id": transaction.user_id},
-                request_fields={"amount": transaction.amount}, requested_at_ms=int(time.time() * 1000),
+                request_fields={"amount": transaction.amount * amount_factor()}, requested_at_ms=int(time.time() * 1000),
             )  # fmt: skip
             yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), emitted.emit_at_ms, request)
 
@@ -144,6 +147,8 @@ class DemoScoring:
         self._scorer: subprocess.Popen | None = None
         self._records: deque[tuple[float, PredictionRecord]] = deque()
         self._follower: TopicFollower | None = None
+        #: What the score requests' amounts are multiplied by: 100 once the demo injects its "amounts in cents" skew.
+        self.amount_factor = 1.0
         self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
         self.url = f"http://{serving.host}:{serving.http_port}"
@@ -196,7 +201,7 @@ class DemoScoring:
         """``stream`` with a score request after each transaction (see ``requests_for_transactions``); the
         figures' clock starts now."""
         self._started = time.monotonic()
-        return requests_for_transactions(stream, self.run_id)
+        return requests_for_transactions(stream, self.run_id, lambda: self.amount_factor)
 
     def stats(self) -> tuple[ScoringStats | None, ScoringStats | None]:
         """(the last few seconds, the whole run)."""

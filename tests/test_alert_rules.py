@@ -65,8 +65,8 @@ CASES = [
         {"series": 'loopline_feature_psi{feature="count", model_version="3"}', "values": "0.03x34"},
         {"series": 'loopline_feature_psi{feature="hour", model_version="3"}', "values": "0.31x34"},
     ], [
-        ("7m", "LooplineFeatureSkew", []),
-        ("12m", "LooplineFeatureSkew", [({"feature": "amount", "model_version": "3", "severity": "page"},
+        ("4m", "LooplineFeatureSkew", []),
+        ("6m", "LooplineFeatureSkew", [({"feature": "amount", "model_version": "3", "severity": "page"},
                                          "amount has moved away from its training data (PSI 0.31, v3)")]),
         ("30m", "LooplineFeatureSkewWarning", [({"feature": "hour", "model_version": "3", "severity": "ticket"},
                                                 "hour is drifting (PSI 0.31, v3)")]),

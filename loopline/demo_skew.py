@@ -1,0 +1,101 @@
+"""The demo's skew monitor and dashboard: `loopline dashboard` from the start, `loopline monitor` once the loop's
+snapshot exists (it is the reference), and then a skew injected on purpose — the score requests' amounts arrive in
+cents, as an upstream currency bug would send them — so the alert visibly fires on the page and in Prometheus."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+from rich.table import Table
+
+from loopline.demo_scoring import DemoScoring
+from loopline.job_processes import start_loopline, stop_process_group
+from loopline.settings import Settings
+
+#: The feature the injected skew moves, and the alert that should fire for it.
+SKEWED_FEATURE, SKEW_ALERT = "request:amount", "LooplineFeatureSkew"
+#: Cents instead of euros.
+SKEW_FACTOR = 100.0
+#: The monitor measures a short window in the demo, so the skew shows within seconds of the injection.
+_MONITOR_ENV = {"LOOPLINE_MONITOR__WINDOW_S": "60", "LOOPLINE_MONITOR__BUCKET_S": "5", "LOOPLINE_MONITOR__MIN_ROWS": "200",
+                "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "2", "LOOPLINE_MONITOR__SAMPLE_RATE": "0.2",
+                "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "15", "LOOPLINE_MONITOR__SETTLE_S": "5"}  # fmt: skip
+#: The monitor measures this long before the skew goes in: the page shows the healthy state first.
+_HEALTHY_S = 25.0
+
+
+class DemoSkew:
+    """Starts the dashboard and the monitor, injects the skew, and reports what the monitor and Prometheus saw."""
+
+    def __init__(self, settings: Settings, scoring: DemoScoring, logs: Path) -> None:
+        self.settings, self.scoring, self.logs = settings, scoring, logs
+        self.dashboard_url = f"http://{settings.dashboard.host}:{settings.dashboard.port}/"
+        self._monitor_url = f"http://{settings.serving.host}:{settings.monitor.metrics_port}/metrics"
+        self._prometheus = f"http://{settings.prometheus.host}:{settings.prometheus.port}"
+        self._dashboard = start_loopline(settings, ["dashboard"], logs / "dashboard.log")
+        self._monitor = None
+        self._monitor_started: float | None = None
+        self.injected_at: float | None = None
+        self.reference: str | None = None
+
+    def start_monitor(self, snapshot_id: str) -> None:
+        """Run the monitor against the loop's training snapshot."""
+        self.reference = snapshot_id
+        env = {**_MONITOR_ENV, "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": snapshot_id}
+        self._monitor = start_loopline(self.settings, ["monitor"], self.logs / "monitor.log", **env)
+        self._monitor_started = time.monotonic()
+
+    def step(self, deadline: float) -> None:
+        """Inject the skew once the monitor has measured the healthy stream a while (and while the alert can still
+        fire before ``deadline``, monotonic)."""
+        if self.injected_at is None and self._monitor_started is not None and self._psi() is not None:
+            if time.monotonic() - self._monitor_started >= _HEALTHY_S and deadline - time.monotonic() > 60:
+                self.scoring.amount_factor = SKEW_FACTOR
+                self.injected_at = time.monotonic()
+
+    def _psi(self) -> float | None:
+        try:
+            text = requests.get(self._monitor_url, timeout=1).text
+        except requests.RequestException:
+            return None
+        values = [s.value for f in text_string_to_metric_families(text) if f.name == "loopline_feature_psi" for s in f.samples
+                  if s.labels.get("feature") == SKEWED_FEATURE]  # fmt: skip
+        return max(values) if values else None
+
+    def alert_state(self) -> str:
+        """The skew alert's state in Prometheus for the skewed feature: firing, pending or none."""
+        try:
+            alerts = requests.get(f"{self._prometheus}/api/v1/alerts", timeout=1).json()["data"]["alerts"]
+        except (requests.RequestException, ValueError, KeyError):
+            return "unknown"
+        states = {a["state"] for a in alerts if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == SKEWED_FEATURE}
+        return "firing" if "firing" in states else "pending" if "pending" in states else "none"
+
+    def table(self) -> Table:
+        """The monitor's view of the skewed feature and Prometheus' alert, as the live view shows it."""
+        table = Table(title=f"skew monitor — dashboard {self.dashboard_url}")
+        for column in ("feature", "reference", "PSI (alert ≥ 0.25)", "injected", f"Prometheus {SKEW_ALERT}"):
+            table.add_column(column, justify="right")
+        psi = self._psi()
+        injected = "—" if self.injected_at is None else f"amounts ×{SKEW_FACTOR:g}, {time.monotonic() - self.injected_at:.0f} s ago"
+        if self._monitor is None:
+            table.add_row(SKEWED_FEATURE, "waiting for the loop's snapshot", "—", injected, "—")
+        else:
+            table.add_row(SKEWED_FEATURE, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())
+        return table
+
+    def summary(self) -> dict:
+        """What the demo's summary reports about the skew."""
+        psi = self._psi()
+        return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference,
+                "skew_injected": self.injected_at is not None, "skew_psi": None if psi is None else round(psi, 3),
+                "skew_alert": self.alert_state()}  # fmt: skip
+
+    def stop(self) -> None:
+        """Stop the monitor and the dashboard (`loopline monitor` and `loopline dashboard` start them again)."""
+        if self._monitor is not None:
+            stop_process_group(self._monitor)
+        stop_process_group(self._dashboard)
