@@ -4,10 +4,11 @@ For each logged request of the sample, each streaming feature it used is recompu
 of the request's time (``streams/recompute.py``, the job's window semantics written independently) and compared
 with the value the scorer logged:
 
-* **match**: equal (counts exactly; sums and means within a relative 1e-9, one division of exact sums);
-* **lag**: different, but the online row was older than the request: the scorer read the row as of an earlier
-  event (its row time, logged with the request), and the recompute as of that earlier event gives the logged
-  value. Streaming always lags a little; this is freshness, not a bug;
+* **match**: equal (exactly; means within a relative 1e-9, one division of exact sums: ``same_feature_value``);
+* **lag**: different, but explained by the online row being behind: the row the scorer read (its event time is
+  logged with the request) equals the recompute over a prefix of the entity's events in log order that had reached
+  Kafka before the request was scored — the job had not applied the rest yet, out-of-order events included.
+  Streaming always lags a little; this is freshness, not a bug;
 * **value**: different, and not explained by lag: the online path computes the feature differently;
 * **missing**: the scorer had no value (it used the default) where the log has events before the request;
 * **extra**: the scorer had a value where the log has no event before the request.
@@ -29,7 +30,7 @@ import pandas as pd
 
 from schemas.records import PredictionRecord
 from streams.feature_plan import FeaturePlan, ViewPlan
-from streams.recompute import EVENT_TIME, recompute
+from streams.recompute import EVENT_TIME, recompute, same_feature_value
 
 #: Outcomes of one comparison.
 OUTCOMES = ("match", "lag", "value", "missing", "extra")
@@ -43,14 +44,6 @@ def sampled(entity: str, rate: float) -> bool:
     return int.from_bytes(digest, "big") < rate * 2**64
 
 
-def same_value(offline: float | None, online: float | None, feature: str) -> bool:
-    """Whether the logged value equals the recompute (means within a relative 1e-9; both missing counts as equal)."""
-    if offline is None or pd.isna(offline) or online is None or pd.isna(online):
-        return (offline is None or pd.isna(offline)) and (online is None or pd.isna(online))
-    tolerance = 1e-9 * abs(offline) if ("mean" in feature or "sum" in feature) else 0.0
-    return abs(float(offline) - float(online)) <= tolerance
-
-
 @dataclass
 class FeatureConsistency:
     """One feature's outcomes over the compared requests, and the SMAPE of the value pairs compared."""
@@ -62,6 +55,7 @@ class FeatureConsistency:
 
     @property
     def compared(self) -> int:
+        """Comparisons of this feature, all outcomes."""
         return sum(self.counts.values())
 
     def rate(self, outcome: str) -> float:
@@ -75,6 +69,7 @@ class FeatureConsistency:
 
     @property
     def smape(self) -> float | None:
+        """The mean SMAPE of the compared value pairs (None before any)."""
         return self.smape_sum / self.smape_pairs if self.smape_pairs else None
 
 
@@ -122,14 +117,13 @@ def check_consistency(
         keys = [r.entity_keys[view.entity_key] for r in chosen]
         row_times = [r.feature_row_times_ms.get(view.name) for r in chosen]
         lookup = features_at(view, events, pd.DataFrame({view.entity_key: keys, "at_ms": [r.requested_at_ms for r in chosen]}))
-        # Only a value that differs needs the recompute as of its row's time (to tell lag from a wrong value).
-        differing = [(key, row_time) for record, key, row_time in zip(chosen, keys, row_times) if row_time is not None
+        # Only a value that differs needs the recompute as of its row (to tell lag from a wrong value).
+        differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times) if row_time is not None
                      and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
-        if differing:
-            lookup |= features_at(view, events, pd.DataFrame({view.entity_key: [k for k, _ in differing], "at_ms": [t for _, t in differing]}))
+        as_of_rows = _as_of_rows(view, events, differing)
         for record, key, row_time in zip(chosen, keys, row_times):
             offline = lookup.get((key, record.requested_at_ms))
-            as_of_row = lookup.get((key, row_time)) if row_time is not None else None
+            as_of_row = as_of_rows.get(record.request_id, [])
             for name in names:
                 if name not in record.features:
                     continue
@@ -144,23 +138,51 @@ def check_consistency(
     return report
 
 
+def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, str, int]]) -> dict[str, list[dict]]:
+    """Per request id, the rows the online store could have held for its entity with the logged row time: the job
+    applies an entity's events in log order (one partition), so a row is the recompute over a prefix of them, as of
+    the prefix's latest event time. Candidates are the prefixes whose latest time is the row's and whose events had
+    all reached Kafka before the request was scored (``kafka_ms``, ``offset``: an event produced out of order, older
+    than the row, may not have been in it yet). Events without log positions give the one row as of that time."""
+    if not differing:
+        return {}
+    if not {"kafka_ms", "offset"} <= set(events.columns):
+        rows = features_at(view, events, pd.DataFrame({view.entity_key: [k for _, k, _ in differing], "at_ms": [t for _, _, t in differing]}))
+        return {record.request_id: [rows[(key, row_time)]] for record, key, row_time in differing if (key, row_time) in rows}
+    by_entity = {entity: group.sort_values("offset", kind="stable") for entity, group in events.groupby(view.entity_key, sort=False)}
+    found: dict[str, list[dict]] = {}
+    for record, key, row_time in differing:
+        group = by_entity.get(key)
+        if group is None:
+            continue
+        latest = group[EVENT_TIME].cummax().to_numpy()
+        ends = [i + 1 for i in range(len(group)) if latest[i] == row_time and group["kafka_ms"].iat[i] <= record.scored_at_ms]
+        found[record.request_id] = [
+            row for end in ends
+            if (row := features_at(view, group.iloc[:end], pd.DataFrame({view.entity_key: [key], "at_ms": [row_time]})).get((key, row_time)))
+        ]  # fmt: skip
+    return found
+
+
 def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | None) -> bool:
     """Whether any of ``names`` the record logged differs from the recompute ``offline`` (missing counts as differing)."""
     for name in names:
         if name in record.features and name not in record.defaulted_features:
-            if offline is None or not same_value(offline[name.split(":", 1)[1]], record.features[name], name):
+            if offline is None or not same_feature_value(name.split(":", 1)[1], offline[name.split(":", 1)[1]], record.features[name]):
                 return True
     return False
 
 
-def _outcome(feature: str, want, online, offline: dict | None, as_of_row: dict | None) -> str:
+def _outcome(feature: str, want: object, online: object, offline: dict | None, as_of_row: list[dict]) -> str:
+    """One comparison's outcome (see the module docstring); an online row newer than the request's recompute (a clock
+    ahead, an event from the future) is a value mismatch too."""
     if offline is None:
         return "match" if online is None else "extra"
     if online is None:
         return "missing"
-    if same_value(want, online, feature):
+    if same_feature_value(feature, want, online):
         return "match"
-    if as_of_row is not None and as_of_row[EVENT_TIME] < offline[EVENT_TIME] and same_value(as_of_row[feature], online, feature):
+    if any(row[EVENT_TIME] <= offline[EVENT_TIME] and same_feature_value(feature, row[feature], online) for row in as_of_row):
         return "lag"
     return "value"
 

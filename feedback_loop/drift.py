@@ -154,10 +154,3 @@ def skew_check(
         values = np.full(rows, np.nan) if values is None else values
         skews.append(feature_skew(name, reference, count_values(reference, values, (defaulted or {}).get(name))))
     return skews
-
-
-def population_stability(reference: FeatureReference, values: np.ndarray) -> float:
-    """PSI of numeric ``values`` against ``reference``'s bins (0.0 when the reference has none)."""
-    if not reference.edges:
-        return 0.0
-    return psi(np.asarray(reference.shares), _shares(bin_counts(values, reference.edges).astype(float)))

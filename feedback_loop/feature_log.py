@@ -12,7 +12,7 @@ did not cover) and is skipped. A check adds up the buckets inside the window; ol
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
 
 from feedback_loop.drift import FeatureCounts, FeatureSkew, count_values, feature_skew
@@ -46,10 +46,12 @@ class FeatureLogWindow:
             raise ValueError(f"a reference id cannot hold '|': {reference_id!r}")
         self.reference_id, self.references = reference_id, dict(references)
 
-    def add(self, records: Iterable[PredictionRecord], partition: int = 0, offset: int | None = None) -> int:
-        """Count the referenced features of ``records`` read from source ``partition`` (the last of them at ``offset``,
-        when given: a bucket that counted that offset already skips them): one store update per (version, bucket)
-        touched; how many records were counted."""
+    def add(self, records: Sequence[PredictionRecord], partition: int = 0, offset: int | None = None) -> int:
+        """Count the referenced features of ``records`` read from source ``partition``: one store update per (version,
+        bucket) touched; how many records were counted. With ``offset`` (one record only: a batch's records have
+        offsets of their own), a bucket that counted that offset of the partition already skips the record."""
+        if offset is not None and len(records) != 1:
+            raise ValueError(f"an offset names one record, not {len(records)}")
         groups: dict[tuple[str, int], list[PredictionRecord]] = {}
         for record in records:
             groups.setdefault((record.model_version, record.scored_at_ms // self.bucket_ms * self.bucket_ms), []).append(record)
@@ -87,8 +89,10 @@ class FeatureLogWindow:
         return {version: [feature_skew(name, self.references[name], counts) for name, counts in sorted(features.items())]
                 for version, features in sorted(self.window(now_ms).items())}  # fmt: skip
 
-    def stale(self, now_ms: int) -> list[str]:
-        """The keys of buckets that ended before the window ending at ``now_ms``, or that count against another
-        reference and are as old: what to delete."""
+    def stale(self, now_ms: int, partition: int | None = None) -> list[str]:
+        """The keys of buckets (of source ``partition``, or all) that ended before the window ending at ``now_ms``,
+        whatever reference they counted against: what to delete. A faust table deletes a key on the partition of
+        the record being handled, so the monitor deletes each partition's keys while handling that partition."""
         start = now_ms - self.window_ms
-        return [key for key in list(self.store.keys()) if int(key.split("|")[2]) + self.bucket_ms <= start]
+        return [key for key in list(self.store.keys()) if int(key.split("|")[2]) + self.bucket_ms <= start
+                and (partition is None or key.split("|")[3] == str(partition))]  # fmt: skip

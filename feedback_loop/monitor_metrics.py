@@ -55,6 +55,7 @@ class MonitorMetrics:
         self.last_check = Gauge("loopline_monitor_last_check_timestamp_seconds", "When skew was last computed.", registry=r)
         self.last_replay = Gauge("loopline_monitor_last_replay_timestamp_seconds", "When the consistency replay last ran.", registry=r)
         self._published: set[tuple[str, str]] = set()
+        self._counted: set[tuple[str, str]] = set()
 
     def publish_skews(
         self, skews: Mapping[str, list[FeatureSkew]], min_rows: int, thresholds: Mapping[str, SkewThresholds], reference_id: str
@@ -64,10 +65,11 @@ class MonitorMetrics:
             warnings.simplefilter("ignore", UserWarning)
             self.reference.clear()
         self.reference.labels(reference_id).set(1)
-        published = set()
+        published, counted = set(), set()
         for version, features in skews.items():
             for skew in features:
                 self.rows.labels(skew.feature, version).set(skew.rows)
+                counted.add((skew.feature, version))
                 if skew.rows < min_rows:
                     continue
                 published.add((skew.feature, version))
@@ -76,13 +78,16 @@ class MonitorMetrics:
                         gauge.labels(skew.feature, version).set(value)
                 self.defaulted.labels(skew.feature, version).set(skew.defaulted_rate)
                 self.missing.labels(skew.feature, version).set(skew.missing_rate)
-        for labels in self._published - published:
-            for gauge in (self.psi, self.js, self.linf, self.defaulted, self.missing):
-                try:
-                    gauge.remove(*labels)
-                except KeyError:
-                    pass
-        self._published = published
+        # A version that left the window (retired) or fell under the minimum leaves no stale series behind.
+        for gauges, gone in (((self.psi, self.js, self.linf, self.defaulted, self.missing), self._published - published),
+                             ((self.rows,), self._counted - counted)):  # fmt: skip
+            for labels in gone:
+                for gauge in gauges:
+                    try:
+                        gauge.remove(*labels)
+                    except KeyError:
+                        pass
+        self._published, self._counted = published, counted
         for feature, limits in thresholds.items():
             for measure in ("psi_warn", "psi_alert", "js_alert", "linf_alert"):
                 self.threshold.labels(feature, measure).set(getattr(limits, measure))

@@ -29,7 +29,7 @@ from typing import Any
 import fsspec
 import pandas as pd
 
-from feedback_loop.drift import population_stability
+from feedback_loop.drift import count_values, feature_skew
 from feedback_loop.reference import FeatureReference, is_categorical, reference_statistics
 from schemas.records import TrainingExample
 
@@ -176,18 +176,19 @@ def read_snapshot(root: str, snapshot_id: str) -> tuple[Manifest, pd.DataFrame]:
 
 def diff_snapshots(root: str, a: str, b: str) -> dict[str, Any]:
     """How snapshot ``b`` differs from ``a``: rows, label balance, features added or removed, and per shared
-    feature the shift of its mean and the PSI of ``b``'s values against ``a``'s reference bins."""
+    feature the shift of its mean and missing rate and the skew of ``b``'s values against ``a``'s reference (PSI for
+    every feature, L∞ for categories: the skew monitor's measures)."""
     first, _ = find_snapshot(root, a)
     second, frame = read_snapshot(root, b)
     shared = [name for name in first.features if name in second.features]
     features = {}
     for name in shared:
-        values = pd.to_numeric(frame[name], errors="coerce").dropna().to_numpy(dtype=float)
         ref, new = first.reference[name], second.reference[name]
+        skew = feature_skew(name, ref, count_values(ref, frame[name].to_numpy(dtype=object)))
         features[name] = {
             "mean": [ref.mean, new.mean], "missing_rate": [ref.missing_rate, new.missing_rate],
-            "psi": round(population_stability(ref, values), 4),
-        }  # fmt: skip
+            "psi": None if skew.psi is None else round(skew.psi, 4),
+        } | ({"linf": round(skew.linf, 4)} if skew.linf is not None else {})  # fmt: skip
     return {
         "snapshots": [first.snapshot_id, second.snapshot_id],
         "rows": [first.rows, second.rows],

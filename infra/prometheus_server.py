@@ -12,6 +12,7 @@ from pathlib import Path
 
 import requests
 
+from infra.errors import StackError
 from infra.jars import require_tool
 from infra.service import ManagedService
 
@@ -58,6 +59,18 @@ class PrometheusServer(ManagedService):
             "rule_files": [str(path) for path in sorted(RULES_DIR.glob("*.rules.yml"))],
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in self.targets.items()],
         }
+
+    def start(self) -> bool:
+        """Start Prometheus, or, when it already runs, rewrite its config and have it reload: targets and rule files
+        added since it started are picked up by `stack up`."""
+        started = super().start()
+        if not started:
+            self.prepare()
+            try:
+                requests.post(f"{self.address}/-/reload", timeout=10).raise_for_status()
+            except requests.RequestException as err:
+                raise StackError(f"prometheus at {self.address} did not reload its config: {err}", f"see {self.log_file}") from err
+        return started
 
     def prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

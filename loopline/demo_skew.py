@@ -21,8 +21,10 @@ SKEWED_FEATURE, SKEW_ALERT = "request:amount", "LooplineFeatureSkew"
 SKEW_FACTOR = 100.0
 #: The monitor measures a short window in the demo, so the skew shows within seconds of the injection.
 _MONITOR_ENV = {"LOOPLINE_MONITOR__WINDOW_S": "60", "LOOPLINE_MONITOR__BUCKET_S": "5", "LOOPLINE_MONITOR__MIN_ROWS": "200",
-                "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "2", "LOOPLINE_MONITOR__SAMPLE_RATE": "0.2",
-                "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "15", "LOOPLINE_MONITOR__SETTLE_S": "5"}  # fmt: skip
+                "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "2", "LOOPLINE_MONITOR__SAMPLE_RATE": "0.05",
+                "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "45", "LOOPLINE_MONITOR__SETTLE_S": "5"}  # fmt: skip
+#: After the injection: the PSI crossing (seconds), a scrape (5 s), the rule's 1 min hold, and slack for a loaded machine.
+_TIME_TO_FIRE_S = 100.0
 #: The monitor measures this long before the skew goes in: the page shows the healthy state first.
 _HEALTHY_S = 25.0
 
@@ -52,7 +54,7 @@ class DemoSkew:
         """Inject the skew once the monitor has measured the healthy stream a while (and while the alert can still
         fire before ``deadline``, monotonic)."""
         if self.injected_at is None and self._monitor_started is not None and self._psi() is not None:
-            if time.monotonic() - self._monitor_started >= _HEALTHY_S and deadline - time.monotonic() > 60:
+            if time.monotonic() - self._monitor_started >= _HEALTHY_S and deadline - time.monotonic() > _TIME_TO_FIRE_S:
                 self.scoring.amount_factor = SKEW_FACTOR
                 self.injected_at = time.monotonic()
 
@@ -90,9 +92,9 @@ class DemoSkew:
     def summary(self) -> dict:
         """What the demo's summary reports about the skew."""
         psi = self._psi()
-        return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference,
-                "skew_injected": self.injected_at is not None, "skew_psi": None if psi is None else round(psi, 3),
-                "skew_alert": self.alert_state()}  # fmt: skip
+        injected_s = None if self.injected_at is None else round(time.monotonic() - self.injected_at)
+        return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_injected": self.injected_at is not None,
+                "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state()}  # fmt: skip
 
     def stop(self) -> None:
         """Stop the monitor and the dashboard (`loopline monitor` and `loopline dashboard` start them again)."""

@@ -5,7 +5,7 @@ consistency replay recomputes from."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from confluent_kafka.admin import AdminClient
 
@@ -58,17 +58,19 @@ def model_versions(settings: Settings) -> dict:
     } for v in versions[:20]]}  # fmt: skip
 
 
-def consistency_replay(settings: Settings, plan: FeaturePlan):
+def consistency_replay(settings: Settings, plan: FeaturePlan) -> Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]]:
     """The replay of a batch of sampled requests: the event log from the longest window before the earliest of them,
-    judged as the job judges it (late events out), recomputed point in time and compared."""
+    judged as the job judges it (late events out), recomputed point in time and compared. Features with no window
+    (time since the previous event, which can lie anywhere before) are not replayed: the log read would be unbounded."""
     kafka = settings.kafka
-    windows = [agg.window_ms or 0 for view in plan.views for agg in view.aggregations]
+    windows = [agg.window_ms for view in plan.views for agg in view.aggregations if agg.window_ms]
     lookback_ms = max(windows, default=0) + plan.out_of_orderness_ms
+    windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
 
     def replay(batch: list[PredictionRecord]) -> Mapping[str, FeatureConsistency]:
         since = min(record.requested_at_ms for record in batch) - lookback_ms
         accepted, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config, since_ms=since))
-        return check_consistency(plan, accepted, batch) if len(accepted) else {}
+        return check_consistency(plan, accepted, batch, features=windowed) if len(accepted) else {}
 
     return replay
 
@@ -86,7 +88,8 @@ def build_monitor(settings: Settings, metrics: MonitorMetrics) -> Monitor:
     options = settings.monitor
     config = MonitorConfig(
         bootstrap_servers=settings.kafka.bootstrap_servers, predictions_topic=PREDICTIONS.name,
-        partitions=_partitions(settings, PREDICTIONS.name), app_id=options.app_id, window_ms=int(options.window_s * 1000),
+        partitions=_partitions(settings, PREDICTIONS.name), app_id=options.app_id, data_dir=(settings.home / "monitor").absolute(),
+        window_ms=int(options.window_s * 1000),
         bucket_ms=int(options.bucket_s * 1000), check_interval_s=options.check_interval_s, min_rows=options.min_rows,
         thresholds=options.thresholds.thresholds(),
         feature_thresholds={name: limits.thresholds() for name, limits in options.feature_thresholds.items()},

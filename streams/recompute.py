@@ -87,6 +87,14 @@ def _aggregate(function: str, window: list) -> float | int | None:
     return max(window) if function == "max" else min(window)
 
 
+def same_feature_value(feature: str, offline, online) -> bool:
+    """Whether an online value equals the recompute's: exactly, except a mean within a relative 1e-9 (one division
+    of exact sums); both missing counts as equal."""
+    if pd.isna(offline) or online is None or pd.isna(online):
+        return bool(pd.isna(offline)) and (online is None or bool(pd.isna(online)))
+    return abs(offline - online) <= (1e-9 * abs(offline) if "mean" in feature else 0)
+
+
 def feature_differences(
     plan: FeaturePlan, expected: dict[str, pd.DataFrame], read: Callable[[ViewPlan, pd.DataFrame], pd.DataFrame]
 ) -> list[str]:
@@ -100,17 +108,15 @@ def feature_differences(
             problems.append(f"{view.name}: {len(offline) - len(merged)} entities missing")
         for feature in view.feature_names:
             for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"]):
-                same = (pd.isna(want) and pd.isna(got)) or (
-                    not pd.isna(got) and abs(want - got) <= (1e-9 * abs(want) if "mean" in feature else 0)
-                )
-                if not same:
+                if not same_feature_value(feature, want, got):
                     problems.append(f"{view.name}[{entity}].{feature}: online {got}, offline {want}")
     return problems
 
 
 def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(accepted, late)`` events among a topic's Kafka ``messages``, as the job judges them: decoded by the
-    contract, within the engine's range, not late for their partition."""
+    contract, within the engine's range, not late for their partition; each with its partition, offset and the
+    time it reached Kafka (``kafka_ms``)."""
     from schemas.records import TransactionEvent
     from schemas.validation import ContractViolation, decode
 
@@ -121,5 +127,5 @@ def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataF
         except ContractViolation:
             continue
         if plan.out_of_range(event) is None:
-            valid.append({**event, "partition": message.partition(), "offset": message.offset()})
+            valid.append({**event, "partition": message.partition(), "offset": message.offset(), "kafka_ms": message.timestamp()[1]})
     return split_late(pd.DataFrame(valid), plan.out_of_orderness_ms)

@@ -80,13 +80,34 @@ CASES = [
                                             "channel: a category's share moved by 0.20 since training (v3)")]),
         ("10m", "LooplineFeatureDistributionShift", []),
     ]),
-    ("a value mismatch pages; lag and a healthy replay do not", [
-        {"series": 'loopline_feature_consistency_mismatch_ratio{feature="txn_count_5m"}', "values": "0.25x20"},
-        {"series": 'loopline_feature_consistency_mismatch_ratio{feature="amount_sum_1h"}', "values": "0x20"},
-        {"series": 'loopline_feature_consistency_lag_ratio{feature="amount_sum_1h"}', "values": "0.3x20"},
+    ("a value mismatch pages while replays run; a healthy feature does not, nor an old replay's ratio", [
+        {"series": 'loopline_feature_consistency_mismatch_ratio{feature="txn_count_5m"}', "values": "0.25x40"},
+        {"series": 'loopline_feature_consistency_mismatch_ratio{feature="amount_sum_1h"}', "values": "0x40"},
+        # Replays run every minute for 20 minutes, then stop: the last ratio stays, the page must not.
+        {"series": "loopline_monitor_last_replay_timestamp_seconds", "values": "0+60x20 1200x20"},
     ], [
         ("15m", "LooplineFeatureInconsistent", [({"feature": "txn_count_5m", "severity": "page"},
                                                   "txn_count_5m online differs from the offline recompute for 25% of replayed requests")]),
+        ("35m", "LooplineFeatureInconsistent", []),
+    ]),
+    ("stale features, a lagging job, a defaulted feature, a slow scorer, a monitor that stopped measuring", [
+        {"series": 'flink_taskmanager_job_task_operator_currentEmitEventTimeLag{instance="j1", subtask_index="0"}', "values": "120000x30"},
+        {"series": 'flink_taskmanager_job_task_operator_pendingRecords{instance="j1", subtask_index="0"}', "values": "20000x30"},
+        {"series": 'loopline_feature_defaulted_ratio{feature="amount", model_version="3"}', "values": "0.3x30"},
+        {"series": 'loopline_scoring_stage_seconds_bucket{instance="s1", stage="total", le="0.05"}', "values": "0+10x30"},
+        {"series": 'loopline_scoring_stage_seconds_bucket{instance="s1", stage="total", le="0.1"}', "values": "0+100x30"},
+        {"series": 'loopline_scoring_stage_seconds_bucket{instance="s1", stage="total", le="+Inf"}', "values": "0+100x30"},
+        {"series": 'up{job="loopline-monitor", instance="m1"}', "values": "1x30"},
+        {"series": 'loopline_monitor_last_check_timestamp_seconds{job="loopline-monitor", instance="m1"}', "values": "60x30"},
+    ], [
+        ("10m", "LooplineFeaturesStale", [({"instance": "j1", "severity": "page"},
+                                           "The feature job emits events 120000 ms behind their time (j1)")]),
+        ("15m", "LooplineFeatureJobLagging", [({"instance": "j1", "severity": "warn"}, "The feature job has 20000 events waiting in Kafka (j1)")]),
+        ("15m", "LooplineFeatureOftenDefaulted", [({"feature": "amount", "model_version": "3", "severity": "ticket"},
+                                                   "amount fell back to its default for 30% of requests (v3)")]),
+        ("20m", "LooplineScorerSlow", [({"instance": "s1", "severity": "warn"}, "Scorer s1 answers in 99.44ms at p99")]),
+        ("15m", "LooplineMonitorDown", [({"job": "loopline-monitor", "instance": "m1", "severity": "warn"},
+                                         "The skew monitor is not measuring (m1)")]),
     ]),
     ("the feature job down, the monitor down; the scorer's server faults but not its refusals", [
         {"series": 'up{job="loopline-feature-job", instance="j1"}', "values": "1 1 0x20"},
@@ -126,6 +147,18 @@ CASES = [
         {"series": 'up{job="loopline-monitor", instance="m1"}', "values": "1x120"},
         {"series": 'loopline_monitor_last_check_timestamp_seconds{instance="m1"}', "values": "0+60x120"},
         {"series": 'loopline_scoring_requests_total{instance="s1", door="http", status="200"}', "values": "0+100x120"},
+        *_threshold_series("channel"),
+        {"series": 'loopline_feature_linf_distance{feature="channel", model_version="3"}', "values": "0.02x120"},
+        {"series": 'flink_taskmanager_job_task_operator_currentEmitEventTimeLag{instance="j1", subtask_index="0"}', "values": "800x120"},
+        {"series": 'flink_taskmanager_job_task_operator_pendingRecords{instance="j1", subtask_index="0"}', "values": "40x120"},
+        {"series": 'loopline_scoring_stage_seconds_bucket{instance="s1", stage="total", le="0.01"}', "values": "0+99x120"},
+        {"series": 'loopline_scoring_stage_seconds_bucket{instance="s1", stage="total", le="0.05"}', "values": "0+100x120"},
+        {"series": 'loopline_scoring_stage_seconds_bucket{instance="s1", stage="total", le="+Inf"}', "values": "0+100x120"},
+        {"series": 'loopline_scoring_model_requests_total{instance="s1", alias="canary", version="4", outcome="ok"}', "values": "0+100x120"},
+        {"series": 'loopline_scoring_model_requests_total{instance="s1", alias="canary", version="4", outcome="error"}', "values": "0x120"},
+        {"series": 'loopline_scoring_model_requests_total{instance="s1", alias="prod", version="3", outcome="ok"}', "values": "0+100x120"},
+        {"series": 'loopline_scoring_model_requests_total{instance="s1", alias="prod", version="3", outcome="error"}', "values": "0x120"},
+        {"series": "loopline_monitor_last_replay_timestamp_seconds", "values": "0+60x120"},
     ], [
         ("2h", alert, []) for alert in _rules(MONITORING)
     ]),

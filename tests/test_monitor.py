@@ -132,7 +132,11 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     assert sent <= 1_000, f"the alert took {sent} shifted requests"
     assert shifted["loopline_feature_psi"][COUNT] < 0.1 and shifted["loopline_feature_linf_distance"][CHANNEL] < 0.05
 
-    # kill -9: the restarted monitor recovers its window from the changelog, nothing lost or counted twice.
+    # kill -9 while a batch is being counted (its transaction, or the one after, still open): the restarted monitor
+    # recovers its window from the changelog, re-reads what was not committed, loses nothing and counts nothing twice.
+    _produce(producer, version, _values(rng, BATCH))
+    sent += BATCH
+    assert wait_until(lambda: rows() > 3_000 + sent - BATCH, 30, 0.01), "the monitor did not start counting the batch"
     restart()
     # While it recovers the table and re-reads what its last transaction had not committed, a check can publish a
     # partial count; it settles on the exact one (a monitor starting empty would never reach it, one counting twice

@@ -70,6 +70,18 @@ def test_prometheus_scrapes_every_loopline_process_and_loads_the_alert_rules(sta
     # Every rule evaluates (a rule naming a label Prometheus cannot parse, or a bad function, shows as "err").
     assert wait_until(lambda: all(rule["health"] == "ok" for group in groups() for rule in group["rules"]), 30, 0.5), groups()
 
+    # A second `stack up` rewrites the running Prometheus' config and reloads it (a new target shows).
+    prometheus = stack.prometheus
+    original = dict(prometheus.targets)
+    try:
+        prometheus.targets = {**original, "probe": ["127.0.0.1:9"]}
+        assert prometheus.start() is False
+        assert wait_until(lambda: "probe" in {t["labels"]["job"] for t in requests.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]},
+                          20, 0.5)  # fmt: skip
+    finally:
+        prometheus.targets = original
+        prometheus.start()
+
 
 def test_down_then_up_keeps_topics_and_data(scratch: tuple[LocalStack, Settings]) -> None:
     local, settings = scratch

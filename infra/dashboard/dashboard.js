@@ -64,20 +64,23 @@ function renderAlerts(alerts) {
   return loopline;
 }
 
+// A feature alerts when its skew crosses its own alert threshold or a page-severity alert names it (firing or pending:
+// the page shows the crossing as it happens, Prometheus holds the rule before it fires); warns on the warning levels.
 function featureState(feature, version, values, alerts) {
-  const alerted = alerts.some((a) => a.labels.feature === feature && (!a.labels.model_version || a.labels.model_version === version));
+  const names = (a) => a.labels.feature === feature && (!a.labels.model_version || a.labels.model_version === version);
+  const alerted = alerts.some((a) => names(a) && a.labels.severity === "page");
   const key = `${feature}|${version}`;
   const limit = (measure) => values.threshold.get(`${feature}|${measure}`);
   const over = (series, measure) => values[series].has(key) && values[series].get(key) >= limit(measure);
   if (alerted || over("psi", "psi_alert") || over("js", "js_alert") || over("linf", "linf_alert")) return "alerting";
-  if (over("psi", "psi_warn") || (values.mismatch.get(feature) ?? 0) > 0.01) return "warning";
+  if (over("psi", "psi_warn") || alerts.some(names) || (values.mismatch.get(feature) ?? 0) > 0.01) return "warning";
   return "ok";
 }
 
 function renderFeatures(values, alerts) {
   const body = document.querySelector("#features tbody");
   body.replaceChildren();
-  const keys = [...new Set([...values.rows.keys()])].sort();
+  const keys = [...values.rows.keys()].sort();
   for (const key of keys) {
     const [feature, version] = key.split("|");
     const row = body.insertRow();
@@ -157,7 +160,7 @@ async function refresh() {
     };
     document.getElementById("reference").textContent = reference.map((r) => r.metric.snapshot_id).join(", ") || "—";
     const alerts = renderAlerts(alertsBody.data.alerts);
-    const alerting = renderFeatures(values, alerts) || alerts.some((a) => a.state === "firing");
+    const alerting = renderFeatures(values, alerts) || alerts.some((a) => a.state === "firing" && a.labels.severity === "page");
     const status = document.getElementById("status");
     status.className = alerting ? "alerting" : "ok";
     status.textContent = alerting ? "ALERTING" : "all quiet";
