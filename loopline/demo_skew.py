@@ -46,7 +46,10 @@ class DemoSkew:
     def start_monitor(self, snapshot_id: str) -> None:
         """Run the monitor against the loop's training snapshot."""
         self.reference = snapshot_id
-        env = {**_MONITOR_ENV, "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": snapshot_id}
+        # A consumer group of this run's own: it starts at the topic's end, not at where an earlier demo's monitor
+        # stopped (one such backlog kept this run's window empty).
+        env = {**_MONITOR_ENV, "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": snapshot_id,
+               "LOOPLINE_MONITOR__APP_ID": f"loopline-monitor-{self.scoring.run_id}"}  # fmt: skip
         self._monitor = start_loopline(self.settings, ["monitor"], self.logs / "monitor.log", **env)
         self._monitor_started = time.monotonic()
 
