@@ -117,8 +117,17 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     for _ in range(12):
         _produce(producer, version, _values(rng, BATCH))
     _produce(producer, version, _values(rng, 2_000, shift=5.0), abort=True)
+    # What a careless or hostile writer leaves on the topic: garbage bytes, JSON of the wrong shape, a huge value.
+    producer.begin_transaction()
+    for junk in (b"\x00\xff\xfe garbage", b'{"schema_version": 1}', b"[" * 100_000, b'{"score": 1e999}'):
+        producer.produce(PREDICTIONS.name, junk, b"junk")
+    assert producer.flush(30) == 0
+    producer.commit_transaction()
     assert wait_until(lambda: rows() == 3_000, 120, 0.2), f"window rows {rows()}; log:\n{log.read_text()[-3000:]}"
     healthy = _metrics(url, version)
+    bad = [s.value for f in text_string_to_metric_families(requests.get(url, timeout=2).text) for s in f.samples
+           if s.name == "loopline_monitor_bad_records_total"]  # fmt: skip
+    assert bad == [4.0], "every junk record counted as bad, none counted as a prediction, the monitor still up"
     assert max(healthy["loopline_feature_psi"].values()) < 0.1, healthy
     assert healthy["loopline_feature_linf_distance"][CHANNEL] < 0.05 and healthy["loopline_feature_js_divergence"][AMOUNT] < 0.02
 
