@@ -21,10 +21,14 @@ from loopline.serving import doors_in_thread
 from loopline.settings import Settings
 from online.scorer import Scorer
 from schemas.records import ScoreRequest
+from schemas.validation import R, decode
 from schemas.topics import SCORE_REQUESTS, TOPICS
 from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
+#: The key of records a test writes as junk on purpose (bytes that are not the topic's contract, to show a reader
+#: survives them). Topics are shared by the session's tests: `LogReader.records` leaves these out, nothing else.
+JUNK_KEY = b"junk"
 #: The jar cache is shared with `make setup`, so tests do not fetch from Maven Central again.
 JARS_DIR = REPO / ".loopline" / "jars"
 
@@ -39,9 +43,14 @@ class LogReader:
         self.values: list[bytes] = []
 
     def poll(self) -> list[bytes]:
-        """Everything read so far, after one more fetch."""
-        self.values += [m.value() for m in self.consumer.consume(5000, timeout=0.2) if m.error() is None]
+        """Everything read so far, after one more fetch, less the records keyed `JUNK_KEY`."""
+        fetched = self.consumer.consume(5000, timeout=0.2)
+        self.values += [m.value() for m in fetched if m.error() is None and m.key() != JUNK_KEY]
         return self.values
+
+    def records(self, record_type: type[R]) -> list[R]:
+        """Everything read so far, decoded as ``record_type``: a record that breaks the contract fails the test."""
+        return [decode(record_type, value) for value in self.poll()]
 
     def close(self) -> None:
         self.consumer.close()

@@ -121,4 +121,4 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str,
 
 
 def _records(reader: LogReader) -> list[PredictionRecord]:
-    return [decode(PredictionRecord, value) for value in reader.poll()]
+    return reader.records(PredictionRecord)

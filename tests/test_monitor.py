@@ -19,7 +19,7 @@ import requests
 from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import start_group_at_end
+from conftest import JUNK_KEY, start_group_at_end
 from feedback_loop.snapshots import examples_frame, write_snapshot
 from infra.service import free_port, wait_until
 from loopline.job_processes import start_loopline, stop_process_group
@@ -120,7 +120,7 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     # What a careless or hostile writer leaves on the topic: garbage bytes, JSON of the wrong shape, a huge value.
     producer.begin_transaction()
     for junk in (b"\x00\xff\xfe garbage", b'{"schema_version": 1}', b"[" * 100_000, b'{"score": 1e999}'):
-        producer.produce(PREDICTIONS.name, junk, b"junk")
+        producer.produce(PREDICTIONS.name, junk, JUNK_KEY)
     assert producer.flush(30) == 0
     producer.commit_transaction()
     assert wait_until(lambda: rows() == 3_000, 120, 0.2), f"window rows {rows()}; log:\n{log.read_text()[-3000:]}"

@@ -32,7 +32,6 @@ from online.errors import Overloaded
 from online.prediction_log import PredictionLog
 from schemas.records import PredictionRecord
 from schemas.topics import PREDICTIONS
-from schemas.validation import decode
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def broker_paused(stack: LocalStack) -> Iterator[None]:
 
 
 def _logged(reader: LogReader, ids: set[str]) -> Counter:
-    return Counter(r.request_id for r in map(lambda v: decode(PredictionRecord, v), reader.poll()) if r.request_id in ids)
+    return Counter(r.request_id for r in reader.records(PredictionRecord) if r.request_id in ids)
 
 
 def test_ack_mode_answers_only_once_kafka_has_the_record(applied: Settings, stack: LocalStack, model_path: Path) -> None:

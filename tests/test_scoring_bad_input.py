@@ -34,7 +34,6 @@ from offline_training.onnx_models import write_linear_model
 from schemas.grpc_api import scoring_api
 from schemas.records import DeadLetterRecord, PredictionRecord
 from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
-from schemas.validation import decode
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 HTTP_ANSWERS = {200, 404, 413, 422}
@@ -149,7 +148,7 @@ def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: S
     sent = _publish(applied, [body for _, body, _, _ in BAD_REQUESTS])
     try:
         def letters() -> dict[tuple[int, int], DeadLetterRecord]:
-            records = [decode(DeadLetterRecord, v) for v in dead.poll()]
+            records = dead.records(DeadLetterRecord)
             return {(r.source_partition, r.source_offset): r for r in records if (r.source_partition, r.source_offset) in sent}
 
         assert wait_until(lambda: len(letters()) == len(sent), 60, 0.1), f"{len(letters())} of {len(sent)} dead-lettered"
@@ -182,7 +181,7 @@ def _assert_scores_on_every_door(served: Served, settings: Settings) -> None:
     predictions = LogReader(settings.kafka.bootstrap_servers, PREDICTIONS.name)
     try:
         _publish(settings, [json.dumps(good).encode()])
-        found = lambda: any(decode(PredictionRecord, v).request_id == good["request_id"] for v in predictions.poll())  # noqa: E731
+        found = lambda: any(r.request_id == good["request_id"] for r in predictions.records(PredictionRecord))  # noqa: E731
         assert wait_until(found, 60, 0.1), "a valid request still scores over Kafka"
     finally:
         predictions.close()
@@ -230,9 +229,9 @@ def test_fuzzed_requests_never_stop_a_door(served: Served, applied: Settings) ->
     try:
         def outcomes() -> Counter:
             """Kafka's outcome for each fuzzed record: a prediction (by request id) or a dead letter (by position)."""
-            records = map(lambda v: decode(PredictionRecord, v), predictions.poll())
+            records = predictions.records(PredictionRecord)
             scored = Counter(r.request_id for r in records if r.request_id.startswith(run) and r.request_id.endswith("-kafka"))
-            letters = map(lambda v: decode(DeadLetterRecord, v), dead.poll())
+            letters = dead.records(DeadLetterRecord)
             return scored + Counter((r.source_partition, r.source_offset) for r in letters if (r.source_partition, r.source_offset) in sent)
 
         assert wait_until(lambda: sum(outcomes().values()) >= len(sent), 90, 0.2), f"{sum(outcomes().values())} of {len(sent)}"

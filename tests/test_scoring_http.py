@@ -30,7 +30,7 @@ from offline_training.onnx_models import write_linear_model
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS
-from schemas.validation import decode, encode
+from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
 from conftest import LogReader, score_request, serving_doors
@@ -97,7 +97,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         )
 
         def scored_over_kafka() -> list[PredictionRecord]:
-            records = [decode(PredictionRecord, value) for value in log.poll()]
+            records = log.records(PredictionRecord)
             return [r for r in records if r.request_id == request["request_id"]]
 
         assert wait_until(lambda: len(scored_over_kafka()) == 3, 60, 0.1), "HTTP, gRPC and Kafka each log one record"
@@ -130,7 +130,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
 
     # The doors are closed: the feature + prediction log holds one record per scored request.
     def logged() -> Counter:
-        return Counter(r.request_id for r in map(lambda v: decode(PredictionRecord, v), log.poll()) if r.request_id in scored)
+        return Counter(r.request_id for r in log.records(PredictionRecord) if r.request_id in scored)
 
     try:
         assert wait_until(lambda: len(logged()) == 2, 30, 0.1), "HTTP and gRPC scores are logged"

@@ -26,7 +26,7 @@ from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
 from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
-from schemas.validation import decode, encode
+from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
 
@@ -49,7 +49,7 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
         target=lambda: sent.append(EventProducer(bootstrap).publish(stream, rate_per_s=rate, duration_s=seconds).total)
     )
     predictions = LogReader(bootstrap, PREDICTIONS.name)
-    ours = lambda: [p for p in map(lambda v: decode(PredictionRecord, v), predictions.poll()) if p.request_id.startswith(batch)]  # noqa: E731
+    ours = lambda: [p for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
     group, logs = f"scorer-{batch}", {name: tmp_path / f"scorer-{name}.log" for name in "ab"}
     first = _serve(applied, model, group, logs["a"], instance="a")
     second = None
@@ -93,7 +93,7 @@ def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstra
     EventProducer(bootstrap).publish(emitted)
 
     predictions = LogReader(bootstrap, PREDICTIONS.name)
-    ours = lambda: [p for p in map(lambda v: decode(PredictionRecord, v), predictions.poll()) if p.request_id.startswith(batch)]  # noqa: E731
+    ours = lambda: [p for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
     group = f"scorer-{batch}"
     scorer = _serve(applied, model, group, tmp_path / "scorer.log")
     try:
@@ -126,7 +126,7 @@ def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstra
     dead = LogReader(bootstrap, DEAD_LETTERS.name)
 
     def dead_lettered() -> set:
-        letters = [decode(DeadLetterRecord, v) for v in dead.poll()]
+        letters = dead.records(DeadLetterRecord)
         return {(d.key, d.error_field) for d in letters if d.key.startswith(batch) and d.consumer == "loopline-scorer/kafka"}
 
     expected = {(f"{batch}-bad", "entity_keys"), (f"{batch}-no-amount", "request_fields.amount")}
