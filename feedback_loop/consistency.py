@@ -9,9 +9,12 @@ with the value the scorer logged:
   logged with the request) equals the recompute over a prefix of the entity's events in log order that had reached
   Kafka before the request was scored — the job had not applied the rest yet, out-of-order events included.
   Streaming always lags a little; this is freshness, not a bug;
-* **value**: different, and not explained by lag: the online path computes the feature differently;
+* **ahead**: different, but the online row is such a prefix's row *newer* than the request's time: an event stamped
+  after the request (the event producer's clock ahead of the requester's) was already in Kafka and applied when it
+  was scored. Clocks, not a bug either; a steady share says the clocks disagree;
+* **value**: different, and explained by neither: the online path computes the feature differently;
 * **missing**: the scorer had no value (it used the default) where the log has events before the request;
-* **extra**: the scorer had a value where the log has no event before the request.
+* **extra**: the scorer had a value where the log has no event before the request, and none the log explains.
 
 Requests are sampled by a hash of the entity key, so a sampled key is followed over time and its whole history
 is in the replay. SMAPE (symmetric mean absolute percentage error, 0–2) of the compared numbers says how far off
@@ -33,7 +36,7 @@ from streams.feature_plan import FeaturePlan, ViewPlan
 from streams.recompute import EVENT_TIME, recompute, same_feature_value
 
 #: Outcomes of one comparison.
-OUTCOMES = ("match", "lag", "value", "missing", "extra")
+OUTCOMES = ("match", "lag", "ahead", "value", "missing", "extra")
 
 
 def sampled(entity: str, rate: float) -> bool:
@@ -174,23 +177,24 @@ def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | Non
 
 
 def _outcome(feature: str, want: object, online: object, offline: dict | None, as_of_row: list[dict]) -> str:
-    """One comparison's outcome (see the module docstring); an online row newer than the request's recompute (a clock
-    ahead, an event from the future) is a value mismatch too."""
-    if offline is None:
-        return "match" if online is None else "extra"
+    """One comparison's outcome (see the module docstring): ``as_of_row`` holds the rows the log explains the online
+    value by, if it differs."""
     if online is None:
-        return "missing"
-    if same_feature_value(feature, want, online):
+        return "match" if offline is None else "missing"
+    if offline is not None and same_feature_value(feature, want, online):
         return "match"
-    if any(row[EVENT_TIME] <= offline[EVENT_TIME] and same_feature_value(feature, row[feature], online) for row in as_of_row):
+    explaining = [row[EVENT_TIME] for row in as_of_row if same_feature_value(feature, row[feature], online)]
+    if offline is not None and any(time <= offline[EVENT_TIME] for time in explaining):
         return "lag"
-    return "value"
+    if explaining:
+        return "ahead"
+    return "extra" if offline is None else "value"
 
 
 def summary(report: dict[str, FeatureConsistency]) -> dict[str, dict[str, float | int | None]]:
     """Per feature: requests compared, mismatch / lag / missing / extra ratios and SMAPE (for tables and JSON)."""
     return {
-        name: {"compared": c.compared, "mismatch_ratio": c.mismatch_ratio, "lag_ratio": c.rate("lag"),
+        name: {"compared": c.compared, "mismatch_ratio": c.mismatch_ratio, "lag_ratio": c.rate("lag"), "ahead_ratio": c.rate("ahead"),
                "missing_ratio": c.rate("missing"), "extra_ratio": c.rate("extra"), "smape": c.smape}
         for name, c in sorted(report.items())
     }  # fmt: skip

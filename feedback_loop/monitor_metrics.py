@@ -40,6 +40,8 @@ class MonitorMetrics:
                               ["feature"], registry=r)  # fmt: skip
         self.lag = Gauge("loopline_feature_consistency_lag_ratio", "Mismatches explained by an older online row, last replay.",
                          ["feature"], registry=r)  # fmt: skip
+        self.ahead = Gauge("loopline_feature_consistency_ahead_ratio", "Mismatches explained by an online row newer than the "
+                           "request (event clocks ahead of the requester's), last replay.", ["feature"], registry=r)  # fmt: skip
         self.consistency_missing = Gauge("loopline_feature_consistency_missing_ratio", "No online value where the log had one.",
                                          ["feature"], registry=r)  # fmt: skip
         self.extra = Gauge("loopline_feature_consistency_extra_ratio", "An online value where the log had none.", ["feature"], registry=r)
@@ -100,6 +102,7 @@ class MonitorMetrics:
                 continue
             self.mismatch.labels(name).set(consistency.mismatch_ratio)
             self.lag.labels(name).set(consistency.rate("lag"))
+            self.ahead.labels(name).set(consistency.rate("ahead"))
             self.consistency_missing.labels(name).set(consistency.rate("missing"))
             self.extra.labels(name).set(consistency.rate("extra"))
             if consistency.smape is not None:

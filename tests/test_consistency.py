@@ -1,5 +1,6 @@
 """Row-level online/offline consistency: logged features against the point-in-time recompute, each comparison told
-apart as a match, a lag (the online row was older than the request), a value mismatch, missing or extra.
+apart as a match, a lag (the online row was older than the request), ahead (newer: the requester's clock behind the
+events'), a value mismatch, missing or extra.
 
 The logged requests here are made from the recompute itself (with a plan whose window is one bucket off for the
 broken case), so every outcome is known in advance; tests/test_monitor.py runs it against the real job and scorer.
@@ -38,9 +39,9 @@ def _events(users: int = 40, per_user: int = 30, seed: int = 0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, seed: int = 1) -> list[PredictionRecord]:
-    """A request per event, 1 ms after it, logging the features ``plan_view`` gives as of ``lag_events`` events earlier
-    (with that row's time), as a scorer reading a lagging online store would."""
+def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, stamped_after_ms: int = 1) -> list[PredictionRecord]:
+    """A request per event, stamped ``stamped_after_ms`` after it, logging the features ``plan_view`` gives as of
+    ``lag_events`` events earlier (with that row's time), as a scorer reading a lagging online store would."""
     at = events.rename(columns={"event_time_ms": "at_ms"})[["user_id", "at_ms"]]
     rows = {(r["user_id"], r["event_time_ms"]): r for r in recompute(plan_view, events, at).to_dict("records")}
     records = []
@@ -57,7 +58,7 @@ def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, seed
             records.append(PredictionRecord(
                 schema_version=1, request_id=f"r-{user}-{i}", entity_keys={"user_id": user}, features=features,
                 defaulted_features=[name for name, v in features.items() if v is None], model_name="m", model_version="1",
-                score=0.5, requested_at_ms=at + 1, scored_at_ms=at + 2, feature_row_times_ms=row_times,
+                score=0.5, requested_at_ms=at + stamped_after_ms, scored_at_ms=at + 2, feature_row_times_ms=row_times,
             ))  # fmt: skip
     return records
 
@@ -65,7 +66,7 @@ def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, seed
 def test_a_healthy_online_path_matches_and_a_lagging_one_is_told_from_a_wrong_one() -> None:
     events = _events()
     healthy = check_consistency(PLAN, events, _logged(events, VIEW))
-    assert by_outcome(healthy) == {"match": 2 * len(events), "lag": 0, "value": 0, "missing": 0, "extra": 0}
+    assert by_outcome(healthy) == {"match": 2 * len(events), "lag": 0, "ahead": 0, "value": 0, "missing": 0, "extra": 0}
     assert all(c.smape == 0 for c in healthy.values())
 
     # One event behind: every request after a user's first sees the previous event's row (older than the request).
@@ -75,6 +76,13 @@ def test_a_healthy_online_path_matches_and_a_lagging_one_is_told_from_a_wrong_on
     assert outcomes["missing"] == 2 * users, "a user's first request read no row at all"
     assert outcomes["value"] == 0 and outcomes["lag"] > 0
     assert outcomes["lag"] + outcomes["match"] == 2 * (len(events) - users)  # a lagging count can still equal the recompute
+
+    # The requester's clock 1 ms behind the events': each request is stamped before its own event, which the online
+    # row already holds. Newer than the request, yet the log's own row: ahead, neither lag nor a wrong value (nor
+    # extra for a user's first request, which the recompute as of the request has no row for).
+    early = by_outcome(check_consistency(PLAN, events, _logged(events, VIEW, stamped_after_ms=-1)))
+    assert early["lag"] == early["value"] == early["missing"] == early["extra"] == 0
+    assert early["ahead"] + early["match"] == 2 * len(events) and early["ahead"] > len(events)  # a count can stay equal
 
 
 def test_a_window_one_bucket_off_online_shows_as_that_features_mismatch() -> None:
