@@ -1,4 +1,5 @@
-"""When to retrain: prod's quality on the outcomes that came back over a recent window fell below a threshold.
+"""When to retrain: prod's quality on the outcomes that came back over a recent window fell below a threshold, or a
+skew or consistency alert is firing for it.
 
 ``decide`` is pure: it takes the labeled examples (``training.examples``), what the registry says
 (prod's and any canary's version, when the trigger last fired) and the time, and says whether to
@@ -8,6 +9,10 @@ and labeled; at least
 canary is out (the release decides first) and for ``cooldown_s`` after it fired, which covers the
 retraining it started: snapshot, training and evaluation take minutes.
 
+Alerts are Prometheus' (the monitor's skew and consistency rules, ``infra/prometheus/``), read by the caller: an
+alert fires the trigger when it names prod's version, or no version at all (consistency is per feature). They count
+only when quality does not fire on its own, so a firing has one cause and the caller acts on that cause's mode.
+
 Quality is measured by a function passed in (``offline_training.evaluation.classification_metrics``
 in Loopline: the same AUC and calibration error training reports), since this package sits below
 ``offline_training`` and does not import it.
@@ -16,8 +21,9 @@ in Loopline: the same AUC and calibration error training reports), since this pa
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
@@ -39,13 +45,34 @@ class TriggerPolicy:
 
 
 @dataclass(frozen=True)
+class FiringAlert:
+    """A Prometheus alert firing now: its rule's name, its labels (``feature``, ``model_version`` where the series has
+    them) and since when (as Prometheus gives it)."""
+
+    name: str
+    labels: Mapping[str, str]
+    active_at: str = ""
+
+    def concerns(self, version: str) -> bool:
+        """Whether it is about ``version``: it names that version, or none."""
+        return self.labels.get("model_version", version) == version
+
+    def describe(self) -> str:
+        """``<name> firing for <feature> since <time>``, as far as the labels tell."""
+        feature = self.labels.get("feature")
+        return f"{self.name} firing" + (f" for {feature}" if feature else "") + (f" since {self.active_at}" if self.active_at else "")
+
+
+@dataclass(frozen=True)
 class TriggerDecision:
-    """Whether to retrain, why, and what was measured (``labeled`` examples; ``quality`` empty when not judged)."""
+    """Whether to retrain, why, what made it fire (``cause``: prod's labeled quality, or a firing alert) and what was
+    measured (``labeled`` examples; ``quality`` empty when not judged)."""
 
     fire: bool
     reason: str
     labeled: int = 0
     quality: Mapping[str, float] = field(default_factory=dict)
+    cause: Literal["quality", "alert"] | None = None
 
 
 def window_examples(
@@ -59,10 +86,12 @@ def window_examples(
 
 def decide(
     policy: TriggerPolicy, examples: Iterable[TrainingExample], *, model_name: str, prod_version: str | None,
-    canary_version: str | None, now_ms: int, last_fired_ms: int | None, quality: QualityFunction,
+    canary_version: str | None, now_ms: int, last_fired_ms: int | None, quality: QualityFunction | None,
+    alerts: Sequence[FiringAlert] = (),
 ) -> TriggerDecision:  # fmt: skip
-    """Whether the labeled quality of ``model_name``'s prod version over the window ending at ``now_ms`` calls for
-    retraining (``canary_version``: the canary out now, if any; ``last_fired_ms``: when this trigger last fired)."""
+    """Whether the labeled quality of ``model_name``'s prod version over the window ending at ``now_ms``, or one of the
+    firing ``alerts``, calls for retraining (``canary_version``: the canary out now, if any; ``last_fired_ms``: when
+    this trigger last fired; ``quality`` None: quality is not judged, only alerts)."""
     if prod_version is None:
         return TriggerDecision(False, "no prod model: nothing to judge")
     if canary_version is not None:
@@ -71,6 +100,22 @@ def decide(
         wait_s = (last_fired_ms + policy.cooldown_s * 1000 - now_ms) / 1000
         since_s = (now_ms - last_fired_ms) / 1000
         return TriggerDecision(False, f"cooling down: fired {since_s:,.0f} s ago, quiet for {wait_s:,.0f} s more")
+    judged = TriggerDecision(False, "quality is not judged") if quality is None else _judge_quality(
+        policy, examples, model_name, prod_version, now_ms, quality)  # fmt: skip
+    if judged.fire:
+        return replace(judged, cause="quality")
+    concerning = [alert for alert in alerts if alert.concerns(prod_version)]
+    if concerning:
+        named = "; ".join(alert.describe() for alert in concerning)
+        return replace(judged, fire=True, reason=f"{named} (prod v{prod_version}); {judged.reason}", cause="alert")
+    return judged
+
+
+def _judge_quality(
+    policy: TriggerPolicy, examples: Iterable[TrainingExample], model_name: str, prod_version: str, now_ms: int,
+    quality: QualityFunction,
+) -> TriggerDecision:  # fmt: skip
+    """Prod's labeled quality over the window against the policy."""
     scores, labels = window_examples(examples, model_name, prod_version, now_ms - int(policy.window_s * 1000))
     where = f"prod v{prod_version} over {len(labels):,} labeled examples of the last {policy.window_s:,.0f} s"
     if len(labels) < policy.min_labels:

@@ -34,6 +34,8 @@ def dashboard_app(prometheus_url: str, models: Callable[[], dict], timeout_s: fl
             reply = requests.get(f"{prometheus_url}/api/v1/{endpoint}", params=dict(request.query_params), timeout=timeout_s)
         except requests.RequestException as err:
             raise HTTPException(502, f"Prometheus at {prometheus_url} does not answer: {err}") from err
+        if 400 <= reply.status_code < 500:  # the query's fault (bad PromQL, a bad parameter): the caller's to fix
+            raise HTTPException(reply.status_code, f"Prometheus refused the query: {reply.text[:500]}")
         if reply.status_code != 200:
             raise HTTPException(502, f"Prometheus answered {reply.status_code}: {reply.text[:200]}")
         return reply.json()

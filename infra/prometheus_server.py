@@ -7,6 +7,7 @@ import json
 import re
 import shutil
 import subprocess
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 
@@ -20,6 +21,17 @@ from infra.service import ManagedService
 RULES_DIR = Path(__file__).parent / "prometheus"
 
 
+def alerts(address: str, timeout_s: float = 5.0) -> list[dict]:
+    """The alerts pending or firing now at the Prometheus at ``address`` (its ``/api/v1/alerts``: each with
+    ``labels``, ``state``, ``activeAt``). Raises StackError when it does not answer or answers with an error."""
+    try:
+        reply = requests.get(f"{address}/api/v1/alerts", timeout=timeout_s)
+        reply.raise_for_status()
+        return reply.json()["data"]["alerts"]
+    except (requests.RequestException, ValueError, KeyError, TypeError) as err:
+        raise StackError(f"prometheus at {address} did not list its alerts: {err}", "loopline stack up starts it") from err
+
+
 @cache
 def _server_version(binary: str) -> str:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout
@@ -28,15 +40,17 @@ def _server_version(binary: str) -> str:
 
 
 class PrometheusServer(ManagedService):
-    """A local Prometheus scraping ``targets`` (job name → ``host:port`` list) every ``scrape_interval_s``."""
+    """A local Prometheus scraping ``targets`` (job name → ``host:port`` list) every ``scrape_interval_s`` and evaluating
+    ``rule_files`` (default: every ``*.rules.yml`` under ``infra/prometheus/``)."""
 
     name = "prometheus"
     cmdline_marker = "prometheus"
 
     def __init__(self, host: str, port: int, targets: dict[str, list[str]], scrape_interval_s: float, data_dir: Path,
-                 run_dir: Path, log_dir: Path, start_timeout_s: float = 30.0) -> None:  # fmt: skip
+                 run_dir: Path, log_dir: Path, start_timeout_s: float = 30.0, rule_files: Sequence[Path] | None = None) -> None:  # fmt: skip
         super().__init__(run_dir, log_dir, start_timeout_s)
         self.host, self.port, self.targets, self.scrape_interval_s = host, port, targets, scrape_interval_s
+        self.rule_files = sorted(RULES_DIR.glob("*.rules.yml")) if rule_files is None else list(rule_files)
         self.data_dir = data_dir / "prometheus"
         self.config_file = self.data_dir / "prometheus.yml"
 
@@ -56,7 +70,7 @@ class PrometheusServer(ManagedService):
         interval = f"{self.scrape_interval_s:g}s"
         return {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
-            "rule_files": [str(path) for path in sorted(RULES_DIR.glob("*.rules.yml"))],
+            "rule_files": [str(path) for path in self.rule_files],
             "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in self.targets.items()],
         }
 

@@ -469,23 +469,26 @@ def _print_outcome(outcome: RetrainOutcome, canary_requested: float | None) -> N
     console.print(f"model card: {report.card_path}", highlight=False)
 
 
-retrain_app = typer.Typer(help="The retrain trigger: retrain when prod's labeled quality falls below the policy (retrain.*).")
+retrain_app = typer.Typer(help="The retrain trigger: retrain when prod's labeled quality falls or its skew alerts fire (retrain.*).")
 app.add_typer(retrain_app, name="retrain")
 
 
 @retrain_app.command("watch")
 def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on it), then stop.")] = False) -> None:
-    """Judge prod on the labeled examples of the last retrain.window_s every retrain.poll_s; when its quality falls, print
-    why (mode notify) or also snapshot, train, evaluate and release the new version as a canary (mode retrain)."""
+    """Judge prod on the labeled examples of the last retrain.window_s, and look for its skew and consistency alerts in
+    Prometheus, every retrain.poll_s; when its quality falls or an alert fires, print why (notify) or also snapshot,
+    train, evaluate and release the new version as a canary (retrain): retrain.mode for quality, retrain.alert_mode for
+    alerts."""
     from loopline.retraining import trigger_step
 
     config = settings()
-    if config.retrain.mode == "off":
-        console.print("the retrain trigger is off: set retrain.mode to notify or retrain (LOOPLINE_RETRAIN__MODE)")
+    if config.retrain.mode == config.retrain.alert_mode == "off":
+        console.print("the retrain trigger is off: set retrain.mode (labeled quality) or retrain.alert_mode (skew and "
+                      "consistency alerts) to notify or retrain (LOOPLINE_RETRAIN__MODE, LOOPLINE_RETRAIN__ALERT_MODE)")  # fmt: skip
         return
     while True:
         decision, outcome = trigger_step(config)
-        verdict = f"[red]fire[/red] ({config.retrain.mode})" if decision.fire else "quiet"
+        verdict = f"[red]fire[/red] ({config.retrain.mode_for(decision.cause)})" if decision.fire else "quiet"
         console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
         if outcome is not None:
             _print_outcome(outcome, config.retrain.canary_percent)

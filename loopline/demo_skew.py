@@ -11,6 +11,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 from rich.table import Table
 
+from infra.errors import StackError
+from infra.prometheus_server import alerts
 from loopline.demo_scoring import DemoScoring
 from loopline.job_processes import start_loopline, stop_process_group
 from loopline.settings import Settings
@@ -73,10 +75,10 @@ class DemoSkew:
     def alert_state(self) -> str:
         """The skew alert's state in Prometheus for the skewed feature: firing, pending or none."""
         try:
-            alerts = requests.get(f"{self._prometheus}/api/v1/alerts", timeout=1).json()["data"]["alerts"]
-        except (requests.RequestException, ValueError, KeyError):
+            listed = alerts(self._prometheus, timeout_s=1)
+        except StackError:
             return "unknown"
-        states = {a["state"] for a in alerts if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == SKEWED_FEATURE}
+        states = {a["state"] for a in listed if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == SKEWED_FEATURE}
         return "firing" if "firing" in states else "pending" if "pending" in states else "none"
 
     def table(self) -> Table:
@@ -93,11 +95,16 @@ class DemoSkew:
         return table
 
     def summary(self) -> dict:
-        """What the demo's summary reports about the skew."""
+        """What the demo's summary reports about the skew, and what the retrain trigger makes of it now (a look: the
+        demo acts on nothing; `loopline retrain watch` would, in its settings' modes)."""
+        from loopline.retraining import check_trigger
+
         psi = self._psi()
         injected_s = None if self.injected_at is None else round(time.monotonic() - self.injected_at)
+        trigger = check_trigger(self.settings)
         return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_injected": self.injected_at is not None,
-                "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state()}  # fmt: skip
+                "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state(),
+                "retrain_trigger_fires": trigger.fire, "retrain_trigger_cause": trigger.cause, "retrain_trigger_reason": trigger.reason}  # fmt: skip
 
     def stop(self) -> None:
         """Stop the monitor and the dashboard (`loopline monitor` and `loopline dashboard` start them again)."""

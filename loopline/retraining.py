@@ -3,6 +3,7 @@ canary (what `loopline snapshot create`, `loopline train` and `loopline retrain 
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import sys
 import time
@@ -11,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from feedback_loop.example_log import backfill_examples, logged_examples
-from feedback_loop.retrain_trigger import TriggerDecision, decide
+from feedback_loop.retrain_trigger import FiringAlert, TriggerDecision, decide
+from infra.errors import StackError
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from loopline.components import feature_plan, model_release, registry_reader
 from loopline.settings import Settings
@@ -158,9 +160,19 @@ def retrain(
     return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason)
 
 
+def firing_alerts(settings: Settings) -> list[FiringAlert]:
+    """The alerts of ``retrain.alerts`` firing now in the stack's Prometheus."""
+    from infra.prometheus_server import alerts
+
+    address = f"http://{settings.prometheus.host}:{settings.prometheus.port}"
+    return [FiringAlert(a["labels"]["alertname"], a["labels"], a.get("activeAt", "")) for a in alerts(address)
+            if a.get("state") == "firing" and a["labels"].get("alertname") in settings.retrain.alerts]  # fmt: skip
+
+
 def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecision:
-    """The retrain trigger's verdict now: prod's labeled examples over the window (``training.examples``), the registry's
-    aliases and when the trigger last fired."""
+    """The retrain trigger's verdict now: prod's labeled examples over the window (``training.examples``, unless
+    ``retrain.mode`` is off), the alerts firing in Prometheus (unless ``retrain.alert_mode`` is off), the registry's
+    aliases and when the trigger last fired. Prometheus not answering is said in the reason; quality is still judged."""
     from mlflow.exceptions import MlflowException
 
     from offline_training.evaluation import classification_metrics
@@ -177,16 +189,27 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
         return TriggerDecision(False, f"{settings.serving.model_name} is not registered: nothing to judge")
     aliases = {alias: str(version) for alias, version in model.aliases.items()}
     fired = model.tags.get(LAST_FIRED_TAG)
-    since_ms = now_ms - int(options.window_s * 1000)
-    examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config,
-                                  model.name)
-    return decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
-                  canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
-                  quality=lambda scores, labels: classification_metrics(scores, labels, options.threshold))  # fmt: skip
+    examples: list = []
+    if options.mode != "off":
+        since_ms = now_ms - int(options.window_s * 1000)
+        examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config,
+                                      model.name)  # fmt: skip
+    firing, unread = [], ""
+    if options.alert_mode != "off":
+        try:
+            firing = firing_alerts(settings)
+        except StackError as err:
+            unread = f" (alerts not read: {err})"
+    decision = decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
+                      canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
+                      quality=None if options.mode == "off" else lambda scores, labels: classification_metrics(scores, labels, options.threshold),
+                      alerts=firing)  # fmt: skip
+    return dataclasses.replace(decision, reason=decision.reason + unread)
 
 
 def trigger_step(settings: Settings) -> tuple[TriggerDecision, RetrainOutcome | None]:
-    """One look of `loopline retrain watch`: the verdict and, when it fires in mode ``retrain``, the retraining it ran.
+    """One look of `loopline retrain watch`: the verdict and, when it fires with its cause's mode ``retrain``, the
+    retraining it ran.
 
     A firing is recorded on the registered model before anything runs (in ``notify`` mode too), so the cooldown holds
     even if the retraining fails or the watcher restarts."""
@@ -195,7 +218,7 @@ def trigger_step(settings: Settings) -> tuple[TriggerDecision, RetrainOutcome | 
         return decision, None
     name = settings.serving.model_name
     model_release(settings).client.set_registered_model_tag(name, LAST_FIRED_TAG, str(int(time.time() * 1000)))
-    if settings.retrain.mode != "retrain":
+    if settings.retrain.mode_for(decision.cause) != "retrain":
         return decision, None
     outcome = retrain(settings, canary_percent=settings.retrain.canary_percent, actor=TRIGGER_ACTOR, reason=decision.reason)
     return decision, outcome

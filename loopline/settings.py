@@ -209,15 +209,24 @@ class ReleaseSettings(BaseModel):
         return ReleasePolicy(**{name: getattr(self, name) for name in ReleasePolicy.__dataclass_fields__})
 
 
+#: The monitor's paging alerts that fire the retrain trigger by default: distribution skew (PSI, JS, L∞) and
+#: online/offline inconsistency (warnings do not).
+RETRAIN_ALERTS = ("LooplineFeatureSkew", "LooplineFeatureDistributionShift", "LooplineCategoryShift", "LooplineFeatureInconsistent")
+
+
 class RetrainSettings(BaseModel):
     """Retraining: how a trained candidate is judged against prod and released (`loopline train`), and the trigger that
-    retrains when prod's labeled quality falls (`loopline retrain watch`, ``feedback_loop/retrain_trigger.py``)."""
+    retrains when prod's labeled quality falls or a skew or consistency alert fires for it (`loopline retrain watch`,
+    ``feedback_loop/retrain_trigger.py``)."""
 
     threshold: float = Field(default=0.5, gt=0, lt=1, description="The operating threshold precision and recall are measured at.")
     max_auc_drop: float = Field(default=0.01, ge=0, description="Register only if the holdout AUC is at most this below prod's.")
     quantize: bool = Field(default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its AUC holds.")
     max_quantized_auc_change: float = Field(default=0.005, ge=0, description="INT8 is kept only within this of the fp32 AUC.")
     mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What the trigger does when quality falls.")
+    alert_mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What it does when one of `alerts` fires.")
+    alerts: list[str] = Field(default_factory=lambda: list(RETRAIN_ALERTS),
+                              description="Prometheus alerts (infra/prometheus/) that fire the trigger for the version they name.")  # fmt: skip
     window_s: float = Field(default=TriggerPolicy.window_s, gt=0, description="Judge prod on the examples it scored this far back.")
     min_auc: float = Field(default=TriggerPolicy.min_auc, gt=0, lt=1, description="Below this labeled AUC, the trigger fires.")
     max_calibration_error: float | None = Field(default=TriggerPolicy.max_calibration_error, gt=0,
@@ -230,6 +239,10 @@ class RetrainSettings(BaseModel):
     def trigger_policy(self) -> TriggerPolicy:
         """The trigger's policy these settings declare."""
         return TriggerPolicy(**{name: getattr(self, name) for name in TriggerPolicy.__dataclass_fields__})
+
+    def mode_for(self, cause: Literal["quality", "alert"] | None) -> Literal["off", "notify", "retrain"]:
+        """What the trigger does about a firing with ``cause``: ``alert_mode`` for an alert, ``mode`` otherwise."""
+        return self.alert_mode if cause == "alert" else self.mode
 
 
 class SkewThresholdSettings(BaseModel):

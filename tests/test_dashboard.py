@@ -106,6 +106,10 @@ def test_the_page_loads_clean_and_shows_an_injected_skew_as_alerting(dashboard, 
     for feature in FEATURES:
         assert f'<tr class="ok" data-feature="{feature}" data-version="{version}">' in quiet.stdout, quiet.stdout[-3000:]
     assert f'<tr data-version="{version}">' in quiet.stdout  # the models panel lists the prod version
+    # The pass-through: a query Prometheus refuses is the caller's fault (4xx, its reason); other endpoints are not passed.
+    refused = requests.get(f"{url}api/prometheus/query", params={"query": "sum("}, timeout=10)
+    assert refused.status_code == 400 and "parse error" in refused.json()["detail"], refused.text
+    assert requests.get(f"{url}api/prometheus/admin", timeout=10).status_code == 404
 
     # Amounts skew: the feature's PSI crosses its alert threshold; the page marks it (the rule pends for its `for:`).
     publish({FEATURES[0]: 0.6, FEATURES[1]: 0.02, FEATURES[2]: 0.02})

@@ -1,9 +1,10 @@
 """The retrain trigger: fires when prod's labeled quality over the window falls below the policy, with at least the
-minimum of labels; stays quiet on good quality, too few labels, other models' or versions' examples, examples older
-than the window, while a canary is out and during its cooldown. Then `loopline retrain watch --once` on the real
-stack: it reads training.examples and the registry, fires (notify mode), and records the firing so the next look
-cools down; in retrain mode one look snapshots the model's own examples, trains (DeepSpeed), judges the candidate
-against prod and releases it as a canary."""
+minimum of labels, or when a skew or consistency alert fires for prod; stays quiet on good quality, too few labels,
+other models' or versions' examples and alerts, examples older than the window, while a canary is out and during its
+cooldown. Then `loopline retrain watch --once` on the real stack: it reads training.examples and the registry, fires
+(notify mode), and records the firing so the next look cools down; it reads a real Prometheus' firing alerts; in
+retrain mode one look snapshots the model's own examples, trains (DeepSpeed), judges the candidate against prod and
+releases it as a canary."""
 
 from __future__ import annotations
 
@@ -14,14 +15,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from confluent_kafka import Producer
 from typer.testing import CliRunner
 
-from feedback_loop.retrain_trigger import TriggerPolicy, decide
+from feedback_loop.retrain_trigger import FiringAlert, TriggerPolicy, decide
+from infra.prometheus_server import RULES_DIR, PrometheusServer, alerts
+from infra.service import free_port, wait_until
 from loopline.cli import app
 from loopline.components import model_release
 from loopline.retraining import LAST_FIRED_TAG, TRIGGER_ACTOR
-from loopline.settings import RetrainSettings, ServingSettings, Settings, settings_environment
+from loopline.settings import RETRAIN_ALERTS, PrometheusSettings, RetrainSettings, ServingSettings, Settings, settings_environment
 from offline_training.evaluation import classification_metrics
 from offline_training.onnx_models import write_linear_model
 from schemas.records import TrainingExample
@@ -54,9 +58,12 @@ def examples(count: int, *, quality: str, version: str = "2", model: str = MODEL
 
 
 def judge(batch: list[TrainingExample], policy: TriggerPolicy = POLICY, *, prod: str | None = "2", canary: str | None = None,
-          last_fired_ms: int | None = None):  # fmt: skip
+          last_fired_ms: int | None = None, alerts: tuple[FiringAlert, ...] = (), quality=classification_metrics):  # fmt: skip
     return decide(policy, batch, model_name=MODEL, prod_version=prod, canary_version=canary, now_ms=NOW_MS,
-                  last_fired_ms=last_fired_ms, quality=classification_metrics)  # fmt: skip
+                  last_fired_ms=last_fired_ms, quality=quality, alerts=alerts)  # fmt: skip
+
+
+SKEW = FiringAlert("LooplineFeatureSkew", {"feature": "request:amount", "model_version": "2"}, "2026-12-01T02:00:00Z")
 
 
 def test_fires_when_prods_auc_falls_below_the_threshold():
@@ -127,6 +134,77 @@ def test_calibration_fires_only_when_the_policy_judges_it():
     assert unjudged.quality["auc"] > 0.95 and unjudged.quality["calibration_error"] > 0.3
     judged = judge(overconfident, TriggerPolicy(max_calibration_error=0.1))
     assert judged.fire and "calibration error" in judged.reason
+
+
+def test_a_skew_or_consistency_alert_for_prod_fires_it_and_says_which():
+    good = examples(300, quality="good")
+    decision = judge(good, alerts=(SKEW,))
+    assert decision.fire and decision.cause == "alert", decision
+    assert "LooplineFeatureSkew firing for request:amount since 2026-12-01T02:00:00Z (prod v2)" in decision.reason
+    assert "within the policy" in decision.reason and decision.quality["auc"] > 0.95  # quality was judged too
+    # A consistency alert names a feature and no version: it is about whatever serves it.
+    inconsistent = FiringAlert("LooplineFeatureInconsistent", {"feature": "user_transaction_features:txn_count_5m"})
+    assert judge(good, alerts=(inconsistent,)).cause == "alert"
+    # Another version's alert is not prod's; without alerts, good quality stays quiet.
+    other = FiringAlert("LooplineFeatureSkew", {"feature": "request:amount", "model_version": "3"})
+    assert not judge(good, alerts=(other,)).fire and not judge(good).fire
+    # Quality off: the alert alone decides.
+    assert judge([], alerts=(SKEW,), quality=None).fire and not judge([], quality=None).fire
+
+
+def test_bad_quality_is_the_cause_even_with_an_alert_and_the_release_and_cooldown_come_first():
+    bad = examples(300, quality="bad")
+    assert judge(bad, alerts=(SKEW,)).cause == "quality"
+    assert not judge(bad, alerts=(SKEW,), canary="3").fire
+    assert not judge(bad, alerts=(SKEW,), last_fired_ms=NOW_MS - HOUR_MS).fire
+
+
+def test_each_cause_has_its_own_mode_and_the_default_alerts_are_the_monitors_paging_rules():
+    options = RetrainSettings(mode="notify", alert_mode="retrain")
+    assert (options.mode_for("alert"), options.mode_for("quality"), options.mode_for(None)) == ("retrain", "notify", "notify")
+    rules = {rule["alert"]: rule for group in yaml.safe_load((RULES_DIR / "monitoring.rules.yml").read_text())["groups"]
+             for rule in group["rules"]}  # fmt: skip
+    assert set(RetrainSettings().alerts) == set(RETRAIN_ALERTS) <= set(rules)
+    assert {rules[name]["labels"]["severity"] for name in RETRAIN_ALERTS} == {"page"}
+
+
+@pytest.mark.stack
+def test_watch_once_fires_on_an_alert_firing_in_a_real_prometheus(settings: Settings, tmp_path: Path):
+    name = f"alerted-{uuid.uuid4().hex[:8]}"
+    rules = tmp_path / "alerts.rules.yml"
+    # The monitor's skew alert, held for no time: one for the prod version below and one for a version not served.
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "test", "rules": [
+        {"alert": "LooplineFeatureSkew", "expr": 'vector(1)', "labels": {"severity": "page", "feature": "request:amount",
+                                                                         "model_version": version}}
+        for version in ("1", "99")]}]}))  # fmt: skip
+    prometheus = PrometheusServer("127.0.0.1", free_port(), {}, 1.0, tmp_path / "data", tmp_path / "run", tmp_path / "logs",
+                                  rule_files=[rules])  # fmt: skip
+    watched = settings.model_copy(update={
+        "serving": ServingSettings(model_name=name),
+        "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+                                                         "artifact_location": str(tmp_path / "artifacts")}),
+        "retrain": RetrainSettings(mode="off", alert_mode="notify"),
+        "prometheus": PrometheusSettings(port=prometheus.port),
+    })  # fmt: skip
+    release = model_release(watched)
+    version = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.ones(1), 0.0))
+    release.promote(name, version, "test", "the model the trigger judges")
+    assert version == "1"
+    runner, env = CliRunner(), settings_environment(watched)
+    down = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
+    assert down.exit_code == 0 and "quiet" in down.output and "alerts not read" in down.output, down.output
+    prometheus.start()
+    try:
+        assert wait_until(lambda: sum(a["state"] == "firing" for a in alerts(prometheus.address)) == 2, 30, 0.2)
+        first = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
+    finally:
+        prometheus.stop()
+    assert first.exit_code == 0, first.output
+    assert "fire (notify)" in first.output and "LooplineFeatureSkew firing for request:amount since" in first.output, first.output
+    assert "(prod v1)" in first.output and "quality is not judged" in first.output, first.output
+    second = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
+    assert "quiet: cooling down" in second.output, second.output
+    assert release.aliases(name) == {"prod": version}
 
 
 @pytest.mark.stack
