@@ -17,12 +17,14 @@ from typer.testing import CliRunner
 
 from conftest import LogReader
 from feature_store.online_read import OnlineReader
+from feedback_loop.consistency import by_outcome, summary
 from infra.service import free_port, wait_until
 from loopline.cli import app
-from loopline.components import model_release, synthetic_config
+from loopline.components import feature_plan, model_release, synthetic_config
 from loopline.demo_loop import DemoLoop
 from loopline.demo_scoring import DemoScoring
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
+from loopline.monitoring import consistency_replay
 from loopline.settings import ReleaseSettings, ServingSettings, Settings, settings_environment
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
 from schemas.records import DeadLetterRecord, PredictionRecord
@@ -100,6 +102,13 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str,
         assert set(by_version) == {"1", trained} and by_version[trained] > 0, by_version
         last = {r.request_id: r.model_version for r in records}
         assert all(last[e.key] == trained for e in after[-50:] if e.topic == "scoring.requests")
+
+        # The healthy pipeline is consistent: the monitor's replay of every scored request (the job rebuilt its state
+        # from the whole log, as the replay reads it) finds no value mismatch; differences are lag or clocks.
+        report = consistency_replay(settings, feature_plan(settings))(records)
+        outcomes = by_outcome(report)
+        assert outcomes["value"] == outcomes["extra"] == 0 and outcomes["match"] > 0, (outcomes, summary(report))
+        assert sum(outcomes.values()) >= len(records), "every scored request was compared, at least one feature each"
 
         # One command puts the previous version back, and the alias history says who did what and why.
         outcome = CliRunner().invoke(app, ["rollback", "--reason", "test"], env=settings_environment(settings))
