@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,25 +81,21 @@ def _smape(a: float, b: float) -> float:
     return 0.0 if denominator == 0 else 2 * abs(a - b) / denominator
 
 
-def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[str, int], dict]:
+def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[Hashable, int], dict]:
     """Recomputed features of ``view`` at the ``(<entity key>, at_ms)`` points of ``at``, by (entity, at_ms), each with
     the event time of the row they come from; points before an entity's first event are left out."""
-    at = at.drop_duplicates().sort_values([view.entity_key, "at_ms"], kind="stable")
-    if at.empty:
-        return {}
+    at = at.drop_duplicates()
     rows = recompute(view, events, at)
-    # Per entity the rows come in the order asked (ascending at_ms), each as of the latest event at or before its
-    # at_ms, points before the entity's first event left out: the latest row at or before at_ms is at_ms's own.
-    answered = {entity: group.to_dict("records") for entity, group in rows.groupby(view.entity_key, sort=False)}
-    found: dict[tuple[str, int], dict] = {}
-    for entity, points in at.groupby(view.entity_key, sort=False)["at_ms"]:
-        records = answered.get(entity, [])
-        times = [r[EVENT_TIME] for r in records]
-        for at_ms in points:
-            index = int(np.searchsorted(times, at_ms, side="right")) - 1
-            if index >= 0:
-                found[(entity, int(at_ms))] = records[index]
-    return found
+    if rows.empty:
+        return {}
+    key = view.entity_key
+    # A row does not say which point it answers (points without one are left out): a point's row is its entity's latest
+    # at or before it, an as-of join on the rows' event times.
+    numbered = rows[[key, EVENT_TIME]].assign(row=np.arange(len(rows))).sort_values(EVENT_TIME, kind="stable")
+    located = pd.merge_asof(at.sort_values("at_ms", kind="stable"), numbered, left_on="at_ms", right_on=EVENT_TIME, by=key)
+    located = located[located["row"].notna()]
+    records = [dict(zip(rows.columns, values)) for values in zip(*(rows[name].tolist() for name in rows.columns))]
+    return {(entity, int(at_ms)): records[int(row)] for entity, at_ms, row in zip(located[key], located["at_ms"], located["row"])}
 
 
 def check_consistency(
@@ -131,7 +127,7 @@ def check_consistency(
                 if name not in record.features:
                     continue
                 feature = name.split(":", 1)[1]
-                consistency = report.setdefault(name, FeatureConsistency(name))
+                consistency = report.get(name) or report.setdefault(name, FeatureConsistency(name))  # not one built per value
                 online = None if name in record.defaulted_features else record.features[name]
                 want = None if offline is None else offline[feature]
                 consistency.counts[_outcome(feature, want, online, offline, as_of_row)] += 1
@@ -152,19 +148,31 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
     if not {"kafka_ms", "offset"} <= set(events.columns):
         rows = features_at(view, events, pd.DataFrame({view.entity_key: [k for _, k, _ in differing], "at_ms": [t for _, _, t in differing]}))
         return {record.request_id: [rows[(key, row_time)]] for record, key, row_time in differing if (key, row_time) in rows}
-    by_entity = {entity: group.sort_values("offset", kind="stable") for entity, group in events.groupby(view.entity_key, sort=False)}
-    found: dict[str, list[dict]] = {}
+    key_column = view.entity_key
+    logged = events[events[key_column].isin({key for _, key, _ in differing})].sort_values("offset", kind="stable")
+    times, kafka_ms = logged[EVENT_TIME].to_numpy(), logged["kafka_ms"].to_numpy()
+    positions = logged.groupby(key_column, sort=False).indices  # per entity, its events in log order
+    row_times = {key: np.maximum.accumulate(times[where]) for key, where in positions.items()}
+    prefixes: dict[tuple[str, int], int] = {}  # (entity, events in the prefix): the prefix's number
+    candidates: dict[str, list[tuple[str, int]]] = {}
     for record, key, row_time in differing:
-        group = by_entity.get(key)
-        if group is None:
-            continue
-        latest = group[EVENT_TIME].cummax().to_numpy()
-        ends = [i + 1 for i in range(len(group)) if latest[i] == row_time and group["kafka_ms"].iat[i] <= record.scored_at_ms]
-        found[record.request_id] = [
-            row for end in ends
-            if (row := features_at(view, group.iloc[:end], pd.DataFrame({view.entity_key: [key], "at_ms": [row_time]})).get((key, row_time)))
-        ]  # fmt: skip
-    return found
+        if key in positions:
+            ends = np.flatnonzero((row_times[key] == row_time) & (kafka_ms[positions[key]] <= record.scored_at_ms)) + 1
+            candidates[record.request_id] = [(key, end) for end in ends.tolist()]
+            for prefix in candidates[record.request_id]:
+                prefixes.setdefault(prefix, len(prefixes))
+    as_of: dict[tuple[str, int], dict] = {}
+    if prefixes:
+        # Every prefix as an entity of its own (keyed by its number), so that one recompute evaluates them all; each
+        # has a row as of its latest event, which stands for its real entity.
+        events_of = np.concatenate([positions[key][:end] for key, end in prefixes])
+        numbers = np.repeat(np.arange(len(prefixes)), [end for _, end in prefixes])
+        at_ms = [int(row_times[key][end - 1]) for key, end in prefixes]
+        used = list(dict.fromkeys([key_column, EVENT_TIME, *(agg.column for agg in view.aggregations)]))
+        rows = features_at(view, logged[used].iloc[events_of].assign(**{key_column: numbers}),
+                           pd.DataFrame({key_column: np.arange(len(prefixes)), "at_ms": at_ms}))  # fmt: skip
+        as_of = {prefix: {**rows[(number, at_ms[number])], key_column: prefix[0]} for prefix, number in prefixes.items()}
+    return {request_id: [as_of[prefix] for prefix in ends] for request_id, ends in candidates.items()}
 
 
 def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | None) -> bool:

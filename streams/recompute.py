@@ -1,13 +1,15 @@
 """The offline recompute: the job's aggregations in batch over the raw event log, point in time.
 
 This is what training sets and consistency checks use. It follows the window semantics of the
-job's ``SlidingWindows`` operator (``streams/jvm``) but is written independently (pandas, sorted
-arrays, binary search), so a test comparing the two really checks the streaming path.
+job's ``SlidingWindows`` operator (``streams/jvm``) but is written independently (pandas and numpy
+over sorted arrays: binary search, running totals), so a test comparing the two really checks the
+streaming path.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -38,53 +40,128 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
     Each row is what the online store held for that entity at ``at_ms`` (by event time):
     the features as of the entity's latest event at or before it. Pairs with no event before
     ``at_ms`` are left out. Columns: the entity key, ``event_time_ms`` (that latest event) and
-    one per feature.
+    one per feature. Rows come entity by entity (in order of their first event), each entity's
+    points in the order asked.
     """
     key = plan.entity_key
     if at is None:
         at = events.groupby(key, as_index=False)[EVENT_TIME].max().rename(columns={EVENT_TIME: "at_ms"})
-    rows = []
-    queries = at.groupby(key)["at_ms"]
-    for entity, group in events.sort_values(EVENT_TIME, kind="stable").groupby(key, sort=False):
-        if entity not in queries.groups:
-            continue
-        times = group[EVENT_TIME].to_numpy()
-        # Each column once as a plain array: slicing a pandas column per point costs more than the aggregation.
-        columns = {column: group[column].to_numpy() for column in {agg.column for agg in plan.aggregations if agg.column}}
-        for at_ms in queries.get_group(entity):
-            end = int(np.searchsorted(times, at_ms, side="right"))
-            if end == 0:
-                continue
-            rows.append({key: entity, EVENT_TIME: int(times[end - 1]), **_features(plan, columns, times, end)})
-    return pd.DataFrame(rows, columns=[key, EVENT_TIME, *plan.feature_names])
+    ordered = events.sort_values(EVENT_TIME, kind="stable")
+    codes, entities = pd.factorize(ordered[key])  # numbered in order of first event; no key: -1, left out
+    order = np.argsort(codes, kind="stable")
+    order = order[codes[order] >= 0]
+    timeline = _Timeline(codes[order], ordered[EVENT_TIME].to_numpy()[order])
+    point_codes = entities.get_indexer(at[key])
+    asked = np.argsort(point_codes, kind="stable")
+    asked = asked[point_codes[asked] >= 0]
+    first = np.searchsorted(timeline.codes, point_codes[asked], side="left")
+    end = timeline.insertion_points(point_codes[asked], at["at_ms"].to_numpy()[asked], "right")
+    has_event = end > first
+    if not has_event.any():
+        return pd.DataFrame([], columns=[key, EVENT_TIME, *plan.feature_names])
+    first, end = first[has_event], end[has_event]
+    columns = {column: ordered[column].to_numpy()[order] for column in {agg.column for agg in plan.aggregations if agg.column}}
+    return pd.DataFrame({key: entities.to_numpy()[timeline.codes[end - 1]], EVENT_TIME: timeline.times[end - 1],
+                         **_features(plan, columns, timeline, first, end)})  # fmt: skip
 
 
-def _features(plan: ViewPlan, columns: dict[str, np.ndarray], times: np.ndarray, end: int) -> dict:
-    latest = int(times[end - 1])
-    values: dict = {}
+class _Timeline:
+    """Every entity's events in one array: entity after entity (by code), each entity's by time (ties in log order)."""
+
+    def __init__(self, codes: np.ndarray, times: np.ndarray) -> None:
+        self.codes, self.times = codes, times
+        self._distinct_times = np.unique(times)
+        # (code, rank of the time) as one sorted integer (below n**2 + n for n events), so placing a point among its
+        # entity's events is one binary search.
+        self._keys = codes * (len(self._distinct_times) + 1) + np.searchsorted(self._distinct_times, times)
+
+    def insertion_points(self, codes: np.ndarray, times: np.ndarray, side: Literal["left", "right"]) -> np.ndarray:
+        """Per point (entity code, time): ``np.searchsorted`` of the time among its entity's event times with ``side``,
+        as an index into all events."""
+        rank = np.searchsorted(self._distinct_times, times, side=side)
+        return np.searchsorted(self._keys, codes * (len(self._distinct_times) + 1) + rank, side="left")
+
+
+def _features(
+    plan: ViewPlan, columns: dict[str, np.ndarray], timeline: _Timeline, first: np.ndarray, end: np.ndarray
+) -> dict[str, np.ndarray | list]:
+    """Every feature of ``plan`` per row: as of the row's latest event ``end - 1`` of ``timeline`` (``first``: its entity's
+    first event). ``columns``: the aggregated columns, in the timeline's order."""
+    codes, latest = timeline.codes[end - 1], timeline.times[end - 1]
+    starts: dict[tuple[int | None, int], np.ndarray] = {}
+    totals: dict[str, np.ndarray] = {}
+    features: dict[str, np.ndarray | list] = {}
     for agg in plan.aggregations:
         if agg.function == "time_since_previous":
-            before = int(np.searchsorted(times, latest, side="left"))
-            values[agg.name] = None if before == 0 else (latest - int(times[before - 1])) / 1000
+            before = timeline.insertion_points(codes, latest, "left")
+            has_previous = before > first
+            features[agg.name] = _with_gaps((latest - timeline.times[before - 1])[has_previous] / 1000, has_previous)
             continue
-        first_bucket = latest // agg.slide_ms - agg.window_buckets + 1
-        start = int(np.searchsorted(times, first_bucket * agg.slide_ms, side="left"))
-        window = columns[agg.column][start:end].tolist()
-        values[agg.name] = _aggregate(agg.function, window)
-    return values
+        window = (agg.slide_ms, agg.window_buckets)
+        if window not in starts:
+            first_bucket = latest // agg.slide_ms - agg.window_buckets + 1
+            # A window shorter than a bucket (only a hand-built plan has one) starts after the latest event: empty.
+            starts[window] = np.minimum(timeline.insertion_points(codes, first_bucket * agg.slide_ms, "left"), end)
+        start, values = starts[window], columns[agg.column]
+        if agg.function == "count":
+            features[agg.name] = end - start
+        elif agg.function == "count_distinct":
+            features[agg.name] = _distinct_counts(values, start, end)
+        else:
+            full = end > start
+            if agg.function in ("sum", "mean"):
+                if agg.column not in totals:
+                    totals[agg.column] = _scaled_running_totals(values)
+                window_total = totals[agg.column][end[full]] - totals[agg.column][start[full]]
+                exact = window_total / SCALE if agg.function == "sum" else window_total / (end - start)[full] / SCALE
+                result = exact.astype(np.float64)
+            else:
+                result = _extremes(values, start[full], end[full], agg.function)
+            features[agg.name] = _with_gaps(result, full)
+    return features
 
 
-def _aggregate(function: str, window: list) -> float | int | None:
-    if function == "count":
-        return len(window)
-    if function == "count_distinct":
-        return len(set(window))
-    if not window:
-        return None
-    if function in ("sum", "mean"):
-        total = sum(round(value * SCALE) for value in window)
-        return total / SCALE if function == "sum" else total / len(window) / SCALE
-    return max(window) if function == "max" else min(window)
+def _scaled_running_totals(values: np.ndarray) -> np.ndarray:
+    """Running totals (from 0) of the values as integers of 1/SCALE: a window's total is the difference of two.
+
+    Python ints (an object array), so totals and their division are exact as a plain ``sum`` of the rounded values:
+    a history's running total may pass 64 bits, and a window's total 53."""
+    return np.cumsum([0, *(round(value * SCALE) for value in values.tolist())], dtype=object)
+
+
+def _distinct_counts(values: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """How many distinct values each window ``values[start:end]`` holds: a set per window, as for a single point (no
+    prefix trick counts distinct values; at these window sizes the sets are a small share of a replay)."""
+    return np.array([len(set(values[s:e].tolist())) for s, e in zip(start.tolist(), end.tolist())], dtype=np.int64)
+
+
+def _extremes(values: np.ndarray, start: np.ndarray, end: np.ndarray, function: str) -> np.ndarray:
+    """``max`` or ``min`` of each non-empty window ``values[start:end]``, from a sparse table: level k holds the extreme of
+    each span of 2**k values, and two such spans, overlapping, cover a window."""
+    keep_left = np.greater_equal if function == "max" else np.less_equal
+    length = end - start
+    level = np.frexp(length)[1] - 1  # floor(log2(length))
+    found = np.empty(len(start), dtype=values.dtype)
+    table, span = values, 1
+    for k in range(int(level.max(initial=-1)) + 1):
+        if k:
+            # On a tie the left one, as max() and min() keep the first (0.0 and -0.0 are equal but not the same value).
+            table = np.where(keep_left(table[:-span], table[span:]), table[:-span], table[span:])
+            span *= 2
+        here = level == k
+        left, right = table[start[here]], table[end[here] - span]
+        found[here] = np.where(keep_left(left, right), left, right)
+    return found
+
+
+def _with_gaps(values: np.ndarray, present: np.ndarray) -> np.ndarray | list:
+    """A column of ``values`` where ``present`` (in order), None elsewhere: a list then, so the frame infers its type
+    as it would from rows (floats with None become NaN, None alone stays None)."""
+    if present.all():
+        return values
+    column = np.full(len(present), None, dtype=object)
+    column[present] = values
+    return column.tolist()
 
 
 def same_feature_value(feature: str, offline, online) -> bool:
