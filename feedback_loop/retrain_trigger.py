@@ -102,11 +102,11 @@ def decide(
         return TriggerDecision(False, f"cooling down: fired {since_s:,.0f} s ago, quiet for {wait_s:,.0f} s more")
     judged = TriggerDecision(False, "quality is not judged") if quality is None else _judge_quality(
         policy, examples, model_name, prod_version, now_ms, quality)  # fmt: skip
-    if judged.fire:
-        return replace(judged, cause="quality")
     concerning = [alert for alert in alerts if alert.concerns(prod_version)]
+    named = "; ".join(alert.describe() for alert in concerning)
+    if judged.fire:
+        return replace(judged, cause="quality", reason=judged.reason + (f"; also {named}" if named else ""))
     if concerning:
-        named = "; ".join(alert.describe() for alert in concerning)
         return replace(judged, fire=True, reason=f"{named} (prod v{prod_version}); {judged.reason}", cause="alert")
     return judged
 

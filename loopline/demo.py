@@ -15,6 +15,7 @@ stack stays up.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import threading
@@ -29,7 +30,7 @@ from feature_store.online_read import OnlineReader
 from loopline.components import build_stack, synthetic_config
 from loopline.demo_loop import TRAINING_STEP, DemoLoop, Step
 from loopline.demo_scoring import DemoScoring
-from loopline.demo_skew import SKEW_ALERT, SKEWED_FEATURE, DemoSkew
+from loopline.demo_skew import SKEW_ALERT, SKEWED_FEATURE, TIME_TO_FIRE_S, DemoSkew
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.settings import Settings
 from loopline.views import counts_table, scoring_table, stack_table, topics_table
@@ -86,13 +87,16 @@ def _produce_while_showing_loop(
     # The wait for the job counts against the budget too.
     duration = max(5.0, budget_s - (time.monotonic() - waited_from) - _REPORT_RESERVE_S)
     config = dataclasses.replace(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), label_delay_s=_DEMO_LABEL_DELAY_S)
-    stream = scoring.requests_for(SyntheticStream(config, int(time.time()), int(time.time() * 1000)))
+    # The stream goes on past the budget while the skew alert is still on its way (at most its time to fire).
+    enough = threading.Event()
+    stream = itertools.takewhile(lambda _: not enough.is_set(),
+                                 scoring.requests_for(SyntheticStream(config, int(time.time()), int(time.time() * 1000))))  # fmt: skip
     produced = [0]
     outcome: list[PublishStats] = []
     producing = threading.Thread(
         target=lambda: outcome.append(
             EventProducer(settings.kafka.bootstrap_servers, client_config=settings.kafka.client_config).publish(
-                stream, rate_per_s=rate, duration_s=duration, on_progress=lambda n: produced.__setitem__(0, n)
+                stream, rate_per_s=rate, duration_s=duration + TIME_TO_FIRE_S, on_progress=lambda n: produced.__setitem__(0, n)
             )
         ),
         daemon=True,
@@ -111,7 +115,9 @@ def _produce_while_showing_loop(
 
     with Live(console=console, refresh_per_second=4) as live:
         while producing.is_alive():
-            skew.step(deadline=started + duration)
+            skew.step()
+            if time.monotonic() - started >= duration and skew.settled():
+                enough.set()
             live.update(tables())
             time.sleep(0.25)
         live.update(tables())

@@ -154,7 +154,8 @@ def test_a_skew_or_consistency_alert_for_prod_fires_it_and_says_which():
 
 def test_bad_quality_is_the_cause_even_with_an_alert_and_the_release_and_cooldown_come_first():
     bad = examples(300, quality="bad")
-    assert judge(bad, alerts=(SKEW,)).cause == "quality"
+    both = judge(bad, alerts=(SKEW,))
+    assert both.cause == "quality" and "below 0.75; also LooplineFeatureSkew firing for request:amount" in both.reason
     assert not judge(bad, alerts=(SKEW,), canary="3").fire
     assert not judge(bad, alerts=(SKEW,), last_fired_ms=NOW_MS - HOUR_MS).fire
 
