@@ -14,13 +14,14 @@ what the monitor reads from Kafka).
    the reference statistics from the same rows (``skew_with_reference_s``; a manifest holds them, so the monitor
    never recomputes them); ``detections_agree`` says whether both flagged the same number of columns.
 3. Consistency: ``feedback_loop.consistency.check_consistency`` replaying M logged requests (the repo's two stream
-   feature views, 15 features) against the recompute of a synthetic event log, where the logged values are the
-   recompute's own except one feature computed with its window one bucket longer (the "off by one in the job only"
-   bug) and one request in ten a row behind (lag). ``consistency_rows_per_s`` is requests replayed per second;
-   ``broken_feature_detected`` whether that feature (and only it) shows value mismatches; lag counts apart. The
-   logged values come from the recompute itself, so this measures the replay's speed and its verdicts on planted
-   faults; tests/test_monitor.py and the demo run it against the real job and scorer. Goal: ≤ 60 s for 100,000
-   requests.
+   feature views, 15 features) against the recompute of a synthetic event log with its log positions (as the monitor
+   reads it: every differing value is checked against the rows of each entity's log prefixes), where the logged
+   values are the recompute's own except one feature computed with its window one bucket longer (the "off by one in
+   the job only" bug) and one request in ten a row behind (lag). ``consistency_rows_per_s`` is requests replayed per
+   second; ``broken_feature_detected`` whether that feature (and only it) shows value mismatches; lag counts apart.
+   The logged values come from the recompute itself, so this measures the replay's speed and its verdicts on planted
+   faults; tests/test_consistency_replay.py and tests/test_closing_the_loop.py run it against the real job and
+   scorer. Goal: ≤ 60 s for 100,000 requests.
 
 Machine: the 2-core box this runs on. The last line printed is one JSON object.
 
@@ -129,12 +130,16 @@ def _evidently(reference: pd.DataFrame, logged: pd.DataFrame, figures: dict) -> 
 
 
 def _events(plan: FeaturePlan, count: int) -> pd.DataFrame:
-    """A synthetic event log of ``count`` transactions in event-time order (the accepted events the recompute reads)."""
-    stream = SyntheticStream(SyntheticConfig(users=2_000, merchants=300, rate_per_s=5.0), seed=3, start_ms=1_790_000_000_000)
+    """A synthetic event log of ``count`` transactions in event-time order, with the log positions the monitor reads
+    with them (``accepted_events``: partition, offset in send order, ``kafka_ms`` the send time), so the replay tells
+    lag from value mismatches over each entity's log prefixes, as it does in the monitor. Sent in event-time order (no
+    out-of-order events): a planted lagging row, the entity's previous event's, is then a log prefix's row."""
+    config = SyntheticConfig(users=2_000, merchants=300, rate_per_s=5.0, out_of_order_rate=0.0, late_rate=0.0)
+    stream = SyntheticStream(config, seed=3, start_ms=1_790_000_000_000)
     records = []
     for emitted in stream:
         if emitted.record is not None and emitted.topic == plan.topic:
-            records.append(emitted.record.model_dump())
+            records.append({**emitted.record.model_dump(), "partition": 0, "offset": len(records), "kafka_ms": emitted.emit_at_ms})
             if len(records) == count:
                 break
     return pd.DataFrame(records).sort_values("event_time_ms", kind="stable").reset_index(drop=True)
@@ -164,7 +169,7 @@ def _logged(plan: FeaturePlan, events: pd.DataFrame, requests: int) -> list[Pred
         records.append(PredictionRecord(
             schema_version=1, request_id=f"bench-{i}", entity_keys={"user_id": event["user_id"], "merchant_id": event["merchant_id"]},
             features=values, defaulted_features=[n for n, v in values.items() if v is None], model_name="fraud", model_version="1",
-            score=0.5, requested_at_ms=int(event["event_time_ms"]) + 1, scored_at_ms=int(event["event_time_ms"]) + 2,
+            score=0.5, requested_at_ms=int(event["event_time_ms"]) + 1, scored_at_ms=int(event["kafka_ms"]) + 2,
             feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
         ))  # fmt: skip
     return records

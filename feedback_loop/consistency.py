@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,7 +84,11 @@ def _smape(a: float, b: float) -> float:
 def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[Hashable, int], dict]:
     """Recomputed features of ``view`` at the ``(<entity key>, at_ms)`` points of ``at``, by (entity, at_ms), each with
     the event time of the row they come from; points before an entity's first event are left out."""
-    at = at.drop_duplicates()
+    if at["at_ms"].isna().any() or events[EVENT_TIME].isna().any():
+        raise ValueError("features_at needs a time for every point and every event")
+    # The as-of join below matches times of one type only: integer milliseconds, as the log's.
+    at = at.drop_duplicates().astype({"at_ms": "int64"})
+    events = events.astype({EVENT_TIME: "int64"})
     rows = recompute(view, events, at)
     if rows.empty:
         return {}
@@ -131,7 +135,7 @@ def check_consistency(
                 online = None if name in record.defaulted_features else record.features[name]
                 want = None if offline is None else offline[feature]
                 consistency.counts[_outcome(feature, want, online, offline, as_of_row)] += 1
-                if want is not None and not pd.isna(want) and online is not None and not isinstance(online, str):
+                if not isinstance(online, str) and not pd.isna(online) and not pd.isna(want):
                     consistency.smape_sum += _smape(float(want), float(online))
                     consistency.smape_pairs += 1
     return report
@@ -153,26 +157,57 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
     times, kafka_ms = logged[EVENT_TIME].to_numpy(), logged["kafka_ms"].to_numpy()
     positions = logged.groupby(key_column, sort=False).indices  # per entity, its events in log order
     row_times = {key: np.maximum.accumulate(times[where]) for key, where in positions.items()}
+    reached = {key: np.maximum.accumulate(kafka_ms[where]) for key, where in positions.items()}  # all of a prefix in Kafka by
     prefixes: dict[tuple[str, int], int] = {}  # (entity, events in the prefix): the prefix's number
     candidates: dict[str, list[tuple[str, int]]] = {}
     for record, key, row_time in differing:
         if key in positions:
-            ends = np.flatnonzero((row_times[key] == row_time) & (kafka_ms[positions[key]] <= record.scored_at_ms)) + 1
+            ends = np.flatnonzero((row_times[key] == row_time) & (reached[key] <= record.scored_at_ms)) + 1
             candidates[record.request_id] = [(key, end) for end in ends.tolist()]
             for prefix in candidates[record.request_id]:
                 prefixes.setdefault(prefix, len(prefixes))
+    used = list(dict.fromkeys([key_column, EVENT_TIME, *(agg.column for agg in view.aggregations)]))
     as_of: dict[tuple[str, int], dict] = {}
-    if prefixes:
-        # Every prefix as an entity of its own (keyed by its number), so that one recompute evaluates them all; each
-        # has a row as of its latest event, which stands for its real entity.
-        events_of = np.concatenate([positions[key][:end] for key, end in prefixes])
-        numbers = np.repeat(np.arange(len(prefixes)), [end for _, end in prefixes])
-        at_ms = [int(row_times[key][end - 1]) for key, end in prefixes]
-        used = list(dict.fromkeys([key_column, EVENT_TIME, *(agg.column for agg in view.aggregations)]))
-        rows = features_at(view, logged[used].iloc[events_of].assign(**{key_column: numbers}),
-                           pd.DataFrame({key_column: np.arange(len(prefixes)), "at_ms": at_ms}))  # fmt: skip
-        as_of = {prefix: {**rows[(number, at_ms[number])], key_column: prefix[0]} for prefix, number in prefixes.items()}
+    for batch in _prefix_batches(view, prefixes, positions, row_times, times):
+        # Every prefix of the batch as an entity of its own (keyed by its number), so that one recompute evaluates
+        # them all; each has a row as of its latest event, which stands for its real entity.
+        numbered = [(prefix, prefixes[prefix], where) for prefix, where in batch]
+        at_ms = {number: int(row_times[prefix[0]][prefix[1] - 1]) for prefix, number, _ in numbered}
+        frame = logged[used].iloc[np.concatenate([where for _, _, where in numbered])].assign(
+            **{key_column: np.repeat([number for _, number, _ in numbered], [len(where) for _, _, where in numbered])})
+        rows = features_at(view, frame, pd.DataFrame({key_column: list(at_ms), "at_ms": list(at_ms.values())}))
+        as_of |= {prefix: {**rows[(number, at_ms[number])], key_column: prefix[0]} for prefix, number, _ in numbered}
     return {request_id: [as_of[prefix] for prefix in ends] for request_id, ends in candidates.items()}
+
+
+#: Events recomputed at once when the candidate rows are evaluated: bounds the replay's memory.
+_BATCH_EVENTS = 500_000
+
+
+def _prefix_batches(
+    view: ViewPlan, prefixes: Mapping[tuple[str, int], int], positions: Mapping[str, np.ndarray], row_times: Mapping[str, np.ndarray],
+    times: np.ndarray,
+) -> Iterator[list[tuple[tuple[str, int], np.ndarray]]]:  # fmt: skip
+    """The prefixes with the events their row needs (indices into the log), in batches of about ``_BATCH_EVENTS``.
+
+    A row as of time T needs only the prefix's events inside its longest window (from T - window - slide) and the
+    latest one before that (for the time since the previous event): not the whole history, which a busy entity's
+    every candidate prefix would repeat."""
+    lookback = max((agg.window_ms + agg.slide_ms for agg in view.aggregations if agg.window_ms is not None), default=0)
+    batch: list[tuple[tuple[str, int], np.ndarray]] = []
+    size = 0
+    for key, end in prefixes:
+        where = positions[key][:end]
+        recent = times[where] >= row_times[key][end - 1] - lookback
+        before = where[~recent]
+        needed = where[recent] if not len(before) else np.concatenate([before[[np.argmax(times[before])]], where[recent]])
+        batch.append(((key, end), needed))
+        size += len(needed)
+        if size >= _BATCH_EVENTS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
 def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | None) -> bool:
@@ -200,7 +235,7 @@ def _outcome(feature: str, want: object, online: object, offline: dict | None, a
 
 
 def summary(report: dict[str, FeatureConsistency]) -> dict[str, dict[str, float | int | None]]:
-    """Per feature: requests compared, mismatch / lag / missing / extra ratios and SMAPE (for tables and JSON)."""
+    """Per feature: requests compared, mismatch / lag / ahead / missing / extra ratios and SMAPE (for tables and JSON)."""
     return {
         name: {"compared": c.compared, "mismatch_ratio": c.mismatch_ratio, "lag_ratio": c.rate("lag"), "ahead_ratio": c.rate("ahead"),
                "missing_ratio": c.rate("missing"), "extra_ratio": c.rate("extra"), "smape": c.smape}

@@ -10,8 +10,8 @@ canary is out (the release decides first) and for ``cooldown_s`` after it fired,
 retraining it started: snapshot, training and evaluation take minutes.
 
 Alerts are Prometheus' (the monitor's skew and consistency rules, ``infra/prometheus/``), read by the caller: an
-alert fires the trigger when it names prod's version, or no version at all (consistency is per feature). They count
-only when quality does not fire on its own, so a firing has one cause and the caller acts on that cause's mode.
+alert fires the trigger when it names prod's version, or no version at all (consistency is per feature). A firing
+says its causes (quality, alert or both); the caller acts on the strongest of their modes.
 
 Quality is measured by a function passed in (``offline_training.evaluation.classification_metrics``
 in Loopline: the same AUC and calibration error training reports), since this package sits below
@@ -65,14 +65,14 @@ class FiringAlert:
 
 @dataclass(frozen=True)
 class TriggerDecision:
-    """Whether to retrain, why, what made it fire (``cause``: prod's labeled quality, or a firing alert) and what was
-    measured (``labeled`` examples; ``quality`` empty when not judged)."""
+    """Whether to retrain, why, what made it fire (``causes``: prod's labeled quality, a firing alert, or both) and
+    what was measured (``labeled`` examples; ``quality`` empty when not judged)."""
 
     fire: bool
     reason: str
     labeled: int = 0
     quality: Mapping[str, float] = field(default_factory=dict)
-    cause: Literal["quality", "alert"] | None = None
+    causes: frozenset[Literal["quality", "alert"]] = frozenset()
 
 
 def window_examples(
@@ -87,11 +87,11 @@ def window_examples(
 def decide(
     policy: TriggerPolicy, examples: Iterable[TrainingExample], *, model_name: str, prod_version: str | None,
     canary_version: str | None, now_ms: int, last_fired_ms: int | None, quality: QualityFunction | None,
-    alerts: Sequence[FiringAlert] = (),
+    alerts: Sequence[FiringAlert] | None = None,
 ) -> TriggerDecision:  # fmt: skip
     """Whether the labeled quality of ``model_name``'s prod version over the window ending at ``now_ms``, or one of the
     firing ``alerts``, calls for retraining (``canary_version``: the canary out now, if any; ``last_fired_ms``: when
-    this trigger last fired; ``quality`` None: quality is not judged, only alerts)."""
+    this trigger last fired; ``quality`` None: quality is not judged; ``alerts`` None: alerts were not looked at)."""
     if prod_version is None:
         return TriggerDecision(False, "no prod model: nothing to judge")
     if canary_version is not None:
@@ -102,13 +102,17 @@ def decide(
         return TriggerDecision(False, f"cooling down: fired {since_s:,.0f} s ago, quiet for {wait_s:,.0f} s more")
     judged = TriggerDecision(False, "quality is not judged") if quality is None else _judge_quality(
         policy, examples, model_name, prod_version, now_ms, quality)  # fmt: skip
-    concerning = [alert for alert in alerts if alert.concerns(prod_version)]
+    concerning = [alert for alert in alerts or () if alert.concerns(prod_version)]
     named = "; ".join(alert.describe() for alert in concerning)
     if judged.fire:
-        return replace(judged, cause="quality", reason=judged.reason + (f"; also {named}" if named else ""))
+        return replace(judged, reason=judged.reason + (f"; also {named}" if named else ""),
+                       causes=frozenset({"quality", "alert"} if concerning else {"quality"}))  # fmt: skip
     if concerning:
-        return replace(judged, fire=True, reason=f"{named} (prod v{prod_version}); {judged.reason}", cause="alert")
-    return judged
+        return replace(judged, fire=True, reason=f"{named} (prod v{prod_version}); {judged.reason}", causes=frozenset({"alert"}))
+    if alerts is None:
+        return judged
+    ignored = f" ({len(alerts)} firing for other versions)" if alerts else ""
+    return replace(judged, reason=f"{judged.reason}; no alert firing for prod v{prod_version}{ignored}")
 
 
 def _judge_quality(

@@ -21,6 +21,15 @@ from infra.service import ManagedService
 RULES_DIR = Path(__file__).parent / "prometheus"
 
 
+def alert_names(rule_files: Sequence[Path] | None = None) -> set[str]:
+    """The alerts the rule files define (default: the stack's, under ``infra/prometheus/``)."""
+    import yaml
+
+    files = sorted(RULES_DIR.glob("*.rules.yml")) if rule_files is None else rule_files
+    return {rule["alert"] for path in files for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
+            if "alert" in rule}  # fmt: skip
+
+
 def alerts(address: str, timeout_s: float = 5.0) -> list[dict]:
     """The alerts pending or firing now at the Prometheus at ``address`` (its ``/api/v1/alerts``: each with
     ``labels``, ``state``, ``activeAt``). Raises StackError when it does not answer or answers with an error."""

@@ -469,7 +469,7 @@ def _print_outcome(outcome: RetrainOutcome, canary_requested: float | None) -> N
     console.print(f"model card: {report.card_path}", highlight=False)
 
 
-retrain_app = typer.Typer(help="The retrain trigger: retrain when prod's labeled quality falls or its skew alerts fire (retrain.*).")
+retrain_app = typer.Typer(help="The retrain trigger: retrain when prod's labeled quality falls or a skew or consistency alert fires (retrain.*).")
 app.add_typer(retrain_app, name="retrain")
 
 
@@ -486,9 +486,15 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
         console.print("the retrain trigger is off: set retrain.mode (labeled quality) or retrain.alert_mode (skew and "
                       "consistency alerts) to notify or retrain (LOOPLINE_RETRAIN__MODE, LOOPLINE_RETRAIN__ALERT_MODE)")  # fmt: skip
         return
+    from infra.prometheus_server import alert_names
+
+    unknown = sorted(set(config.retrain.alerts) - alert_names())
+    if config.retrain.alert_mode != "off" and unknown:
+        raise typer.BadParameter(f"retrain.alerts names no rule under infra/prometheus/: {', '.join(unknown)} "
+                                 f"(the rules' alerts: {', '.join(sorted(alert_names()))})")  # fmt: skip
     while True:
         decision, outcome = trigger_step(config)
-        verdict = f"[red]fire[/red] ({config.retrain.mode_for(decision.cause)})" if decision.fire else "quiet"
+        verdict = f"[red]fire[/red] ({config.retrain.mode_for(decision.causes)})" if decision.fire else "quiet"
         console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
         if outcome is not None:
             _print_outcome(outcome, config.retrain.canary_percent)

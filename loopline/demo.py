@@ -262,8 +262,8 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             f" {summary['skew_alert']} (it fires after holding 1 min).",
             highlight=False,
         )
-    cause = summary["retrain_trigger_cause"]
-    verdict = f"fire ({settings.retrain.mode_for(cause)}, on {'an alert' if cause == 'alert' else 'quality'})" if summary["retrain_trigger_fires"] else "quiet"
+    causes = summary["retrain_trigger_causes"]
+    verdict = f"fire ({settings.retrain.mode_for(causes)}, on {' and '.join(causes)})" if summary["retrain_trigger_fires"] else "quiet"
     console.print(f"The retrain trigger, looking now (`loopline retrain watch` looks every {settings.retrain.poll_s:g} s): {verdict}:"
                   f" {summary['retrain_trigger_reason']}", highlight=False)  # fmt: skip
     console.print(

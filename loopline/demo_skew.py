@@ -113,7 +113,7 @@ class DemoSkew:
         trigger = check_trigger(self.settings)
         return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_injected": self.injected_at is not None,
                 "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state(),
-                "retrain_trigger_fires": trigger.fire, "retrain_trigger_cause": trigger.cause, "retrain_trigger_reason": trigger.reason}  # fmt: skip
+                "retrain_trigger_fires": trigger.fire, "retrain_trigger_causes": sorted(trigger.causes), "retrain_trigger_reason": trigger.reason}  # fmt: skip
 
     def stop(self) -> None:
         """Stop the monitor and the dashboard (`loopline monitor` and `loopline dashboard` start them again)."""

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, TextIO
 
 from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.retrain_trigger import FiringAlert, TriggerDecision, decide
-from infra.errors import StackError
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
+from infra.errors import StackError
 from loopline.components import feature_plan, model_release, registry_reader
 from loopline.settings import Settings
 from schemas.topics import LABELS, TRANSACTIONS
@@ -194,12 +194,13 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
         since_ms = now_ms - int(options.window_s * 1000)
         examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config,
                                       model.name)  # fmt: skip
-    firing, unread = [], ""
+    firing: list[FiringAlert] | None = None
+    unread = ""
     if options.alert_mode != "off":
         try:
             firing = firing_alerts(settings)
         except StackError as err:
-            unread = f" (alerts not read: {err})"
+            unread = f"; alerts not read: {err}"
     decision = decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
                       canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
                       quality=None if options.mode == "off" else lambda scores, labels: classification_metrics(scores, labels, options.threshold),
@@ -208,7 +209,7 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
 
 
 def trigger_step(settings: Settings) -> tuple[TriggerDecision, RetrainOutcome | None]:
-    """One look of `loopline retrain watch`: the verdict and, when it fires with its cause's mode ``retrain``, the
+    """One look of `loopline retrain watch`: the verdict and, when it fires with a cause whose mode is ``retrain``, the
     retraining it ran.
 
     A firing is recorded on the registered model before anything runs (in ``notify`` mode too), so the cooldown holds
@@ -218,7 +219,7 @@ def trigger_step(settings: Settings) -> tuple[TriggerDecision, RetrainOutcome | 
         return decision, None
     name = settings.serving.model_name
     model_release(settings).client.set_registered_model_tag(name, LAST_FIRED_TAG, str(int(time.time() * 1000)))
-    if settings.retrain.mode_for(decision.cause) != "retrain":
+    if settings.retrain.mode_for(decision.causes) != "retrain":
         return decision, None
     outcome = retrain(settings, canary_percent=settings.retrain.canary_percent, actor=TRIGGER_ACTOR, reason=decision.reason)
     return decision, outcome

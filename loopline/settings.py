@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -240,9 +241,11 @@ class RetrainSettings(BaseModel):
         """The trigger's policy these settings declare."""
         return TriggerPolicy(**{name: getattr(self, name) for name in TriggerPolicy.__dataclass_fields__})
 
-    def mode_for(self, cause: Literal["quality", "alert"] | None) -> Literal["off", "notify", "retrain"]:
-        """What the trigger does about a firing with ``cause``: ``alert_mode`` for an alert, ``mode`` otherwise."""
-        return self.alert_mode if cause == "alert" else self.mode
+    def mode_for(self, causes: Collection[Literal["quality", "alert"]]) -> Literal["off", "notify", "retrain"]:
+        """What the trigger does about a firing with ``causes``: the strongest of their modes (``mode`` for quality,
+        ``alert_mode`` for an alert), so a bad quality and a skew alert together retrain if either one's mode says so."""
+        modes = {self.mode if cause == "quality" else self.alert_mode for cause in causes}
+        return next((mode for mode in ("retrain", "notify") if mode in modes), "off")
 
 
 class SkewThresholdSettings(BaseModel):

@@ -27,7 +27,7 @@ from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
 #: The key of records a test writes as junk on purpose (bytes that are not the topic's contract, to show a reader
-#: survives them). Topics are shared by the session's tests: `LogReader.records` leaves these out, nothing else.
+#: survives them). Topics are shared by the session's tests: `LogReader` leaves these out, and nothing else.
 JUNK_KEY = b"junk"
 #: The jar cache is shared with `make setup`, so tests do not fetch from Maven Central again.
 JARS_DIR = REPO / ".loopline" / "jars"

@@ -108,7 +108,7 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str,
         report = consistency_replay(settings, feature_plan(settings))(records)
         outcomes = by_outcome(report)
         assert outcomes["value"] == outcomes["extra"] == 0 and outcomes["match"] > 0, (outcomes, summary(report))
-        assert sum(outcomes.values()) >= len(records), "every scored request was compared, at least one feature each"
+        assert report and {c.compared for c in report.values()} == {len(records)}, "every scored request compared, each feature"
 
         # One command puts the previous version back, and the alias history says who did what and why.
         outcome = CliRunner().invoke(app, ["rollback", "--reason", "test"], env=settings_environment(settings))

@@ -121,3 +121,30 @@ def test_extra_values_and_the_sample_follow_the_entity_key() -> None:
     assert runs == {f"{[sampled(f'key-{i}', 0.3) for i in range(200)]}\n"}
     share = np.mean([sampled(f"key-{i}", 0.1) for i in range(20_000)])
     assert share == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_row_newer_than_the_request_is_ahead_only_if_its_events_were_in_kafka_when_it_was_scored() -> None:
+    """With log positions (as the monitor reads the log): a row holding an event stamped after the request's time is
+    ahead when that event had reached Kafka before the request was scored, and a value mismatch when it had not (no
+    log prefix the scorer could have seen explains it)."""
+    times = [START + n * MINUTE for n in range(5)] + [START + 4 * MINUTE + 30_000]  # the last in the same bucket
+    events = pd.DataFrame({"user_id": "u1", "event_time_ms": times, "amount": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+                           "partition": 0, "offset": range(6), "kafka_ms": [t + 100 for t in times]})  # fmt: skip
+    newest = recompute(VIEW, events).iloc[0]  # the row as of the last event
+    asked_at = times[-1] - 1  # the request's clock: just before the last event's time
+
+    def outcome(scored_at_ms: int, log: pd.DataFrame = events) -> dict[str, int]:
+        record = PredictionRecord(
+            schema_version=1, request_id=f"r-{scored_at_ms}", entity_keys={"user_id": "u1"},
+            features={f"{VIEW.name}:{name}": newest[name].item() for name in VIEW.feature_names}, defaulted_features=[],
+            model_name="m", model_version="1", score=0.5, requested_at_ms=asked_at, scored_at_ms=scored_at_ms,
+            feature_row_times_ms={VIEW.name: int(newest["event_time_ms"])},
+        )  # fmt: skip
+        return by_outcome(check_consistency(PLAN, log, [record]))
+
+    in_kafka = outcome(times[-1] + 200)
+    assert in_kafka["ahead"] == 2 and in_kafka["value"] == 0, in_kafka
+    not_yet = outcome(times[-1] + 50)  # scored before the last event reached Kafka (at +100 ms)
+    assert not_yet["value"] == 2 and not_yet["ahead"] == 0, not_yet
+    # Without log positions nothing says when an event reached Kafka: the row's own recompute explains it.
+    assert outcome(times[-1] + 50, events.drop(columns=["offset", "kafka_ms"]))["ahead"] == 2

@@ -139,30 +139,34 @@ def test_calibration_fires_only_when_the_policy_judges_it():
 def test_a_skew_or_consistency_alert_for_prod_fires_it_and_says_which():
     good = examples(300, quality="good")
     decision = judge(good, alerts=(SKEW,))
-    assert decision.fire and decision.cause == "alert", decision
+    assert decision.fire and decision.causes == {"alert"}, decision
     assert "LooplineFeatureSkew firing for request:amount since 2026-12-01T02:00:00Z (prod v2)" in decision.reason
     assert "within the policy" in decision.reason and decision.quality["auc"] > 0.95  # quality was judged too
     # A consistency alert names a feature and no version: it is about whatever serves it.
     inconsistent = FiringAlert("LooplineFeatureInconsistent", {"feature": "user_transaction_features:txn_count_5m"})
-    assert judge(good, alerts=(inconsistent,)).cause == "alert"
+    assert judge(good, alerts=(inconsistent,)).causes == {"alert"}
     # Another version's alert is not prod's; without alerts, good quality stays quiet.
     other = FiringAlert("LooplineFeatureSkew", {"feature": "request:amount", "model_version": "3"})
-    assert not judge(good, alerts=(other,)).fire and not judge(good).fire
+    ignored = judge(good, alerts=(other,))
+    assert not ignored.fire and "no alert firing for prod v2 (1 firing for other versions)" in ignored.reason
+    assert not judge(good).fire
     # Quality off: the alert alone decides.
     assert judge([], alerts=(SKEW,), quality=None).fire and not judge([], quality=None).fire
 
 
-def test_bad_quality_is_the_cause_even_with_an_alert_and_the_release_and_cooldown_come_first():
+def test_bad_quality_and_an_alert_are_both_causes_and_the_release_and_cooldown_come_first():
     bad = examples(300, quality="bad")
     both = judge(bad, alerts=(SKEW,))
-    assert both.cause == "quality" and "below 0.75; also LooplineFeatureSkew firing for request:amount" in both.reason
+    assert both.causes == {"quality", "alert"} and "below 0.75; also LooplineFeatureSkew firing for request:amount" in both.reason
+    assert judge(bad).causes == {"quality"}
     assert not judge(bad, alerts=(SKEW,), canary="3").fire
     assert not judge(bad, alerts=(SKEW,), last_fired_ms=NOW_MS - HOUR_MS).fire
 
 
-def test_each_cause_has_its_own_mode_and_the_default_alerts_are_the_monitors_paging_rules():
+def test_each_cause_has_its_own_mode_the_strongest_acts_and_the_default_alerts_are_the_monitors_paging_rules():
     options = RetrainSettings(mode="notify", alert_mode="retrain")
-    assert (options.mode_for("alert"), options.mode_for("quality"), options.mode_for(None)) == ("retrain", "notify", "notify")
+    assert [options.mode_for(c) for c in ({"alert"}, {"quality"}, {"quality", "alert"})] == ["retrain", "notify", "retrain"]
+    assert RetrainSettings(mode="off", alert_mode="notify").mode_for({"quality", "alert"}) == "notify"
     rules = {rule["alert"]: rule for group in yaml.safe_load((RULES_DIR / "monitoring.rules.yml").read_text())["groups"]
              for rule in group["rules"]}  # fmt: skip
     assert set(RetrainSettings().alerts) == set(RETRAIN_ALERTS) <= set(rules)
@@ -192,8 +196,11 @@ def test_watch_once_fires_on_an_alert_firing_in_a_real_prometheus(settings: Sett
     release.promote(name, version, "test", "the model the trigger judges")
     assert version == "1"
     runner, env = CliRunner(), settings_environment(watched)
+    typo = runner.invoke(app, ["retrain", "watch", "--once"], env={**env, "LOOPLINE_RETRAIN__ALERTS": '["LooplineFeatureSkwe"]'})
+    assert typo.exit_code == 2 and "LooplineFeatureSkwe" in typo.output, typo.output  # refused, not silently never firing
     down = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
-    assert down.exit_code == 0 and "quiet" in down.output and "alerts not read" in down.output, down.output
+    said = " ".join(down.output.split())  # the console wraps lines
+    assert down.exit_code == 0 and "quiet: quality is not judged; alerts not read: prometheus at" in said, said
     prometheus.start()
     try:
         assert wait_until(lambda: sum(a["state"] == "firing" for a in alerts(prometheus.address)) == 2, 30, 0.2)
@@ -203,6 +210,7 @@ def test_watch_once_fires_on_an_alert_firing_in_a_real_prometheus(settings: Sett
     assert first.exit_code == 0, first.output
     assert "fire (notify)" in first.output and "LooplineFeatureSkew firing for request:amount since" in first.output, first.output
     assert "(prod v1)" in first.output and "quality is not judged" in first.output, first.output
+    assert first.output.count("firing for") == 1, "the alert for a version not served is left out"
     second = runner.invoke(app, ["retrain", "watch", "--once"], env=env)
     assert "quiet: cooling down" in second.output, second.output
     assert release.aliases(name) == {"prod": version}
