@@ -440,7 +440,6 @@ def test_a_healthy_canary_is_promoted_by_release_watch(served, models, run_cli, 
     scorer = build_scorer(settings)
     with serving_doors(settings, scorer, model_watcher(settings, scorer).run) as (url, _):
         _start_canary_behind_a_busy_prod(release, name, url, prod, canary)
-        started = time.monotonic()
         sent: list[tuple[int, str | None]] = []
         assert _until_both_arms_served(url, canary, prod, 100, sent)
         assert {status for status, _ in sent} == {200}
@@ -452,7 +451,6 @@ def test_a_healthy_canary_is_promoted_by_release_watch(served, models, run_cli, 
         monkeypatch.setattr(cli, "settings", lambda: settings.model_copy(update={"release": watch}))
         code, output, error = run_cli(["release", "watch"], {})
         assert code == 0, error
-        assert time.monotonic() - started >= 2.0, "promoted before the minimum watch"
         looks = output.strip().splitlines()
         assert f"canary v{canary}:" in looks[-1] and "→ promote:" in looks[-1], output
         assert all("→ wait:" in line for line in looks[:-1]), output
@@ -461,6 +459,10 @@ def test_a_healthy_canary_is_promoted_by_release_watch(served, models, run_cli, 
         promoted, ended = _moves(release.history(name))[-2:]
         assert promoted[:4] == (PROD_ALIAS, prod, canary, ACTOR) and "requests, error rate 0.00%" in promoted[4]
         assert ended == (CANARY_ALIAS, canary, None, ACTOR, f"v{canary} promoted")
+        # The minimum watch, on the registry's own clock: from the canary's start to its promotion.
+        started_ms = next(c.at_ms for c in release.history(name) if (c.alias, c.version) == (CANARY_ALIAS, canary))
+        promoted_ms = next(c.at_ms for c in release.history(name) if (c.alias, c.version) == (PROD_ALIAS, canary))
+        assert promoted_ms - started_ms >= 2_000, "promoted before the minimum watch"
         assert wait_until(lambda: _serving(url) == {PROD_ALIAS: canary}, 30, 0.05), "the promoted version never took prod"
         assert set(_score(url, 30)) == {(200, canary)}
 
