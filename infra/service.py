@@ -37,9 +37,21 @@ def port_in_use(host: str, port: int) -> bool:
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port on ``host`` nothing listens on right now (for private stacks in tests and benchmarks)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """``count`` different TCP ports on ``host`` nothing listens on right now: all held open until all are chosen, so
+    the kernel cannot hand out one of them twice (one private stack's Kafka once got the same port for its broker and
+    its controller)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def wait_until(condition, timeout_s: float, interval_s: float = _POLL_INTERVAL_S) -> bool:

@@ -12,7 +12,7 @@ from infra.jars import flink_connector_jar
 from infra.kafka import KafkaBroker
 from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
-from infra.service import free_port
+from infra.service import free_ports
 from infra.stack import LocalStack
 from loopline.settings import (
     FeatureStoreSettings,
@@ -39,16 +39,17 @@ if TYPE_CHECKING:
 def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
     """Settings for a stack of its own under ``home``, Kafka, Redis, Prometheus and metrics on free ports (tests,
     benchmarks)."""
+    kafka, controller, redis, prometheus, monitor, stream, feedback = free_ports(7)
     return Settings(
         home=home,
         jars_dir=jars_dir,
-        kafka=KafkaSettings(port=free_port(), controller_port=free_port()),
-        redis=RedisSettings(port=free_port()),
-        prometheus=PrometheusSettings(port=free_port()),
-        monitor=MonitorSettings(metrics_port=free_port()),
+        kafka=KafkaSettings(port=kafka, controller_port=controller),
+        redis=RedisSettings(port=redis),
+        prometheus=PrometheusSettings(port=prometheus),
+        monitor=MonitorSettings(metrics_port=monitor),
         feature_store=FeatureStoreSettings(registry_path=home / "feast" / "registry.db"),
-        stream=StreamSettings(metrics_port=free_port()),
-        feedback=FeedbackSettings(metrics_port=free_port()),
+        stream=StreamSettings(metrics_port=stream),
+        feedback=FeedbackSettings(metrics_port=feedback),
     )
 
 
