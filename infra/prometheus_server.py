@@ -21,11 +21,16 @@ from infra.service import ManagedService
 RULES_DIR = Path(__file__).parent / "prometheus"
 
 
+def stack_rule_files() -> list[Path]:
+    """The rule files every stack's Prometheus evaluates: each ``*.rules.yml`` under RULES_DIR."""
+    return sorted(RULES_DIR.glob("*.rules.yml"))
+
+
 def alert_names(rule_files: Sequence[Path] | None = None) -> set[str]:
     """The alerts the rule files define (default: the stack's, under ``infra/prometheus/``)."""
     import yaml
 
-    files = sorted(RULES_DIR.glob("*.rules.yml")) if rule_files is None else rule_files
+    files = stack_rule_files() if rule_files is None else rule_files
     return {rule["alert"] for path in files for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
             if "alert" in rule}  # fmt: skip
 
@@ -59,7 +64,7 @@ class PrometheusServer(ManagedService):
                  run_dir: Path, log_dir: Path, start_timeout_s: float = 30.0, rule_files: Sequence[Path] | None = None) -> None:  # fmt: skip
         super().__init__(run_dir, log_dir, start_timeout_s)
         self.host, self.port, self.targets, self.scrape_interval_s = host, port, targets, scrape_interval_s
-        self.rule_files = sorted(RULES_DIR.glob("*.rules.yml")) if rule_files is None else list(rule_files)
+        self.rule_files = stack_rule_files() if rule_files is None else list(rule_files)
         self.data_dir = data_dir / "prometheus"
         self.config_file = self.data_dir / "prometheus.yml"
 
