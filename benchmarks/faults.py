@@ -1,7 +1,7 @@
 """Fault injection under load, the long version: several kill -9s of each part of the loop, at random moments.
 
 On a private stack (127.0.0.1 only), with transactions, Kafka score requests and HTTP requests
-flowing, the drill (``loopline/fault_drill.py``) kills and restarts in turn the Kafka broker, Redis,
+flowing, the drill (``loopline/scenarios/fault_drill.py``) kills and restarts in turn the Kafka broker, Redis,
 the feature job and the Kafka-door scorer, then lets everything drain and counts: requests lost or
 scored twice, entities whose online features differ from the offline recompute, HTTP answers
 during the Redis outages, and each fault's time to recover (from the restart until the part works
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness import private_stack, report  # noqa: E402  (this folder)
-from loopline.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill  # noqa: E402
+from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill  # noqa: E402
 
 console = Console()
 

@@ -589,7 +589,7 @@ def demo(
     rate: Annotated[float, typer.Option(help="Transactions per second, each one scored (the feature job alone keeps up with ~3,000).")] = 100.0,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up."""
-    from loopline.demo import run_demo
+    from loopline.scenarios.demo import run_demo
 
     run_demo(settings(), seconds=seconds, rate=rate, console=console)
 

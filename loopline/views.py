@@ -14,7 +14,7 @@ from streams.topics import TopicChange
 from streams.validating_consumer import TopicCounts
 
 if TYPE_CHECKING:
-    from loopline.demo_scoring import ScoringStats
+    from loopline.scenarios.demo_scoring import ScoringStats
     from offline_training.candidate import CandidateReport
     from offline_training.release_policy import ArmStats, Decision
     from schemas.model_registry import AliasChange

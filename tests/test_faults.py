@@ -1,5 +1,5 @@
 """Fault injection under load: kill -9 and restart the broker, Redis, the feature job and the Kafka-door
-scorer in turn (``loopline/fault_drill.py``), then count what was lost; and a scorer whose broker
+scorer in turn (``loopline/scenarios/fault_drill.py``), then count what was lost; and a scorer whose broker
 freezes fails its liveness probe and still stops within its bound on SIGTERM.
 
 The drill runs on a stack of its own (it kills its Kafka and Redis), real processes throughout. The
@@ -24,7 +24,7 @@ from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
-from loopline.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
+from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
 from loopline.job_processes import start_scorer
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model

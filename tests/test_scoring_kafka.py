@@ -20,7 +20,7 @@ import pytest
 
 from conftest import LogReader
 from infra.service import wait_until
-from loopline.demo_scoring import score_requests
+from loopline.scenarios.demo_scoring import score_requests
 from loopline.job_processes import start_scorer
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model

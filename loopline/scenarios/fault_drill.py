@@ -38,7 +38,7 @@ from confluent_kafka import Consumer
 
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
-from loopline.demo_scoring import score_requests
+from loopline.scenarios.demo_scoring import score_requests
 from loopline.job_processes import start_feature_job, start_scorer, stop_process_group
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model

@@ -3,12 +3,12 @@
 Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own
 process) → the synthetic producer, each transaction followed by a score request naming it → live
 tables: a few users' features as they update in Redis; the scorer (Kafka door, a hand-set model
-from the registry as ``prod``; ``loopline/demo_scoring.py``); and the loop closing once
-(``loopline/demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot
+from the registry as ``prod``; ``loopline/scenarios/demo_scoring.py``); and the loop closing once
+(``loopline/scenarios/demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot
 is made, a model trained on it, evaluated against prod, released as a canary, and the release
 controller promotes or rolls it back while the scorer hot-swaps; the skew monitor watches the prediction log
 against the loop's snapshot, a skew is injected on purpose (amounts in cents) and the dashboard and Prometheus
-show it alerting (``loopline/demo_skew.py``) → every record validated (bad ones dead-lettered) → a summary. The
+show it alerting (``loopline/scenarios/demo_skew.py``) → every record validated (bad ones dead-lettered) → a summary. The
 stack stays up.
 """
 
@@ -28,9 +28,9 @@ from rich.table import Table
 from feature_store.online_read import OnlineReader
 
 from loopline.components import build_stack, synthetic_config
-from loopline.demo_loop import TRAINING_STEP, DemoLoop, Step
-from loopline.demo_scoring import DemoScoring
-from loopline.demo_skew import SKEW_ALERT, SKEWED_FEATURE, TIME_TO_FIRE_S, DemoSkew
+from loopline.scenarios.demo_loop import TRAINING_STEP, DemoLoop, Step
+from loopline.scenarios.demo_scoring import DemoScoring
+from loopline.scenarios.demo_skew import SKEW_ALERT, SKEWED_FEATURE, TIME_TO_FIRE_S, DemoSkew
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.settings import Settings
 from loopline.views import counts_table, scoring_table, stack_table, topics_table

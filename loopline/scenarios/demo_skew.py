@@ -13,7 +13,7 @@ from rich.table import Table
 
 from infra.errors import StackError
 from infra.prometheus_server import alerts
-from loopline.demo_scoring import DemoScoring
+from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.job_processes import start_loopline, stop_process_group
 from loopline.settings import Settings
 
