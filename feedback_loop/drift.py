@@ -10,10 +10,24 @@ online feature log is kept as counts that add up, and a check never revisits row
   where PSI grows without limit as a bin empties.
 * L∞, the largest difference of one value's share, for categories (a new value counts as 0 in the reference).
 * The missing rate (no value) and the defaulted rate (the scorer fell back to the feature's default).
+
+A logged value is counted the way the reference counted the snapshot's values (``reference.py``); what cannot be
+counted so is named by ``value_problem``, and the window leaves its record out as a bad record of that reason:
+
+* None and NaN are missing (NaN is what the scorer gives a model for a feature it has no value for).
+* A boolean is the number 0 or 1 for a numeric reference, and ``"True"``/``"False"`` for a categorical one (the
+  reference took booleans as numbers, and every value of a categorical column as its text).
+* A finite number counts in its bin, however far outside the reference (a value beyond float32 lands in an end bin);
+  for a categorical reference it is the category of its text.
+* ±Infinity and integers beyond a double's range are ``not_finite``: no model takes them and no bin holds them.
+* A string where the reference holds numbers is ``wrong_type`` (the scorer gave the model NaN for it, but logged the
+  string: serving and training disagree on the feature's type), and so is anything not a number, string or boolean.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +37,8 @@ from feedback_loop.reference import FeatureReference, bin_counts
 
 #: Shares below this count as this, so PSI stays finite when a bin is empty on one side.
 SHARE_FLOOR = 1e-4
+#: Why a logged value cannot be counted against its reference (``value_problem``).
+NOT_FINITE, WRONG_TYPE = "not_finite", "wrong_type"
 
 
 @dataclass(frozen=True)
@@ -59,9 +75,23 @@ class FeatureCounts:
                              self.defaulted + other.defaulted, self.rows + other.rows)  # fmt: skip
 
 
+def value_problem(reference: FeatureReference, value: object) -> str | None:
+    """Why ``value`` cannot be counted against ``reference`` (``NOT_FINITE``, ``WRONG_TYPE``), or None when it can
+    (missing included): the rules of this module's docstring."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        return None if reference.kind == "categorical" else WRONG_TYPE
+    if isinstance(value, int):
+        return None if abs(value) <= sys.float_info.max else NOT_FINITE
+    if isinstance(value, float):
+        return NOT_FINITE if math.isinf(value) else None
+    return WRONG_TYPE
+
+
 def count_values(reference: FeatureReference, values: np.ndarray | list, defaulted: np.ndarray | None = None) -> FeatureCounts:
     """Count one feature's online ``values`` (None or NaN: missing) against its reference; ``defaulted`` marks the rows
-    where the scorer used the default."""
+    where the scorer used the default. Every value must be one ``value_problem`` lets through."""
     rows = len(values)
     used = int(np.count_nonzero(defaulted)) if defaulted is not None else 0
     if reference.kind == "categorical":

@@ -8,6 +8,19 @@ faust table's key must stay on the partition of the records that write it. A val
 ``FeatureCounts`` as plain JSON and the highest source offset counted into it: records of one partition come in
 offset order, so a record at or below it was counted already (a restarted consumer re-reading what its last commit
 did not cover) and is skipped. A check adds up the buckets inside the window; older buckets are deleted.
+
+Which records count, each contract-valid record ending either counted once or left out with a reason
+(``problem``), never raising:
+
+* A record whose referenced feature holds a value ``drift.value_problem`` refuses (a string where a number goes,
+  ±Infinity, an integer beyond a double) is left out whole, with that reason: counting its other features would give
+  its features different row counts, and calling the value missing would hide the breakage in the missing rate.
+* A record with no features at all is left out as ``no_features``: it says nothing of what a model was given.
+* A feature the reference does not have is not measured, whatever its value (a newer model's extra input has
+  nothing to compare with); the record's referenced features count. A referenced feature the record lacks is missing.
+* A model version never seen counts under its own version, against the one reference every version is measured
+  against (the prod version's training snapshot: a canary's skew shows against it), whatever its name holds (the
+  key's ``|`` included: a key is read from both ends).
 """
 
 from __future__ import annotations
@@ -15,13 +28,25 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
 
-from feedback_loop.drift import FeatureCounts, FeatureSkew, count_values, feature_skew
+from feedback_loop.drift import NOT_FINITE, WRONG_TYPE, FeatureCounts, FeatureSkew, count_values, feature_skew, value_problem
 from feedback_loop.reference import FeatureReference
 from schemas.records import PredictionRecord
+
+#: A record with an empty feature vector.
+NO_FEATURES = "no_features"
+#: Every reason ``FeatureLogWindow.problem`` gives for leaving a record out.
+PROBLEMS = (NO_FEATURES, NOT_FINITE, WRONG_TYPE)
 
 
 def _to_json(counts: FeatureCounts) -> dict:
     return {**asdict(counts), "bins": list(counts.bins), "categories": [list(c) for c in counts.categories]}
+
+
+def _key_parts(key: str) -> tuple[str, str, int, int]:
+    """(reference, version, bucket start ms, partition) of a store key; the version may hold ``|`` itself."""
+    reference, rest = key.split("|", 1)
+    version, bucket, partition = rest.rsplit("|", 2)
+    return reference, version, int(bucket), int(partition)
 
 
 def _from_json(value: Mapping) -> FeatureCounts:
@@ -46,14 +71,25 @@ class FeatureLogWindow:
             raise ValueError(f"a reference id cannot hold '|': {reference_id!r}")
         self.reference_id, self.references = reference_id, dict(references)
 
+    def problem(self, record: PredictionRecord) -> str | None:
+        """Why ``record`` is not counted (one of ``PROBLEMS``), or None when it is: the module docstring's rules."""
+        if not record.features:
+            return NO_FEATURES
+        for name, reference in self.references.items():
+            reason = value_problem(reference, record.features.get(name))
+            if reason is not None:
+                return reason
+        return None
+
     def add(self, records: Sequence[PredictionRecord], partition: int = 0, offset: int | None = None) -> int:
-        """Count the referenced features of ``records`` read from source ``partition``: one store update per (version,
-        bucket) touched; how many records were counted. With ``offset`` (one record only: a batch's records have
-        offsets of their own), a bucket that counted that offset of the partition already skips the record."""
+        """Count the referenced features of ``records`` read from source ``partition``, less those with a ``problem``:
+        one store update per (version, bucket) touched; how many records were counted. With ``offset`` (one record
+        only: a batch's records have offsets of their own), a bucket that counted that offset of the partition
+        already skips the record."""
         if offset is not None and len(records) != 1:
             raise ValueError(f"an offset names one record, not {len(records)}")
         groups: dict[tuple[str, int], list[PredictionRecord]] = {}
-        for record in records:
+        for record in (r for r in records if self.problem(r) is None):
             groups.setdefault((record.model_version, record.scored_at_ms // self.bucket_ms * self.bucket_ms), []).append(record)
         counted = 0
         for (version, bucket), batch in groups.items():
@@ -75,8 +111,8 @@ class FeatureLogWindow:
         start = now_ms - self.window_ms
         totals: dict[str, dict[str, FeatureCounts]] = {}
         for key, value in list(self.store.items()):
-            reference, version, bucket, _ = key.split("|")
-            if reference != self.reference_id or int(bucket) + self.bucket_ms <= start:
+            reference, version, bucket, _ = _key_parts(key)
+            if reference != self.reference_id or bucket + self.bucket_ms <= start:
                 continue
             by_feature = totals.setdefault(version, {})
             for name, counts in value["features"].items():
@@ -94,5 +130,9 @@ class FeatureLogWindow:
         whatever reference they counted against: what to delete. A faust table deletes a key on the partition of
         the record being handled, so the monitor deletes each partition's keys while handling that partition."""
         start = now_ms - self.window_ms
-        return [key for key in list(self.store.keys()) if int(key.split("|")[2]) + self.bucket_ms <= start
-                and (partition is None or key.split("|")[3] == str(partition))]  # fmt: skip
+        stale = []
+        for key in list(self.store.keys()):
+            _, _, bucket, source = _key_parts(key)
+            if bucket + self.bucket_ms <= start and partition in (None, source):
+                stale.append(key)
+        return stale

@@ -6,6 +6,10 @@
   exactly-once guarantee, whose transactional producer crashed under the demo's load ("Can't send messages while
   not in transaction" after its buffer filled); a record re-read after a restart is not counted twice, since each
   bucket keeps the last offset it counted.
+* A record that does not decode, or that the window cannot count (``feature_log.py`` says which: a string where a
+  number goes, ±Infinity or an integer beyond a double, an empty feature vector), is counted in
+  ``loopline_monitor_bad_records_total`` by reason and left out of the window and the consistency sample; the agent
+  goes on with the next record.
 * A timer measures skew over the window against the reference (``drift.py``) and exports it.
 * Requests whose entity key falls in the sample are held, and replayed against the offline recompute of the
   raw event log (``consistency.py``) once they settled; the ratios of the last replay are exported.
@@ -33,7 +37,7 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from feedback_loop.consistency import FeatureConsistency, sampled
 from feedback_loop.drift import SkewThresholds
 from feedback_loop.feature_log import FeatureLogWindow
-from feedback_loop.monitor_metrics import MonitorMetrics
+from feedback_loop.monitor_metrics import CONTRACT_VIOLATION, MonitorMetrics
 from feedback_loop.reference import FeatureReference
 from schemas.records import PredictionRecord
 from schemas.validation import ContractViolation, decode
@@ -104,7 +108,11 @@ class Monitor:
             try:
                 record = decode(PredictionRecord, event.value or b"")
             except ContractViolation:
-                self.metrics.bad_records.inc()
+                self.metrics.bad_records.labels(CONTRACT_VIOLATION).inc()
+                continue
+            problem = self.window.problem(record)
+            if problem is not None:
+                self.metrics.bad_records.labels(problem).inc()
                 continue
             if self.window.add([record], event.message.partition, event.message.offset):
                 self.metrics.records.inc()

@@ -14,8 +14,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, values
 
 from feedback_loop.consistency import OUTCOMES, FeatureConsistency
 from feedback_loop.drift import FeatureSkew, SkewThresholds
+from feedback_loop.feature_log import PROBLEMS
 
 _SKEW = ("feature", "model_version")
+#: A record on the predictions topic that did not decode to its contract.
+CONTRACT_VIOLATION = "contract_violation"
+#: Every ``reason`` of ``loopline_monitor_bad_records_total``: the contract's, and the window's (``feature_log.py``).
+BAD_RECORD_REASONS = (CONTRACT_VIOLATION, *PROBLEMS)
 # The monitor imports Feast (the feature plan), which sets PROMETHEUS_MULTIPROC_DIR and so would switch every metric
 # to shared files, labels that cannot be cleared included (online/metrics.py does the same for the scorer).
 values.ValueClass = values.MutexValue
@@ -50,8 +55,10 @@ class MonitorMetrics:
         self.comparisons = Counter("loopline_feature_consistency_comparisons_total", "Replayed comparisons by outcome.",
                                    ["feature", "outcome"], registry=r)  # fmt: skip
         self.records = Counter("loopline_monitor_records_total", "Predictions the monitor counted.", registry=r)
-        self.bad_records = Counter("loopline_monitor_bad_records_total", "Records on the predictions topic that did not decode.",
-                                   registry=r)  # fmt: skip
+        self.bad_records = Counter("loopline_monitor_bad_records_total", "Records on the predictions topic the monitor could not "
+                                   f"count, by reason ({', '.join(BAD_RECORD_REASONS)}).", ["reason"], registry=r)  # fmt: skip
+        for reason in BAD_RECORD_REASONS:  # at 0 from the start, so an alert's rate() has a series before the first bad one
+            self.bad_records.labels(reason)
         self.reference = Gauge("loopline_monitor_reference_info", "The snapshot skew is measured against (1).", ["snapshot_id"],
                                registry=r)  # fmt: skip
         self.last_check = Gauge("loopline_monitor_last_check_timestamp_seconds", "When skew was last computed.", registry=r)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from feedback_loop.drift import SHARE_FLOOR, SkewThresholds, count_values, feature_skew, js_divergence, psi, skew_check
-from feedback_loop.feature_log import FeatureLogWindow
-from feedback_loop.reference import reference_statistics
+from feedback_loop.feature_log import PROBLEMS, FeatureLogWindow
+from feedback_loop.reference import bin_counts, reference_statistics
 from schemas.records import PredictionRecord
 
 RNG = np.random.default_rng(0)
@@ -85,10 +87,11 @@ def test_window_counts_add_up_to_the_counts_of_all_rows(values: list, cut: int) 
     )
 
 
-def _prediction(i: int, amount: float | None, at_ms: int, version: str = "3") -> PredictionRecord:
+def _prediction(i: int, amount: float | None, at_ms: int, version: str = "3", features: dict | None = None) -> PredictionRecord:
     return PredictionRecord(
-        schema_version=1, request_id=f"r{i}", entity_keys={"user_id": f"u{i}"}, features={"amount": amount, "channel": "web"},
-        defaulted_features=["amount"] if amount is None else [], model_name="m", model_version=version, score=0.5,
+        schema_version=1, request_id=f"r{i}", entity_keys={"user_id": f"u{i}"},
+        features={"amount": amount, "channel": "web"} if features is None else features,
+        defaulted_features=["amount"] if amount is None and features is None else [], model_name="m", model_version=version, score=0.5,
         requested_at_ms=at_ms, scored_at_ms=at_ms,
     )  # fmt: skip
 
@@ -125,3 +128,84 @@ def test_a_record_counted_already_is_skipped_by_its_offset() -> None:
     assert sum(window.add([r], partition=2, offset=100 + i) for i, r in enumerate(records) if i >= 5) == 0
     assert window.add([records[0]], partition=2, offset=110) == 1
     assert window.window(t0 + 60_000)["3"]["amount"].rows == 11
+
+
+def test_odd_but_valid_records_count_as_the_reference_counted_them_or_are_bad_by_reason() -> None:
+    """Values the contract lets through, each among good records of one batch: counted where the reference would have
+    counted them, or left out whole with the reason, and the good records counted exactly once."""
+    window = FeatureLogWindow({}, "snap-a", REFERENCE, bucket_ms=60_000, window_ms=300_000)
+    t0, top = 29_833_334 * 60_000, len(REFERENCE["amount"].edges)
+    odd = [  # (features, model version, expected problem)
+        ({"amount": "abc", "channel": "web"}, "3", "wrong_type"),
+        ({"amount": "12.5", "channel": "web"}, "3", "wrong_type"),  # a number's text is still a string
+        ({"amount": 10**400, "channel": "web"}, "3", "not_finite"),  # beyond a double
+        ({"amount": float("inf"), "channel": "web"}, "3", "not_finite"),
+        ({"amount": float("-inf"), "channel": "web"}, "3", "not_finite"),
+        ({"amount": 5.0, "channel": 10**400}, "3", "not_finite"),  # a category must be finite too
+        ({}, "3", "no_features"),
+        ({"amount": True, "channel": "web"}, "odd", None),  # 1.0: the first bin
+        ({"amount": 10**40, "channel": "web"}, "odd", None),  # beyond float32, within a double: the top bin
+        ({"amount": float("nan"), "channel": "web"}, "odd", None),  # missing
+        ({"amount": 5.0, "channel": 7}, "odd", None),  # the category "7"
+        ({"amount": 5.0, "channel": False}, "odd", None),  # the category "False"
+        ({"amount": 5.0, "channel": "web", "unknown": "abc", "also:unknown": float("inf")}, "odd", None),  # not measured
+        ({"channel": "web"}, "odd", None),  # amount missing
+        ({"amount": 5.0, "channel": "web"}, "never|seen", None),  # a version no key has held, with the key's separator
+    ]
+    good = [_prediction(i, float(AMOUNTS[i]), t0 + i) for i in range(40)]
+    batch = [record for i, (features, version, _) in enumerate(odd)
+             for record in (good[2 * i], good[2 * i + 1], _prediction(100 + i, None, t0 + i, version, features))]  # fmt: skip
+    batch += good[2 * len(odd):]
+    odd_records = batch[2::3][: len(odd)]
+    assert [window.problem(r) for r in odd_records] == [problem for _, _, problem in odd]
+    assert window.add(batch) == len(good) + sum(problem is None for _, _, problem in odd)
+
+    counts = window.window(t0 + 60_000)
+    assert counts["3"]["amount"].rows == len(good) and counts["3"]["amount"].missing == 0
+    assert counts["3"]["amount"].bins == tuple(bin_counts(AMOUNTS[:40], REFERENCE["amount"].edges))
+    strange = counts["odd"]
+    assert strange["amount"].rows == strange["channel"].rows == 7 and strange["amount"].missing == 2
+    assert strange["amount"].bins[0] == 1 + 3 and strange["amount"].bins[top] == 1  # True, the three 5.0s; 1e40
+    assert dict(strange["channel"].categories) == {"7": 1, "False": 1, "web": 5}
+    assert "unknown" not in strange and counts["never|seen"]["amount"].rows == 1
+    assert set(window.skews(t0 + 60_000)) == {"3", "odd", "never|seen"}
+    assert window.stale(t0 + 60_000 + 300_000, partition=0) == [f"snap-a|3|{t0}|0", f"snap-a|odd|{t0}|0",
+                                                                 f"snap-a|never|seen|{t0}|0"]  # fmt: skip
+
+
+# What JSON can carry into a contract-valid feature vector: every kind of number (NaN, ±Infinity, integers beyond a
+# double or float32), booleans, any text, null; under referenced names and others, in any model version.
+json_values = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+    st.sampled_from([10**400, -(10**400), 2**1024, int(sys.float_info.max), 3 * 10**38, -(2**63)]),
+)  # fmt: skip
+feature_vectors = st.dictionaries(st.sampled_from(["amount", "channel", "unknown", "request:amount"]), json_values, max_size=4)
+odd_records = st.builds(
+    lambda i, features, version, at: _prediction(i, None, at, version, features),
+    st.integers(0, 10**6), feature_vectors, st.text(min_size=1, max_size=6), st.integers(1, 2**70),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(odd_records, max_size=30), st.booleans())
+def test_counting_any_contract_valid_records_never_raises_and_each_ends_counted_or_bad(records: list, one_by_one: bool) -> None:
+    window = FeatureLogWindow({}, "snap-a", REFERENCE, bucket_ms=60_000, window_ms=300_000)
+    problems = [window.problem(r) for r in records]
+    assert set(problems) <= {None, *PROBLEMS}
+    if one_by_one:  # as the monitor counts: one record per source offset
+        counted = sum(window.add([r], partition=1, offset=i) for i, r in enumerate(records))
+    else:
+        counted = window.add(records, partition=1)
+    kept = [r for r, problem in zip(records, problems) if problem is None]
+    assert counted == len(kept) and counted + sum(p is not None for p in problems) == len(records)
+
+    now = max((r.scored_at_ms for r in records), default=0)
+    totals = window.window(now)
+    for version in {r.model_version for r in kept}:
+        rows = sum(r.model_version == version and r.scored_at_ms // 60_000 * 60_000 + 60_000 > now - 300_000 for r in kept)
+        assert (version in totals) == (rows > 0)
+        for name in REFERENCE if rows else ():
+            counts = totals[version][name]
+            assert counts.rows == rows and sum(counts.bins) + sum(n for _, n in counts.categories) + counts.missing == rows
+    window.skews(now)
+    assert set(window.stale(now + 10**9)) == set(window.store)

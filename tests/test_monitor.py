@@ -1,6 +1,8 @@
 """The skew monitor on the real stack: `loopline monitor` (faust-streaming, real Kafka) reads scoring.predictions,
 measures each feature's skew against a snapshot's reference, exports it to Prometheus, and resumes its window from
-its changelog after a SIGKILL, counting nothing twice.
+its changelog after a SIGKILL, counting nothing twice. Records it cannot count (undecodable, or contract-valid but
+odd: a string where a number goes, ±Infinity, an integer beyond a double, no features) are bad records by reason;
+odd ones it can count (a boolean, a number beyond float32, NaN, an unknown feature, a version never seen) count.
 
 Predictions are produced transactionally, as the scorer's Kafka door writes them, under a model version of this
 test's own (other tests write scoring.predictions too); one aborted transaction must never be counted.
@@ -8,6 +10,7 @@ test's own (other tests write scoring.predictions too); one aborted transaction 
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 import uuid
@@ -20,6 +23,7 @@ from confluent_kafka import Producer
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import JUNK_KEY, start_group_at_end
+from feedback_loop.monitor_metrics import BAD_RECORD_REASONS
 from feedback_loop.snapshots import examples_frame, write_snapshot
 from infra.service import free_port, wait_until
 from loopline.job_processes import start_loopline, stop_process_group
@@ -50,18 +54,47 @@ def _reference(settings: Settings) -> str:
     return manifest.snapshot_id
 
 
+def _prediction(version: str, features: dict, i: int) -> PredictionRecord:
+    now = int(time.time() * 1000)
+    return PredictionRecord(
+        schema_version=1, request_id=f"{version}-{uuid.uuid4().hex[:10]}", entity_keys={"user_id": f"u{i % 500}"},
+        features=features, model_name="fraud", model_version=version, score=0.5, requested_at_ms=now - 3, scored_at_ms=now,
+    )  # fmt: skip
+
+
+def _odd(version: str, odd_version: str, good: dict) -> list[tuple[bytes, str | None]]:
+    """Contract-valid records a careless writer could log, as JSON Python writes it (NaN, Infinity, integers of any
+    length), each with the bad-record reason it must get (None: counted, under ``odd_version``)."""
+    cases = [
+        ({**good, AMOUNT: "abc"}, version, "wrong_type"), ({**good, AMOUNT: 10**400}, version, "not_finite"),
+        ({**good, AMOUNT: float("inf")}, version, "not_finite"), ({**good, COUNT: float("-inf")}, version, "not_finite"),
+        ({}, version, "no_features"),
+        ({**good, AMOUNT: True}, odd_version, None), ({**good, AMOUNT: 3 * 10**39}, odd_version, None),  # beyond float32
+        ({**good, AMOUNT: float("nan")}, odd_version, None), ({**good, CHANNEL: 7}, odd_version, None),
+        ({**good, "request:unknown": "abc"}, odd_version, None),
+    ]  # fmt: skip
+    return [(json.dumps(_prediction(v, features, i).model_dump()).encode(), reason)
+            for i, (features, v, reason) in enumerate(cases)]  # fmt: skip
+
+
 def _produce(producer: Producer, version: str, values: list[dict], abort: bool = False) -> None:
     producer.begin_transaction()
     for i, features in enumerate(values):
-        now = int(time.time() * 1000)
-        record = PredictionRecord(
-            schema_version=1, request_id=f"{version}-{uuid.uuid4().hex[:10]}", entity_keys={"user_id": f"u{i % 500}"},
-            features=features, model_name="fraud", model_version=version, score=0.5, requested_at_ms=now - 3, scored_at_ms=now,
-        )  # fmt: skip
+        record = _prediction(version, features, i)
         producer.produce(PREDICTIONS.name, encode(record), record.request_id)
     # Delivered first: aborting with records still in flight made Kafka 4.4 answer INVALID_TXN_STATE (fatal) once in two runs.
     assert producer.flush(30) == 0
     producer.abort_transaction() if abort else producer.commit_transaction()
+
+
+def _bad_records(url: str) -> dict[str, float]:
+    """{reason: bad records} (empty while the monitor is not answering)."""
+    try:
+        text = requests.get(url, timeout=2).text
+    except requests.ConnectionError:
+        return {}
+    return {s.labels["reason"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+            if s.name == "loopline_monitor_bad_records_total"}  # fmt: skip
 
 
 def _metrics(url: str, version: str) -> dict[str, dict[str, float]]:
@@ -110,24 +143,40 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     producer.init_transactions()
     rng = np.random.default_rng(1)
 
-    def rows() -> float:
-        return _metrics(url, version).get("loopline_feature_window_rows", {}).get(AMOUNT, 0)
+    def rows(of: str = version) -> float:
+        return _metrics(url, of).get("loopline_feature_window_rows", {}).get(AMOUNT, 0)
 
     # A healthy stretch: 3,000 requests like the reference; an aborted transaction of shifted ones is never counted.
     for _ in range(12):
         _produce(producer, version, _values(rng, BATCH))
     _produce(producer, version, _values(rng, 2_000, shift=5.0), abort=True)
-    # What a careless or hostile writer leaves on the topic: garbage bytes, JSON of the wrong shape, a huge value.
+    # What a careless or hostile writer leaves on the topic, among 40 good records in one transaction: garbage bytes,
+    # JSON of the wrong shape, a huge value, and records the contract takes but the window cannot count, or counts
+    # only as what they are (under a version never seen, with the table key's separator in its name).
+    odd_version = f"{version}|odd"
+    junk = [(raw, "contract_violation") for raw in (b"\x00\xff\xfe garbage", b'{"schema_version": 1}', b"[" * 100_000,
+                                                     b'{"score": 1e999}')]  # fmt: skip
+    junk += _odd(version, odd_version, _values(rng, 1)[0])
+    goods = [_prediction(version, features, i) for i, features in enumerate(_values(rng, 40))]
     producer.begin_transaction()
-    for junk in (b"\x00\xff\xfe garbage", b'{"schema_version": 1}', b"[" * 100_000, b'{"score": 1e999}'):
-        producer.produce(PREDICTIONS.name, junk, JUNK_KEY)
+    for i, record in enumerate(goods):
+        producer.produce(PREDICTIONS.name, encode(record), record.request_id)
+        if i < len(junk):
+            producer.produce(PREDICTIONS.name, junk[i][0], JUNK_KEY)
     assert producer.flush(30) == 0
     producer.commit_transaction()
-    assert wait_until(lambda: rows() == 3_000, 120, 0.2), f"window rows {rows()}; log:\n{log.read_text()[-3000:]}"
+    healthy_rows = 12 * BATCH + len(goods)
+    want_bad = {reason: float(sum(r == reason for _, r in junk)) for reason in BAD_RECORD_REASONS}
+    want_odd = float(sum(r is None for _, r in junk))
+
+    def settled() -> bool:
+        return rows() == healthy_rows and rows(odd_version) == want_odd and _bad_records(url) == want_bad
+
+    assert wait_until(settled, 120, 0.2), (f"window rows {rows()}, odd {rows(odd_version)}, bad {_bad_records(url)}; "
+                                           f"log:\n{log.read_text()[-3000:]}")  # fmt: skip
+    # Nothing the agent met crashed it: faust would restart it, losing what of the batch it held, and log the crash.
+    assert "Crashed" not in log.read_text() and "Traceback" not in log.read_text(), log.read_text()[-3000:]
     healthy = _metrics(url, version)
-    bad = [s.value for f in text_string_to_metric_families(requests.get(url, timeout=2).text) for s in f.samples
-           if s.name == "loopline_monitor_bad_records_total"]  # fmt: skip
-    assert bad == [4.0], "every junk record counted as bad, none counted as a prediction, the monitor still up"
     assert max(healthy["loopline_feature_psi"].values()) < 0.1, healthy
     assert healthy["loopline_feature_linf_distance"][CHANNEL] < 0.05 and healthy["loopline_feature_js_divergence"][AMOUNT] < 0.02
 
@@ -137,7 +186,7 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     while sent < 3_000:
         _produce(producer, version, _values(rng, BATCH, shift=100.0))
         sent += BATCH
-        assert wait_until(lambda: rows() == 3_000 + sent, 60, 0.2), rows()
+        assert wait_until(lambda: rows() == healthy_rows + sent, 60, 0.2), rows()
         if _metrics(url, version)["loopline_feature_psi"][AMOUNT] >= 0.25:
             break
     shifted = _metrics(url, version)
@@ -150,11 +199,11 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     # recovers its window from the changelog, re-reads what was not committed, loses nothing and counts nothing twice.
     _produce(producer, version, _values(rng, BATCH))
     sent += BATCH
-    assert wait_until(lambda: rows() > 3_000 + sent - BATCH, 30, 0.01), "the monitor did not start counting the batch"
+    assert wait_until(lambda: rows() > healthy_rows + sent - BATCH, 30, 0.01), "the monitor did not start counting the batch"
     restart()
     # While it recovers the table and re-reads what its last transaction had not committed, a check can publish a
     # partial count; it settles on the exact one (a monitor starting empty would never reach it, one counting twice
     # would pass it).
-    assert wait_until(lambda: rows() == 3_000 + sent, 120, 0.2), f"window rows {rows()}; log:\n{log.read_text()[-3000:]}"
+    assert wait_until(lambda: rows() == healthy_rows + sent, 120, 0.2), f"window rows {rows()}; log:\n{log.read_text()[-3000:]}"
     _produce(producer, version, _values(rng, BATCH))
-    assert wait_until(lambda: rows() == 3_000 + sent + BATCH, 60, 0.2), rows()
+    assert wait_until(lambda: rows() == healthy_rows + sent + BATCH, 60, 0.2), rows()
