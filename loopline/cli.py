@@ -435,6 +435,7 @@ def train(
     processes: Annotated[Optional[int], typer.Option(help="Training processes (default feedback.train_processes).")] = None,
     quantize: Annotated[Optional[bool], typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
     canary: Annotated[Optional[float], typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
+    owner: Annotated[Optional[str], typer.Option(help="Who answers for the model, on its card (default retrain.owner).")] = None,
 ) -> None:
     """Train on a snapshot with DeepSpeed (torchrun), compare with prod on the same holdout rows, write the model card,
     register the model if it is not worse than prod, and with --canary release it on part of the traffic."""
@@ -442,7 +443,7 @@ def train(
 
     reason = f"loopline train --canary {canary:g}" if canary else ""
     outcome = retrain(settings(), snapshot, resume=resume, processes=processes, quantize=quantize, canary_percent=canary,
-                      actor=_actor(), reason=reason)  # fmt: skip
+                      actor=_actor(), reason=reason, owner=owner)  # fmt: skip
     _print_outcome(outcome, canary)
 
 

@@ -35,6 +35,9 @@ TRIGGER_ACTOR = "retrain-trigger"
 #: The registered model's tag holding when the trigger last fired (epoch ms): the cooldown survives a restarted watcher,
 #: and every watcher of the registry sees it.
 LAST_FIRED_TAG = "loopline.retrain_trigger.last_fired_ms"
+#: Where training's output is copied by default: the interpreter's own stderr, not whatever ``sys.stderr`` was when this
+#: module was imported (a CLI test runner swaps its own stream in there, and closes it afterwards).
+TRAINING_ECHO = sys.__stderr__
 
 
 def create_snapshot(
@@ -62,7 +65,7 @@ def create_snapshot(
 
 
 def train_on_snapshot(
-    settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = sys.stderr
+    settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = TRAINING_ECHO
 ) -> Path:
     """Train on a snapshot (DeepSpeed under torchrun), the run's folder ``<home>/training/<snapshot id>``; the path of
     its metrics (holdout AUC, log loss, Brier, samples/s). Without ``resume`` an earlier run's folder is replaced."""
@@ -120,11 +123,12 @@ def _prod_model(settings: Settings, destination: Path) -> ProdModel | None:
 
 def evaluate_run(
     settings: Settings, snapshot_id: str, *, quantize: bool | None = None, canary_percent: float | None = None, actor: str,
-    reason: str = "",
+    reason: str = "", owner: str | None = None,
 ) -> RetrainOutcome:  # fmt: skip
-    """Judge the finished training run on a snapshot against prod (``offline_training/candidate.py``): the model card, the
-    version registered when the gate passes, and then, with ``canary_percent``, that version as the canary (recorded as
-    ``actor``'s, for ``reason``). No canary goes out without a prod to compare it with."""
+    """Judge the finished training run on a snapshot against prod (``offline_training/candidate.py``): the model card
+    (``owner``'s, default ``retrain.owner``), the version registered when the gate passes, and then, with
+    ``canary_percent``, that version as the canary (recorded as ``actor``'s, for ``reason``). No canary goes out without
+    a prod to compare it with."""
     from offline_training.candidate import evaluate_and_register
     from offline_training.train_config import load_train_config
 
@@ -134,8 +138,8 @@ def evaluate_run(
     prod = _prod_model(settings, run_dir / "prod")
     release = model_release(settings)
     report = evaluate_and_register(
-        run_dir, Path(folder), config.holdout_fraction, release, name, prod, threshold=options.threshold,
-        max_auc_drop=options.max_auc_drop, quantize=options.quantize if quantize is None else quantize,
+        run_dir, Path(folder), config.holdout_fraction, release, name, prod, owner=owner or options.owner,
+        threshold=options.threshold, max_auc_drop=options.max_auc_drop, quantize=options.quantize if quantize is None else quantize,
         max_quantized_auc_change=options.max_quantized_auc_change,
     )  # fmt: skip
     started = None
@@ -149,15 +153,16 @@ def evaluate_run(
 def retrain(
     settings: Settings, snapshot_id: str | None = None, *, resume: bool = False, processes: int | None = None,
     quantize: bool | None = None, canary_percent: float | None = None, actor: str, reason: str = "",
-    echo: TextIO | None = sys.stderr,
+    owner: str | None = None, echo: TextIO | None = TRAINING_ECHO,
 ) -> RetrainOutcome:  # fmt: skip
     """Snapshot (every logged example of the served model, unless ``snapshot_id`` names one) → train (its output copied to ``echo``) →
-    evaluate against prod → register when not worse → canary on ``canary_percent`` of requests: `loopline train`, the
-    retrain trigger and the demo run this."""
+    evaluate against prod → register when not worse, the model card ``owner``'s (default ``retrain.owner``) → canary on
+    ``canary_percent`` of requests: `loopline train`, the retrain trigger and the demo run this."""
     if snapshot_id is None:
         snapshot_id = create_snapshot(settings, None, None, model_name=settings.serving.model_name).snapshot_id
     train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo)
-    return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason)
+    return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason,
+                        owner=owner)
 
 
 def firing_alerts(settings: Settings) -> list[FiringAlert]:

@@ -8,6 +8,7 @@ Only this package reads settings; components receive plain values.
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from collections.abc import Collection
@@ -210,6 +211,14 @@ class ReleaseSettings(BaseModel):
         return ReleasePolicy(**{name: getattr(self, name) for name in ReleasePolicy.__dataclass_fields__})
 
 
+def os_user() -> str:
+    """The OS user this process runs as, or "unknown" for a user without a name (a container's uid without a passwd entry)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
 #: The monitor's paging alerts that fire the retrain trigger by default: distribution skew (PSI, JS, L∞) and
 #: online/offline inconsistency (warnings do not).
 RETRAIN_ALERTS = ("LooplineFeatureSkew", "LooplineFeatureDistributionShift", "LooplineCategoryShift", "LooplineFeatureInconsistent")
@@ -236,6 +245,8 @@ class RetrainSettings(BaseModel):
     cooldown_s: float = Field(default=TriggerPolicy.cooldown_s, ge=0, description="Quiet this long after firing (the retraining it started).")
     poll_s: float = Field(default=300.0, gt=0, description="How often `retrain watch` looks.")
     canary_percent: float = Field(default=5.0, ge=0, le=100, description="% of requests the trigger's version takes; 0: none.")
+    owner: str = Field(default_factory=os_user, min_length=1,
+                       description="Who answers for the models trained here (their cards' owner); default: the OS user training.")  # fmt: skip
 
     def trigger_policy(self) -> TriggerPolicy:
         """The trigger's policy these settings declare."""

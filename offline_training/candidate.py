@@ -9,7 +9,8 @@ version, a model card, and registration only when the candidate is not worse tha
   more than ``max_auc_drop`` below prod's. No prod, or none comparable, passes; an AUC that cannot be
   measured (a holdout of one class) does not.
 * A registered version is tagged with its snapshot id, its holdout metrics, the prod version it was
-  compared with, its precision (fp32 or int8) and the model card as JSON.
+  compared with, its precision (fp32 or int8), its owner, its known defects (a JSON list of statements)
+  and the model card as JSON; its description is the card in brief (``ModelCard.registry_description``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from offline_training.evaluation import classification_metrics
+from offline_training.known_defects import DefectBounds, known_defects
 from offline_training.model_card import ModelCard, caveats, write_card
 from offline_training.onnx_scoring import columns_for, cpu_session, model_inputs, scores
 from offline_training.quantization import QuantizationResult, quantize_int8
@@ -33,6 +35,8 @@ METRIC_TAG_PREFIX = "loopline.holdout."
 COMPARED_WITH_TAG = "loopline.compared_with"
 PRECISION_TAG = "loopline.precision"
 CARD_TAG = "loopline.model_card"
+OWNER_TAG = "loopline.owner"
+DEFECTS_TAG = "loopline.known_defects"
 
 
 @dataclass(frozen=True)
@@ -69,13 +73,14 @@ class GateVerdict:
 @dataclass(frozen=True)
 class CandidateReport:
     """Everything judging a run produced: the comparison, INT8's result, the verdict, the version (None: not
-    registered), the file registered or that would have been, and the model card's Markdown path."""
+    registered), the file registered or that would have been, the model card and its Markdown file's path."""
 
     comparison: Comparison
     quantization: QuantizationResult | None
     verdict: GateVerdict
     version: str | None
     model_path: Path
+    card: ModelCard
     card_path: Path
 
 
@@ -97,7 +102,7 @@ def compare_with_prod(candidate_path: Path, snapshot: Snapshot, prod: ProdModel 
     try:
         return replace(comparison, prod_version=prod.version, prod=holdout_metrics(prod.path, snapshot, threshold))
     except ValueError as err:  # NotComparable, or metadata that names no inputs
-        return replace(comparison, prod_version=prod.version, not_comparable=f"prod v{prod.version}: {err}")
+        return replace(comparison, prod_version=prod.version, not_comparable=str(err))
 
 
 def registration_gate(comparison: Comparison, max_auc_drop: float, quantization: QuantizationResult | None = None) -> GateVerdict:
@@ -121,24 +126,28 @@ def registration_gate(comparison: Comparison, max_auc_drop: float, quantization:
     return GateVerdict(True, f"{versus} (allowed drop {max_auc_drop:g})")
 
 
-def _version_tags(card: ModelCard, metrics: dict[str, float], comparison: Comparison, int8: bool) -> dict[str, str]:
+def _version_tags(card: ModelCard, comparison: Comparison, int8: bool) -> dict[str, str]:
     """The tags that record what a registered version is (see the module docstring)."""
     return {
         SNAPSHOT_TAG: comparison.snapshot_id,
-        **{f"{METRIC_TAG_PREFIX}{name}": f"{value:.6g}" for name, value in metrics.items()},
+        **{f"{METRIC_TAG_PREFIX}{name}": f"{value:.6g}" for name, value in card.metrics.items()},
         COMPARED_WITH_TAG: "none" if comparison.prod is None else f"v{comparison.prod_version}",
         PRECISION_TAG: "int8" if int8 else "fp32",
+        OWNER_TAG: card.owner,
+        DEFECTS_TAG: json.dumps([defect.statement for defect in card.known_defects]),
         CARD_TAG: card.to_json(),
     }
 
 
 def evaluate_and_register(
     run_dir: Path, snapshot_dir: Path, holdout_fraction: float, release: ModelRelease, name: str, prod: ProdModel | None, *,
-    threshold: float = 0.5, max_auc_drop: float = 0.01, quantize: bool = False, max_quantized_auc_change: float = 0.005,
+    owner: str, threshold: float = 0.5, max_auc_drop: float = 0.01, quantize: bool = False,
+    max_quantized_auc_change: float = 0.005, defect_bounds: DefectBounds = DefectBounds(),
 ) -> CandidateReport:  # fmt: skip
     """Judge the run in ``run_dir`` (``model.onnx``, ``metrics.json``) trained on the snapshot at ``snapshot_dir`` with
-    ``holdout_fraction``: compare with ``prod``, optionally quantize, write the model card, and register it as a new
-    version of ``name`` when the gate passes. ValueError when the run's holdout is not this one (another split)."""
+    ``holdout_fraction``: compare with ``prod``, optionally quantize, register it as a new version of ``name`` when the
+    gate passes, and write the model card (``owner``'s, its known defects found within ``defect_bounds``) with the
+    version registered. ValueError when the run's holdout is not this one (another split)."""
     run_dir, snapshot_dir = Path(run_dir), Path(snapshot_dir)
     snapshot = load_snapshot(snapshot_dir, holdout_fraction)
     training = json.loads((run_dir / "metrics.json").read_text())
@@ -157,19 +166,20 @@ def evaluate_and_register(
     int8 = quantization is not None and quantization.kept
     model_path = quantization.path if int8 else candidate_path
     manifest = json.loads((snapshot_dir / "manifest.json").read_text())
+    metrics = quantization.int8 if int8 else comparison.candidate
     card = ModelCard(
-        model=name, version=None, registered=verdict.register, decision=verdict.reason,
+        model=name, version=None, registered=verdict.register, decision=verdict.reason, owner=owner,
         snapshot={"id": snapshot.snapshot_id, **{key: manifest.get(key) for key in ("kind", "rows", "time_range", "label_balance",
                                                                                       "model_versions")}},
-        training=training, evaluation=asdict(comparison), quantization=None if quantization is None else asdict(quantization),
-        caveats=caveats(manifest, comparison.holdout_rows, comparison.holdout_positives, comparison.not_comparable),
-        created_at_ms=int(time.time() * 1000),
+        training=training, metrics=metrics, evaluation=asdict(comparison),
+        quantization=None if quantization is None else asdict(quantization),
+        known_defects=known_defects(snapshot, comparison, metrics, quantization, defect_bounds),
+        defect_checks=defect_bounds.checks(), caveats=caveats(manifest), created_at_ms=int(time.time() * 1000),
     )  # fmt: skip
     version = None
     if verdict.register:
-        version = release.register(name, model_path, description=f"trained on snapshot {snapshot.snapshot_id}: {verdict.reason}")
+        version = release.register(name, model_path, description=card.registry_description())
         card = replace(card, version=version)
-        metrics = quantization.int8 if int8 else comparison.candidate
-        for key, value in _version_tags(card, metrics, comparison, int8).items():
+        for key, value in _version_tags(card, comparison, int8).items():
             release.client.set_model_version_tag(name, version, key, value)
-    return CandidateReport(comparison, quantization, verdict, version, model_path, write_card(card, run_dir))
+    return CandidateReport(comparison, quantization, verdict, version, model_path, card, write_card(card, run_dir))

@@ -1,9 +1,11 @@
-"""A model card: what a trained candidate is, what it was trained and judged on, how it compares with ``prod``,
-and what its numbers do not say.
+"""A model card: what a trained candidate is, who answers for it, what it was trained and judged on, how it compares
+with ``prod``, its known defects (``known_defects.py``) and what its numbers do not say.
 
-Written into the run's folder as ``model_card.json`` (the same JSON goes onto a registered version's
-``loopline.model_card`` tag) and ``model_card.md`` for people. Missing values (an AUC on one class,
-a precision with nothing flagged) are ``null`` in the JSON and "—" in the text.
+Written into the run's folder as ``model_card.json`` and ``model_card.md`` for people, after registration so it
+carries the registered version (a refused candidate's card says it was not registered, and why). A registered
+version carries the same JSON on its ``loopline.model_card`` tag and :meth:`ModelCard.registry_description` as its
+description. Missing values (an AUC on one class, a precision with nothing flagged) are ``null`` in the JSON and "—"
+in the text.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from offline_training.known_defects import KnownDefect
+
 JSON_FILE, MARKDOWN_FILE = "model_card.json", "model_card.md"
-#: Below this many rows of either class in the holdout, the card warns that its AUC is noisy.
-FEW_HOLDOUT_ROWS = 50
+#: The longest description MLflow's SQL stores keep for a model version (its column is 5,000 characters).
+DESCRIPTION_LIMIT = 5000
 #: The metrics the card's table shows, in order, with their labels.
 METRIC_LABELS = {"auc": "AUC", "log_loss": "log loss", "brier": "Brier", "precision": "precision @ t", "recall": "recall @ t",
                  "calibration_error": "calibration error"}  # fmt: skip
@@ -25,16 +29,22 @@ METRIC_LABELS = {"auc": "AUC", "log_loss": "log loss", "brier": "Brier", "precis
 
 @dataclass(frozen=True)
 class ModelCard:
-    """The card of one candidate; ``version`` is set once it is registered."""
+    """The card of one candidate; ``version`` is set once it is registered. ``metrics`` are the holdout metrics of the
+    file registered (or that would have been: INT8 when it was kept), ``defect_checks`` what ``known_defects`` were
+    looked for."""
 
     model: str
     version: str | None
     registered: bool
     decision: str
+    owner: str
     snapshot: dict[str, Any]
     training: dict[str, Any]
+    metrics: dict[str, float]
     evaluation: dict[str, Any]
     quantization: dict[str, Any] | None
+    known_defects: list[KnownDefect]
+    defect_checks: list[str]
     caveats: list[str]
     created_at_ms: int
 
@@ -52,7 +62,7 @@ class ModelCard:
         if quantization is not None:
             columns["candidate INT8" + ("" if quantization["kept"] else " (refused)")] = quantization["int8"]
         state = "Registered" if self.registered else "Not registered"
-        lines = [f"# Model card: {title}", "", f"**{state}**: {self.decision}", "",
+        lines = [f"# Model card: {title}", "", f"**{state}**: {self.decision}", "", f"**Owner**: {self.owner}", "",
                  f"Holdout: the latest {evaluation['holdout_rows']:,} labeled rows of snapshot `{self.snapshot['id']}` "
                  f"({evaluation['holdout_positives']:,} fraud); operating threshold t = {evaluation['threshold']:g}.", "",
                  "| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]  # fmt: skip
@@ -67,12 +77,35 @@ class ModelCard:
                       f"{fp32['median_ms']:.3f} ms, p99 {fp32['p99_ms']:.3f} ms; INT8 median {int8['median_ms']:.3f} ms, p99 "
                       f"{int8['p99_ms']:.3f} ms: a latency gain of ×{fp32['median_ms'] / int8['median_ms']:.2f} "
                       "(fp32 median ÷ INT8 median)."]  # fmt: skip
-        lines += ["", "## Caveats", "", *(f"- {caveat}" for caveat in self.caveats)]
+        lines += ["", "## Known defects", "", *self._defect_lines(),
+                  "", "## Caveats", "", *(f"- {caveat}" for caveat in self.caveats)]  # fmt: skip
         return "\n".join(lines) + "\n"
 
+    def registry_description(self) -> str:
+        """The card in brief for the registry version's description (MLflow shows it as Markdown): owner, snapshot,
+        decision, the registered file's holdout metrics and the known defects, within :data:`DESCRIPTION_LIMIT`
+        (defects that do not fit are counted; all of them are on the ``loopline.known_defects`` tag)."""
+        evaluation = self.evaluation
+        scores = ", ".join(f"{label} {_number(self.metrics.get(key))}" for key, label in METRIC_LABELS.items())
+        head = [f"**Owner**: {self.owner}", "", f"**Trained on** snapshot `{self.snapshot['id']}`; {self.decision}.", "",
+                f"**Holdout** ({evaluation['holdout_rows']:,} rows, {evaluation['holdout_positives']:,} fraud, threshold "
+                f"{evaluation['threshold']:g}): {scores}.", "", "**Known defects**:", ""]  # fmt: skip
+        lines = self._defect_lines()
+        for kept in range(len(lines), -1, -1):
+            left_out = [f"- … and {len(lines) - kept} more: see the `loopline.known_defects` tag"] if kept < len(lines) else []
+            text = "\n".join(head + lines[:kept] + left_out)
+            if len(text) <= DESCRIPTION_LIMIT:
+                return text
+        return text[:DESCRIPTION_LIMIT]  # a decision too long on its own
 
-def caveats(manifest: dict[str, Any], holdout_rows: int, holdout_positives: int, not_comparable: str | None) -> list[str]:
-    """What the card's numbers do not say, from the snapshot's manifest, the holdout's size and the comparison."""
+    def _defect_lines(self) -> list[str]:
+        if self.known_defects:
+            return [f"- {defect.statement}" for defect in self.known_defects]
+        return ["None found. Checked for: " + "; ".join(self.defect_checks) + "."]
+
+
+def caveats(manifest: dict[str, Any]) -> list[str]:
+    """What the card's numbers do not say (beside its known defects), from the snapshot's manifest."""
     notes = []
     unlabeled = manifest.get("label_balance", {}).get("unlabeled", 0)
     if unlabeled:
@@ -81,14 +114,8 @@ def caveats(manifest: dict[str, Any], holdout_rows: int, holdout_positives: int,
                      "(positive-unlabeled), so these metrics describe labeled rows only")  # fmt: skip
     notes.append("labels arrive late: the holdout is the most recent rows, whose labels are the least complete when the "
                  "snapshot was taken, and a late fraud label would move its figures")  # fmt: skip
-    negatives = holdout_rows - holdout_positives
-    if min(holdout_positives, negatives) < FEW_HOLDOUT_ROWS:
-        notes.append(f"the holdout holds {holdout_positives:,} fraud and {negatives:,} legitimate rows: fewer than "
-                     f"{FEW_HOLDOUT_ROWS} of a class make its AUC noisy")  # fmt: skip
     if manifest.get("kind") == "backfill":
         notes.append("a backfilled snapshot: features were recomputed from the event log, not the values a scorer served")
-    if not_comparable:
-        notes.append(f"not compared with prod: {not_comparable}")
     return notes
 
 

@@ -11,11 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow.dataset
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A snapshot's labelled rows, split on time: ``train`` before, ``holdout`` after."""
+    """A snapshot's labelled rows, split on time: ``train`` before, ``holdout`` after. ``train_defaulted``: how many of
+    each training row's inputs the scorer defaulted (so they hold the declared default, not the entity's value); None
+    for files without the ``defaulted`` column (a snapshot not written by ``feedback_loop/snapshots.py``)."""
 
     snapshot_id: str
     inputs: list[str]
@@ -23,6 +26,7 @@ class Snapshot:
     train_y: np.ndarray
     holdout_x: np.ndarray
     holdout_y: np.ndarray
+    train_defaulted: np.ndarray | None = None
 
 
 def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
@@ -35,7 +39,9 @@ def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
     manifest = json.loads((path / "manifest.json").read_text())
     inputs = list(manifest["features"])
     try:
-        frame = pd.read_parquet(path / "data", columns=["event_id", "label", "predicted_at_ms", *inputs])
+        stored = pyarrow.dataset.dataset(path / "data", format="parquet", partitioning="hive").schema.names
+        defaulted = ["defaulted"] if "defaulted" in stored else []
+        frame = pd.read_parquet(path / "data", columns=["event_id", "label", "predicted_at_ms", *defaulted, *inputs])
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(
             f"snapshot {path}: cannot read event_id, label, predicted_at_ms and its {len(inputs)} features from "
@@ -52,4 +58,5 @@ def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
     x = frame[inputs].to_numpy(dtype=np.float64)
     y = frame["label"].to_numpy(dtype=np.float64)
     cut = len(frame) - holdout
-    return Snapshot(str(manifest["snapshot_id"]), inputs, x[:cut], y[:cut], x[cut:], y[cut:])
+    train_defaulted = frame["defaulted"].to_numpy(dtype=np.int64)[:cut] if defaulted else None
+    return Snapshot(str(manifest["snapshot_id"]), inputs, x[:cut], y[:cut], x[cut:], y[cut:], train_defaulted)

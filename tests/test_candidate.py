@@ -6,6 +6,8 @@ Two models are trained once for the module, on two snapshots with the same rows 
 first as prod, the second is not registered, and its card says why; with the second as prod, the
 first is registered with its card and tags, and goes out as a canary. ``loopline train`` registers
 the first model of a registry (no prod to compare with). INT8 is kept or refused by its tolerance.
+A third snapshot is crafted with defects (an input defaulted, so constant, in every row; an input
+prod needs left out), and its card and registry version must name them, with their figures.
 """
 
 from __future__ import annotations
@@ -27,6 +29,11 @@ pytestmark = pytest.mark.skipif(
 FEATURES = ["user_transaction_features:txn_count_5m", "user_transaction_features:amount_sum_1h", "request:amount",
             "request:is_new_device"]  # fmt: skip
 ROWS, HOLDOUT_FRACTION, MODEL = 3000, 0.2, "fraud-test"
+#: The crafted snapshot's input that the scorer defaulted (to 0) for every row.
+DEFAULTED = "user_transaction_features:distinct_countries_24h"
+#: Every field of a model card's JSON.
+CARD_FIELDS = {"model", "version", "registered", "decision", "owner", "snapshot", "training", "metrics", "evaluation",
+               "quantization", "known_defects", "defect_checks", "caveats", "created_at_ms"}  # fmt: skip
 CONFIG = {"hidden": [16, 8], "learning_rate": 0.01, "epochs": 2, "micro_batch_per_process": 32, "seed": 3,
           "holdout_fraction": HOLDOUT_FRACTION, "checkpoint_every_steps": 1000, "keep_last": 1}  # fmt: skip
 
@@ -87,7 +94,7 @@ def first_registered(settings, snapshots):
     from loopline.settings import settings_environment
 
     result = CliRunner().invoke(app, ["train", "--snapshot", snapshots["signal"], "--quantize", "--canary", "5"],
-                                env=settings_environment(settings))  # fmt: skip
+                                env=settings_environment(settings, LOOPLINE_RETRAIN__OWNER="fraud-team"))  # fmt: skip
     assert result.exit_code == 0, result.output
     model_release(settings).promote(MODEL, "1", "test", "the model trained on the signal")
     return result.output
@@ -226,3 +233,139 @@ def test_prod_that_cannot_score_the_snapshot_is_not_comparable(settings, snapsho
 
     unavailable = compare_with_prod(candidate, snapshot, ProdModel("7", None, "artifact sha256 mismatch"))
     assert unavailable.not_comparable == "artifact sha256 mismatch" and unavailable.prod is None
+
+
+@pytest.fixture(scope="module")
+def crafted(settings, first_registered) -> str:
+    """`loopline train --owner alice` (the settings naming another owner) on a snapshot crafted with defects: the
+    scorer defaulted one input (to 0) in every row, another is missing in most rows, and an input prod needs is left
+    out (so prod is not comparable and the candidate is registered); the snapshot id."""
+    from feedback_loop.snapshots import write_snapshot
+    from loopline.cli import app
+    from loopline.settings import settings_environment
+
+    frame = examples(False, seed=4).drop(columns=FEATURES[1])
+    frame.loc[np.random.default_rng(5).random(ROWS) < 0.6, FEATURES[3]] = np.nan
+    frame[DEFAULTED], frame["defaulted"] = 0.0, 1
+    snapshot_id = write_snapshot(frame, settings.snapshots_root, kind="feedback", source={"test": "crafted"},
+                                 time_range={"from_ms": None, "to_ms": None}).snapshot_id  # fmt: skip
+    result = CliRunner().invoke(app, ["train", "--snapshot", snapshot_id, "--owner", "alice"],
+                                env=settings_environment(settings, LOOPLINE_RETRAIN__OWNER="fraud-team"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return snapshot_id
+
+
+def _checks(card: dict) -> list[str]:
+    return [defect["check"] for defect in card["known_defects"]]
+
+
+def test_registered_version_carries_its_card_with_the_settings_owner(settings, snapshots, first_registered):
+    from loopline.components import model_release
+    from offline_training.candidate import CARD_TAG, DEFECTS_TAG, OWNER_TAG
+    from offline_training.model_card import METRIC_LABELS
+
+    version = model_release(settings).client.get_model_version(MODEL, "1")
+    card = json.loads(version.tags[CARD_TAG])
+    assert set(card) == CARD_FIELDS
+    # No --owner: the owner is the setting, here from LOOPLINE_RETRAIN__OWNER.
+    assert (card["version"], card["owner"], version.tags[OWNER_TAG]) == ("1", "fraud-team", "fraud-team")
+    assert set(card["metrics"]) == set(METRIC_LABELS)
+    assert card["metrics"] == card["quantization"]["int8"]  # the metrics of the file registered: the kept INT8 one
+    assert card["defect_checks"] and all(set(defect) == {"check", "statement", "figures"} for defect in card["known_defects"])
+    statements = [defect["statement"] for defect in card["known_defects"]]
+    assert json.loads(version.tags[DEFECTS_TAG]) == statements
+    assert "**Owner**: fraud-team" in version.description and f"snapshot `{snapshots['signal']}`" in version.description
+    for statement in statements or ["None found. Checked for: "]:
+        assert statement in version.description
+    quantization = card["quantization"]
+    slower = quantization["int8_latency"]["median_ms"] > quantization["fp32_latency"]["median_ms"]
+    assert ("int8_slower" in _checks(card)) == slower
+    # The healthy snapshot: nothing defaulted, missing or constant, and no prod to be incomparable with.
+    assert not {"defaulted_inputs", "missing_input", "constant_input", "not_comparable"} & set(_checks(card))
+
+
+def test_refused_candidate_card_has_the_default_owner_and_its_defect_against_prod(worse):
+    import getpass
+
+    from loopline.settings import os_user
+
+    card = json.loads((worse.run_dir / "model_card.json").read_text())
+    assert set(card) == CARD_FIELDS and (card["version"], card["registered"]) == (None, False)
+    assert card["owner"] == os_user() == getpass.getuser()  # nothing set: the OS user training
+    comparison = worse.report.comparison
+    [defect] = [d for d in card["known_defects"] if d["check"] == "worse_than_prod"]
+    assert defect["figures"] == {"auc": comparison.candidate["auc"], "prod_auc": comparison.prod["auc"], "prod_version": "1"}
+    assert f"{comparison.candidate['auc']:.4f}" in defect["statement"] and f"{comparison.prod['auc']:.4f}" in defect["statement"]
+    assert defect["statement"] in worse.report.card_path.read_text()
+
+
+def test_crafted_snapshot_defects_are_on_the_card_and_the_registry_version(settings, crafted):
+    from feedback_loop.snapshots import find_snapshot
+    from loopline.components import model_release
+    from loopline.retraining import run_folder
+    from offline_training.candidate import CARD_TAG, DEFECTS_TAG, OWNER_TAG
+    from offline_training.training_data import load_snapshot
+
+    card = json.loads((run_folder(settings, crafted) / "model_card.json").read_text())
+    assert set(card) == CARD_FIELDS and card["owner"] == "alice"  # --owner over the settings' owner
+    assert card["registered"], card["decision"]
+    training = load_snapshot(Path(find_snapshot(settings.snapshots_root, crafted)[1]), HOLDOUT_FRACTION)
+    rows, missing = len(training.train_y), int(np.isnan(training.train_x[:, training.inputs.index(FEATURES[3])]).sum())
+    defects = {defect["check"]: defect for defect in card["known_defects"]}
+    assert _checks(card).count("constant_input") == 1 and _checks(card).count("missing_input") == 1
+    assert defects["constant_input"]["figures"] == {"input": DEFAULTED, "value": 0.0, "rows": rows}
+    assert defects["defaulted_inputs"]["figures"]["rows_defaulted"] == defects["defaulted_inputs"]["figures"]["rows"] == rows
+    assert f"{rows:,} of {rows:,} training rows (100%)" in defects["defaulted_inputs"]["statement"]
+    assert defects["missing_input"]["figures"] == {"input": FEATURES[3], "rows_missing": missing, "rows": rows, "bound": 0.5}
+    assert f"{missing:,} of {rows:,}" in defects["missing_input"]["statement"]
+    assert FEATURES[1] in defects["not_comparable"]["statement"]  # prod needs the input the snapshot left out
+
+    version = model_release(settings).client.get_model_version(MODEL, card["version"])
+    assert json.loads(version.tags[CARD_TAG]) == card and version.tags[OWNER_TAG] == "alice"
+    assert json.loads(version.tags[DEFECTS_TAG]) == [defect["statement"] for defect in card["known_defects"]]
+    markdown = (run_folder(settings, crafted) / "model_card.md").read_text()
+    for defect in card["known_defects"]:
+        assert defect["statement"] in version.description and defect["statement"] in markdown
+
+
+def test_holdout_defects_follow_their_bounds_and_a_card_without_defects_says_so(settings, snapshots, first_registered, tmp_path):
+    import shutil
+    from dataclasses import replace
+
+    from feedback_loop.snapshots import find_snapshot
+    from loopline.retraining import run_folder
+    from offline_training.candidate import compare_with_prod, evaluate_and_register
+    from offline_training.known_defects import DefectBounds, KnownDefect, known_defects
+    from offline_training.model_card import DESCRIPTION_LIMIT
+    from offline_training.release import ModelRelease
+    from offline_training.training_data import load_snapshot
+
+    folder = Path(find_snapshot(settings.snapshots_root, snapshots["signal"])[1])
+    snapshot = load_snapshot(folder, HOLDOUT_FRACTION)
+    for name in ("model.onnx", "metrics.json"):  # a copy: the run's own card stays v1's
+        shutil.copy(run_folder(settings, snapshots["signal"]) / name, tmp_path / name)
+    comparison = compare_with_prod(tmp_path / "model.onnx", snapshot, None)
+    metrics = comparison.candidate
+
+    strict = DefectBounds(max_calibration_error=0.0, min_recall=1.01, min_holdout_class_rows=10**6)
+    defects = {defect.check: defect for defect in known_defects(snapshot, comparison, metrics, None, strict)}
+    assert set(defects) == {"calibration_error", "recall_at_threshold", "small_holdout"}
+    assert defects["calibration_error"].figures["calibration_error"] == metrics["calibration_error"] > 0
+    assert defects["recall_at_threshold"].figures["recall"] == metrics["recall"]
+    assert defects["small_holdout"].figures["fraud"] == comparison.holdout_positives
+    assert f"{metrics['calibration_error']:.3f}" in defects["calibration_error"].statement
+
+    lenient = DefectBounds(max_calibration_error=1.0, min_recall=0.0, min_holdout_class_rows=0)
+    release = ModelRelease(f"sqlite:///{tmp_path}/mlflow.db", str(tmp_path / "artifacts"))
+    report = evaluate_and_register(tmp_path, folder, HOLDOUT_FRACTION, release, MODEL, None, owner="bob", defect_bounds=lenient)
+    assert report.version == "1" and report.card.known_defects == []
+    said = "None found. Checked for: " + "; ".join(lenient.checks())
+    assert said in report.card_path.read_text()
+    assert said in release.client.get_model_version(MODEL, "1").description
+
+    # More defects than a registry description holds: those that fit, and how many more the tag lists.
+    many = [KnownDefect("constant_input", f"input {i} is constant " + "x" * 200, {"input": str(i)}) for i in range(60)]
+    description = replace(report.card, known_defects=many).registry_description()
+    listed = [line for line in description.splitlines() if line.startswith("- input ")]
+    assert len(description) <= DESCRIPTION_LIMIT and 0 < len(listed) < len(many)
+    assert description.endswith(f"- … and {len(many) - len(listed)} more: see the `loopline.known_defects` tag")

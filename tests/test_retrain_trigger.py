@@ -280,7 +280,7 @@ def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary
         "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                                          "artifact_location": str(tmp_path / "artifacts")}),
         "feedback": settings.feedback.model_copy(update={"examples_topic": topic, "train_processes": 1}),
-        "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=50.0),
+        "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=50.0, owner="fraud-oncall"),
     })  # fmt: skip
     release = model_release(watched)
     prod = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.array([-0.01]), 0.0))
@@ -302,6 +302,9 @@ def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary
     comparison = outcome.report.comparison
     assert metrics["snapshot_id"] == manifest.snapshot_id and comparison.candidate["auc"] > 0.9 > 0.2 > comparison.prod["auc"]
     assert outcome.report.verdict.register and outcome.report.card_path.exists()
+    # The trigger's model card names the owner the settings give (retrain.owner), on the registry version too.
+    assert outcome.report.card.owner == "fraud-oncall"
+    assert release.client.get_model_version(name, outcome.report.version).tags["loopline.owner"] == "fraud-oncall"
     assert release.aliases(name) == {"prod": prod, "canary": outcome.report.version} and outcome.canary_percent == 50.0
     assert release.history(name)[-1].actor == TRIGGER_ACTOR and decision.reason in release.history(name)[-1].reason
     # The firing is recorded: the next look cools down instead of training again.
