@@ -90,12 +90,17 @@ def decode(record_type: type[R], payload: bytes | str, max_depth: int = MAX_JSON
         raise _violation(record_type, WHOLE_PAYLOAD, f"JSON nested deeper than {max_depth} levels")
     try:
         data = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not UTF-8, not JSON, or an integer beyond the interpreter's digit limit
         raise _violation(record_type, WHOLE_PAYLOAD, f"not valid JSON ({exc})") from None
     except RecursionError:  # nesting within the limit, but the interpreter's stack is smaller
         raise _violation(record_type, WHOLE_PAYLOAD, "JSON nested too deeply") from None
     if not isinstance(data, dict):
         raise _violation(record_type, WHOLE_PAYLOAD, f"expected a JSON object, got {type(data).__name__}")
+    broken = _not_unicode(data)
+    if broken is not None:
+        # JSON lets a string escape half a UTF-16 pair ("\ud800"); such a string cannot be written as UTF-8 again
+        # (a log line, a Kafka record, a metric label), so no contract takes it.
+        raise _violation(record_type, broken or WHOLE_PAYLOAD, "text holds a lone UTF-16 surrogate (not valid Unicode)")
     version = data.get("schema_version")
     if version is None:
         raise _violation(record_type, "schema_version", "missing")
@@ -106,6 +111,27 @@ def decode(record_type: type[R], payload: bytes | str, max_depth: int = MAX_JSON
             f"unsupported schema version {version!r} (this reader knows {record_type.SCHEMA_VERSION})",
         )
     return validate(record_type, data)
+
+
+def _not_unicode(value: object, path: str = "") -> str | None:
+    """The dotted path of the first key or string in parsed JSON that is not valid Unicode, else None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+        return None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        # The path goes into error messages: a key that is not valid Unicode is shown escaped.
+        name = str(key).encode("utf-8", "backslashreplace").decode()
+        where = f"{path}.{name}" if path else name
+        if isinstance(key, str) and _not_unicode(key) is not None:
+            return where
+        found = _not_unicode(item, where)
+        if found is not None:
+            return found
+    return None
 
 
 def validate(record_type: type[R], data: dict) -> R:

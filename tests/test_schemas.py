@@ -55,6 +55,11 @@ def test_unknown_fields_are_ignored_for_forward_compatibility() -> None:
         (b'{"schema_version": 1, "amount": ', "<payload>", "not valid JSON"),
         (b"[1, 2]", "<payload>", "expected a JSON object"),
         (b"\xff\xfe", "<payload>", "not valid JSON"),
+        # An integer beyond the interpreter's digit limit for str -> int (4,300 digits): Python's json raises ValueError.
+        (payload(amount=...)[:-1] + b', "amount": ' + b"9" * 5000 + b"}", "<payload>", "not valid JSON"),
+        # Half a UTF-16 pair is valid JSON but not Unicode: refused wherever it hides, keys included (shown escaped).
+        (payload(user_id="u\ud800"), "user_id", "lone UTF-16 surrogate"),
+        (payload(added_later={"k\udfff": 1}), "added_later.k\\udfff", "lone UTF-16 surrogate"),
     ],
 )
 def test_invalid_events_name_field_and_reason(raw: bytes, field: str, reason: str) -> None:
