@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -20,7 +21,7 @@ from infra.service import tail
 from loopline.components import build_stack
 from loopline.produce import produce_stream
 from loopline.settings import Settings
-from loopline.views import alias_history_table, release_step_line, snapshot_diff_table, snapshot_table, stack_table, topics_table
+from loopline.views import alias_history_table, prebuilds_table, release_step_line, snapshot_diff_table, snapshot_table, stack_table, topics_table
 from feedback_loop.snapshots import SnapshotError
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
@@ -69,9 +70,20 @@ def show_config() -> None:
 
 @stack_app.command("setup")
 def stack_setup() -> None:
-    """Install missing Debian packages (as root) and fetch the pinned jars from Maven Central."""
-    added = build_stack(settings()).setup()
+    """Install missing Debian packages (as root), fetch the pinned jars from Maven Central, and build what would
+    otherwise be built at first use (JVM operators, gRPC modules, DeepSpeed's ops)."""
+    from loopline.prebuilds import prebuilds
+
+    config = settings()
+    added = build_stack(config).setup()
     console.print(f"set up: {', '.join(added)}" if added else "set up: nothing missing")
+    built = []
+    for prebuild in prebuilds(config):
+        began = time.monotonic()
+        with console.status(f"building {prebuild.name} (the first time: {prebuild.first_time})"):
+            made = prebuild.build()
+        built.append((prebuild.name, made, time.monotonic() - began))
+    console.print(prebuilds_table(built))
 
 
 @stack_app.command("up")
@@ -132,17 +144,23 @@ def stream_submit(
         bool,
         typer.Option(help="Resume from the newest checkpoint; --no-restore rebuilds the state from the oldest retained event."),
     ] = True,
+    from_time: Annotated[
+        Optional[str],
+        typer.Option(help="With --no-restore: rebuild from the events published since this ISO-8601 time instead."),
+    ] = None,
 ) -> None:
     """Run the feature job: on the embedded mini-cluster (until stopped), or submitted to a cluster."""
     from loopline.components import feature_plan, job_settings
 
+    if from_time is not None and restore:
+        raise typer.BadParameter("--from-time rebuilds the state from the log: use it with --no-restore")
     config = settings()
     plan = feature_plan(config)
     console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {plan.topic}")
     if jobmanager is None:
         from streams.feature_job import run_embedded
 
-        run_embedded(plan, job_settings(config), restore=restore)
+        run_embedded(plan, dataclasses.replace(job_settings(config), start_from_ms=_epoch_ms(from_time)), restore=restore)
         return
     from infra.flink_cluster import pyflink_home
     from streams.feature_job import submit_command
@@ -586,13 +604,19 @@ def plan_gpu(
 
 @app.command("demo")
 def demo(
-    seconds: Annotated[float, typer.Option(help="Rough total run time.", envvar="DEMO_SECONDS")] = 300.0,
+    seconds: Annotated[float, typer.Option(help="Rough total run time (the demo goes on, bounded, until the loop closes).",
+                                           envvar="DEMO_SECONDS")] = 300.0,
     rate: Annotated[float, typer.Option(help="Transactions per second, each one scored (the feature job alone keeps up with ~3,000).")] = 100.0,
 ) -> None:
-    """Run the loop end to end on the local stack and print a summary; the stack stays up."""
+    """Run the loop end to end on the local stack and print a summary; the stack stays up. Exit code 1 when a promise
+    was not kept (a step of the loop failed, or the alerts do not match the injected skew)."""
     from loopline.scenarios.demo import run_demo
 
-    run_demo(settings(), seconds=seconds, rate=rate, console=console)
+    failures = run_demo(settings(), seconds=seconds, rate=rate, console=console)
+    if failures:
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] the demo did not keep {len(failures)} promise(s): "
+                                                   + "; ".join(failures), highlight=False)  # fmt: skip
+        raise typer.Exit(1)
 
 
 def main() -> None:

@@ -122,13 +122,26 @@ def feature_plan(settings: Settings) -> FeaturePlan:
     return plan.reading(settings.stream.source_topic) if settings.stream.source_topic else plan
 
 
+def feature_operators_jar(settings: Settings) -> Path:
+    """The feature job's JVM operators (``streams/jvm``), compiled into the jar cache if not there yet."""
+    return operators_jar(settings.resolved_jars_dir / "loopline")
+
+
+def joiner_operators_jar(settings: Settings) -> Path:
+    """The joiner's JVM operators (``feedback_loop/jvm``, with the feature job's it keys with), compiled if not there yet."""
+    from feedback_loop.joiner_job import OPERATOR_SOURCES
+    from streams.operators_jar import SOURCES
+
+    return operators_jar(settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
+
+
 def job_settings(settings: Settings) -> JobSettings:
     """Everything the streaming job needs to know about the stack it runs on."""
     stream = settings.stream
     return JobSettings(
         bootstrap_servers=settings.kafka.bootstrap_servers,
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
-        operators_jar=operators_jar(settings.resolved_jars_dir / "loopline"),
+        operators_jar=feature_operators_jar(settings),
         checkpoint_dir=settings.checkpoint_dir,
         registry_path=settings.registry_path,
         redis_connection=settings.redis_connection,
@@ -147,8 +160,7 @@ def job_settings(settings: Settings) -> JobSettings:
 
 def joiner_settings(settings: Settings) -> JoinerSettings:
     """Everything the feedback joiner needs to know about the stack it runs on."""
-    from feedback_loop.joiner_job import OPERATOR_SOURCES, JoinerSettings
-    from streams.operators_jar import SOURCES
+    from feedback_loop.joiner_job import JoinerSettings
 
     feedback = settings.feedback
     topics = {name: value for name, value in (("predictions_topic", feedback.predictions_topic), ("labels_topic", feedback.labels_topic),
@@ -157,7 +169,7 @@ def joiner_settings(settings: Settings) -> JoinerSettings:
         **topics,
         bootstrap_servers=settings.kafka.bootstrap_servers,
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
-        operators_jar=operators_jar(settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback"),
+        operators_jar=joiner_operators_jar(settings),
         checkpoint_dir=settings.feedback_checkpoint_dir,
         horizon_ms=int(feedback.horizon_s * 1000),
         group_id=feedback.group_id,

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from infra.service import wait_until
@@ -38,10 +39,13 @@ def _start_flink_job(settings: Settings, arguments: list[str], log_file: Path, *
     return start_loopline(settings, arguments, log_file, FLINK_LOG_DIR=str(flink_logs), **extra_env)
 
 
-def start_feature_job(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
+def start_feature_job(
+    settings: Settings, log_file: Path, restore: bool = True, from_ms: int | None = None, **extra_env: str
+) -> subprocess.Popen:
     """Start `loopline stream submit` (embedded mini-cluster); without ``restore`` the job rebuilds its state from
-    the oldest retained event."""
-    return _start_flink_job(settings, ["stream", "submit", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+    the oldest retained event, or from the first published at ``from_ms`` (epoch ms)."""
+    since = [] if from_ms is None else ["--from-time", datetime.fromtimestamp(from_ms / 1000, timezone.utc).isoformat()]
+    return _start_flink_job(settings, ["stream", "submit", *([] if restore else ["--no-restore", *since])], log_file, **extra_env)
 
 
 def start_joiner(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:

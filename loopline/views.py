@@ -43,6 +43,16 @@ def stack_table(statuses: Iterable[ServiceStatus], reports: Iterable[StartReport
     return table
 
 
+def prebuilds_table(built: Iterable[tuple[str, str, float]]) -> Table:
+    """What setup built ahead of its first use: (what, the result, seconds) each."""
+    table = Table(title="Built ahead of first use")
+    for column in ("what", "result", "took"):
+        table.add_column(column, justify="right" if column == "took" else "left")
+    for name, made, seconds in built:
+        table.add_row(name, made, f"{seconds:.1f} s")
+    return table
+
+
 def topics_table(changes: Iterable[TopicChange]) -> Table:
     """What ``topics apply`` did to each topic."""
     table = Table(title="Topics")

@@ -97,6 +97,25 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+#: What DeepSpeed's communication backend builds as it initializes (``deepspeed.comm.torch.build_shm_op``): on the
+#: CPU accelerator its shared-memory collectives, a C++ extension compiled into torch's extensions cache (minutes on 2
+#: cores); elsewhere nothing. Run in a worker's environment, so the accelerator is the one training will use.
+_BUILD_COMM_OPS = """
+from deepspeed.comm.torch import build_shm_op
+from deepspeed.accelerator import get_accelerator
+print(f"{get_accelerator().device_name()}: {'shared-memory communication op built' if build_shm_op() else 'nothing to build'}")
+"""
+
+
+def build_deepspeed_ops() -> str:
+    """Build what DeepSpeed would otherwise compile in the first training run's ``initialize`` (cached by torch; a
+    second call takes seconds); what was built. RuntimeError with the compiler's last lines when the build fails."""
+    result = subprocess.run([sys.executable, "-c", _BUILD_COMM_OPS], env=_worker_env(), capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError("building DeepSpeed's ops failed: " + " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:]))
+    return result.stdout.strip().splitlines()[-1]
+
+
 def launch_training(
     snapshot_dir: Path,
     config: Path,

@@ -189,6 +189,15 @@ def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
     )
 
 
+def _startup(settings: JobSettings, from_earliest: bool) -> dict[str, str]:
+    """The Kafka source's start: the group's committed offsets, the oldest retained event, or a publishing time."""
+    if not from_earliest:
+        return {"scan.startup.mode": "group-offsets"}
+    if settings.start_from_ms is None:
+        return {"scan.startup.mode": "earliest-offset"}
+    return {"scan.startup.mode": "timestamp", "scan.startup.timestamp-millis": str(settings.start_from_ms)}
+
+
 def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
@@ -201,7 +210,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     """Add the feature pipeline for ``plan`` to a PyFlink StreamExecutionEnvironment.
 
     The source starts where the consumer group committed (or a restored checkpoint says), or with
-    ``from_earliest`` at the oldest retained event, to rebuild the window state from the log.
+    ``from_earliest`` at the oldest retained event (or the first published at ``settings.start_from_ms``), to
+    rebuild the window state from the log.
     """
     t_env = StreamTableEnvironment.create(env)
     # The value stays raw bytes, so a bad record is dead-lettered exactly as it came.
@@ -211,7 +221,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         "properties.auto.offset.reset": "earliest",
         "properties.fetch.min.bytes": "65536",
         "properties.fetch.max.wait.ms": "20",
-        "scan.startup.mode": "earliest-offset" if from_earliest else "group-offsets",
+        **_startup(settings, from_earliest),
         "key.format": "raw",
         "key.fields": "key",
         "value.format": "raw",

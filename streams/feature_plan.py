@@ -101,6 +101,14 @@ class FeaturePlan:
                 return column, f"{event[column]:.6g} is beyond ±{MAX_EXACT_VALUE:.6g}, the largest value summed exactly"
         return None
 
+    def history_ms(self, features: Iterable[str]) -> int:
+        """How far back in event time the values of ``features`` (``view:feature``; others, such as request fields,
+        are passed over) reach: the longest window among them plus its slide, the oldest bucket it still counts. A
+        stream that starts this far back has every one of their windows full."""
+        wanted = set(features)
+        return max((a.window_ms + a.slide_ms for view in self.views for a in view.aggregations
+                    if f"{view.name}:{a.name}" in wanted and a.window_ms is not None and a.slide_ms is not None), default=0)  # fmt: skip
+
     def reading(self, topic: str) -> FeaturePlan:
         """The same plan with every view reading ``topic`` (a replay or a test topic)."""
         return FeaturePlan(tuple(replace(view, topic=topic) for view in self.views))

@@ -38,6 +38,9 @@ class JobSettings:
     #: Feature rows are appended under <offline_dir>/<view>; None: where each view's FileSource points.
     offline_dir: Path | None = None
     group_id: str = "loopline-features"
+    #: Started without a checkpoint to restore (``from_earliest``), read from the first event published at or after
+    #: this time (epoch ms, the records' Kafka timestamps) rather than from the oldest retained one.
+    start_from_ms: int | None = None
     dead_letter_topic: str = DEAD_LETTERS.name
     checkpoint_interval_ms: int = 5_000
     #: The longest a row waits for its Python batch (decoding, online writes), and the batch size.

@@ -55,12 +55,15 @@ class EventProducer:
         *,
         rate_per_s: float | None = None,
         duration_s: float | None = None,
+        wall_clock: bool = False,
         on_progress: Callable[[int], None] | None = None,
     ) -> PublishStats:
         """Publish ``records`` in order; raise DeliveryError if any is not acknowledged.
 
         With ``rate_per_s``/``duration_s`` the records are paced on their stream time
         (``emit_at_ms``) so bursts stay bursts; without, they go as fast as Kafka takes them.
+        With ``wall_clock`` each record goes when the wall clock reaches its stream time: the part of a stream
+        that lies in the past goes at once (a backlog of history), the rest in real time, with no gap between.
         ``duration_s`` stops at that much stream time; ``on_progress`` gets the count published.
         """
         stats = PublishStats()
@@ -76,9 +79,9 @@ class EventProducer:
             offset_s = (record.emit_at_ms - first_ms) / 1000.0
             if duration_s is not None and offset_s >= duration_s:
                 break
-            if rate_per_s is not None:
-                wait = offset_s - (time.monotonic() - began)
-                if wait > 0:
+            if wall_clock or rate_per_s is not None:
+                # poll() returns early when a delivery report comes in: wait again until the record is due.
+                while (wait := record.emit_at_ms / 1000 - time.time() if wall_clock else offset_s - (time.monotonic() - began)) > 0:
                     self._producer.poll(wait)
             while True:
                 try:

@@ -1,70 +1,69 @@
-"""``make demo``: the whole loop, end to end on the local stack, in bounded time.
+"""``make demo``: the whole loop, end to end on the local stack, closed in every run.
 
-Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own
-process) → the synthetic producer, each transaction followed by a score request naming it → live
-tables: a few users' features as they update in Redis; the scorer (Kafka door, a hand-set model
-from the registry as ``prod``; ``loopline/scenarios/demo_scoring.py``); and the loop closing once
-(``loopline/scenarios/demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot
-is made, a model trained on it, evaluated against prod, released as a canary, and the release
-controller promotes or rolls it back while the scorer hot-swaps; the skew monitor watches the prediction log
-against the loop's snapshot, a skew is injected on purpose (amounts in cents) and the dashboard and Prometheus
-show it alerting (``loopline/scenarios/demo_skew.py``) → every record validated (bad ones dead-lettered) → a summary. The
-stack stays up.
+Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own process) reads the demo's
+world from its first record: the last hour of a synthetic world at once, so every window the models read is full,
+then live (``loopline/scenarios/demo_world.py``) → once the job has absorbed the history, every transaction is followed
+by a score request naming it, scored over Kafka by a hand-set model from the registry (``demo_scoring.py``) → the loop
+closes (``demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot is made, a model trained on
+it, evaluated against prod, released as a canary, and the release controller promotes or rolls it back while the scorer
+hot-swaps; the skew monitor watches the prediction log against the loop's snapshot, one skew is injected on purpose
+(amounts in cents) and exactly that feature alerts (``demo_skew.py``) → every record validated (bad ones
+dead-lettered) → a summary, and a check of each promise. The demo goes on past its budget (bounded) until the loop and
+the skew alert have had their verdicts; a step that fails is named, and the demo exits non-zero. The stack stays up.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
 import json
 import os
-import threading
 import time
+from dataclasses import dataclass
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
 from feature_store.online_read import OnlineReader
-
-from loopline.components import build_stack, synthetic_config
+from loopline.components import build_stack, feature_plan
+from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.scenarios.demo_loop import TRAINING_STEP, DemoLoop, Step
-from loopline.scenarios.demo_scoring import DemoScoring
-from loopline.scenarios.demo_skew import SKEW_ALERT, SKEWED_FEATURE, TIME_TO_FIRE_S, DemoSkew
-from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
+from loopline.scenarios.demo_scoring import MODEL_INPUTS, DemoScoring
+from loopline.scenarios.demo_skew import SKEW_ALERT, SKEWED_FEATURE, DemoSkew
+from loopline.scenarios.demo_world import DemoWorld
 from loopline.settings import Settings
 from loopline.views import counts_table, scoring_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
-from streams.producer import EventProducer, PublishStats
-from streams.synthetic import SyntheticStream, synthetic_user_id
+from streams.synthetic import synthetic_user_id
 from streams.topics import apply_topics, topic_sizes
 from streams.validating_consumer import ValidatingConsumer
 
-#: Seconds kept back from the budget for validating and reporting.
-_REPORT_RESERVE_S = 8.0
 #: The demo's producer sends a few broken records on purpose, to show dead-lettering.
 _DEMO_MALFORMED_RATE = 0.002
-_JOB_START_TIMEOUT_S = 120.0
+#: The feature job's start (a mini-cluster) and its reading of the world's history, at most.
+_HISTORY_TIMEOUT_S = 300.0
+#: The job has absorbed the history when its rows are this close behind the world's stream time.
+_CAUGHT_UP_MS = 3_000
 #: Labels come days late in life; in the demo they come within seconds, so the loop closes while you watch.
 _DEMO_LABEL_DELAY_S = (2.0, 20.0)
 #: The steady state (outside the training run) should have fewer feature reads over budget than this.
 _STEADY_OVER_BUDGET_GOAL = 0.05
 #: How long the demo's release controller watches the canary before it may promote it.
 _CANARY_WATCH_S = 15.0
-#: Seconds kept, after the loop's last step, for the canary's verdict and the after-quality to show.
-_LOOP_RESERVE_S = 15.0
+#: Past its budget, the demo goes on at most this long for the loop's verdict and the skew alert.
+OVERTIME_S = 240.0
+_REFRESH_S = 1.0
 _USER_VIEW = "user_transaction_features"
-_SHOWN = ("txn_count_5m", "amount_sum_1h", "amount_max_24h", "distinct_merchants_1h", "secs_since_prev_txn")
+_SHOWN = tuple(name.split(":")[1] for name in MODEL_INPUTS if name.startswith(f"{_USER_VIEW}:"))
 #: The synthetic stream's most active users (Zipf ranks 0-4): their rows change every second or so.
 _WATCHED_USERS = [synthetic_user_id(i) for i in range(5)]
 
 
-def _features_table(reader, produced: int, elapsed_s: float) -> Table:
+def _features_table(reader: OnlineReader, title: str) -> Table:
     now_us = time.time() * 1e6
     values = reader.get_online_features([f"{_USER_VIEW}:{f}" for f in _SHOWN], [{"user_id": u} for u in _WATCHED_USERS])
     stamps = reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)
-    table = Table(title=f"live features in Redis — {produced:,} records produced in {elapsed_s:.0f} s (transactions, score requests, labels)")
+    table = Table(title=title)
     for column in ("user", *_SHOWN, "row age"):
         table.add_column(column, justify="left" if column == "user" else "right")
     for index, user in enumerate(_WATCHED_USERS):
@@ -74,56 +73,79 @@ def _features_table(reader, produced: int, elapsed_s: float) -> Table:
     return table
 
 
-def _produce_while_showing_loop(
-    settings: Settings, job, scoring: DemoScoring, loop: DemoLoop, skew: DemoSkew, budget_s: float, rate: float, console: Console
-) -> tuple[PublishStats, OnlineReader]:
-    """Wait for the job, then produce (each transaction scored) for the rest of the budget while live tables show
-    features, scoring and the loop closing in the background."""
-    reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
-    waited_from = time.monotonic()
-    with console.status("waiting for the feature job's first row (the mini-cluster takes ~20 s to start) and the scorer"):
-        wait_until_serving(job, settings, reader, timeout_s=_JOB_START_TIMEOUT_S)
-        scoring.wait_ready()
-    # The wait for the job counts against the budget too.
-    duration = max(5.0, budget_s - (time.monotonic() - waited_from) - _REPORT_RESERVE_S)
-    config = dataclasses.replace(synthetic_config(settings, rate, _DEMO_MALFORMED_RATE), label_delay_s=_DEMO_LABEL_DELAY_S)
-    # The stream goes on past the budget while the skew alert is still on its way (at most its time to fire).
-    enough = threading.Event()
-    stream = itertools.takewhile(lambda _: not enough.is_set(),
-                                 scoring.requests_for(SyntheticStream(config, int(time.time()), int(time.time() * 1000))))  # fmt: skip
-    produced = [0]
-    outcome: list[PublishStats] = []
-    producing = threading.Thread(
-        target=lambda: outcome.append(
-            EventProducer(settings.kafka.bootstrap_servers, client_config=settings.kafka.client_config).publish(
-                stream, rate_per_s=rate, duration_s=duration + TIME_TO_FIRE_S, on_progress=lambda n: produced.__setitem__(0, n)
+def _newest_row_ms(reader: OnlineReader) -> int | None:
+    """The event time of the newest row among the watched users (the busiest: their rows follow the stream closely)."""
+    stamps = [s for s in reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS) if s is not None]
+    return int(max(stamps) / 1000) if stamps else None
+
+
+def _absorb_history(world: DemoWorld, job, reader: OnlineReader, console: Console) -> float:
+    """Wait, showing progress, until the feature job has read the world's history and follows it live; its seconds."""
+    began = time.monotonic()
+    with Live(console=console, refresh_per_second=2) as live:
+        while True:
+            if job.poll() is not None:
+                raise RuntimeError("the feature job stopped while reading the history; see feature-job.log under the stack's logs")
+            if not world.running:
+                world.stop()  # raises what stopped it
+            newest = _newest_row_ms(reader)
+            behind_s = None if newest is None else (world.stream_time_ms - newest) / 1000
+            history_out = world.stream_time_ms >= time.time() * 1000 - 1000
+            live.update(
+                f"history: {world.history_published:,} transactions of the world's last "
+                f"{(world.published_from_ms - world.history_from_ms) / 60_000:.0f} min published"
+                f"{' (all of it)' if history_out else ''}; the feature job is "
+                + ("starting (a mini-cluster takes ~20 s)" if behind_s is None else f"{max(behind_s, 0):,.0f} s of stream time behind")
+                + f" — {time.monotonic() - began:.0f} s"
             )
-        ),
-        daemon=True,
-    )
+            if history_out and newest is not None and world.stream_time_ms - newest <= _CAUGHT_UP_MS:
+                return time.monotonic() - began
+            if time.monotonic() - began > _HISTORY_TIMEOUT_S:
+                raise TimeoutError(f"the feature job had not read the history after {_HISTORY_TIMEOUT_S:.0f} s"
+                                   f" ({behind_s} s behind); see feature-job.log under the stack's logs")  # fmt: skip
+            time.sleep(0.5)
+
+
+@dataclass
+class _Run:
+    """The live part's moving pieces."""
+
+    world: DemoWorld
+    scoring: DemoScoring
+    loop: DemoLoop
+    skew: DemoSkew
+    reader: OnlineReader
+
+
+def _run_live(run: _Run, budget_end: float, console: Console) -> None:
+    """Score live until the budget is spent and the loop and the skew have their verdicts (at most OVERTIME_S more)."""
     started = time.monotonic()
-    producing.start()
-    loop.close_once(deadline=started + duration - _LOOP_RESERVE_S)
+    run.loop.close_once(deadline=budget_end + OVERTIME_S)
 
     def tables() -> Group:
-        elapsed_s = time.monotonic() - started
-        recent, whole = scoring.stats()
+        now = time.monotonic()
+        recent, whole = run.scoring.stats()
         versions = " → ".join(f"v{v}" for v in (whole.versions if whole else {}))
-        title = f"scoring every transaction over Kafka, p50/p99 — model versions {versions or '—'}"
-        return Group(_features_table(reader, produced[0], elapsed_s), scoring_table(recent, whole, title=title), loop.table(),
-                     skew.table())  # fmt: skip
+        over = f" — budget spent {now - budget_end:.0f} s ago: going on (at most {OVERTIME_S:.0f} s) for " + " and ".join(
+            what for what, done in (("the loop's verdict", run.loop.settled()), ("the skew alert", run.skew.settled())) if not done
+        ) if now > budget_end else ""  # fmt: skip
+        title = f"live features in Redis — {run.world.published:,} records published, live for {now - started:.0f} s{over}"
+        return Group(_features_table(run.reader, title),
+                     scoring_table(recent, whole, title=f"scoring every transaction over Kafka, p50/p99 — model versions {versions or '—'}"),
+                     run.loop.table(), run.skew.table())  # fmt: skip
 
-    with Live(console=console, refresh_per_second=4) as live:
-        while producing.is_alive():
-            skew.step()
-            if time.monotonic() - started >= duration and skew.settled():
-                enough.set()
+    with Live(console=console, refresh_per_second=1) as live:
+        while True:
+            run.skew.step()
             live.update(tables())
-            time.sleep(0.25)
-        live.update(tables())
-    if not outcome:
-        raise RuntimeError("the producer stopped without a result; see the lines above")
-    return outcome[0], reader
+            now = time.monotonic()
+            if not run.world.running:
+                break
+            if now >= budget_end and run.loop.settled() and run.skew.settled():
+                break
+            if now >= budget_end + OVERTIME_S:
+                break
+            time.sleep(_REFRESH_S)
 
 
 def _over_budget_split(final: tuple[float, float], around_training: dict[str, tuple[float, float]]) -> dict:
@@ -139,66 +161,13 @@ def _over_budget_split(final: tuple[float, float], around_training: dict[str, tu
             "over_feature_budget_rate_while_training": share(*training)}  # fmt: skip
 
 
-def run_demo(settings: Settings, seconds: float, rate: float, console: Console) -> None:
-    """Stack up, features applied, job started, produce for the rest of the budget while showing features."""
-    from feature_store.config import apply_definitions
-
-    began = time.monotonic()
-    stack = build_stack(settings)
-    console.rule("1. local stack")
-    reports = stack.up()
-    console.print(stack_table(stack.status(), reports))
-
-    console.rule("2. feature definitions and topics")
-    bootstrap = settings.kafka.bootstrap_servers
-    views = apply_definitions(settings.registry_path, settings.redis_connection, settings.repo_path)
-    console.print(f"feast apply: {', '.join(views)}")
-    console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
-
-    console.rule("3. streaming feature job and feedback joiner (PyFlink, embedded), the producer, the scorer, the loop")
-    # The demo rebuilds the job's state from the retained events, so a checkpoint left by an
-    # earlier Loopline (other operators) never stands in its way.
-    job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False)
-    # The demo watches its canary for seconds, not the policy's default minute: the verdict comes while you watch.
-    demo_policy = settings.release.model_copy(update={"min_watch_s": _CANARY_WATCH_S, "min_requests": 100})
-    scoring = DemoScoring(settings.model_copy(update={"release": demo_policy}), settings.home / "models")
-    # The scorer's counts as training starts and ends: the steady state's over-budget share is the rest of the run.
-    around_training: dict[str, tuple[float, float]] = {}
-
-    skew = DemoSkew(settings, scoring, settings.resolved_logs_dir)
-    console.print(f"the skew alert dashboard: {skew.dashboard_url} (Prometheus: http://{settings.prometheus.host}:"
-                  f"{settings.prometheus.port}/alerts)", highlight=False)  # fmt: skip
-
-    def note_step(step: Step) -> None:
-        if step.name == TRAINING_STEP:
-            around_training["end" if step.state != "running" else "start"] = scoring.over_budget_counts()
-        if step.name == "snapshot" and step.state == "done" and loop.outcome.snapshot_id:
-            skew.start_monitor(loop.outcome.snapshot_id)
-
-    loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
-    try:
-        # While the jobs start: the scorer (its own process, as in production) loads its model and warms up.
-        scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
-        loop.start(settings.resolved_logs_dir / "joiner.log")
-        stats, reader = _produce_while_showing_loop(
-            settings, job, scoring, loop, skew, seconds - (time.monotonic() - began), rate, console
-        )
-        _, scored = scoring.stats()  # while the scorer still answers for its counters
-        final_counts = scoring.over_budget_counts()
-        skew_summary = skew.summary()
-    finally:
-        loop.stop()
-        skew.stop()
-        scoring.stop()
-        stop_process_group(job)
-    console.print(loop.table())
-
-    console.rule("4. validating (bad records go to the dead-letter topic)")
+def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLetterRecord]]:
+    """Validate every record of the run (bad ones dead-lettered); the counts per topic and a few dead letters."""
+    bootstrap, client = settings.kafka.bootstrap_servers, settings.kafka.client_config
     dead_letters: list[DeadLetterRecord] = []
-    client = settings.kafka.client_config
     validator = ValidatingConsumer(bootstrap, "loopline-demo-validator", [TRANSACTIONS, LABELS], DEAD_LETTERS.name, client_config=client)
     try:
-        counts = validator.run_until_caught_up(timeout_s=60.0)
+        counts = validator.run_until_caught_up(timeout_s=120.0)
     finally:
         validator.close()
     dlq = ValidatingConsumer(bootstrap, "loopline-demo-dlq-reader", [DEAD_LETTERS], DEAD_LETTERS.name, client_config=client)
@@ -214,7 +183,94 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
                       " read_committed readers back until it times out[/yellow]", highlight=False)  # fmt: skip
     finally:
         dlq.close()
-    console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS], client)))
+    return counts, dead_letters
+
+
+def _failures(summary: dict, loop: DemoLoop) -> list[str]:
+    """What the demo promised and did not happen, one line each (empty when everything did)."""
+    failures = [f"the loop's step '{step.name}' {step.state}" + (f": {step.detail}" if step.detail else "")
+                for step in loop.steps.values() if step.state in ("failed", "running", "waiting")]  # fmt: skip
+    if summary["release"] not in ("promote", "rollback") and not failures:
+        failures.append(f"the release controller gave no verdict on the trained model ({summary['release']})")
+    if not summary["skew_injected"]:
+        failures.append("the skew was never injected (the monitor had no reference snapshot, or measured nothing)")
+    elif summary["skew_alerting_features"] != summary["skew_injected_features"]:
+        failures.append(f"skew alerts fired for {summary['skew_alerting_features'] or 'no feature'}, the skew was injected into "
+                        f"{summary['skew_injected_features']}")  # fmt: skip
+    return failures
+
+
+def run_demo(settings: Settings, seconds: float, rate: float, console: Console) -> list[str]:
+    """The loop end to end within about ``seconds`` (longer, bounded, until the loop and the skew have their verdicts),
+    at ``rate`` transactions per second. Prints live tables and a summary; returns the promises not kept (empty when
+    every one was)."""
+    from feature_store.config import apply_definitions
+
+    began = time.monotonic()
+    stack = build_stack(settings)
+    console.rule("1. local stack")
+    reports = stack.up()
+    console.print(stack_table(stack.status(), reports))
+
+    console.rule("2. feature definitions and topics")
+    bootstrap = settings.kafka.bootstrap_servers
+    views = apply_definitions(settings.registry_path, settings.redis_connection, settings.repo_path)
+    console.print(f"feast apply: {', '.join(views)}")
+    console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
+    history_s = feature_plan(settings).history_ms(MODEL_INPUTS) / 1000
+
+    console.rule("3. the world's last hour at once: every window the models read is full before anything is scored")
+    # The demo watches its canary for seconds, not the policy's default minute: the verdict comes while you watch.
+    demo_policy = settings.release.model_copy(update={"min_watch_s": _CANARY_WATCH_S, "min_requests": 100})
+    scoring = DemoScoring(settings.model_copy(update={"release": demo_policy}), settings.home / "models")
+    world = DemoWorld(scoring.settings, scoring, rate, history_s, _DEMO_MALFORMED_RATE, _DEMO_LABEL_DELAY_S)
+    # The job builds its state from this run's world alone: no checkpoint, no earlier demo's events.
+    job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False, from_ms=world.published_from_ms)
+    # The scorer's counts as training starts and ends: the steady state's over-budget share is the rest of the run.
+    around_training: dict[str, tuple[float, float]] = {}
+    skew = DemoSkew(settings, scoring, settings.resolved_logs_dir)
+    console.print(f"the skew alert dashboard: {skew.dashboard_url} (Prometheus: http://{settings.prometheus.host}:"
+                  f"{settings.prometheus.port}/alerts)", highlight=False)  # fmt: skip
+
+    def note_step(step: Step) -> None:
+        if step.name == TRAINING_STEP:
+            around_training["end" if step.state != "running" else "start"] = scoring.over_budget_counts()
+        if step.name == "snapshot" and step.state == "done" and loop.outcome.snapshot_id:
+            skew.start_monitor(loop.outcome.snapshot_id)
+
+    loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
+    reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
+    try:
+        # While the job starts and reads the history: the scorer (its own process, as in production) loads its
+        # model and warms up, and the joiner starts.
+        scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
+        loop.start(settings.resolved_logs_dir / "joiner.log")
+        world.start()
+        history_took_s = _absorb_history(world, job, reader, console)
+        console.print(f"the feature job read {world.history_published:,} transactions of history in {history_took_s:.0f} s"
+                      " and follows the world live", highlight=False)  # fmt: skip
+        scoring.wait_ready()
+
+        console.rule("4. live: every transaction scored over Kafka, the loop closing, a skew injected")
+        world.go_live()
+        scoring.start_counting()
+        _run_live(_Run(world, scoring, loop, skew, reader), began + seconds, console)
+        _, scored = scoring.stats()  # while the scorer still answers for its counters
+        final_counts = scoring.over_budget_counts()
+        skew_summary = skew.summary()
+    finally:
+        try:
+            stats = world.stop()
+        finally:
+            loop.stop()
+            skew.stop()
+            scoring.stop()
+            stop_process_group(job)
+    console.print(loop.table())
+
+    console.rule("5. validating (bad records go to the dead-letter topic)")
+    counts, dead_letters = _validate(settings, console)
+    console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS], settings.kafka.client_config)))
     for record in dead_letters[:3]:
         console.print(
             f"  dead letter ({record.reason}, by {record.consumer}) from "
@@ -225,6 +281,9 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     summary = {
         "seconds": round(time.monotonic() - began, 1),
         "delivered": stats.total,
+        "history_transactions": world.history_published,
+        "history_s": history_s,
+        "history_absorbed_s": round(history_took_s, 1),
         "events_per_s": round(stats.total / max(stats.seconds, 1e-9)),
         "valid": sum(c.valid for t, c in counts.items() if t != DEAD_LETTERS.name),
         "dead_lettered": sum(c.dead_lettered for c in counts.values()),
@@ -243,8 +302,20 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "loop_steps": {step.name: step.state for step in loop.steps.values()},
         **skew_summary,
     }
+    failures = _failures(summary, loop)
+    summary["failures"] = failures
+    _report(summary, settings, console)
+    return failures
+
+
+def _report(summary: dict, settings: Settings, console: Console) -> None:
+    """The summary's sentences, then the summary itself as one JSON line (the last line the demo prints)."""
     console.rule("summary")
-    console.print(json.dumps(summary))
+    trained = summary["trained_version"]
+    aucs = ", ".join(f"{k} {v:.3f}" for k, v in summary["holdout_auc"].items()) or "none"
+    console.print(f"The loop: {summary['labeled_examples']:,} labeled examples → snapshot {summary['snapshot_id']} → "
+                  + (f"v{trained} trained (holdout AUC {aucs}) → the release controller: {summary['release'] or 'no verdict'}."
+                     if trained else f"no model registered (holdout AUC {aucs})."), highlight=False)  # fmt: skip
     steady = summary["over_feature_budget_rate_steady"]
     if steady is not None:
         verdict = "met" if steady < _STEADY_OVER_BUDGET_GOAL else "NOT met"
@@ -252,21 +323,27 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             f"Feature reads over their {settings.serving.feature_budget_ms:g} ms budget (answered on the declared defaults, flagged"
             f" in each prediction): {steady:.1%} in the steady state (goal < {_STEADY_OVER_BUDGET_GOAL:.0%}: {verdict}),"
             f" {summary['over_feature_budget_rate_while_training'] or 0:.1%} while the model trained — everything above shares"
-            f" {os.cpu_count()} cores: two Flink jobs, Kafka, Redis, the scorer, the training run and the producer.",
+            f" {os.cpu_count()} cores: two Flink jobs, Kafka, Redis, Prometheus, the monitor, the scorer, the training run and"
+            " the producer.",
             highlight=False,
         )
     if summary["skew_injected"]:
+        alerting = ", ".join(summary["skew_alerting_features"]) or "none"
         console.print(
-            f"Skew injected (score requests' amounts ×100, as in cents): the monitor measured PSI {summary['skew_psi']} for"
-            f" {SKEWED_FEATURE} against snapshot {summary['skew_reference_snapshot']}; Prometheus' {SKEW_ALERT} alert:"
-            f" {summary['skew_alert']} (it fires after holding 1 min).",
+            f"Skew injected into {', '.join(summary['skew_injected_features'])} (score requests' amounts ×100, as in cents): the"
+            f" monitor measured PSI {summary['skew_psi']} for {SKEWED_FEATURE} against snapshot {summary['skew_reference_snapshot']};"
+            f" Prometheus' {SKEW_ALERT}: {summary['skew_alert']}. Features alerting now: {alerting}"
+            + (" — the injected one, and only it." if summary["skew_alerting_features"] == summary["skew_injected_features"] else "."),
             highlight=False,
         )
     causes = summary["retrain_trigger_causes"]
     verdict = f"fire ({settings.retrain.mode_for(causes)}, on {' and '.join(causes)})" if summary["retrain_trigger_fires"] else "quiet"
     console.print(f"The retrain trigger, looking now (`loopline retrain watch` looks every {settings.retrain.poll_s:g} s): {verdict}:"
                   f" {summary['retrain_trigger_reason']}", highlight=False)  # fmt: skip
+    for failure in summary["failures"]:
+        console.print(f"[red]not as promised:[/red] {failure}", highlight=False)
     console.print(
         "The stack is still up for exploring (`loopline stack status`, `loopline stream submit` to run the"
         " feature job again, `loopline monitor` and `loopline dashboard` for the skew page); `make down` stops it."
     )
+    console.print(json.dumps(summary), soft_wrap=True, highlight=False)

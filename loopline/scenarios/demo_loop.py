@@ -109,6 +109,10 @@ class DemoLoop:
         with self._lock:
             self._examples.append(example)
 
+    def settled(self) -> bool:
+        """Whether closing the loop has ended: every step done, failed or skipped."""
+        return all(step.state in ("done", "failed", "skipped") for step in self.steps.values())
+
     def labeled(self) -> list[TrainingExample]:
         """This run's labeled examples so far."""
         with self._lock:

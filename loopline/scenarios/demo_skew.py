@@ -19,6 +19,9 @@ from loopline.settings import Settings
 
 #: The feature the injected skew moves, and the alert that should fire for it.
 SKEWED_FEATURE, SKEW_ALERT = "request:amount", "LooplineFeatureSkew"
+#: The monitor's paging alerts on a feature's distribution (PSI, JS divergence, L-infinity): a feature alerts when one
+#: of them fires for it.
+SKEW_ALERTS = frozenset({SKEW_ALERT, "LooplineFeatureDistributionShift", "LooplineCategoryShift"})
 #: Cents instead of euros.
 SKEW_FACTOR = 100.0
 #: The monitor measures a short window in the demo, so the skew shows within seconds of the injection.
@@ -72,35 +75,64 @@ class DemoSkew:
             return False
         return time.monotonic() - self.injected_at > TIME_TO_FIRE_S or self.alert_state() == "firing"
 
-    def _psi(self) -> float | None:
+    def _psis(self) -> dict[str, float]:
+        """Each feature's PSI as the monitor measures it now (the largest over model versions); empty if it does not
+        answer."""
         try:
             text = requests.get(self._monitor_url, timeout=1).text
         except requests.RequestException:
+            return {}
+        psis: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "loopline_feature_psi":
+                for sample in family.samples:
+                    feature = sample.labels.get("feature", "")
+                    psis[feature] = max(psis.get(feature, sample.value), sample.value)
+        return psis
+
+    def _psi(self) -> float | None:
+        return self._psis().get(SKEWED_FEATURE)
+
+    def _alerts(self) -> list[dict] | None:
+        """The skew alerts Prometheus has pending or firing (None when it does not answer)."""
+        try:
+            return [a for a in alerts(self._prometheus, timeout_s=1) if a["labels"].get("alertname") in SKEW_ALERTS]
+        except StackError:
             return None
-        values = [s.value for f in text_string_to_metric_families(text) if f.name == "loopline_feature_psi" for s in f.samples
-                  if s.labels.get("feature") == SKEWED_FEATURE]  # fmt: skip
-        return max(values) if values else None
 
     def alert_state(self) -> str:
-        """The skew alert's state in Prometheus for the skewed feature: firing, pending or none."""
-        try:
-            listed = alerts(self._prometheus, timeout_s=1)
-        except StackError:
+        """The skew alert's state in Prometheus for the skewed feature: firing, pending, none (or unknown)."""
+        listed = self._alerts()
+        if listed is None:
             return "unknown"
         states = {a["state"] for a in listed if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == SKEWED_FEATURE}
         return "firing" if "firing" in states else "pending" if "pending" in states else "none"
 
+    def alerting_features(self) -> list[str]:
+        """The features a skew alert is firing for now (any model version)."""
+        return sorted({a["labels"].get("feature", "") for a in self._alerts() or () if a["state"] == "firing"})
+
+    @property
+    def injected_features(self) -> list[str]:
+        """The features the demo skewed on purpose (none before the injection)."""
+        return [SKEWED_FEATURE] if self.injected_at is not None else []
+
     def table(self) -> Table:
-        """The monitor's view of the skewed feature and Prometheus' alert, as the live view shows it."""
+        """The monitor's view of the skewed feature and of the others, and Prometheus' alerts, as the live view shows it."""
         table = Table(title=f"skew monitor — dashboard {self.dashboard_url}")
         for column in ("feature", "reference", "PSI (alert ≥ 0.25)", "injected", f"Prometheus {SKEW_ALERT}"):
             table.add_column(column, justify="right")
-        psi = self._psi()
-        injected = "—" if self.injected_at is None else f"amounts ×{SKEW_FACTOR:g}, {time.monotonic() - self.injected_at:.0f} s ago"
         if self._monitor is None:
-            table.add_row(SKEWED_FEATURE, "waiting for the loop's snapshot", "—", injected, "—")
-        else:
-            table.add_row(SKEWED_FEATURE, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())
+            table.add_row(SKEWED_FEATURE, "waiting for the loop's snapshot", "—", "—", "—")
+            return table
+        psis = self._psis()
+        psi = psis.pop(SKEWED_FEATURE, None)
+        injected = "—" if self.injected_at is None else f"amounts ×{SKEW_FACTOR:g}, {time.monotonic() - self.injected_at:.0f} s ago"
+        table.add_row(SKEWED_FEATURE, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())
+        others = [f for f in self.alerting_features() if f != SKEWED_FEATURE]
+        highest = max(psis.items(), key=lambda kv: kv[1], default=None)
+        table.add_row(f"the other {len(psis)} features", "", "—" if highest is None else f"highest {highest[1]:.3f} ({highest[0]})",
+                      "no", "alerting: " + (", ".join(others) if others else "none"))  # fmt: skip
         return table
 
     def summary(self) -> dict:
@@ -113,6 +145,7 @@ class DemoSkew:
         trigger = check_trigger(self.settings)
         return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_injected": self.injected_at is not None,
                 "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state(),
+                "skew_injected_features": self.injected_features, "skew_alerting_features": self.alerting_features(),
                 "retrain_trigger_fires": trigger.fire, "retrain_trigger_causes": sorted(trigger.causes), "retrain_trigger_reason": trigger.reason}  # fmt: skip
 
     def stop(self) -> None:

@@ -1,0 +1,49 @@
+"""What would otherwise be built the first time it is used, built by `loopline stack setup` instead.
+
+Found by starting from a machine with empty caches: DeepSpeed compiles its CPU communication op in the first training
+run's ``initialize`` (about two minutes on two busy cores, inside the demo's training step); the feature job and the
+joiner compile their JVM operators with ``javac`` when they first start; the scorer compiles the gRPC proto when its
+gRPC door first starts. Each is cached by its inputs, so running them again costs seconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from loopline.components import feature_operators_jar, joiner_operators_jar
+from loopline.settings import Settings
+
+
+@dataclass(frozen=True)
+class Prebuild:
+    """One thing built ahead of its first use: what it is, roughly how long it takes the first time, and the build
+    (it returns what it made)."""
+
+    name: str
+    first_time: str
+    build: Callable[[], str]
+
+
+def prebuilds(settings: Settings) -> list[Prebuild]:
+    """Everything `loopline stack setup` builds ahead of its first use, for the stack of ``settings``."""
+
+    def deepspeed_ops() -> str:
+        if importlib.util.find_spec("deepspeed") is None:
+            return "nothing: DeepSpeed is not installed (the train extra)"
+        from offline_training.launch import build_deepspeed_ops
+
+        return build_deepspeed_ops()
+
+    def grpc_modules() -> str:
+        from schemas.grpc_api import generate_scoring_api
+
+        return str(generate_scoring_api())
+
+    return [
+        Prebuild("the feature job's JVM operators", "~10 s", lambda: str(feature_operators_jar(settings))),
+        Prebuild("the feedback joiner's JVM operators", "~10 s", lambda: str(joiner_operators_jar(settings))),
+        Prebuild("the gRPC door's modules (schemas/scoring.proto)", "~1 s", grpc_modules),
+        Prebuild("DeepSpeed's communication op for training", "1-3 min on 2 cores", deepspeed_ops),
+    ]

@@ -1,0 +1,106 @@
+"""The demo's synthetic world, its recent history first, then live.
+
+A window fills from empty: a feature over the last hour, read a minute after a stream starts, counts a minute of
+events. A skew reference taken then and the live distribution later differ by construction, and every such feature
+"drifts". So the demo's world starts ``history_s`` in the past: that stretch goes to Kafka at once (transactions only:
+nothing scored them, nobody labels them), the rest in real time with no gap between (``EventProducer``'s wall clock
+pacing). Once the feature job has absorbed the history, ``go_live()`` turns scoring on: every transaction from then on
+is followed by a score request naming it, and the labels of those transactions are published as they come.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+
+from loopline.components import synthetic_config
+from loopline.scenarios.demo_scoring import DemoScoring, request_for_transaction
+from loopline.settings import Settings
+from schemas.records import LabelEvent, TransactionEvent
+from schemas.topics import LABELS
+from streams.producer import EventProducer, PublishStats
+from streams.synthetic import Emitted, SyntheticStream
+
+
+class DemoWorld:
+    """Publishes the world in a thread of its own: its history at once, then live until stopped."""
+
+    def __init__(self, settings: Settings, scoring: DemoScoring, rate_per_s: float, history_s: float, malformed_rate: float,
+                 label_delay_s: tuple[float, float]) -> None:  # fmt: skip
+        """A world of ``rate_per_s`` transactions (the settings' users and merchants) starting ``history_s`` ago;
+        ``malformed_rate`` of its live records are broken on purpose, its labels come ``label_delay_s`` after."""
+        self.settings, self.scoring = settings, scoring
+        now_ms = int(time.time() * 1000)
+        #: The records of this world are published from this time on (Kafka timestamps): where the feature job starts.
+        self.published_from_ms = now_ms
+        self.history_from_ms = now_ms - int(history_s * 1000)
+        config = dataclasses.replace(synthetic_config(settings, rate_per_s, malformed_rate), label_delay_s=label_delay_s)
+        self._stream = SyntheticStream(config, seed=now_ms // 1000, start_ms=self.history_from_ms)
+        self._live = threading.Event()
+        self._stop = threading.Event()
+        self._scored: set[str] = set()
+        self.history_published = 0
+        self.published = 0
+        self.live_since_ms: int | None = None
+        #: How far the world's stream time has got (it reaches the wall clock once its history is out).
+        self.stream_time_ms = self.history_from_ms
+        self._outcome: list[PublishStats | BaseException] = []
+        self._thread = threading.Thread(target=self._publish, name="demo-world", daemon=True)
+
+    def start(self) -> None:
+        """Start publishing."""
+        self._thread.start()
+
+    def go_live(self) -> None:
+        """Score every transaction from now on (and publish the labels of those)."""
+        self.live_since_ms = int(time.time() * 1000)
+        self._live.set()
+
+    def stop(self) -> PublishStats:
+        """Stop publishing, wait for every record to be acknowledged, and say what was delivered (DeliveryError if
+        something was not; the error the producer stopped on, if it stopped by itself)."""
+        self._stop.set()
+        self._thread.join(90)
+        if not self._outcome:
+            raise RuntimeError("the world's producer did not finish within 90 s")
+        if isinstance(self._outcome[0], BaseException):
+            raise self._outcome[0]
+        return self._outcome[0]
+
+    @property
+    def running(self) -> bool:
+        """Whether the producer is still publishing."""
+        return self._thread.is_alive()
+
+    def _publish(self) -> None:
+        kafka = self.settings.kafka
+        try:
+            producer = EventProducer(kafka.bootstrap_servers, client_id="loopline-demo-world", client_config=kafka.client_config)
+            self._outcome.append(producer.publish(self._records(), wall_clock=True, on_progress=self._count))
+        except BaseException as err:  # the demo reports it when it stops the world
+            self._outcome.append(err)
+
+    def _count(self, published: int) -> None:
+        self.published = published
+
+    def _records(self) -> Iterator[Emitted]:
+        for emitted in self._stream:
+            if self._stop.is_set():
+                return
+            self.stream_time_ms = emitted.emit_at_ms
+            if not self._live.is_set():
+                # History: the transactions only (no broken records, no labels: nothing scored them).
+                if isinstance(emitted.record, TransactionEvent):
+                    self.history_published += 1
+                    yield emitted
+                continue
+            if emitted.topic == LABELS.name:
+                if isinstance(emitted.record, LabelEvent) and emitted.record.event_id in self._scored:
+                    yield emitted
+                continue
+            yield emitted
+            if isinstance(emitted.record, TransactionEvent):
+                self._scored.add(emitted.record.event_id)
+                yield request_for_transaction(emitted.record, emitted.emit_at_ms, self.scoring.run_id, self.scoring.amount_factor)
