@@ -32,7 +32,7 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 from schemas.records import DeadLetterRecord, LabelEvent, PredictionRecord, TrainingExample
 from schemas.topics import DEAD_LETTERS, LABELS, PREDICTIONS, TRAINING_EXAMPLES
 from schemas.validation import ContractViolation, decode, encode
-from streams.flink_job import kafka_options, new_environment, run_job
+from streams.flink_job import STALL_AFTER_S, kafka_options, new_environment, run_job
 
 JOB_NAME = "loopline-feedback-joiner"
 #: The joiner's JVM operator; its jar also holds the feature job's operators (it keys with their FieldKey).
@@ -189,9 +189,10 @@ def build_job(env, settings: JoinerSettings) -> None:
     statements.attach_as_datastream()
 
 
-def run_embedded(settings: JoinerSettings, restore: bool = True) -> None:
+def run_embedded(settings: JoinerSettings, restore: bool = True, stall_after_s: float = STALL_AFTER_S) -> None:
     """Run the joiner on an embedded mini-cluster until it fails or the process is stopped; with ``restore``
-    it resumes from its newest retained checkpoint."""
+    it resumes from its newest retained checkpoint. A run that completes no checkpoint for ``stall_after_s`` is run
+    again (``streams/flink_job.run_job``)."""
     def build(restore_from: str | None):
         env = new_environment(
             name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
@@ -201,5 +202,7 @@ def run_embedded(settings: JoinerSettings, restore: bool = True) -> None:
         build_job(env, settings)
         return env
 
-    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline feedback join --no-restore")
+    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline feedback join --no-restore",
+            bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties,
+            stall_after_s=stall_after_s)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +26,17 @@ class StartReport:
 
 
 class LocalStack:
-    """Kafka (KRaft), Redis and Prometheus as managed processes, and the embedded Flink runtime."""
+    """Kafka (KRaft), Redis and Prometheus as managed processes, and the embedded Flink runtime; the Flink jobs'
+    checkpoints under ``checkpoints_dir`` describe this stack's Kafka."""
 
     def __init__(self, kafka: KafkaBroker, redis: RedisServer, prometheus: PrometheusServer, flink: FlinkRuntime,
-                 jars_dir: Path) -> None:  # fmt: skip
+                 jars_dir: Path, checkpoints_dir: Path) -> None:  # fmt: skip
         self.kafka = kafka
         self.redis = redis
         self.prometheus = prometheus
         self.flink = flink
         self.jars_dir = jars_dir
+        self.checkpoints_dir = checkpoints_dir
 
     @property
     def services(self) -> tuple[ManagedService, ...]:
@@ -57,11 +60,13 @@ class LocalStack:
         return reports
 
     def down(self, wipe: bool = False) -> list[str]:
-        """Stop every service (reverse order); with ``wipe`` also delete their data. Returns what was stopped."""
+        """Stop every service (reverse order); with ``wipe`` also delete their data and the jobs' checkpoints (their
+        offsets and open transactions belong to the Kafka cluster wiped). Returns what was stopped."""
         stopped = [service.name for service in reversed(self.services) if service.stop()]
         if wipe:
             for service in self.services:
                 service.wipe()
+            shutil.rmtree(self.checkpoints_dir, ignore_errors=True)
         return stopped
 
     def status(self) -> list[ServiceStatus]:

@@ -95,10 +95,12 @@ def stack_up() -> None:
 
 
 @stack_app.command("down")
-def stack_down(wipe: Annotated[bool, typer.Option(help="Also delete Kafka's and Redis' data.")] = False) -> None:
-    """Stop the stack; its data stays unless --wipe."""
+def stack_down(
+    wipe: Annotated[bool, typer.Option(help="Also delete the services' data and the Flink jobs' checkpoints.")] = False,
+) -> None:
+    """Stop the stack; its data and the jobs' checkpoints stay unless --wipe."""
     stopped = build_stack(settings()).down(wipe=wipe)
-    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}" + ("; data wiped" if wipe else ""))
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}" + ("; data and checkpoints wiped" if wipe else ""))
 
 
 @stack_app.command("status")

@@ -85,7 +85,9 @@ def build_stack(settings: Settings) -> LocalStack:
         scrape_interval_s=settings.prometheus.scrape_interval_s, data_dir=data, run_dir=run, log_dir=logs,
         start_timeout_s=settings.prometheus.start_timeout_s,
     )  # fmt: skip
-    return LocalStack(kafka, redis, prometheus, FlinkRuntime(jars), jars)
+    # Every consumer group's checkpoints (<home>/checkpoints/<group>), the jobs' of earlier settings too.
+    checkpoints = settings.checkpoint_dir.parent
+    return LocalStack(kafka, redis, prometheus, FlinkRuntime(jars), jars, checkpoints)
 
 
 def scrape_targets(settings: Settings) -> dict[str, list[str]]:

@@ -343,15 +343,16 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
     """Run the job on an embedded mini-cluster until it fails or the process is stopped.
 
     With ``restore`` it resumes from the newest retained checkpoint, when there is one; without,
-    it rebuilds its state from the oldest retained event. JobStateError when the checkpoint's
-    state does not fit this job's operators.
+    it rebuilds its state from the oldest retained event. JobStateError when the checkpoint cannot
+    be restored (see ``streams/flink_job.run_job``).
     """
     def build(restore_from: str | None):
         env = new_environment(settings, restore_from)
         build_job(env, plan, settings, from_earliest=not restore)
         return env
 
-    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore")
+    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore",
+            bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties)
 
 
 def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None) -> list[str]:

@@ -1,5 +1,5 @@
 """What every Loopline PyFlink job shares: its environment (jars, checkpoints, restarts, Python bundles,
-metrics), its Kafka table options, and running it embedded with a clear error for an unusable checkpoint.
+metrics), its Kafka table options, and running it embedded with a clear error for a checkpoint it cannot restore.
 
 The feature job (``streams/feature_job.py``) and the feedback joiner (``feedback_loop/joiner_job.py``)
 are each a small program on top of these.
@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, record_origin
 from streams.job_settings import JobStalled, JobStateError
 
 _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
@@ -107,43 +108,60 @@ def new_environment(
 
 
 def run_job(
-    build: Callable[[str | None], Any], name: str, checkpoint_dir: Path, restore: bool, rebuild_command: str,
-    stall_after_s: float = STALL_AFTER_S,
+    build: Callable[[str | None], Any], name: str, checkpoint_dir: Path, restore: bool, fresh_command: str, *,
+    bootstrap_servers: str, kafka_properties: Mapping[str, str], stall_after_s: float = STALL_AFTER_S,
 ) -> None:  # fmt: skip
     """Run the job ``build(restore_from)`` makes (an environment with the job on it) until it fails or the process is
-    stopped; with ``restore`` from the newest checkpoint under ``checkpoint_dir``.
+    stopped; with ``restore`` from the newest checkpoint under ``checkpoint_dir``. Each run records which Kafka cluster
+    (at ``bootstrap_servers``) its checkpoints describe.
 
     A job that completes no checkpoint for ``stall_after_s`` is cancelled and run again from its newest checkpoint:
     PyFlink's Beam runner can fail the embedded mini-cluster's only task manager while cancelling a task ("Reference
     count must not be negative"), after which the job stays RUNNING with every task SCHEDULED, doing nothing.
-    JobStateError (saying to run ``rebuild_command``) when the checkpoint's state does not fit the job's operators.
+
+    JobStateError, saying to run ``fresh_command``, when the checkpoint cannot be restored: it describes another
+    Kafka cluster, its state does not fit the job's operators, or the job stalled twice in a row restored from it
+    without completing a checkpoint.
     """
     from py4j.protocol import Py4JJavaError
 
     restore_from = latest_checkpoint(checkpoint_dir) if restore else None
+    stalled_from: str | None = None
     while True:
+        cluster_id = kafka_cluster_id(bootstrap_servers, kafka_properties)
+        if restore_from:
+            check_origin(restore_from, cluster_id, fresh_command)
         try:
-            _run_watched(build(restore_from), name, checkpoint_dir, stall_after_s)
+            _run_watched(build(restore_from), name, checkpoint_dir, stall_after_s, cluster_id)
             return
         except JobStalled as err:
+            newest = latest_checkpoint(checkpoint_dir) or restore_from
+            # A second stall from one checkpoint with none completed since: restoring it is what fails, not Beam.
+            if restore_from and newest == restore_from == stalled_from:
+                raise JobStateError(
+                    f"restored from {restore_from}, the job completed no checkpoint in two runs of {stall_after_s:.0f} s: "
+                    "the checkpoint cannot be restored", fresh_command,
+                ) from None
+            stalled_from = restore_from if newest == restore_from else None
             print(f"{name}: {err}; running it again from its newest checkpoint", file=sys.stderr, flush=True)
-            restore_from = latest_checkpoint(checkpoint_dir) or restore_from
+            restore_from = newest
         except Py4JJavaError as err:
             if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
                 raise JobStateError(
                     f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
-                    f"(Loopline or its definitions changed) — fix: rebuild the state from the retained events with "
-                    f"`{rebuild_command}`"
+                    "(Loopline or its definitions changed)", fresh_command,
                 ) from None
             raise
 
 
-def _run_watched(env, name: str, checkpoint_dir: Path, stall_after_s: float) -> None:
-    """Execute the job and wait for its end, raising JobStalled (after cancelling it) when no checkpoint completes
-    for ``stall_after_s``."""
+def _run_watched(env, name: str, checkpoint_dir: Path, stall_after_s: float, cluster_id: str) -> None:
+    """Execute the job, record that its checkpoints describe the Kafka cluster ``cluster_id``, and wait for its end,
+    raising JobStalled (after cancelling it) when no checkpoint completes for ``stall_after_s``."""
     from pyflink.common import JobStatus
 
     client = env.execute_async(name)
+    # Flink keeps each job run's checkpoints in a folder named for its job id.
+    record_origin(checkpoint_dir / str(client.get_job_id()), cluster_id)
     newest, since = latest_checkpoint(checkpoint_dir), time.monotonic()
     while not client.get_job_status().result().is_globally_terminal_state():
         time.sleep(_WATCH_INTERVAL_S)

@@ -13,7 +13,11 @@ JOB_NAME = "loopline-features"
 
 
 class JobStateError(RuntimeError):
-    """The job cannot resume from its checkpoint; the message says what to do instead."""
+    """The job cannot resume from its checkpoint: ``str(err)`` is one line, what is wrong, then the command that
+    starts the job without it."""
+
+    def __init__(self, problem: str, fresh_command: str) -> None:
+        super().__init__(f"{problem} — fix: start the job without it: `{fresh_command}`")
 
 
 class JobStalled(RuntimeError):
