@@ -102,6 +102,29 @@ def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[
     return {(entity, int(at_ms)): records[int(row)] for entity, at_ms, row in zip(located[key], located["at_ms"], located["row"])}
 
 
+def events_needed_since(plan: FeaturePlan, requests: Sequence[PredictionRecord], features: Iterable[str]) -> int | None:
+    """The earliest event time ``check_consistency`` of ``requests`` on ``features`` needs from the log (a reader of the
+    log may let older events go); None when the requests carry none of them (only windowed features count:
+    ``FeaturePlan.history_ms`` passes over the others).
+
+    Each value is checked against the recompute as of a row: the entity's latest event at or before the request; for
+    a value that differs, also the rows the scorer could have read at its logged row time (prefixes, in log order, of
+    the entity's events that had all reached Kafka when it was scored). A row at time T counts the events from T less
+    the longest window the requests carry and its slide; older events change neither its values nor which prefixes
+    are candidates (they are older than T, a candidate's latest). So the earliest of the requests' times and their
+    logged row times, less that history, bounds what every logged row needs, and every latest event at least as
+    recent. The out-of-orderness is taken off too, so that a read starting by Kafka timestamp (the send time) finds
+    events stamped up to that much after they were sent. Not bounded, so judged without its older events: an entity's
+    latest event before its request when it is older than that earliest time and the scorer read no row of the
+    entity, or one newer than the request."""
+    wanted = set(features)
+    history = plan.history_ms(name for record in requests for name in record.features if name in wanted)
+    if not history:
+        return None
+    earliest = min(min([record.requested_at_ms, *record.feature_row_times_ms.values()]) for record in requests)
+    return earliest - history - plan.out_of_orderness_ms
+
+
 def check_consistency(
     plan: FeaturePlan, events: pd.DataFrame, requests: Iterable[PredictionRecord], sample_rate: float = 1.0,
     features: Sequence[str] | None = None,

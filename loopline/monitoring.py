@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka.admin import AdminClient
 
-from feedback_loop.consistency import FeatureConsistency, check_consistency
+from feedback_loop.consistency import FeatureConsistency, check_consistency, events_needed_since
 from feedback_loop.monitor import Monitor, MonitorConfig, References
 from feedback_loop.monitor_metrics import MonitorMetrics
 from feedback_loop.snapshots import find_snapshot
@@ -18,9 +18,8 @@ from loopline.components import feature_plan, model_release
 from loopline.settings import Settings
 from schemas.records import PredictionRecord
 from schemas.topics import PREDICTIONS
+from streams.event_log import EventLogWindow
 from streams.feature_plan import FeaturePlan
-from streams.recompute import accepted_events
-from streams.topics import read_topic
 
 
 def reference_snapshot(settings: Settings) -> References:
@@ -59,17 +58,20 @@ def model_versions(settings: Settings) -> dict:
 
 
 def consistency_replay(settings: Settings, plan: FeaturePlan) -> Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]]:
-    """The replay of a batch of sampled requests: the event log from the longest window before the earliest of them,
-    judged as the job judges it (late events out), recomputed point in time and compared. Features with no window
-    (time since the previous event, which can lie anywhere before) are not replayed: the log read would be unbounded."""
+    """The replay of a batch of sampled requests: the event log from as far back as the batch's windowed features
+    reach (``events_needed_since``), judged as the job judges it (late events out), recomputed point in time and
+    compared. Features with no window (time since the previous event, which can lie anywhere before) are not replayed:
+    the log read would be unbounded. One incremental reader serves every call: each reads only what was published
+    since the one before. The monitor calls it from one timer, which awaits each replay before the next."""
     kafka = settings.kafka
-    windows = [agg.window_ms for view in plan.views for agg in view.aggregations if agg.window_ms]
-    lookback_ms = max(windows, default=0) + plan.out_of_orderness_ms
+    log = EventLogWindow(plan, kafka.bootstrap_servers, kafka.client_config)
     windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
 
     def replay(batch: list[PredictionRecord]) -> Mapping[str, FeatureConsistency]:
-        since = min(record.requested_at_ms for record in batch) - lookback_ms
-        accepted, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config, since_ms=since))
+        since = events_needed_since(plan, batch, windowed)
+        if since is None:
+            return {}
+        accepted, _ = log.events(since)
         return check_consistency(plan, accepted, batch, features=windowed) if len(accepted) else {}
 
     return replay

@@ -17,6 +17,8 @@ import pandas as pd
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
 
 EVENT_TIME = "event_time_ms"
+#: Where an event lies in the log, beside its record's fields: partition, offset, and when it reached Kafka.
+LOG_POSITION = ("partition", "offset", "kafka_ms")
 
 
 def split_late(events: pd.DataFrame, out_of_orderness_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -190,10 +192,10 @@ def feature_differences(
     return problems
 
 
-def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(accepted, late)`` events among a topic's Kafka ``messages``, as the job judges them: decoded by the
-    contract, within the engine's range, not late for their partition; each with its partition, offset and the
-    time it reached Kafka (``kafka_ms``)."""
+def valid_events(plan: FeaturePlan, messages) -> pd.DataFrame:
+    """The events among a topic's Kafka ``messages`` that the job takes in: decoded by the contract and within the
+    engine's range; each with its partition, offset and the time it reached Kafka (``kafka_ms``). The same columns
+    when there is none."""
     from schemas.records import TransactionEvent
     from schemas.validation import ContractViolation, decode
 
@@ -205,4 +207,10 @@ def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataF
             continue
         if plan.out_of_range(event) is None:
             valid.append({**event, "partition": message.partition(), "offset": message.offset(), "kafka_ms": message.timestamp()[1]})
-    return split_late(pd.DataFrame(valid), plan.out_of_orderness_ms)
+    return pd.DataFrame(valid, columns=[*TransactionEvent.model_fields, *LOG_POSITION])
+
+
+def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(accepted, late)`` events among a topic's Kafka ``messages``, as the job judges them: the ``valid_events``,
+    split by ``split_late``."""
+    return split_late(valid_events(plan, messages), plan.out_of_orderness_ms)

@@ -148,12 +148,34 @@ def read_topic(
 ) -> list[Message]:
     """Every committed record ``topic`` holds now (read_committed, from each partition's start to its end); with
     ``since_ms``, from each partition's first record whose Kafka timestamp is at or after it."""
+    return read_topic_from(bootstrap_servers, topic, client_config, timeout_s, since_ms=since_ms).messages
+
+
+@dataclass(frozen=True)
+class TopicRead:
+    """What ``read_topic_from`` read: the records, and per partition the position the next read starts from."""
+
+    messages: list[Message]
+    positions: dict[int, int]
+
+
+def read_topic_from(
+    bootstrap_servers: str, topic: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0, *,
+    since_ms: int | None = None, positions: Mapping[int, int] | None = None,
+) -> TopicRead:  # fmt: skip
+    """The committed records of ``topic`` (read_committed) up to each partition's end now, from each partition's start;
+    with ``since_ms``, from its first record whose Kafka timestamp is at or after it; with ``positions`` (an earlier
+    read's; ``since_ms`` is then passed over), from there: a partition they do not name (added since) from its start,
+    a position the topic no longer holds (retention) from its oldest record. The returned positions follow the last
+    record read: a read from them starts with the first record this one did not return."""
     consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-reader",
                          "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=_TIMEOUT_S).topics[topic].partitions]
         ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S) for tp in partitions}
-        if since_ms is not None:
+        if positions is not None:
+            ends = {p: (max(positions.get(p, low), low), high) for p, (low, high) in ends.items()}
+        elif since_ms is not None:
             # offsets_for_times gives the first offset at or after the time (-1 when every record is older: start at the end).
             found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in ends], timeout=_TIMEOUT_S)
             ends = {tp.partition: (ends[tp.partition][1] if tp.offset < 0 else max(tp.offset, ends[tp.partition][0]),
@@ -168,6 +190,6 @@ def read_topic(
                 raise TimeoutError(f"{topic}: not read to its end within {timeout_s:.0f} s")
             messages += [m for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
             reached |= {tp.partition: tp.offset for tp in consumer.position(partitions) if tp.offset >= 0}
-        return messages
+        return TopicRead(messages, reached)
     finally:
         consumer.close()

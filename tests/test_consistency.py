@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from feedback_loop.consistency import by_outcome, check_consistency, sampled, summary
+from feedback_loop.consistency import by_outcome, check_consistency, events_needed_since, sampled, summary
 from schemas.records import PredictionRecord
 from streams.feature_plan import AggregationSpec, FeaturePlan, ViewPlan
 from streams.recompute import recompute
@@ -148,3 +148,31 @@ def test_a_row_newer_than_the_request_is_ahead_only_if_its_events_were_in_kafka_
     assert not_yet["value"] == 2 and not_yet["ahead"] == 0, not_yet
     # Without log positions nothing says when an event reached Kafka: the row's own recompute explains it.
     assert outcome(times[-1] + 50, events.drop(columns=["offset", "kafka_ms"]))["ahead"] == 2
+
+
+def test_the_events_after_the_time_a_batch_names_give_its_whole_report() -> None:
+    """Checked over only the events at or after ``events_needed_since`` (what the monitor's reader keeps of the log), a
+    batch of the log's later requests gets the report the whole log gives: rows as of the requests, and lagging rows
+    (an event older, their windows reaching further back than the earliest request's). Rows ahead of their requests get
+    the same outcomes; the SMAPE of those pairs is against the recompute as of the entity's event before the request,
+    whose windows may begin before the time named (nothing in the request bounds that event)."""
+    events = _events().sort_values("event_time_ms", kind="stable").reset_index(drop=True)
+    events = events.assign(partition=0, offset=range(len(events)), kafka_ms=events["event_time_ms"])
+    names = [f"{VIEW.name}:{name}" for name in VIEW.feature_names]
+    for logged, outcome in ((_logged(events, VIEW), "match"), (_logged(events, VIEW, lag_events=1), "lag"),
+                            (_logged(events, VIEW, stamped_after_ms=-1), "ahead")):  # fmt: skip
+        batch = [r for r in logged if r.requested_at_ms > START + 80 * MINUTE]
+        since = events_needed_since(PLAN, batch, names)
+        kept = events[events["event_time_ms"] >= since]
+        whole, from_since = (check_consistency(PLAN, log, batch, features=names) for log in (events, kept))
+        assert 0 < len(kept) < len(events) and by_outcome(whole)[outcome] > 0, outcome
+        if outcome == "ahead":
+            assert {name: c.counts for name, c in from_since.items()} == {name: c.counts for name, c in whole.items()}
+        else:
+            assert from_since == whole, outcome
+
+    # Only the windows the batch carries count: the 5-minute count alone reaches back 5 minutes and its slide.
+    short = [r.model_copy(update={"features": {names[0]: 1, "request:amount": 2.0}, "feature_row_times_ms": {}}) for r in batch]
+    earliest = min(r.requested_at_ms for r in batch)
+    assert events_needed_since(PLAN, short, names) == earliest - 6 * MINUTE - VIEW.out_of_orderness_ms
+    assert events_needed_since(PLAN, short, names[1:]) is None

@@ -1,0 +1,149 @@
+"""The monitor's consistency replay over a big event log: a full read of the log per batch against the incremental
+reader (``streams.event_log.EventLogWindow``), on a private stack (127.0.0.1 only).
+
+N synthetic transactions (out of order and late as the producer's defaults make them) are published to the events
+topic, as ``make demo`` fills it within minutes; then a batch of R sampled requests for the latest events, each
+logging the recompute's own values (every feature matches: the work is the replay's, not the verdicts'). Then a
+second round of M more events and a batch for them.
+
+* ``full_read_replay_s``: the replay as it was before the incremental reader, per batch: every record since the
+  longest window of any view before the batch (all N here) read and decoded (``accepted_events(read_topic(...))``),
+  then ``check_consistency``; ``full_read_s`` its read and decode alone.
+* ``incremental_first_s``: the monitor's replay with its reader (``EventLogWindow.events`` from
+  ``events_needed_since``, then ``check_consistency``, as ``loopline.monitoring.consistency_replay`` runs them) on
+  the first batch, which reads all N; ``incremental_second_s`` on the second batch, which reads only the M new
+  records (``incremental_second_records_read``); ``*_read_s`` each call's read and decode alone.
+* ``retained_mb``: the events the reader keeps between calls (pandas' deep measure of its frames).
+
+Machine: the 2-core box this runs on. The last line printed is one JSON object.
+
+    python benchmarks/replay_read.py [--quick]      # quick: 100,000 events (full: 400,000)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+from rich.console import Console
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from feedback_loop.consistency import by_outcome, check_consistency, events_needed_since, features_at  # noqa: E402
+from harness import private_stack, report  # noqa: E402  (this folder)
+from loopline.components import feature_plan  # noqa: E402
+from loopline.settings import Settings  # noqa: E402
+from schemas.records import PredictionRecord  # noqa: E402
+from schemas.topics import TRANSACTIONS  # noqa: E402
+from streams.event_log import EventLogWindow  # noqa: E402
+from streams.feature_plan import FeaturePlan  # noqa: E402
+from streams.producer import EventProducer  # noqa: E402
+from streams.recompute import accepted_events  # noqa: E402
+from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
+from streams.topics import read_topic  # noqa: E402
+
+console = Console()
+RATE_PER_S, REQUESTS, SECOND_ROUND = 2_000.0, 2_000, 20_000
+
+
+def _publish(settings: Settings, stream, count: int) -> None:
+    events = []
+    for emitted in stream:
+        if emitted.topic == TRANSACTIONS.name:
+            events.append(emitted)
+            if len(events) == count:
+                break
+    EventProducer(settings.kafka.bootstrap_servers, client_config=settings.kafka.client_config).publish(events)
+
+
+def _batch(plan: FeaturePlan, accepted: pd.DataFrame, requests: int, round_name: str) -> list[PredictionRecord]:
+    """A request 1 ms after each of the latest ``requests`` accepted events, logging the recompute's values as of it."""
+    asked = accepted.sort_values("event_time_ms", kind="stable").tail(requests)
+    values: dict[str, list] = {}
+    row_times: dict[str, list] = {}
+    for view in plan.views:
+        at = pd.DataFrame({view.entity_key: asked[view.entity_key].to_numpy(), "at_ms": asked["event_time_ms"].to_numpy() + 1})
+        rows = features_at(view, accepted, at)
+        found = [rows.get((key, int(at_ms))) for key, at_ms in zip(at[view.entity_key], at["at_ms"])]
+        for name in view.feature_names:
+            values[f"{view.name}:{name}"] = [None if row is None else row[name] for row in found]
+        row_times[view.name] = [None if row is None else int(row["event_time_ms"]) for row in found]
+    return [PredictionRecord(
+        schema_version=1, request_id=f"{round_name}-{i}", entity_keys={"user_id": event.user_id, "merchant_id": event.merchant_id},
+        features={name: column[i] for name, column in values.items()}, defaulted_features=[n for n, c in values.items() if c[i] is None],
+        model_name="fraud", model_version="1", score=0.5, requested_at_ms=int(event.event_time_ms) + 1, scored_at_ms=int(event.kafka_ms) + 1,
+        feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
+    ) for i, event in enumerate(asked.itertuples())]  # fmt: skip
+
+
+def _full_read_replay(settings: Settings, plan: FeaturePlan, batch: list[PredictionRecord]) -> tuple[float, float, dict]:
+    """The replay before the incremental reader: (read and decode s, whole replay s, outcomes)."""
+    kafka = settings.kafka
+    windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
+    lookback_ms = max(agg.window_ms for view in plan.views for agg in view.aggregations if agg.window_ms) + plan.out_of_orderness_ms
+    began = time.perf_counter()
+    since = min(record.requested_at_ms for record in batch) - lookback_ms
+    accepted, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config, since_ms=since))
+    read_s = time.perf_counter() - began
+    outcomes = by_outcome(check_consistency(plan, accepted, batch, features=windowed))
+    return read_s, time.perf_counter() - began, outcomes
+
+
+def _incremental_replay(log: EventLogWindow, plan: FeaturePlan, batch: list[PredictionRecord]) -> tuple[float, float, dict, float]:
+    """The monitor's replay with its reader: (read and decode s, whole replay s, outcomes, MB the reader keeps)."""
+    windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
+    began = time.perf_counter()
+    accepted, late = log.events(events_needed_since(plan, batch, windowed))
+    read_s = time.perf_counter() - began
+    outcomes = by_outcome(check_consistency(plan, accepted, batch, features=windowed))
+    seconds = time.perf_counter() - began
+    return read_s, seconds, outcomes, sum(frame.memory_usage(deep=True).sum() for frame in (accepted, late)) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="100,000 events")
+    args = parser.parse_args()
+    count = 100_000 if args.quick else 400_000
+    began, figures = time.monotonic(), {"load_average_1m_at_start": round(os.getloadavg()[0], 2), "events": count}
+    with private_stack(console, "loopline-replay-read-") as settings:
+        plan, kafka = feature_plan(settings), settings.kafka
+        span_s = (count + 2 * SECOND_ROUND) / RATE_PER_S
+        stream = iter(SyntheticStream(SyntheticConfig(rate_per_s=RATE_PER_S), seed=5, start_ms=int((time.time() - span_s) * 1000)))
+        with console.status(f"publishing {count:,} transactions"):
+            _publish(settings, stream, count)
+        everything, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config))
+        first = _batch(plan, everything, REQUESTS, "first")
+        log = EventLogWindow(plan, kafka.bootstrap_servers, kafka.client_config)
+        with console.status("replaying the first batch: full read, then the incremental reader's first call"):
+            full_read_s, full_s, full_outcomes = _full_read_replay(settings, plan, first)
+            first_read_s, first_s, first_outcomes, _ = _incremental_replay(log, plan, first)
+        with console.status(f"publishing {SECOND_ROUND:,} more; replaying a batch of them both ways"):
+            _publish(settings, stream, SECOND_ROUND)
+            everything, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config))
+            second = _batch(plan, everything, REQUESTS, "second")
+            second_full_read_s, second_full_s, second_full_outcomes = _full_read_replay(settings, plan, second)
+            second_read_s, second_s, second_outcomes, retained_mb = _incremental_replay(log, plan, second)
+        second_records = log.records_read
+    figures |= {
+        "requests_per_batch": REQUESTS, "full_read_s": round(full_read_s, 2), "full_read_replay_s": round(full_s, 2),
+        "incremental_first_read_s": round(first_read_s, 2), "incremental_first_s": round(first_s, 2),
+        "second_round_events": SECOND_ROUND, "second_full_read_s": round(second_full_read_s, 2),
+        "second_full_read_replay_s": round(second_full_s, 2), "incremental_second_records_read": second_records,
+        "incremental_second_read_s": round(second_read_s, 2), "incremental_second_s": round(second_s, 2),
+        "speedup_second_batch": round(second_full_s / second_s, 1), "retained_mb": round(retained_mb),
+        "same_outcomes": full_outcomes == first_outcomes and second_full_outcomes == second_outcomes,
+        "outcomes_second": second_outcomes,
+    }  # fmt: skip
+    anchors = {"incremental_second_s": "the replay of a batch once the reader holds the log: reads only what is new",
+               "full_read_replay_s": "before: every batch reads and decodes the whole window again"}  # fmt: skip
+    report(console, "consistency replay: full read vs incremental reader", args.quick, figures, anchors, began)
+
+
+if __name__ == "__main__":
+    main()
