@@ -19,11 +19,12 @@ from streams.synthetic import SyntheticConfig, SyntheticStream
 _USER_VIEW = "user_transaction_features"
 
 
-def start_loopline(settings: Settings, arguments: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
-    """`loopline <arguments>` with ``settings`` (``extra_env`` on top), in its own process group, logging to ``log_file``."""
+def start_loopline(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
+    """`loopline <arguments>` with ``settings`` (``extra_env`` on top), in its own process group, logging to ``log_file``;
+    at CPU ``niceness`` (``nice -n``, inherited by whatever it starts) for work that should yield the cores to serving."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-c", "from loopline.cli import main; main()", *arguments],
+        [*(["nice", "-n", str(niceness)] if niceness else []), sys.executable, "-c", "from loopline.cli import main; main()", *arguments],
         env=settings_environment(settings, **extra_env),
         stdout=log_file.open("ab"),
         stderr=subprocess.STDOUT,
@@ -31,12 +32,12 @@ def start_loopline(settings: Settings, arguments: list[str], log_file: Path, **e
     )
 
 
-def _start_flink_job(settings: Settings, arguments: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
+def _start_flink_job(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
     """A Flink job's `loopline` command; its mini-cluster log (restarts, task failures) goes to a folder beside
     ``log_file``, not into PyFlink's package folder."""
     flink_logs = log_file.with_name(f"{log_file.stem}-flink")
     flink_logs.mkdir(parents=True, exist_ok=True)
-    return start_loopline(settings, arguments, log_file, FLINK_LOG_DIR=str(flink_logs), **extra_env)
+    return start_loopline(settings, arguments, log_file, niceness, FLINK_LOG_DIR=str(flink_logs), **extra_env)
 
 
 def start_feature_job(
@@ -48,9 +49,9 @@ def start_feature_job(
     return _start_flink_job(settings, ["stream", "submit", *([] if restore else ["--no-restore", *since])], log_file, **extra_env)
 
 
-def start_joiner(settings: Settings, log_file: Path, restore: bool = True, **extra_env: str) -> subprocess.Popen:
-    """Start `loopline feedback join` (the feedback joiner, embedded mini-cluster)."""
-    return _start_flink_job(settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, **extra_env)
+def start_joiner(settings: Settings, log_file: Path, restore: bool = True, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
+    """Start `loopline feedback join` (the feedback joiner, embedded mini-cluster) at CPU ``niceness``."""
+    return _start_flink_job(settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, niceness, **extra_env)
 
 
 def start_scorer(settings: Settings, doors: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:

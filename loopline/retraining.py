@@ -77,7 +77,7 @@ def train_on_snapshot(
         shutil.rmtree(out)
     launch_training(
         Path(folder), settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes or settings.feedback.train_processes,
-        resume=resume, tracking_uri=settings.tracking_uri, echo=echo,
+        resume=resume, tracking_uri=settings.tracking_uri, echo=echo, niceness=settings.feedback.train_niceness,
     )  # fmt: skip
     return out / "metrics.json"
 

@@ -185,6 +185,8 @@ class FeedbackSettings(BaseModel):
     snapshots: str | None = Field(default=None, description="Where snapshots go: a path or fsspec URL; default <home>/snapshots.")
     train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default offline_training/configs/fraud_mlp.yaml.")
     train_processes: int = Field(default=2, ge=1, description="Training processes (torchrun --nproc_per_node).")
+    train_niceness: int = Field(default=0, ge=0, le=19, description="The training processes' CPU niceness (nice -n): raise it "
+                                "where training shares a machine with serving, so serving gets the cores first.")
     predictions_topic: str | None = Field(default=None, description="Join this topic's predictions instead of scoring.predictions.")
     labels_topic: str | None = Field(default=None, description="... and this topic's labels instead of events.labels.")
     examples_topic: str | None = Field(default=None, description="Write examples here instead of training.examples.")

@@ -125,8 +125,10 @@ def launch_training(
     tracking_uri: str | None = None,
     extra: Sequence[str] = (),
     echo: TextIO | None = None,
+    niceness: int = 0,
 ) -> subprocess.CompletedProcess:
-    """Train on the snapshot at ``snapshot_dir`` with ``processes`` workers; outputs land in ``out_dir``.
+    """Train on the snapshot at ``snapshot_dir`` with ``processes`` workers, at CPU ``niceness`` (``nice -n``); outputs
+    land in ``out_dir``.
 
     The workers' output is appended to ``out_dir/train.log`` and, with ``echo``, copied there as it
     comes (the progress bar). With ``resume``, training continues from the newest checkpoint, converted
@@ -144,8 +146,8 @@ def launch_training(
             arguments.append("--universal")
     if tracking_uri:
         arguments += ["--tracking-uri", tracking_uri]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-               "-m", "offline_training.train", *arguments, *extra]  # fmt: skip
+    command = [*(["nice", "-n", str(niceness)] if niceness else []), sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={processes}", "-m", "offline_training.train", *arguments, *extra]  # fmt: skip
     log, output = out_dir / "train.log", bytearray()
     with (
         open(log, "ab") as sink,

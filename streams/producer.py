@@ -34,9 +34,12 @@ class EventProducer:
     """An idempotent (exactly-once per partition, in order) confluent-kafka producer."""
 
     def __init__(
-        self, bootstrap_servers: str, client_id: str = "loopline-producer", client_config: Mapping[str, str] | None = None
+        self, bootstrap_servers: str, client_id: str = "loopline-producer", client_config: Mapping[str, str] | None = None,
+        linger_ms: float = 5.0,
     ) -> None:
-        """``client_config``: extra librdkafka settings (security.protocol, sasl.*, ssl.*)."""
+        """``client_config``: extra librdkafka settings (security.protocol, sasl.*, ssl.*). ``linger_ms``: how long a
+        record may wait for others to share its request (fewer, larger requests for the broker; that much more
+        latency)."""
         self._producer = Producer(
             {
                 **(client_config or {}),
@@ -44,7 +47,7 @@ class EventProducer:
                 "client.id": client_id,
                 "enable.idempotence": True,
                 "acks": "all",
-                "linger.ms": 5,
+                "linger.ms": linger_ms,
                 "compression.type": "lz4",
             }
         )

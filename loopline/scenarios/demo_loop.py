@@ -40,6 +40,10 @@ CANARY_PERCENT = 50.0
 TRAINING_STEP = "train, evaluate, release"
 #: Who the demo is in the alias history.
 ACTOR = "loopline demo"
+#: The CPU niceness of the demo's background work (the joiner, training, the monitor, the dashboard): on two cores shared
+#: with the scorer, a nice 10 process yields them when the scorer (nice 0) wakes, so a feature read is not kept waiting
+#: for its turn behind a training step. In production these run on other machines.
+BACKGROUND_NICENESS = 10
 #: The controller looks this often.
 _CONTROLLER_POLL_S = 2.0
 
@@ -90,7 +94,7 @@ class DemoLoop:
 
     def start(self, log_file: Path) -> None:
         """Start the joiner (from scratch: an earlier demo's state is not this run's) and the reader of its examples."""
-        self._joiner = start_joiner(self.settings, log_file, restore=False)
+        self._joiner = start_joiner(self.settings, log_file, restore=False, niceness=BACKGROUND_NICENESS)
         kafka = self.settings.kafka
         self._follower = TopicFollower(
             kafka.bootstrap_servers, self.settings.examples_topic, TrainingExample, self._keep_example,
@@ -196,14 +200,16 @@ class DemoLoop:
                 return
 
     def _small_data_settings(self) -> Settings:
-        """The settings with the training config's epochs raised to ``DEMO_EPOCHS`` (written beside the stack's data)."""
+        """The settings with the training config's epochs raised to ``DEMO_EPOCHS`` (written beside the stack's data),
+        training at ``BACKGROUND_NICENESS``."""
         from loopline.retraining import DEFAULT_TRAIN_CONFIG
         from offline_training.train_config import load_train_config
 
         config = load_train_config(self.settings.feedback.train_config or DEFAULT_TRAIN_CONFIG).model_copy(update={"epochs": DEMO_EPOCHS})
         path = self.settings.home / "demo-train-config.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        return self.settings.model_copy(update={"feedback": self.settings.feedback.model_copy(update={"train_config": path.absolute()})})
+        feedback = self.settings.feedback.model_copy(update={"train_config": path.absolute(), "train_niceness": BACKGROUND_NICENESS})
+        return self.settings.model_copy(update={"feedback": feedback})
 
     def quality_by_version(self) -> dict[str, tuple[int, int, float | None]]:
         """Per model version: (labeled examples, frauds, AUC of its scores) over this run's feedback."""

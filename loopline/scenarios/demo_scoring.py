@@ -194,7 +194,7 @@ class DemoScoring:
         kafka = self.settings.kafka
         self._follower = TopicFollower(
             kafka.bootstrap_servers, PREDICTIONS.name, PredictionRecord, lambda message, record: self._logged.append(_Logged.of(record)),
-            keep=lambda message, record: (message.key() or b"").decode(errors="replace").startswith(self.run_id),
+            wanted=lambda message: (message.key() or b"").startswith(self.run_id.encode()),
             client_config=kafka.client_config,
         ).start()  # fmt: skip
 

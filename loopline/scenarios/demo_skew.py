@@ -13,6 +13,7 @@ from rich.table import Table
 
 from infra.errors import StackError
 from infra.prometheus_server import alerts
+from loopline.scenarios.demo_loop import BACKGROUND_NICENESS
 from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.job_processes import start_loopline, stop_process_group
 from loopline.settings import Settings
@@ -43,7 +44,7 @@ class DemoSkew:
         self.dashboard_url = f"http://{settings.dashboard.host}:{settings.dashboard.port}/"
         self._monitor_url = f"http://{settings.serving.host}:{settings.monitor.metrics_port}/metrics"
         self._prometheus = f"http://{settings.prometheus.host}:{settings.prometheus.port}"
-        self._dashboard = start_loopline(settings, ["dashboard"], logs / "dashboard.log")
+        self._dashboard = start_loopline(settings, ["dashboard"], logs / "dashboard.log", BACKGROUND_NICENESS)
         self._monitor = None
         self._monitor_started: float | None = None
         self.injected_at: float | None = None
@@ -56,7 +57,7 @@ class DemoSkew:
         # stopped (one such backlog kept this run's window empty).
         env = {**_MONITOR_ENV, "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": snapshot_id,
                "LOOPLINE_MONITOR__APP_ID": f"loopline-monitor-{self.scoring.run_id}"}  # fmt: skip
-        self._monitor = start_loopline(self.settings, ["monitor"], self.logs / "monitor.log", **env)
+        self._monitor = start_loopline(self.settings, ["monitor"], self.logs / "monitor.log", BACKGROUND_NICENESS, **env)
         self._monitor_started = time.monotonic()
 
     def step(self) -> None:
