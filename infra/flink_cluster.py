@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
 import sys
 import urllib.error
 import urllib.request
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.errors import StackError
 from infra.flink import pyflink_version
 from infra.jars import require_tool
 from infra.service import ManagedService
@@ -132,6 +135,17 @@ class FlinkTaskManager(_FlinkProcess):
             return rest_get(self.address, "/overview").get("taskmanagers", 0) >= 1
         except (OSError, urllib.error.URLError, ValueError):
             return False
+
+
+def submit_job(command: list[str], address: str) -> str:
+    """Run ``command``, a detached ``flink run`` to the cluster at ``address`` (REST host:port), and return the id of
+    the job it submitted; StackError with the end of its output when it failed or named no job."""
+    result = subprocess.run(command, capture_output=True, text=True)
+    submitted = re.search(r"JobID ([0-9a-f]{32})", result.stdout)
+    if result.returncode != 0 or not submitted:
+        last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
+        raise StackError(f"`flink run` failed: {last}", f"check the cluster at {address} and its logs")
+    return submitted.group(1)
 
 
 def list_jobs(address: str) -> list[dict]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,14 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from confluent_kafka import KafkaException
 from rich.console import Console
-from rich.table import Table
 
 from infra.errors import StackError
 from infra.service import tail
 from loopline.components import build_stack
 from loopline.produce import produce_stream
 from loopline.settings import Settings
-from loopline.views import alias_history_table, prebuilds_table, release_step_line, snapshot_diff_table, snapshot_table, stack_table, topics_table
+from loopline.tables import alias_history_table, prebuilds_table, release_step_line, snapshot_diff_table, snapshot_table, stack_table, topics_table
 from feedback_loop.snapshots import SnapshotError
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
@@ -164,33 +161,23 @@ def stream_submit(
 
         run_embedded(plan, dataclasses.replace(job_settings(config), start_from_ms=_epoch_ms(from_time)), restore=restore)
         return
-    from infra.flink_cluster import pyflink_home
+    from infra.flink_cluster import pyflink_home, submit_job
     from streams.feature_job import submit_command
 
     command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job_settings(config), config.stream.source_topic)
-    result = subprocess.run(command, capture_output=True, text=True)
-    submitted = re.search(r"JobID ([0-9a-f]{32})", result.stdout)
-    if result.returncode != 0 or not submitted:
-        last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
-        raise StackError(f"`flink run` failed: {last}", f"check the cluster at {jobmanager} and its logs")
-    console.print(f"submitted to {jobmanager}: job {submitted.group(1)}")
+    console.print(f"submitted to {jobmanager}: job {submit_job(command, jobmanager)}")
 
 
 @stream_app.command("status")
 def stream_status(jobmanager: JobManagerOption = None) -> None:
     """Show the jobs of a Flink cluster."""
     from infra.flink_cluster import list_jobs
+    from loopline.tables import flink_jobs_table
 
     if jobmanager is None:
         console.print("the embedded job lives inside its `loopline stream submit` process; give --jobmanager for a cluster")
         return
-    table = Table(title=f"Flink jobs at {jobmanager}")
-    for column in ("job", "name", "state", "started"):
-        table.add_column(column)
-    for job in list_jobs(jobmanager):
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job["start_ms"] / 1000))
-        table.add_row(job["id"], job["name"], job["state"], started)
-    console.print(table)
+    console.print(flink_jobs_table(list_jobs(jobmanager), jobmanager))
 
 
 @stream_app.command("cancel")
@@ -469,7 +456,7 @@ def train(
 
 def _print_outcome(outcome: RetrainOutcome, canary_requested: float | None) -> None:
     """The candidate against prod (table), whether it was registered and why, INT8's verdict, the canary, the card."""
-    from loopline.views import candidate_table
+    from loopline.tables import candidate_table
 
     report = outcome.report
     console.print(candidate_table(report, outcome.name))
@@ -572,7 +559,8 @@ def plan_gpu(
     recompute: Annotated[bool, typer.Option(help="Activation checkpointing in training.")] = True,
 ) -> None:
     """Memory to train (per ZeRO stage) and to serve a model shape, and the fewest GPUs of each type that fit."""
-    from offline_training.gpu_plan import GPUS, ModelShape, inference_memory, smallest_serving_fit, smallest_training_fit, training_memory
+    from loopline.tables import gpu_plan_tables
+    from offline_training.gpu_plan import ModelShape
 
     if widths:
         shape = ModelShape.mlp(tuple(int(w) for w in widths.split(",")))
@@ -580,27 +568,9 @@ def plan_gpu(
         shape = ModelShape.transformer(layers, hidden, heads, vocab)
     else:
         raise typer.BadParameter("give --widths for an MLP, or --layers, --hidden and --heads for a transformer")
-    length = seq_len if shape.kind == "transformer" else 1
     console.print(f"{shape.kind}: {shape.parameters / 1e6:,.1f} M parameters; training in {precision} with Adam, micro-batch {batch}")
-    memory = Table(title="training memory per GPU, GB (on 8 GPUs; the last column on 1)")
-    for column in ("ZeRO", "params", "grads", "Adam", "activations", "total", "total on 1"):
-        memory.add_column(column, justify="right")
-    fewest = Table(title="fewest GPUs that fit the training (90 % of memory usable; — none up to 1,024)")
-    for column in ("ZeRO", *GPUS):
-        fewest.add_column(column, justify="right")
-    for stage in range(4):
-        one, eight = (training_memory(shape, precision, stage, n, batch, length, recompute) for n in (1, 8))
-        parts = (eight.parameters, eight.gradients, eight.optimizer, eight.activations, eight.total, one.total)
-        memory.add_row(str(stage), *(f"{v / 1e9:,.2f}" for v in parts))
-        counts = (smallest_training_fit(shape, precision, stage, batch, length, gpu, recompute) for gpu in GPUS)
-        fewest.add_row(str(stage), *("—" if n is None else str(n) for n in counts))
+    memory, fewest, serving = gpu_plan_tables(shape, precision, serve_precision, batch, seq_len, serve_batch, recompute)
     console.print(memory, fewest)
-    weights, kv_cache = inference_memory(shape, serve_precision, serve_batch, seq_len if shape.kind == "transformer" else 0)
-    serving = Table(title=f"serving in {serve_precision}: weights {weights / 1e9:,.2f} GB + KV cache {kv_cache / 1e9:,.2f} GB")
-    for gpu in GPUS:
-        serving.add_column(gpu, justify="right")
-    serving.add_row(*("—" if n is None else str(n) for n in (smallest_serving_fit(shape, serve_precision, serve_batch,
-                    seq_len if shape.kind == "transformer" else 0, gpu) for gpu in GPUS)))  # fmt: skip
     console.print(serving)
 
 

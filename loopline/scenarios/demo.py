@@ -31,7 +31,7 @@ from loopline.scenarios.demo_scoring import MODEL_INPUTS, DemoScoring
 from loopline.scenarios.demo_skew import SKEW_ALERT, SKEWED_FEATURE, DemoSkew
 from loopline.scenarios.demo_world import DemoWorld
 from loopline.settings import Settings
-from loopline.views import counts_table, scoring_table, stack_table, topics_table
+from loopline.tables import counts_table, scoring_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
 from streams.synthetic import synthetic_user_id

@@ -1,4 +1,4 @@
-"""Rich tables for what the CLI shows people."""
+"""Rich tables for what the CLI shows people (and the demo prints): each function renders results it is given."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from streams.validating_consumer import TopicCounts
 if TYPE_CHECKING:
     from loopline.scenarios.demo_scoring import ScoringStats
     from offline_training.candidate import CandidateReport
+    from offline_training.gpu_plan import ModelShape
     from offline_training.release_policy import ArmStats, Decision
     from schemas.model_registry import AliasChange
 
@@ -184,3 +185,44 @@ def candidate_table(report: CandidateReport, name: str) -> Table:
             fp32, int8 = getattr(quantization.fp32_latency, field), getattr(quantization.int8_latency, field)
             table.add_row(label, number(fp32, 3), *(["—"] if comparison.prod_version is not None else []), number(int8, 3))
     return table
+
+
+def flink_jobs_table(jobs: Iterable[dict], jobmanager: str) -> Table:
+    """One row per job of the Flink cluster at ``jobmanager`` (``infra/flink_cluster.list_jobs``): id, name, state, start."""
+    table = Table(title=f"Flink jobs at {jobmanager}")
+    for column in ("job", "name", "state", "started"):
+        table.add_column(column)
+    for job in jobs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(job["start_ms"] / 1000))
+        table.add_row(job["id"], job["name"], job["state"], started)
+    return table
+
+
+def gpu_plan_tables(
+    shape: ModelShape, precision: str, serve_precision: str, batch: int, seq_len: int, serve_batch: int, recompute: bool
+) -> tuple[Table, Table, Table]:
+    """``plan-gpu``'s estimates for ``shape``: training memory per GPU for each ZeRO stage (on 8 GPUs, and the total on
+    1), the fewest GPUs of each type that fit the training, and the fewest that serve it (weights and KV cache)."""
+    from offline_training.gpu_plan import GPUS, inference_memory, smallest_serving_fit, smallest_training_fit, training_memory
+
+    length = seq_len if shape.kind == "transformer" else 1
+    memory = Table(title="training memory per GPU, GB (on 8 GPUs; the last column on 1)")
+    for column in ("ZeRO", "params", "grads", "Adam", "activations", "total", "total on 1"):
+        memory.add_column(column, justify="right")
+    fewest = Table(title="fewest GPUs that fit the training (90 % of memory usable; — none up to 1,024)")
+    for column in ("ZeRO", *GPUS):
+        fewest.add_column(column, justify="right")
+    for stage in range(4):
+        one, eight = (training_memory(shape, precision, stage, n, batch, length, recompute) for n in (1, 8))
+        parts = (eight.parameters, eight.gradients, eight.optimizer, eight.activations, eight.total, one.total)
+        memory.add_row(str(stage), *(f"{v / 1e9:,.2f}" for v in parts))
+        counts = (smallest_training_fit(shape, precision, stage, batch, length, gpu, recompute) for gpu in GPUS)
+        fewest.add_row(str(stage), *("—" if n is None else str(n) for n in counts))
+    cache_len = seq_len if shape.kind == "transformer" else 0
+    weights, kv_cache = inference_memory(shape, serve_precision, serve_batch, cache_len)
+    serving = Table(title=f"serving in {serve_precision}: weights {weights / 1e9:,.2f} GB + KV cache {kv_cache / 1e9:,.2f} GB")
+    for gpu in GPUS:
+        serving.add_column(gpu, justify="right")
+    counts = (smallest_serving_fit(shape, serve_precision, serve_batch, cache_len, gpu) for gpu in GPUS)
+    serving.add_row(*("—" if n is None else str(n) for n in counts))
+    return memory, fewest, serving
