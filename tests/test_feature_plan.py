@@ -85,3 +85,16 @@ def test_unknown_topic_is_refused() -> None:
 def test_an_empty_registry_is_a_clear_error() -> None:
     with pytest.raises(PlanError, match="run `loopline apply`"):
         compile_plan([])
+
+
+def test_history_is_the_longest_window_the_features_read_plus_its_slide() -> None:
+    """How far back a stream must start for every window of some features to be full: the request's own fields and
+    time-since-previous have no window; a window of W in slides of S counts buckets up to W + S back."""
+    plan = compile_plan(repo_stream_views())
+    user = "user_transaction_features"
+    minute, hour, day = 60_000, 3_600_000, 86_400_000
+    assert plan.history_ms([f"{user}:txn_count_5m", "request:amount"]) == 5 * minute + 10_000
+    assert plan.history_ms([f"{user}:txn_count_5m", f"{user}:amount_mean_1h"]) == hour + minute
+    assert plan.history_ms([f"{user}:amount_max_24h", f"{user}:txn_count_5m"]) == day + 15 * minute
+    assert plan.history_ms([f"{user}:secs_since_prev_txn", "request:amount", "no_view:txn_count_5m"]) == 0
+    assert plan.history_ms(["merchant_transaction_features:merchant_txn_count_1h"]) == hour + minute

@@ -7,6 +7,7 @@ import itertools
 import os
 import subprocess
 import sys
+import time
 import uuid
 from collections import defaultdict
 
@@ -14,11 +15,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from conftest import REPO
 from schemas import LabelEvent, TransactionEvent, decode
-from schemas.topics import LABELS, TRANSACTIONS
+from schemas.topics import DAY_MS, LABELS, TRANSACTIONS, TopicSpec
 from streams.producer import EventProducer
 from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
+from streams.topics import apply_topics
 
 START_MS = 1_760_000_000_000
+#: A topic of the pacing test's own (its records are not transactions: the session's feature jobs read that topic).
+PACING = TopicSpec(f"test.pacing.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
 CONFIG = SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01)
 
 
@@ -115,3 +119,40 @@ def test_published_events_are_exactly_the_generated_ones(bootstrap: str) -> None
         wanted[(e.topic, e.key)].append(e.value)
     assert read == wanted, "every record delivered once, in order per key"
     assert all(decode(TransactionEvent, v) for (t, _), vs in read.items() if t == TRANSACTIONS.name for v in vs)
+
+
+def test_wall_clock_pacing_sends_the_past_at_once_and_the_future_on_time(bootstrap: str) -> None:
+    """A stream that starts in the past (the demo's history): what is already due goes at once, the rest when the wall
+    clock reaches it, never early. Kafka's create time of each record is when the producer handed it over."""
+    topic = PACING.name
+    apply_topics(bootstrap, [PACING])
+    now_ms = int(time.time() * 1000)
+    # 200 records over the last 20 s, then 20 over the next 2 s.
+    times = [now_ms - 20_000 + 100 * i for i in range(200)] + [now_ms + 500 + 100 * i for i in range(20)]
+    records = [Emitted(topic, f"pace-{uuid.uuid4().hex[:8]}", b"{}", at, None) for at in times]
+    EventProducer(bootstrap, linger_ms=1).publish(records, wall_clock=True)
+    sent = _create_times(bootstrap, topic, {r.key for r in records})
+    history, future = records[:200], records[200:]
+    assert max(sent[r.key] for r in history) - now_ms < 1_000, "the past went at once"
+    lateness = [sent[r.key] - r.emit_at_ms for r in future]
+    assert min(lateness) >= 0, f"a record went before its time: {min(lateness)} ms early"
+    assert max(lateness) < 250, f"a record waited {max(lateness)} ms past its time"
+
+
+def _create_times(bootstrap: str, topic: str, keys: set[str]) -> dict[str, int]:
+    """The Kafka create time of the records of ``topic`` keyed ``keys`` (read from the last minute's records)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}"})
+    try:
+        partitions = [TopicPartition(topic, p, int(time.time() * 1000) - 60_000) for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions]
+        consumer.assign(consumer.offsets_for_times(partitions, timeout=10))
+        found: dict[str, int] = {}
+        deadline = time.monotonic() + 30
+        while len(found) < len(keys) and time.monotonic() < deadline:
+            for message in consumer.consume(1000, timeout=0.5):
+                key = (message.key() or b"").decode()
+                if message.error() is None and key in keys:
+                    found[key] = message.timestamp()[1]
+        assert len(found) == len(keys), f"{len(found)} of {len(keys)} records read back"
+        return found
+    finally:
+        consumer.close()

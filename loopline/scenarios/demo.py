@@ -187,10 +187,11 @@ def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLett
     return counts, dead_letters
 
 
-def _failures(summary: dict, loop: DemoLoop) -> list[str]:
+def unkept_promises(summary: dict, loop: DemoLoop) -> list[str]:
     """What the demo promised and did not happen, one line each (empty when everything did)."""
-    failures = [f"the loop's step '{step.name}' {step.state}" + (f": {step.detail}" if step.detail else "")
-                for step in loop.steps.values() if step.state in ("failed", "running", "waiting")]  # fmt: skip
+    unfinished = {"failed": "failed", "running": "was still running when the demo's time ran out", "waiting": "never started"}
+    failures = [f"the loop's step '{step.name}' {unfinished[step.state]}" + (f": {step.detail}" if step.detail else "")
+                for step in loop.steps.values() if step.state in unfinished]  # fmt: skip
     if summary["release"] not in ("promote", "rollback") and not failures:
         failures.append(f"the release controller gave no verdict on the trained model ({summary['release']})")
     if not summary["skew_injected"]:
@@ -305,7 +306,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "loop_steps": {step.name: step.state for step in loop.steps.values()},
         **skew_summary,
     }
-    failures = _failures(summary, loop)
+    failures = unkept_promises(summary, loop)
     summary["failures"] = failures
     _report(summary, settings, console)
     return failures

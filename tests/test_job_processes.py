@@ -1,0 +1,41 @@
+"""Loopline's child processes: background work started at a lower CPU priority gets it, and so does what it starts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import requests
+
+from infra.service import free_port, wait_until
+from loopline.job_processes import start_loopline, stop_process_group
+from loopline.settings import DashboardSettings, Settings
+
+
+def _niceness(pid: int) -> int:
+    """A process's nice value (field 19 of /proc/<pid>/stat; the command name in field 2 may hold spaces)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[16])
+
+
+def test_a_background_process_runs_at_the_niceness_it_was_given(applied: Settings, tmp_path: Path) -> None:
+    settings = applied.model_copy(update={"dashboard": DashboardSettings(port=free_port())})
+    url = f"http://127.0.0.1:{settings.dashboard.port}/"
+    dashboard = start_loopline(settings, ["dashboard"], tmp_path / "dashboard.log", niceness=7)
+    plain = start_loopline(settings, ["config"], tmp_path / "config.log")
+    try:
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert plain.poll() is not None or _niceness(plain.pid) == own
+        assert wait_until(lambda: _answers(url) or dashboard.poll() is not None, 60, 0.2), f"see {tmp_path / 'dashboard.log'}"
+        assert dashboard.poll() is None
+        assert _niceness(dashboard.pid) == min(own + 7, 19), "the command itself, not a wrapper, runs 7 nicer than its parent"
+    finally:
+        stop_process_group(dashboard)
+        plain.wait(30)
+
+
+def _answers(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=1).ok
+    except requests.RequestException:
+        return False
