@@ -18,8 +18,8 @@ time plus ``horizon_ms`` yields an example with ``label: null`` (``feedback_loop
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -29,48 +29,17 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
-from schemas.records import DeadLetterRecord, LabelEvent, PredictionRecord, TrainingExample
-from schemas.topics import DEAD_LETTERS, LABELS, PREDICTIONS, TRAINING_EXAMPLES
-from schemas.validation import ContractViolation, decode, encode
-from streams.flink_job import STALL_AFTER_S, kafka_options, new_environment, run_job
+from feedback_loop.joiner_settings import JoinerSettings
+from schemas.records import LabelEvent, PredictionRecord, TrainingExample
+from schemas.validation import ContractViolation, decode
+from streams.flink_job import STALL_AFTER_S, new_environment, run_job
+from streams.kafka_tables import KafkaTables, dead_letter
 
 JOB_NAME = "loopline-feedback-joiner"
 #: The joiner's JVM operator; its jar also holds the feature job's operators (it keys with their FieldKey).
 OPERATOR_SOURCES = Path(__file__).with_name("jvm") / "src"
 _DECODED = DataTypes.ROW([DataTypes.FIELD(name, DataTypes.STRING()) for name in ("dead_letter", "event_id", "json")])
-
-
-@dataclass(frozen=True)
-class JoinerSettings:
-    """Where the joiner reads, writes and checkpoints; its horizon and knobs (plain values, no PyFlink)."""
-
-    bootstrap_servers: str
-    connector_jar: Path
-    #: The joiner's JVM operator (feedback_loop/jvm), compiled by streams/operators_jar.py.
-    operators_jar: Path
-    checkpoint_dir: Path
-    horizon_ms: int
-    group_id: str
-    #: How far out of order the records' Kafka timestamps may come.
-    out_of_orderness_ms: int
-    checkpoint_interval_ms: int
-    metrics_port: int | None
-    predictions_topic: str = PREDICTIONS.name
-    labels_topic: str = LABELS.name
-    examples_topic: str = TRAINING_EXAMPLES.name
-    dead_letter_topic: str = DEAD_LETTERS.name
-    #: A source with nothing new for this long does not hold the watermark back.
-    idle_timeout_ms: int = 5_000
-    parallelism: int = 1
-    kafka_properties: dict[str, str] = field(default_factory=dict)
-
-
-
-def _dead_letter(reason: str, error: str, error_field: str | None, topic: str, partition, offset, key, value) -> str:
-    return encode(DeadLetterRecord.for_payload(
-        reason=reason, error=error, error_field=error_field, source_topic=topic, source_partition=int(partition),
-        source_offset=int(offset), key=key, payload=value, consumer=JOB_NAME,
-    )).decode()  # fmt: skip
+_dead_letter = functools.partial(dead_letter, JOB_NAME)
 
 
 class DecodeRecords(ScalarFunction):
@@ -125,45 +94,26 @@ def training_example(prediction_json: str, label_json: str | None) -> str:
     return example.model_dump_json()
 
 
-def _source(t_env, name: str, topic: str, settings: JoinerSettings) -> None:
-    """A Kafka source table of raw records with their position and Kafka timestamp (the event time)."""
-    options = {
-        "topic": topic, "properties.group.id": settings.group_id, "properties.auto.offset.reset": "earliest",
-        "properties.isolation.level": "read_committed", "scan.startup.mode": "group-offsets",
-        # Nothing here is waited for within a checkpoint's interval: fetch 64 KiB or what half a second brings, not
-        # each record as it lands (the broker's load).
-        "properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "500",
-        "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
-    }  # fmt: skip
-    t_env.execute_sql(
-        f"CREATE TABLE {name} (`key` BYTES, `value` BYTES, `partition` INT METADATA VIRTUAL, `offset` BIGINT METADATA VIRTUAL, "
-        "`ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL, "
-        f"WATERMARK FOR `ts` AS `ts` - INTERVAL '{settings.out_of_orderness_ms / 1000}' SECOND) "
-        f"WITH ({kafka_options(settings.bootstrap_servers, settings.kafka_properties, options)})"
-    )
-
-
 def build_job(env, settings: JoinerSettings) -> None:
     """Add the joiner to a PyFlink StreamExecutionEnvironment."""
     t_env = StreamTableEnvironment.create(env)
     t_env.get_config().set("table.exec.source.idle-timeout", f"{settings.idle_timeout_ms} ms")
-    _source(t_env, "predictions_raw", settings.predictions_topic, settings)
-    _source(t_env, "labels_raw", settings.labels_topic, settings)
-    transactional = {"sink.delivery-guarantee": "exactly-once", "properties.transaction.timeout.ms": "900000"}
-    t_env.execute_sql(
-        "CREATE TABLE examples (`key` BYTES, `value` STRING) WITH ("
-        + kafka_options(settings.bootstrap_servers, settings.kafka_properties, {
-            "topic": settings.examples_topic, "key.format": "raw", "key.fields": "key", "value.format": "raw",
-            "value.fields-include": "EXCEPT_KEY", "sink.transactional-id-prefix": f"{settings.group_id}-examples", **transactional,
-        }) + ")"  # fmt: skip
-    )
-    t_env.execute_sql(
-        "CREATE TABLE dead_letters (`value` STRING) WITH ("
-        + kafka_options(settings.bootstrap_servers, settings.kafka_properties, {
-            "topic": settings.dead_letter_topic, "format": "raw", "sink.transactional-id-prefix": f"{settings.group_id}-dlq",
-            **transactional,
-        }) + ")"  # fmt: skip
-    )
+    tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
+    source = {
+        "properties.isolation.level": "read_committed", "scan.startup.mode": "group-offsets",
+        # Nothing here is waited for within a checkpoint's interval: fetch 64 KiB or what half a second brings, not
+        # each record as it lands (the broker's load).
+        "properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "500",
+    }  # fmt: skip
+    # The records' Kafka timestamps are the event time.
+    event_time = ("`ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL",
+                  f"WATERMARK FOR `ts` AS `ts` - INTERVAL '{settings.out_of_orderness_ms / 1000}' SECOND")  # fmt: skip
+    for name, topic in (("predictions_raw", settings.predictions_topic), ("labels_raw", settings.labels_topic)):
+        t_env.execute_sql(tables.raw_source(name, topic, source, event_time))
+    t_env.execute_sql(tables.exactly_once_sink("examples", "`key` BYTES, `value` STRING", settings.examples_topic, "examples", {
+        "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
+    }))  # fmt: skip
+    t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
     for name, record_type, topic in (("decode_prediction", PredictionRecord, settings.predictions_topic),
                                      ("decode_label", LabelEvent, settings.labels_topic)):  # fmt: skip
         t_env.create_temporary_function(name, udf(DecodeRecords(record_type, topic), result_type=_DECODED, func_type="pandas"))

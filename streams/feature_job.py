@@ -16,6 +16,7 @@ skips as not newer.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -31,12 +32,13 @@ from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
 from schemas.ddl import column_types
-from schemas.records import DeadLetterRecord, TransactionEvent
-from schemas.validation import ContractViolation, decode, encode
-from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
-from streams.flink_job import kafka_options, latest_checkpoint, run_job
+from schemas.records import TransactionEvent
+from schemas.validation import ContractViolation, decode
+from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
+from streams.flink_job import latest_checkpoint, run_job
 from streams.flink_job import new_environment as flink_environment
 from streams.job_settings import JOB_NAME, JobSettings
+from streams.kafka_tables import RAW_COLUMNS, KafkaTables, dead_letter
 
 #: SQL type -> (DataStream type, Table type) for the columns the job carries.
 _TYPES = {
@@ -47,10 +49,9 @@ _TYPES = {
     "STRING": (Types.STRING(), DataTypes.STRING()),
     "BOOLEAN": (Types.BOOLEAN(), DataTypes.BOOLEAN()),
 }
-_RAW_COLUMNS = {"key": "BYTES", "value": "BYTES", "partition": "INT", "offset": "BIGINT"}
 _EVENT_COLUMNS = column_types(TransactionEvent)
 #: A decoded row: the Kafka record as read, its dead letter when invalid, and the event's fields.
-_DECODED_COLUMNS = {**_RAW_COLUMNS, "dead_letter": "STRING", **_EVENT_COLUMNS}
+_DECODED_COLUMNS = {**RAW_COLUMNS, "dead_letter": "STRING", **_EVENT_COLUMNS}
 _EVENT_TIME = "event_time_ms"
 
 
@@ -58,20 +59,7 @@ def _row_type(columns: dict[str, str]):
     return Types.ROW_NAMED(list(columns), [_TYPES[sql][0] for sql in columns.values()])
 
 
-def _dead_letter(reason: str, error: str, error_field: str | None, topic: str, partition, offset, key, value) -> str:
-    return encode(
-        DeadLetterRecord.for_payload(
-            reason=reason,
-            error=error,
-            error_field=error_field,
-            source_topic=topic,
-            source_partition=int(partition),
-            source_offset=int(offset),
-            key=key,
-            payload=value,
-            consumer=JOB_NAME,
-        )
-    ).decode()
+_dead_letter = functools.partial(dead_letter, JOB_NAME)
 
 
 class DecodeEvents(ScalarFunction):
@@ -214,35 +202,10 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     rebuild the window state from the log.
     """
     t_env = StreamTableEnvironment.create(env)
-    # The value stays raw bytes, so a bad record is dead-lettered exactly as it came.
-    source = {
-        "topic": plan.topic,
-        "properties.group.id": settings.group_id,
-        "properties.auto.offset.reset": "earliest",
-        "properties.fetch.min.bytes": "65536",
-        "properties.fetch.max.wait.ms": "20",
-        **_startup(settings, from_earliest),
-        "key.format": "raw",
-        "key.fields": "key",
-        "value.format": "raw",
-        "value.fields-include": "EXCEPT_KEY",
-    }
-    t_env.execute_sql(
-        "CREATE TABLE raw_events (`key` BYTES, `value` BYTES, `partition` INT METADATA VIRTUAL, "
-        f"`offset` BIGINT METADATA VIRTUAL) WITH ({kafka_options(settings.bootstrap_servers, settings.kafka_properties, source)})"
-    )
-    # Dead letters are written in Kafka transactions committed with each checkpoint: a restarted job
-    # replays events since its last checkpoint, and the dead letters it wrote for them before the
-    # failure were never committed, so read_committed readers see each one once.
-    dead_letters = {
-        "topic": settings.dead_letter_topic,
-        "format": "raw",
-        "sink.delivery-guarantee": "exactly-once",
-        "sink.transactional-id-prefix": f"{settings.group_id}-dlq",
-        # The broker's limit (15 min): a job down for longer than this loses its open transaction's letters.
-        "properties.transaction.timeout.ms": "900000",
-    }
-    t_env.execute_sql(f"CREATE TABLE dead_letters (`value` STRING) WITH ({kafka_options(settings.bootstrap_servers, settings.kafka_properties, dead_letters)})")
+    tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
+    fetch = {"properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "20"}
+    t_env.execute_sql(tables.raw_source("raw_events", plan.topic, {**fetch, **_startup(settings, from_earliest)}))
+    t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
     t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
 
     decoded_row = DataTypes.ROW(
@@ -253,8 +216,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         "late_dead_letter", udf(LateDeadLetters(plan.topic), result_type=DataTypes.STRING(), func_type="pandas")
     )
     decoded = t_env.sql_query(
-        f"SELECT {_quoted(_RAW_COLUMNS)}, {', '.join(f'e.`{c}`' for c in ('dead_letter', *_EVENT_COLUMNS))} "
-        f"FROM (SELECT *, decode_event({_quoted(_RAW_COLUMNS)}) AS e FROM raw_events)"
+        f"SELECT {_quoted(RAW_COLUMNS)}, {', '.join(f'e.`{c}`' for c in ('dead_letter', *_EVENT_COLUMNS))} "
+        f"FROM (SELECT *, decode_event({_quoted(RAW_COLUMNS)}) AS e FROM raw_events)"
     )
 
     operators = get_gateway().jvm.dev.loopline.streams
@@ -279,7 +242,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     statements = t_env.create_statement_set()
     statements.add_insert_sql(
         "INSERT INTO dead_letters SELECT f0 FROM invalid_events UNION ALL "
-        f"SELECT late_dead_letter({_quoted(_RAW_COLUMNS)}, behind_ms) FROM late_events"
+        f"SELECT late_dead_letter({_quoted(RAW_COLUMNS)}, behind_ms) FROM late_events"
     )
 
     offline_dirs = _offline_dirs(plan, settings)
@@ -367,14 +330,11 @@ def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_t
 
 
 def _main(settings_json: str, source_topic: str) -> None:
-    """Entry point under ``flink run``: compile the plan from the registry and submit the job to that cluster."""
-    from feature_store.config import feature_store
-    from streams.feature_plan import compile_plan
-
+    """Entry point under ``flink run``: compile the plan from the Feast registry and submit the job to that cluster."""
     settings = JobSettings.from_json(settings_json)
-    plan = compile_plan(feature_store(settings.registry_path, settings.redis_connection, *_repo(settings)).list_stream_feature_views())
+    plan = registered_plan(settings.registry_path, settings.redis_connection, settings.repo_path, source_topic or None)
     env = new_environment(settings)
-    build_job(env, plan.reading(source_topic) if source_topic else plan, settings)
+    build_job(env, plan, settings)
     env.execute(JOB_NAME)
 
 

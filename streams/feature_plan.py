@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schemas.topics import TopicSpec, topic_spec
@@ -180,3 +181,15 @@ def compile_plan(views: Iterable[StreamFeatureView]) -> FeaturePlan:
     if len(topics) != 1:
         raise PlanError(f"stream feature views read several topics ({', '.join(sorted(topics))}); one job reads one")
     return FeaturePlan(plans)
+
+
+def registered_plan(
+    registry_path: Path | None, redis_connection: str | None, repo_path: Path | None = None, source_topic: str | None = None
+) -> FeaturePlan:
+    """The plan compiled from the stream feature views in the Feast registry at ``registry_path`` (None: the one the
+    repo's feature_store.yaml names) of the repo at ``repo_path`` (None: feature_store/repo), reading ``source_topic``
+    instead of their source's when given."""
+    from feature_store.config import REPO_PATH, feature_store
+
+    plan = compile_plan(feature_store(registry_path, redis_connection, repo_path or REPO_PATH).list_stream_feature_views())
+    return plan.reading(source_topic) if source_topic else plan

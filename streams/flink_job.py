@@ -1,8 +1,8 @@
 """What every Loopline PyFlink job shares: its environment (jars, checkpoints, restarts, Python bundles,
-metrics), its Kafka table options, and running it embedded with a clear error for a checkpoint it cannot restore.
+metrics), and running it embedded with a clear error for a checkpoint it cannot restore.
 
 The feature job (``streams/feature_job.py``) and the feedback joiner (``feedback_loop/joiner_job.py``)
-are each a small program on top of these.
+are each a small program on top of these and of their Kafka tables (``streams/kafka_tables.py``).
 """
 
 from __future__ import annotations
@@ -21,13 +21,6 @@ _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
 #: Long enough for a Flink restart that backs off 10 s, a broker or Redis outage, and a slow mini-cluster start.
 STALL_AFTER_S = 180.0
 _WATCH_INTERVAL_S = 2.0
-
-
-def kafka_options(bootstrap_servers: str, kafka_properties: Mapping[str, str], options: Mapping[str, str]) -> str:
-    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings)."""
-    properties = {f"properties.{key}": value for key, value in kafka_properties.items()}
-    every = {"connector": "kafka", "properties.bootstrap.servers": bootstrap_servers, **properties, **options}
-    return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> str | None:

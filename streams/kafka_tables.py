@@ -1,0 +1,76 @@
+"""The Kafka tables of Loopline's PyFlink jobs: raw records in, exactly-once sinks out, and the dead letters they write.
+
+A source keeps each record's key and value as raw bytes, with its partition and offset, so a record that breaks its
+contract is dead-lettered exactly as it came and names where it was read. Sinks write in Kafka transactions that commit
+with each checkpoint: a restarted job replays the records since its last checkpoint, and what it wrote for them before
+the failure was never committed, so read_committed readers see each record once. The feature job
+(``streams/feature_job.py``) and the feedback joiner (``feedback_loop/joiner_job.py``) declare theirs with these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from schemas.records import DeadLetterRecord
+from schemas.validation import encode
+
+#: The columns of every raw source: the record as it came, and where it was read.
+RAW_COLUMNS = {"key": "BYTES", "value": "BYTES", "partition": "INT", "offset": "BIGINT"}
+
+
+def kafka_options(bootstrap_servers: str, kafka_properties: Mapping[str, str], options: Mapping[str, str]) -> str:
+    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings)."""
+    properties = {f"properties.{key}": value for key, value in kafka_properties.items()}
+    every = {"connector": "kafka", "properties.bootstrap.servers": bootstrap_servers, **properties, **options}
+    return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
+
+
+@dataclass(frozen=True)
+class KafkaTables:
+    """The Kafka tables of one job, reading as the consumer group ``group_id`` from the brokers at ``bootstrap_servers``
+    with the client properties ``kafka_properties``; its transactional ids start with the group's name."""
+
+    bootstrap_servers: str
+    group_id: str
+    kafka_properties: Mapping[str, str] = field(default_factory=dict)
+
+    def raw_source(self, name: str, topic: str, options: Mapping[str, str], extra_columns: Sequence[str] = ()) -> str:
+        """``CREATE TABLE name``: ``topic``'s records as ``RAW_COLUMNS``, read from the group's offsets unless
+        ``options`` (start, fetch sizes, isolation) say otherwise, with the job's ``extra_columns`` (metadata, a
+        watermark)."""
+        columns = ["`key` BYTES", "`value` BYTES", "`partition` INT METADATA VIRTUAL", "`offset` BIGINT METADATA VIRTUAL",
+                   *extra_columns]  # fmt: skip
+        every = {
+            "topic": topic, "properties.group.id": self.group_id, "properties.auto.offset.reset": "earliest", **options,
+            "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
+        }  # fmt: skip
+        return f"CREATE TABLE {name} ({', '.join(columns)}) WITH ({self._with(every)})"
+
+    def exactly_once_sink(self, name: str, columns: str, topic: str, purpose: str, options: Mapping[str, str]) -> str:
+        """``CREATE TABLE name (columns)`` writing to ``topic`` in transactions committed with each checkpoint, their
+        ids prefixed ``<group>-<purpose>``; ``options`` give its formats."""
+        every = {
+            "topic": topic, **options, "sink.delivery-guarantee": "exactly-once",
+            "sink.transactional-id-prefix": f"{self.group_id}-{purpose}",
+            # The broker's limit (15 min): a job down for longer than this loses its open transaction's records.
+            "properties.transaction.timeout.ms": "900000",
+        }  # fmt: skip
+        return f"CREATE TABLE {name} ({columns}) WITH ({self._with(every)})"
+
+    def dead_letter_sink(self, topic: str) -> str:
+        """``CREATE TABLE dead_letters``: one ``value`` column of ``dead_letter`` JSON, written exactly once to ``topic``."""
+        return self.exactly_once_sink("dead_letters", "`value` STRING", topic, "dlq", {"format": "raw"})
+
+    def _with(self, options: Mapping[str, str]) -> str:
+        return kafka_options(self.bootstrap_servers, self.kafka_properties, options)
+
+
+def dead_letter(consumer: str, reason: str, error: str, error_field: str | None, topic: str, partition, offset, key,
+                value) -> str:  # fmt: skip
+    """The dead letter (DeadLetterRecord JSON) of the raw record at ``partition``/``offset`` of ``topic`` that the job
+    ``consumer`` could not process, and why: its ``reason``, the ``error`` and the field at fault."""
+    return encode(DeadLetterRecord.for_payload(
+        reason=reason, error=error, error_field=error_field, source_topic=topic, source_partition=int(partition),
+        source_offset=int(offset), key=key, payload=value, consumer=consumer,
+    )).decode()  # fmt: skip
