@@ -24,13 +24,13 @@ from loopline.settings import (
     Settings,
     StreamSettings,
 )
+from feedback_loop.joiner_settings import JoinerSettings
 from streams.job_settings import JobSettings
-from streams.feature_plan import FeaturePlan, compile_plan
+from streams.feature_plan import FeaturePlan, registered_plan
 from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
 
 if TYPE_CHECKING:
-    from feedback_loop.joiner_job import JoinerSettings
     from offline_training.release_controller import ReleaseController
     from offline_training.release import ModelRelease
     from online.registry_reader import RegistryReader
@@ -116,12 +116,8 @@ def synthetic_config(settings: Settings, rate_per_s: float, malformed_rate: floa
 
 
 def feature_plan(settings: Settings) -> FeaturePlan:
-    """The streaming plan compiled from the stream feature views in the Feast registry."""
-    from feature_store.config import feature_store
-
-    store = feature_store(settings.registry_path, settings.redis_connection, settings.repo_path)
-    plan = compile_plan(store.list_stream_feature_views())
-    return plan.reading(settings.stream.source_topic) if settings.stream.source_topic else plan
+    """The streaming plan compiled from the stream feature views in the settings' Feast registry."""
+    return registered_plan(settings.registry_path, settings.redis_connection, settings.repo_path, settings.stream.source_topic)
 
 
 def feature_operators_jar(settings: Settings) -> Path:
@@ -162,13 +158,12 @@ def job_settings(settings: Settings) -> JobSettings:
 
 def joiner_settings(settings: Settings) -> JoinerSettings:
     """Everything the feedback joiner needs to know about the stack it runs on."""
-    from feedback_loop.joiner_job import JoinerSettings
-
     feedback = settings.feedback
-    topics = {name: value for name, value in (("predictions_topic", feedback.predictions_topic), ("labels_topic", feedback.labels_topic),
-              ("examples_topic", feedback.examples_topic), ("dead_letter_topic", feedback.dead_letter_topic)) if value}  # fmt: skip
     return JoinerSettings(
-        **topics,
+        predictions_topic=feedback.predictions_topic,
+        labels_topic=feedback.labels_topic,
+        examples_topic=feedback.examples_topic,
+        dead_letter_topic=feedback.dead_letter_topic,
         bootstrap_servers=settings.kafka.bootstrap_servers,
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
         operators_jar=joiner_operators_jar(settings),
@@ -190,7 +185,7 @@ def release_controller(settings: Settings) -> ReleaseController:
     release, kafka, serving = settings.release, settings.kafka, settings.serving
     policy = release.policy()
     urls = release.metrics_urls or [f"http://{serving.host}:{serving.http_port}/metrics"]
-    topic = settings.examples_topic
+    topic = settings.feedback.examples_topic
 
     def examples(since_ms: int):
         return logged_examples(kafka.bootstrap_servers, topic, since_ms, None, kafka.client_config)[0]

@@ -57,7 +57,7 @@ def create_snapshot(
             frame = frame[frame["predicted_at_ms"] < to_ms]
         source = {"backfill": {"transactions": TRANSACTIONS.name, "labels": LABELS.name, "events": len(transactions)}}
     else:
-        examples, source = logged_examples(kafka.bootstrap_servers, settings.examples_topic, from_ms, to_ms, kafka.client_config,
+        examples, source = logged_examples(kafka.bootstrap_servers, settings.feedback.examples_topic, from_ms, to_ms, kafka.client_config,
                                            model_name)  # fmt: skip
         frame = examples_frame(examples)
     return write_snapshot(frame, settings.snapshots_root, kind="backfill" if backfill else "feedback", source=source,
@@ -197,7 +197,7 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
     examples: list = []
     if options.mode != "off":
         since_ms = now_ms - int(options.window_s * 1000)
-        examples, _ = logged_examples(kafka.bootstrap_servers, settings.examples_topic, since_ms, None, kafka.client_config,
+        examples, _ = logged_examples(kafka.bootstrap_servers, settings.feedback.examples_topic, since_ms, None, kafka.client_config,
                                       model.name)  # fmt: skip
     firing: list[FiringAlert] | None = None
     unread = ""

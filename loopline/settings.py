@@ -24,8 +24,10 @@ from pydantic_settings import (
 )
 
 from feedback_loop.drift import SkewThresholds
+from feedback_loop.joiner_settings import JoinerSettings
 from feedback_loop.retrain_trigger import TriggerPolicy
 from offline_training.release_policy import ReleasePolicy
+from streams.job_settings import JobSettings
 
 DEFAULT_CONFIG_FILE = Path("loopline.yaml")
 
@@ -96,17 +98,17 @@ class FeatureStoreSettings(BaseModel):
 
 
 class StreamSettings(BaseModel):
-    """The streaming feature job."""
+    """The streaming feature job (its defaults are the job's own, ``streams/job_settings.py``)."""
 
-    group_id: str = "loopline-features"
+    group_id: str = JobSettings.group_id
     source_topic: str | None = Field(default=None, description="Read this topic instead of the Feast source's.")
-    dead_letter_topic: str = "events.dlq"
-    checkpoint_interval_ms: int = Field(default=5_000, ge=100)
+    dead_letter_topic: str = JobSettings.dead_letter_topic
+    checkpoint_interval_ms: int = Field(default=JobSettings.checkpoint_interval_ms, ge=100)
     flush_interval_ms: int = Field(
-        default=50, ge=1, description="Longest a row waits for a Python batch (decode, online write): freshness."
+        default=JobSettings.flush_interval_ms, ge=1, description="Longest a row waits for a Python batch (decode, online write): freshness."
     )
-    max_batch_rows: int = Field(default=2_000, ge=1, description="Rows per Python batch (Arrow): throughput.")
-    parallelism: int = Field(default=1, ge=1)
+    max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow): throughput.")
+    parallelism: int = Field(default=JobSettings.parallelism, ge=1)
     offline_dir: Path | None = Field(
         default=None,
         description="Append feature rows under <dir>/<view>; default: the path each view's FileSource declares.",
@@ -175,7 +177,8 @@ class ServingSettings(BaseModel):
 
 
 class FeedbackSettings(BaseModel):
-    """The feedback loop: the joiner (predictions ⋈ labels), snapshots, training."""
+    """The feedback loop: the joiner (predictions ⋈ labels; its topics' defaults are its own,
+    ``feedback_loop/joiner_settings.py``), snapshots, training."""
 
     horizon_s: float = Field(default=7 * 86_400, gt=0, description="How long a prediction waits for its label; then unlabeled.")
     group_id: str = "loopline-feedback"
@@ -187,10 +190,11 @@ class FeedbackSettings(BaseModel):
     train_processes: int = Field(default=2, ge=1, description="Training processes (torchrun --nproc_per_node).")
     train_niceness: int = Field(default=0, ge=0, le=19, description="The training processes' CPU niceness (nice -n): raise it "
                                 "where training shares a machine with serving, so serving gets the cores first.")
-    predictions_topic: str | None = Field(default=None, description="Join this topic's predictions instead of scoring.predictions.")
-    labels_topic: str | None = Field(default=None, description="... and this topic's labels instead of events.labels.")
-    examples_topic: str | None = Field(default=None, description="Write examples here instead of training.examples.")
-    dead_letter_topic: str | None = Field(default=None, description="Dead letters here instead of events.dlq.")
+    predictions_topic: str = Field(default=JoinerSettings.predictions_topic, description="The predictions the joiner joins.")
+    labels_topic: str = Field(default=JoinerSettings.labels_topic, description="... with the labels of this topic.")
+    examples_topic: str = Field(default=JoinerSettings.examples_topic, description="The labeled examples: the joiner writes them, "
+                                "snapshots, releases and the retrain trigger read them.")  # fmt: skip
+    dead_letter_topic: str = Field(default=JoinerSettings.dead_letter_topic, description="The joiner's dead letters.")
 
 
 class ReleaseSettings(BaseModel):
@@ -324,13 +328,6 @@ class Settings(BaseSettings):
     retrain: RetrainSettings = RetrainSettings()
     monitor: MonitorSettings = MonitorSettings()
     dashboard: DashboardSettings = DashboardSettings()
-
-    @property
-    def examples_topic(self) -> str:
-        """The topic of labeled training examples: ``feedback.examples_topic``, or ``training.examples``."""
-        from schemas.topics import TRAINING_EXAMPLES
-
-        return self.feedback.examples_topic or TRAINING_EXAMPLES.name
 
     @classmethod
     def settings_customise_sources(
