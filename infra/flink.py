@@ -11,7 +11,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from infra.errors import StackError
-from infra.jars import flink_connector_jar, pinned_versions
+from infra.jars import connector_flink_minor, flink_connector_jar, pinned_versions
 from infra.service import ServiceStatus
 
 
@@ -25,7 +25,7 @@ def pyflink_version() -> str:
 
 def check_connector_matches(flink_version: str, connector_version: str) -> None:
     """Raise StackError unless the connector (``5.0.0-2.2``) was built for this Flink (``2.2.x``)."""
-    built_for = connector_version.rsplit("-", 1)[-1]
+    built_for = connector_flink_minor(connector_version)
     flink_minor = ".".join(flink_version.split(".")[:2])
     if built_for != flink_minor:
         raise StackError(

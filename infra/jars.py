@@ -22,10 +22,10 @@ class PinnedVersions:
     kafka: str
     flink_kafka_connector: str
 
-    @property
-    def connector_flink_minor(self) -> str:
-        """The Flink minor version the connector was built for (``5.0.0-2.2`` -> ``2.2``)."""
-        return self.flink_kafka_connector.rsplit("-", 1)[1]
+
+def connector_flink_minor(connector_version: str) -> str:
+    """The Flink minor version a Flink Kafka connector was built for (``5.0.0-2.2`` -> ``2.2``)."""
+    return connector_version.rsplit("-", 1)[-1]
 
 
 @cache
