@@ -31,7 +31,7 @@ def private_stack(console: Console, prefix: str) -> Iterator[Settings]:
         with console.status("starting a private stack"):
             stack.up()
             apply_topics(settings.kafka.bootstrap_servers, TOPICS)
-            apply_definitions(settings.registry_path, settings.redis_connection)
+            apply_definitions(settings.feast_registry_path, settings.redis_connection)
         yield settings
     finally:
         stack.down(wipe=True)

@@ -186,7 +186,7 @@ def _stage_figures(prefix: str, latencies: list[tuple[float, ...]], mean_batch: 
 
 def _batched(scorer: Scorer) -> tuple[float, float]:
     """(requests, batches) the scorer's model calls have taken so far (its batch-size histogram)."""
-    sample = scorer.metrics.registry.get_sample_value
+    sample = scorer.metrics.collector_registry.get_sample_value
     return sample("loopline_scoring_batch_size_sum") or 0.0, sample("loopline_scoring_batch_size_count") or 0.0
 
 
@@ -452,13 +452,13 @@ def main() -> None:
     began = time.monotonic()
     with private_stack(console, "loopline-inference-") as settings:
         with console.status("writing a feature row per user"):
-            view = feature_store(settings.registry_path, settings.redis_connection).get_stream_feature_view(VIEW)
+            view = feature_store(settings.feast_registry_path, settings.redis_connection).get_stream_feature_view(VIEW)
             fields = feature_fields(view)
             names = [f.name for f in fields]
             typed = {f.name: int if f.dtype.to_value_type().name == "INT64" else float for f in fields}
             now_us = int(time.time() * 1_000_000)
             rows = [FeatureRow(VIEW, f"bench-{u}", now_us, {n: typed[n](u % 7) for n in names}) for u in range(USERS)]
-            OnlineWriter(settings.registry_path, settings.redis_connection).write(rows)
+            OnlineWriter(settings.feast_registry_path, settings.redis_connection).write(rows)
             model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
         figures: dict = {}
         if "core" in parts:

@@ -63,7 +63,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
     Kafka's client, as it would be for a producer on another machine. The warm-up lets the JVM
     compile the job's hot paths; freshness is sampled (user rows) only after it.
     """
-    reader = OnlineReader(settings.registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     producer = EventProducer(settings.kafka.bootstrap_servers)
     config = SyntheticConfig(rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
     stream = SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000))
@@ -135,7 +135,7 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
     The job's capacity with the machine to itself (no producer competing), timed from its first
     row online to the last event's row online, so start-up does not count.
     """
-    reader = OnlineReader(settings.registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     config = SyntheticConfig(rate_per_s=5000.0, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
     stream = SyntheticStream(config, seed=12, start_ms=int(time.time() * 1000))
     topic = replace(TRANSACTIONS, name="bench.catch-up")  # holds only the backlog
@@ -168,8 +168,8 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
 
 def measure_reads(settings: Settings, iterations: int) -> dict:
     """p50/p99 (ms) of the three read paths for 1 and 64 entities, same keys, same run."""
-    store = feature_store(settings.registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     client = redis.Redis(port=settings.redis.port)
     features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     users = [synthetic_user_id(i) for i in range(64)]  # the most active synthetic users: all have rows

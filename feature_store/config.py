@@ -8,24 +8,24 @@ from pathlib import Path
 REPO_PATH = Path(__file__).with_name("repo")
 
 
-def declared_registry(repo_path: Path = REPO_PATH) -> Path:
+def declared_feast_registry(repo_path: Path = REPO_PATH) -> Path:
     """The registry file the repo's ``feature_store.yaml`` names, resolved as Feast resolves it (against the repo)."""
     import yaml
 
-    registry = yaml.safe_load((repo_path / "feature_store.yaml").read_text())["registry"]
-    path = Path(registry if isinstance(registry, str) else registry["path"])
+    declared = yaml.safe_load((repo_path / "feature_store.yaml").read_text())["registry"]
+    path = Path(declared if isinstance(declared, str) else declared["path"])
     return path if path.is_absolute() else repo_path / path
 
 
-def feast_config(registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH):
+def feast_config(feast_registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH):
     """The repo's ``feature_store.yaml`` with the registry file and Redis address overridden when given."""
     import yaml
     from feast.repo_config import RepoConfig
 
     raw = yaml.safe_load((repo_path / "feature_store.yaml").read_text())
-    if registry_path is not None:
-        registry_path.parent.mkdir(parents=True, exist_ok=True)
-        raw["registry"] = str(registry_path)
+    if feast_registry_path is not None:
+        feast_registry_path.parent.mkdir(parents=True, exist_ok=True)
+        raw["registry"] = str(feast_registry_path)
     if redis_connection is not None:
         raw["online_store"] = {**raw["online_store"], "connection_string": redis_connection}
     config = RepoConfig(**raw)
@@ -33,23 +33,23 @@ def feast_config(registry_path: Path | None = None, redis_connection: str | None
     return config
 
 
-def feature_store(registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH):
+def feature_store(feast_registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH):
     """A Feast FeatureStore on this repo (importing Feast takes seconds: keep it off hot paths)."""
     from feast import FeatureStore
 
     # Feast warns that stream feature views are alpha on every load; Loopline depends on them knowingly.
     warnings.filterwarnings("ignore", message="Stream feature views are experimental", category=RuntimeWarning)
-    return FeatureStore(repo_path=str(repo_path), config=feast_config(registry_path, redis_connection, repo_path))
+    return FeatureStore(repo_path=str(repo_path), config=feast_config(feast_registry_path, redis_connection, repo_path))
 
 
-def apply_definitions(registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH) -> list[str]:
+def apply_definitions(feast_registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH) -> list[str]:
     """What ``feast apply`` does: register the repo's definitions and prepare the online store.
 
     Returns the names of the feature views applied.
     """
     from feast.repo_operations import parse_repo
 
-    store = feature_store(registry_path, redis_connection, repo_path)
+    store = feature_store(feast_registry_path, redis_connection, repo_path)
     contents = parse_repo(repo_path)
     views = [*contents.feature_views, *contents.stream_feature_views]
     store.apply([*contents.entities, *contents.data_sources, *views])

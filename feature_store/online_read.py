@@ -36,7 +36,7 @@ class OnlineReader:
     """Reads feature vectors of registered feature views from the Redis online store."""
 
     def __init__(
-        self, registry_path: Path | None, redis_connection: str, repo_path: Path = REPO_PATH, timeout_s: float | None = None
+        self, feast_registry_path: Path | None, redis_connection: str, repo_path: Path = REPO_PATH, timeout_s: float | None = None
     ) -> None:
         """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes)."""
         from feast.infra.key_encoding_utils import serialize_entity_key
@@ -44,7 +44,7 @@ class OnlineReader:
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
-        store = feature_store(registry_path, redis_connection, repo_path)
+        store = feature_store(feast_registry_path, redis_connection, repo_path)
         self._project = store.config.project.encode()
         self._key_version = store.config.entity_key_serialization_version
         self._serialize, self._entity_key, self._value = serialize_entity_key, EntityKey, Value

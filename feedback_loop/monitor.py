@@ -14,7 +14,7 @@
 * Requests whose entity key falls in the sample are held, and replayed against the offline recompute of the
   raw event log (``consistency.py``) once they settled; the ratios of the last replay are exported.
 
-The app takes plain values and callables; ``loopline/`` reads the settings and wires the registry, the snapshot
+The app takes plain values and callables; ``loopline/`` reads the settings and wires the model registry, the snapshot
 store and the event log in.
 """
 
@@ -132,7 +132,7 @@ class Monitor:
     async def _check(self) -> None:
         try:
             reference_id, reference = await asyncio.to_thread(self.references)
-        except Exception as err:  # the registry or snapshot store is down: keep measuring against the last reference
+        except Exception as err:  # the model registry or snapshot store is down: keep measuring against the last reference
             log.warning("could not refresh the reference, measuring against %s: %r", self.window.reference_id, err)
         else:
             if reference_id != self.window.reference_id:

@@ -27,11 +27,11 @@ values.ValueClass = values.MutexValue
 
 
 class MonitorMetrics:
-    """Every metric the monitor exports, in a registry of its own."""
+    """Every metric the monitor exports, in a collector registry of its own."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
+    def __init__(self, collector_registry: CollectorRegistry | None = None) -> None:
+        self.collector_registry = collector_registry or CollectorRegistry()
+        r = self.collector_registry
         self.psi = Gauge("loopline_feature_psi", "Population stability index of the window against the reference.", _SKEW, registry=r)
         self.js = Gauge("loopline_feature_js_divergence", "Jensen-Shannon divergence (base 2) of a numeric feature.", _SKEW, registry=r)
         self.linf = Gauge("loopline_feature_linf_distance", "Largest change of one value's share (categorical).", _SKEW, registry=r)

@@ -1,7 +1,7 @@
 """When to retrain: prod's quality on the outcomes that came back over a recent window fell below a threshold, or a
 skew or consistency alert is firing for it.
 
-``decide`` is pure: it takes the labeled examples (``training.examples``), what the registry says
+``decide`` is pure: it takes the labeled examples (``training.examples``), what the model registry says
 (prod's and any canary's version, when the trigger last fired) and the time, and says whether to
 fire and why. Only prod's own examples count (its model name and version), scored within the window
 and labeled; at least

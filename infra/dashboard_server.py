@@ -44,7 +44,7 @@ def dashboard_app(prometheus_url: str, models: Callable[[], dict], timeout_s: fl
     def model_versions() -> dict:
         try:
             return models()
-        except Exception as err:  # the registry is down: the page still shows Prometheus' side
+        except Exception as err:  # the model registry is down: the page still shows Prometheus' side
             raise HTTPException(502, f"the model registry does not answer: {err}") from err
 
     return app

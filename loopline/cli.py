@@ -22,7 +22,7 @@ from loopline.tables import alias_history_table, prebuilds_table, release_step_l
 from feedback_loop.snapshots import SnapshotError
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
-from schemas.compatibility import CompatibilityError, check_registered, register
+from schemas.compatibility import CompatibilityError, check_registered_schemas, register_schemas
 from schemas.topics import TOPICS
 from streams.feature_plan import PlanError
 from streams.job_settings import JobStateError
@@ -122,12 +122,12 @@ def stack_logs(
 
 @app.command("apply")
 def apply_all() -> None:
-    """`feast apply` on the feature repo (registry and Redis of these settings), then `topics apply`."""
+    """`feast apply` on the feature repo (the Feast registry and Redis of these settings), then `topics apply`."""
     from feature_store.config import apply_definitions
 
     config = settings()
-    views = apply_definitions(config.registry_path, config.redis_connection, config.repo_path)
-    console.print(f"feature views applied: {', '.join(views)} (registry {config.registry_path})")
+    views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path)
+    console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
     console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS, config.kafka.client_config)))
 
 
@@ -207,14 +207,14 @@ def topics_apply() -> None:
 @schemas_app.command("check")
 def schemas_check() -> None:
     """Fail if a record contract changed in a way that breaks existing readers."""
-    for name, outcome in check_registered().items():
+    for name, outcome in check_registered_schemas().items():
         console.print(f"{name}: {outcome}")
 
 
 @schemas_app.command("register")
 def schemas_register() -> None:
     """Record the current contracts as registered (refused if a change is breaking)."""
-    for path in register():
+    for path in register_schemas():
         console.print(f"registered {path}")
 
 
@@ -233,18 +233,18 @@ def produce(
 
 @app.command("serve")
 def serve(
-    model: Annotated[Optional[Path], typer.Option(help="Serve this ONNX file (default: the registry's prod/canary).")] = None,
+    model: Annotated[Optional[Path], typer.Option(help="Serve this ONNX file (default: the model registry's prod/canary).")] = None,
     http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
     kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once.")] = False,
     grpc: Annotated[bool, typer.Option(help="loopline.scoring.v1.Scorer/Score (schemas/scoring.proto).")] = False,
 ) -> None:
-    """Serve the scorer through its front doors until interrupted, hot-swapping the registry's versions."""
+    """Serve the scorer through its front doors until interrupted, hot-swapping the model registry's versions."""
     from loopline.serving import serve as run
 
     config = settings()
     path = model or config.serving.model_path
     if path is not None and not path.exists():
-        raise StackError(f"no model file at {path}", "pass an existing --model PATH, or none to serve from the registry")
+        raise StackError(f"no model file at {path}", "pass an existing --model PATH, or none to serve from the model registry")
     doors = {door for door, chosen in (("http", http), ("kafka", kafka), ("grpc", grpc)) if chosen}
     if not doors:
         raise StackError("no front door chosen", "pass --http, --kafka and/or --grpc")
@@ -333,8 +333,8 @@ def release(
     """`loopline release VERSION --canary 5` sends 5 % of requests to VERSION; `loopline release watch` watches the
     canary against prod (the scorers' metrics, labeled feedback) until the policy promotes or rolls it back."""
     if target != "watch":
-        registry, name = _release(name)
-        registry.start_canary(name, target, canary / 100, _actor(), f"released as a canary on {canary:g} % of requests")
+        model_release, name = _release(name)
+        model_release.start_canary(name, target, canary / 100, _actor(), f"released as a canary on {canary:g} % of requests")
         console.print(f"{name} v{target} is the canary on {canary:g} % of requests; `loopline release watch` decides")
         return
     from loopline.components import release_controller
@@ -523,7 +523,7 @@ def monitor() -> None:
     config = settings()
     metrics = MonitorMetrics()
     monitor = build_monitor(config, metrics)
-    start_http_server(config.monitor.metrics_port, addr=config.serving.host, registry=metrics.registry)
+    start_http_server(config.monitor.metrics_port, addr=config.serving.host, registry=metrics.collector_registry)
     console.print(f"monitor: skew against snapshot {monitor.window.reference_id}, metrics on "
                   f"http://{config.serving.host}:{config.monitor.metrics_port}/metrics")  # fmt: skip
     monitor.run()

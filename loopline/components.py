@@ -33,7 +33,7 @@ from streams.synthetic import SyntheticConfig
 if TYPE_CHECKING:
     from offline_training.release_controller import ReleaseController
     from offline_training.release import ModelRelease
-    from online.registry_reader import RegistryReader
+    from online.model_registry_reader import ModelRegistryReader
 
 
 def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
@@ -47,7 +47,7 @@ def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
         redis=RedisSettings(port=redis),
         prometheus=PrometheusSettings(port=prometheus),
         monitor=MonitorSettings(metrics_port=monitor),
-        feature_store=FeatureStoreSettings(registry_path=home / "feast" / "registry.db"),
+        feature_store=FeatureStoreSettings(feast_registry_path=home / "feast" / "registry.db"),
         stream=StreamSettings(metrics_port=stream),
         feedback=FeedbackSettings(metrics_port=feedback),
     )
@@ -117,7 +117,7 @@ def synthetic_config(settings: Settings, rate_per_s: float, malformed_rate: floa
 
 def feature_plan(settings: Settings) -> FeaturePlan:
     """The streaming plan compiled from the stream feature views in the settings' Feast registry."""
-    return registered_plan(settings.registry_path, settings.redis_connection, settings.repo_path, settings.stream.source_topic)
+    return registered_plan(settings.feast_registry_path, settings.redis_connection, settings.repo_path, settings.stream.source_topic)
 
 
 def feature_operators_jar(settings: Settings) -> Path:
@@ -141,7 +141,7 @@ def job_settings(settings: Settings) -> JobSettings:
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
         operators_jar=feature_operators_jar(settings),
         checkpoint_dir=settings.checkpoint_dir,
-        registry_path=settings.registry_path,
+        feast_registry_path=settings.feast_registry_path,
         redis_connection=settings.redis_connection,
         repo_path=settings.repo_path,
         kafka_properties=dict(settings.kafka.client_config),
@@ -194,12 +194,12 @@ def release_controller(settings: Settings) -> ReleaseController:
 
 
 def _tracking_uri(settings: Settings) -> str:
-    """The registry's tracking URI, with the folder of the default local SQLite registry made."""
+    """The model registry's tracking URI, with the folder of the default local SQLite registry made."""
     # MLflow draws progress bars on artifact downloads (noise in a server's log), and its SQLite
     # store uses an SQLAlchemy loader option SQLAlchemy deprecated.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     warnings.filterwarnings("ignore", message="The ``noload`` loader strategy", category=DeprecationWarning)
-    if settings.registry.tracking_uri is None:
+    if settings.model_registry.tracking_uri is None:
         (settings.home / "mlflow").mkdir(parents=True, exist_ok=True)
     return settings.tracking_uri
 
@@ -211,8 +211,8 @@ def model_release(settings: Settings) -> ModelRelease:
     return ModelRelease(_tracking_uri(settings), settings.artifact_location)
 
 
-def registry_reader(settings: Settings) -> RegistryReader:
+def model_registry_reader(settings: Settings) -> ModelRegistryReader:
     """Serving's reader of the settings' registered model."""
-    from online.registry_reader import RegistryReader
+    from online.model_registry_reader import ModelRegistryReader
 
-    return RegistryReader(_tracking_uri(settings), settings.serving.model_name)
+    return ModelRegistryReader(_tracking_uri(settings), settings.serving.model_name)

@@ -15,7 +15,7 @@ from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.retrain_trigger import FiringAlert, TriggerDecision, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from infra.errors import StackError
-from loopline.components import feature_plan, model_release, registry_reader
+from loopline.components import feature_plan, model_release, model_registry_reader
 from loopline.settings import Settings
 from schemas.topics import LABELS, TRANSACTIONS
 from streams.topics import read_topic
@@ -33,7 +33,7 @@ DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "offline_training" 
 #: Who the retrain trigger is in the alias history.
 TRIGGER_ACTOR = "retrain-trigger"
 #: The registered model's tag holding when the trigger last fired (epoch ms): the cooldown survives a restarted watcher,
-#: and every watcher of the registry sees it.
+#: and every watcher of the model registry sees it.
 LAST_FIRED_TAG = "loopline.retrain_trigger.last_fired_ms"
 #: Where training's output is copied by default: the interpreter's own stderr, not whatever ``sys.stderr`` was when this
 #: module was imported (a CLI test runner swaps its own stream in there, and closes it afterwards).
@@ -103,9 +103,9 @@ def _prod_model(settings: Settings, destination: Path) -> ProdModel | None:
     from mlflow.exceptions import MlflowException
 
     from offline_training.candidate import ProdModel
-    from online.registry_reader import ArtifactRefused
+    from online.model_registry_reader import ArtifactRefused
 
-    reader = registry_reader(settings)
+    reader = model_registry_reader(settings)
     try:
         version = reader.assignment().prod
     except MlflowException as err:
@@ -176,7 +176,7 @@ def firing_alerts(settings: Settings) -> list[FiringAlert]:
 
 def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecision:
     """The retrain trigger's verdict now: prod's labeled examples over the window (``training.examples``, unless
-    ``retrain.mode`` is off), the alerts firing in Prometheus (unless ``retrain.alert_mode`` is off), the registry's
+    ``retrain.mode`` is off), the alerts firing in Prometheus (unless ``retrain.alert_mode`` is off), the model registry's
     aliases and when the trigger last fired. Prometheus not answering is said in the reason; quality is still judged."""
     from mlflow.exceptions import MlflowException
 

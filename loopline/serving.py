@@ -32,12 +32,12 @@ log = logging.getLogger("loopline.scoring")
 
 def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
     """A scorer reading features from the settings' online store; serving the file ``model_path`` when given
-    (else nothing until a ``ModelWatcher`` installs the registry's versions)."""
+    (else nothing until a ``ModelWatcher`` installs the model registry's versions)."""
     from feature_store.online_read import OnlineReader
 
     serving = settings.serving
     budget_s = serving.feature_budget_ms / 1000
-    reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s)
     knobs = BatchingKnobs(
         max_batch_size=serving.max_batch_size,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
@@ -52,10 +52,10 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
 
 
 def model_watcher(settings: Settings, scorer: Scorer) -> ModelWatcher:
-    """Keeps ``scorer`` on the versions the registry's aliases name for the settings' model."""
-    from loopline.components import registry_reader
+    """Keeps ``scorer`` on the versions the model registry's aliases name for the settings' model."""
+    from loopline.components import model_registry_reader
 
-    return ModelWatcher(registry_reader(settings), scorer, settings.serving.registry_poll_s)
+    return ModelWatcher(model_registry_reader(settings), scorer, settings.serving.model_registry_poll_s)
 
 
 def llm_model(settings: Settings) -> VllmModel:
@@ -84,7 +84,7 @@ async def serve_when_warm(scorer: Scorer, model: VllmModel, stop: asyncio.Event,
 
 def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -> None:
     """Serve through ``doors`` ("http", "kafka", "grpc") until SIGINT or SIGTERM: the file ``model_path`` when
-    given, else the LLM of ``serving.llm`` when set, else the registry's ``prod`` (and ``canary``)
+    given, else the LLM of ``serving.llm`` when set, else the model registry's ``prod`` (and ``canary``)
     versions of the settings' model, hot-swapped.
 
     The first signal stops the doors cleanly (the Kafka door commits what it scored and leaves its
@@ -196,7 +196,7 @@ async def run_doors(
     install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None,
 ) -> None:
     """Serve ``scorer`` through ``doors`` on this event loop until ``stop`` is set or a door fails;
-    ``install_models(stop)``, when given, runs meanwhile (the registry watcher, a vLLM warm-up).
+    ``install_models(stop)``, when given, runs meanwhile (the model registry watcher, a vLLM warm-up).
 
     All doors share the loop, hence one dynamic batcher per model: requests from every door batch together.
     Afterwards the scorer finishes its requests in flight and the prediction log delivers what it holds.

@@ -89,11 +89,11 @@ class ProducerSettings(BaseModel):
 
 
 class FeatureStoreSettings(BaseModel):
-    """The Feast repository and its registry."""
+    """The Feast repository and its Feast registry."""
 
     repo_path: Path | None = Field(default=None, description="A Feast repo of your own; default: feature_store/repo.")
-    registry_path: Path | None = Field(
-        default=None, description="Default: the registry the repo's feature_store.yaml names, which `feast` in the repo uses too."
+    feast_registry_path: Path | None = Field(
+        default=None, description="Default: the Feast registry the repo's feature_store.yaml names, which `feast` in the repo uses too."
     )
 
 
@@ -150,9 +150,9 @@ class ServingSettings(BaseModel):
     http_port: int = Field(default=8080, ge=1, le=65535)
     grpc_port: int = Field(default=50051, ge=1, le=65535)
     model_name: str = Field(default="fraud", description="The registered model to serve (its prod and canary aliases).")
-    model_path: Path | None = Field(default=None, description="Serve this ONNX file instead of the registry's versions.")
+    model_path: Path | None = Field(default=None, description="Serve this ONNX file instead of the model registry's versions.")
     model_version: str = Field(default="file", description="The version a model_path file is reported as.")
-    registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the registry's aliases.")
+    model_registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the model registry's aliases.")
     llm: LlmSettings | None = Field(default=None, description="Serve this LLM (vLLM) instead of ONNX models.")
     feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
     max_batch_size: int = Field(default=64, ge=1, description="Requests per model call (the dynamic batcher).")
@@ -299,7 +299,7 @@ class MonitorSettings(BaseModel):
     from_earliest: bool = Field(default=False, description="A new monitor reads scoring.predictions from its start, not its end.")
 
 
-class RegistrySettings(BaseModel):
+class ModelRegistrySettings(BaseModel):
     """The MLflow model registry: training registers and releases versions there, serving loads them."""
 
     tracking_uri: str | None = Field(default=None, description="Default: sqlite:///<home>/mlflow/mlflow.db; a server at scale.")
@@ -324,7 +324,7 @@ class Settings(BaseSettings):
     serving: ServingSettings = ServingSettings()
     feedback: FeedbackSettings = FeedbackSettings()
     release: ReleaseSettings = ReleaseSettings()
-    registry: RegistrySettings = RegistrySettings()
+    model_registry: ModelRegistrySettings = ModelRegistrySettings()
     retrain: RetrainSettings = RetrainSettings()
     monitor: MonitorSettings = MonitorSettings()
     dashboard: DashboardSettings = DashboardSettings()
@@ -367,12 +367,12 @@ class Settings(BaseSettings):
         return (self.feature_store.repo_path or REPO_PATH).absolute()
 
     @property
-    def registry_path(self) -> Path:
+    def feast_registry_path(self) -> Path:
         """The Feast registry file: by default the one the repo's feature_store.yaml names, so `feast` in the
-        repo folder and Loopline act on one registry."""
-        from feature_store.config import declared_registry
+        repo folder and Loopline act on one Feast registry."""
+        from feature_store.config import declared_feast_registry
 
-        return (self.feature_store.registry_path or declared_registry(self.repo_path)).absolute()
+        return (self.feature_store.feast_registry_path or declared_feast_registry(self.repo_path)).absolute()
 
     @property
     def auth_token(self) -> str | None:
@@ -401,12 +401,12 @@ class Settings(BaseSettings):
     @property
     def tracking_uri(self) -> str:
         """The model registry's MLflow tracking URI."""
-        return self.registry.tracking_uri or f"sqlite:///{(self.home / 'mlflow' / 'mlflow.db').absolute()}"
+        return self.model_registry.tracking_uri or f"sqlite:///{(self.home / 'mlflow' / 'mlflow.db').absolute()}"
 
     @property
     def artifact_location(self) -> str:
         """Where newly registered model versions keep their files."""
-        return self.registry.artifact_location or str((self.home / "mlflow" / "artifacts").absolute())
+        return self.model_registry.artifact_location or str((self.home / "mlflow" / "artifacts").absolute())
 
     @property
     def redis_connection(self) -> str:

@@ -1,1 +1,1 @@
-"""Training from feedback snapshots, evaluation, ONNX export and registry release."""
+"""Training from feedback snapshots, evaluation, ONNX export and release through the model registry."""

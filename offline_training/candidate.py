@@ -10,7 +10,7 @@ version, a model card, and registration only when the candidate is not worse tha
   measured (a holdout of one class) does not.
 * A registered version is tagged with its snapshot id, its holdout metrics, the prod version it was
   compared with, its precision (fp32 or int8), its owner, its known defects (a JSON list of statements)
-  and the model card as JSON; its description is the card in brief (``ModelCard.registry_description``).
+  and the model card as JSON; its description is the card in brief (``ModelCard.model_registry_description``).
 """
 
 from __future__ import annotations
@@ -178,7 +178,7 @@ def evaluate_and_register(
     )  # fmt: skip
     version = None
     if verdict.register:
-        version = release.register(name, model_path, description=card.registry_description())
+        version = release.register(name, model_path, description=card.model_registry_description())
         card = replace(card, version=version)
         for key, value in _version_tags(card, comparison, int8).items():
             release.client.set_model_version_tag(name, version, key, value)

@@ -3,7 +3,7 @@ with ``prod``, its known defects (``known_defects.py``) and what its numbers do 
 
 Written into the run's folder as ``model_card.json`` and ``model_card.md`` for people, after registration so it
 carries the registered version (a refused candidate's card says it was not registered, and why). A registered
-version carries the same JSON on its ``loopline.model_card`` tag and :meth:`ModelCard.registry_description` as its
+version carries the same JSON on its ``loopline.model_card`` tag and :meth:`ModelCard.model_registry_description` as its
 description. Missing values (an AUC on one class, a precision with nothing flagged) are ``null`` in the JSON and "—"
 in the text.
 """
@@ -81,7 +81,7 @@ class ModelCard:
                   "", "## Caveats", "", *(f"- {caveat}" for caveat in self.caveats)]  # fmt: skip
         return "\n".join(lines) + "\n"
 
-    def registry_description(self) -> str:
+    def model_registry_description(self) -> str:
         """The card in brief for the registry version's description (MLflow shows it as Markdown): owner, snapshot,
         decision, the registered file's holdout metrics and the known defects, within :data:`DESCRIPTION_LIMIT`
         (defects that do not fit are counted; all of them are on the ``loopline.known_defects`` tag)."""

@@ -80,7 +80,7 @@ class ModelRelease:
         try:
             return self.client.get_registered_model(name)
         except MlflowException as err:
-            raise ReleaseError(f"no registered model {name!r} in this registry: {err.message}") from err
+            raise ReleaseError(f"no registered model {name!r} in this model registry: {err.message}") from err
 
     def history(self, name: str) -> list[AliasChange]:
         """Every recorded alias change of ``name``, oldest first."""

@@ -3,7 +3,7 @@
 Each look gathers, since the canary started: per arm, requests, errors and the latency histogram from
 every scorer's ``/metrics`` (summed over scorers), and the AUC of its scores on the events labeled since
 (``training.examples``). ``offline_training/release_policy.py`` decides; a promotion or a rollback is
-applied to the registry, recorded with the controller as the actor and the policy's reason.
+applied to the model registry, recorded with the controller as the actor and the policy's reason.
 
 Like for like: a scorer restarts both arms' per-version counts when it starts a canary
 (``ScorerMetrics.start_comparison``), so on every scorer canary and prod are counted over the same

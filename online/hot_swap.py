@@ -1,6 +1,6 @@
 """Hot swap: keep the scorer's aliases on the versions the model registry names.
 
-The watcher polls the registry. When an alias names a new version it downloads the artifact,
+The watcher polls the model registry. When an alias names a new version it downloads the artifact,
 verifies its SHA-256 against the registration, loads and warms it off the event loop (serving goes
 on meanwhile), then installs it: the switch is atomic and requests in flight finish on the model
 that took them. A version that fails verification or loading is refused — counted in
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from online.onnx_runtime import OnnxModel
-from online.registry_reader import ArtifactRefused, RegistryReader
+from online.model_registry_reader import ArtifactRefused, ModelRegistryReader
 from online.scorer import Scorer
 from schemas.model_registry import ALIASES, PROD_ALIAS
 
@@ -25,10 +25,10 @@ log = logging.getLogger("loopline.scoring")
 
 
 class ModelWatcher:
-    """Installs in ``scorer`` the versions ``registry``'s aliases name, checking every ``poll_s`` seconds."""
+    """Installs in ``scorer`` the versions ``model_registry``'s aliases name, checking every ``poll_s`` seconds."""
 
-    def __init__(self, registry: RegistryReader, scorer: Scorer, poll_s: float = 5.0) -> None:
-        self.registry = registry
+    def __init__(self, model_registry: ModelRegistryReader, scorer: Scorer, poll_s: float = 5.0) -> None:
+        self.model_registry = model_registry
         self.scorer = scorer
         self.poll_s = poll_s
         self._refused: set[str] = set()
@@ -39,11 +39,11 @@ class ModelWatcher:
         ArtifactRefused for a version that must not be served; any other error (the registry or its
         artifact store unreachable) is left to the next poll."""
         with tempfile.TemporaryDirectory(prefix="loopline-model-") as folder:
-            path = self.registry.fetch(version, Path(folder))
+            path = self.model_registry.fetch(version, Path(folder))
             try:
-                return OnnxModel(path, self.registry.name, version)
+                return OnnxModel(path, self.model_registry.name, version)
             except Exception as err:  # ONNX Runtime's load errors, or inputs not named per the contract
-                raise ArtifactRefused(self.registry.name, version, f"not a servable model: {err}", "invalid_model") from err
+                raise ArtifactRefused(self.model_registry.name, version, f"not a servable model: {err}", "invalid_model") from err
 
     def _serving(self) -> str:
         """The versions serving now, for log lines."""
@@ -55,8 +55,8 @@ class ModelWatcher:
         log.error("%s; still serving %s", refusal, self._serving())
 
     async def sync(self) -> None:
-        """One look at the registry; installs and removes models until the scorer matches it."""
-        assignment = await asyncio.to_thread(self.registry.assignment)
+        """One look at the model registry; installs and removes models until the scorer matches it."""
+        assignment = await asyncio.to_thread(self.model_registry.assignment)
         self.scorer.canary_share = assignment.canary_share
         for alias in ALIASES:
             version, serving = assignment.version(alias), self.scorer.models
@@ -76,7 +76,7 @@ class ModelWatcher:
             await self.scorer.install(alias, loaded)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Poll until ``stop`` is set. A registry that cannot be reached is logged; serving goes on."""
+        """Poll until ``stop`` is set. A model registry that cannot be reached is logged; serving goes on."""
         while not stop.is_set():
             try:
                 await self.sync()

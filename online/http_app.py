@@ -131,7 +131,7 @@ def create_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(scorer.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(scorer.metrics.collector_registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
 

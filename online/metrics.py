@@ -1,4 +1,4 @@
-"""The scorer's Prometheus metrics (``loopline_scoring_*``), on a registry of its own."""
+"""The scorer's Prometheus metrics (``loopline_scoring_*``), on a collector registry of its own."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 # Importing Feast sets PROMETHEUS_MULTIPROC_DIR for its own feature server, which switches every
 # metric of the process (and of its children, through the environment) to values kept in shared
 # files: slower on every increment, and shared by name across registries, so two scorers would
-# count into each other. The scorer exports its own registry, so its values stay in process.
+# count into each other. The scorer exports its own collector registry, so its values stay in process.
 values.ValueClass = values.MutexValue
 
 #: Stage latencies span 50 µs (a cached read) to 0.5 s (an overloaded queue).
@@ -26,56 +26,56 @@ REFUSAL_REASONS = ("artifact", "invalid_model")
 class ScorerMetrics:
     """Requests, errors, per-stage latency, batch sizes, queue depth, defaulted features, cache hits, models."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
+    def __init__(self, collector_registry: CollectorRegistry | None = None) -> None:
+        self.collector_registry = collector_registry or CollectorRegistry()
         self.requests = Counter(
-            "loopline_scoring_requests", "Score requests by front door and outcome.", ["door", "status"], registry=self.registry
+            "loopline_scoring_requests", "Score requests by front door and outcome.", ["door", "status"], registry=self.collector_registry
         )
         self.stage_seconds = Histogram(
             "loopline_scoring_stage_seconds", "Latency of each scoring stage.", ["stage"],
-            buckets=_LATENCY_BUCKETS, registry=self.registry,
+            buckets=_LATENCY_BUCKETS, registry=self.collector_registry,
         )  # fmt: skip
         self.batch_size = Histogram(
             "loopline_scoring_batch_size", "Requests per model call.", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
-            registry=self.registry,
+            registry=self.collector_registry,
         )  # fmt: skip
-        self.queue_depth = Gauge("loopline_scoring_queue_depth", "Requests waiting for a batch.", registry=self.registry)
-        self.features = Counter("loopline_scoring_features", "Features fed to models.", registry=self.registry)
+        self.queue_depth = Gauge("loopline_scoring_queue_depth", "Requests waiting for a batch.", registry=self.collector_registry)
+        self.features = Counter("loopline_scoring_features", "Features fed to models.", registry=self.collector_registry)
         self.defaulted_features = Counter(
-            "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.registry
+            "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.collector_registry
         )
         self.feature_fallbacks = Counter(
             "loopline_scoring_feature_fallbacks",
             "Requests scored on all-default features because the read failed, by reason (over_budget, unavailable, no_entity).",
-            ["reason"], registry=self.registry,
+            ["reason"], registry=self.collector_registry,
         )  # fmt: skip
         self.cache_requests = Counter(
-            "loopline_scoring_cache_requests", "Result cache lookups by result (hit, miss).", ["result"], registry=self.registry
+            "loopline_scoring_cache_requests", "Result cache lookups by result (hit, miss).", ["result"], registry=self.collector_registry
         )
         self.prediction_log_failures = Counter(
-            "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.registry
+            "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.collector_registry
         )
-        self.model = Info("loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.registry)
+        self.model = Info("loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.collector_registry)
         # Per model version, what a release controller compares a canary with prod by: both count from
         # the moment this scorer started the current canary (``start_comparison``), so the two arms cover
         # the same window.
         self.model_requests = Counter(
             "loopline_scoring_model_requests",
             "Requests a model version scored (ok) or failed on (error), since this scorer started the current canary.",
-            ["alias", "version", "outcome"], registry=self.registry,
+            ["alias", "version", "outcome"], registry=self.collector_registry,
         )  # fmt: skip
         self.model_latency = Histogram(
             "loopline_scoring_model_latency_seconds",
             "Scoring latency (feature fetch to score) per model version, since this scorer started the current canary.",
-            ["alias", "version"], buckets=_MODEL_LATENCY_BUCKETS, registry=self.registry,
+            ["alias", "version"], buckets=_MODEL_LATENCY_BUCKETS, registry=self.collector_registry,
         )  # fmt: skip
         self.model_swaps = Counter(
-            "loopline_scoring_model_swaps", "Hot swaps of the model serving under an alias.", ["alias"], registry=self.registry
+            "loopline_scoring_model_swaps", "Hot swaps of the model serving under an alias.", ["alias"], registry=self.collector_registry
         )
         self.model_refusals = Counter(
             "loopline_scoring_model_refusals",
             "Registered model versions refused (artifact not as registered, or not a loadable model).", ["reason"],
-            registry=self.registry,
+            registry=self.collector_registry,
         )  # fmt: skip
         for reason in REFUSAL_REASONS:  # from 0, so the first refusal is an increase an alert rule can see
             self.model_refusals.labels(reason)

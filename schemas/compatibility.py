@@ -21,7 +21,7 @@ from typing import Any
 
 from schemas.records import RECORD_TYPES, Record
 
-REGISTERED_DIR = Path(__file__).parent / "registered"
+REGISTERED_SCHEMAS_DIR = Path(__file__).parent / "registered"
 
 #: JSON Schema keys that document a field without changing what values it accepts.
 _DOCUMENTATION_KEYS = frozenset({"title", "description", "default", "examples"})
@@ -79,19 +79,19 @@ def check_compatible(record_name: str, old: dict[str, Any], new: dict[str, Any])
         raise CompatibilityError(record_name, problems)
 
 
-def registered_path(record_type: type[Record], directory: Path = REGISTERED_DIR) -> Path:
+def registered_schema_path(record_type: type[Record], directory: Path = REGISTERED_SCHEMAS_DIR) -> Path:
     """Where the registered schema of this record type's current version lives."""
     return directory / f"{record_type.RECORD_NAME}.v{record_type.SCHEMA_VERSION}.json"
 
 
-def check_registered(directory: Path = REGISTERED_DIR) -> dict[str, str]:
+def check_registered_schemas(directory: Path = REGISTERED_SCHEMAS_DIR) -> dict[str, str]:
     """Compare every record type with its registered schema; raise CompatibilityError on a break.
 
     Returns, per record name, ``"unchanged"``, ``"compatible change"`` or ``"not registered"``.
     """
     outcome: dict[str, str] = {}
     for record_type in RECORD_TYPES:
-        path = registered_path(record_type, directory)
+        path = registered_schema_path(record_type, directory)
         if not path.exists():
             outcome[record_type.RECORD_NAME] = "not registered"
             continue
@@ -101,13 +101,13 @@ def check_registered(directory: Path = REGISTERED_DIR) -> dict[str, str]:
     return outcome
 
 
-def register(directory: Path = REGISTERED_DIR) -> list[Path]:
+def register_schemas(directory: Path = REGISTERED_SCHEMAS_DIR) -> list[Path]:
     """Write the current schema of every record type after checking it against what is registered."""
-    check_registered(directory)
+    check_registered_schemas(directory)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for record_type in RECORD_TYPES:
-        path = registered_path(record_type, directory)
+        path = registered_schema_path(record_type, directory)
         path.write_text(json.dumps(json_schema(record_type), indent=2, sort_keys=True) + "\n")
         written.append(path)
     return written

@@ -122,7 +122,7 @@ class WriteOnline(ScalarFunction):
     def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
 
-        self.writer = OnlineWriter(self.settings.registry_path, self.settings.redis_connection, *_repo(self.settings))
+        self.writer = OnlineWriter(self.settings.feast_registry_path, self.settings.redis_connection, *_repo(self.settings))
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
     def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
@@ -332,7 +332,7 @@ def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_t
 def _main(settings_json: str, source_topic: str) -> None:
     """Entry point under ``flink run``: compile the plan from the Feast registry and submit the job to that cluster."""
     settings = JobSettings.from_json(settings_json)
-    plan = registered_plan(settings.registry_path, settings.redis_connection, settings.repo_path, source_topic or None)
+    plan = registered_plan(settings.feast_registry_path, settings.redis_connection, settings.repo_path, source_topic or None)
     env = new_environment(settings)
     build_job(env, plan, settings)
     env.execute(JOB_NAME)

@@ -184,12 +184,12 @@ def compile_plan(views: Iterable[StreamFeatureView]) -> FeaturePlan:
 
 
 def registered_plan(
-    registry_path: Path | None, redis_connection: str | None, repo_path: Path | None = None, source_topic: str | None = None
+    feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path | None = None, source_topic: str | None = None
 ) -> FeaturePlan:
-    """The plan compiled from the stream feature views in the Feast registry at ``registry_path`` (None: the one the
+    """The plan compiled from the stream feature views in the Feast registry at ``feast_registry_path`` (None: the one the
     repo's feature_store.yaml names) of the repo at ``repo_path`` (None: feature_store/repo), reading ``source_topic``
     instead of their source's when given."""
     from feature_store.config import REPO_PATH, feature_store
 
-    plan = compile_plan(feature_store(registry_path, redis_connection, repo_path or REPO_PATH).list_stream_feature_views())
+    plan = compile_plan(feature_store(feast_registry_path, redis_connection, repo_path or REPO_PATH).list_stream_feature_views())
     return plan.reading(source_topic) if source_topic else plan

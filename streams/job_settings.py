@@ -33,7 +33,7 @@ class JobSettings:
     #: The job's JVM operators (streams/operators_jar.py).
     operators_jar: Path
     checkpoint_dir: Path
-    registry_path: Path | None = None
+    feast_registry_path: Path | None = None
     redis_connection: str | None = None
     #: The Feast repo (its feature_store.yaml and FileSource paths); None: feature_store/repo.
     repo_path: Path | None = None

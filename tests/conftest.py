@@ -94,7 +94,7 @@ def bootstrap(stack: LocalStack, settings: Settings) -> str:
 @pytest.fixture(scope="session")
 def applied(settings: Settings, stack: LocalStack) -> Settings:
     """The settings, with the Feast definitions applied to the stack's registry and Redis."""
-    apply_definitions(settings.registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection)
     return settings
 
 

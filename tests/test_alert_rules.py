@@ -42,14 +42,14 @@ def test_scoring_rules_are_valid_and_fire_as_their_unit_tests_say() -> None:
 
 
 def test_rules_only_use_metrics_loopline_exports() -> None:
-    exported = generate_latest(ScorerMetrics().registry).decode() + generate_latest(MonitorMetrics().registry).decode()
+    exported = generate_latest(ScorerMetrics().collector_registry).decode() + generate_latest(MonitorMetrics().collector_registry).decode()
     expressions = [rule["expr"] for path in RULES_DIR.glob("*.rules.yml") for rule in _rules(path).values()]
     used = {re.sub(r"_(bucket|sum|count)$", "", name) for expr in expressions for name in re.findall(r"loopline_\w+", expr)}
     assert used and all(re.search(rf"^# TYPE {name} ", exported, re.M) for name in used), used - set(re.findall(r"# TYPE (\S+)", exported))
     flink = {name for expr in expressions for name in re.findall(r"flink_\w+", expr)}
     assert flink == FLINK_METRICS
     # A refusal must be an increase for the alert to see it: its counters start at 0.
-    assert 'loopline_scoring_model_refusals_total{reason="artifact"} 0.0' in generate_latest(ScorerMetrics().registry).decode()
+    assert 'loopline_scoring_model_refusals_total{reason="artifact"} 0.0' in generate_latest(ScorerMetrics().collector_registry).decode()
 
 
 def _threshold_series(feature: str, alert: float = 0.25, warn: float = 0.1) -> list[dict]:

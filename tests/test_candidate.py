@@ -63,13 +63,13 @@ def examples(shuffle_training_labels: bool, seed: int = 0) -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def settings(tmp_path_factory):
-    from loopline.settings import FeedbackSettings, RegistrySettings, ServingSettings, Settings
+    from loopline.settings import FeedbackSettings, ModelRegistrySettings, ServingSettings, Settings
 
     home = tmp_path_factory.mktemp("retrain")
     (home / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
     return Settings(
         home=home, serving=ServingSettings(model_name=MODEL),
-        registry=RegistrySettings(tracking_uri=f"sqlite:///{home}/mlflow.db", artifact_location=str(home / "artifacts")),
+        model_registry=ModelRegistrySettings(tracking_uri=f"sqlite:///{home}/mlflow.db", artifact_location=str(home / "artifacts")),
         feedback=FeedbackSettings(train_config=home / "config.yaml", train_processes=1),
     )  # fmt: skip
 
@@ -365,7 +365,7 @@ def test_holdout_defects_follow_their_bounds_and_a_card_without_defects_says_so(
 
     # More defects than a registry description holds: those that fit, and how many more the tag lists.
     many = [KnownDefect("constant_input", f"input {i} is constant " + "x" * 200, {"input": str(i)}) for i in range(60)]
-    description = replace(report.card, known_defects=many).registry_description()
+    description = replace(report.card, known_defects=many).model_registry_description()
     listed = [line for line in description.splitlines() if line.startswith("- input ")]
     assert len(description) <= DESCRIPTION_LIMIT and 0 < len(listed) < len(many)
     assert description.endswith(f"- … and {len(many) - len(listed)} more: see the `loopline.known_defects` tag")

@@ -49,7 +49,7 @@ def loop_settings(applied: Settings, tmp_path: Path) -> Settings:
     # judgement is tested in test_candidate.py).
     retrain = applied.retrain.model_copy(update={"max_auc_drop": 1.0})
     return applied.model_copy(update={"serving": serving, "release": release, "retrain": retrain,
-                                      "registry": applied.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})})  # fmt: skip
+                                      "model_registry": applied.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})})  # fmt: skip
 
 
 @pytest.mark.timeout(900)
@@ -62,7 +62,7 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str,
     try:
         scoring.start_serving(tmp_path / "scorer.log")
         loop.start(tmp_path / "joiner.log")
-        reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
+        reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         wait_until_serving(job, settings, reader, timeout_s=180)
         scoring.wait_ready()
 

@@ -41,7 +41,7 @@ USERS, ROUNDS, EVENTS_PER_ROUND = 40, 5, 800
 ROUND_SPAN_MS = 200_000
 
 
-def _drifted_registry(settings: Settings, path: Path) -> Path:
+def _drifted_feast_registry(settings: Settings, path: Path) -> Path:
     """A registry at ``path`` holding the repo's definitions, except `txn_count_5m` over one 10 s bucket more."""
     from feast.repo_operations import parse_repo
 
@@ -78,13 +78,13 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
     source = TopicSpec(f"test.consistency.{run}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
     dead = TopicSpec(f"test.consistency.{run}.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=DAY_MS)
     apply_topics(bootstrap, [source, dead])
-    registry = _drifted_registry(applied, tmp_path / "drifted-registry.db")
-    drifted = applied.model_copy(update={"feature_store": applied.feature_store.model_copy(update={"registry_path": registry})})
+    feast_registry = _drifted_feast_registry(applied, tmp_path / "drifted-registry.db")
+    drifted = applied.model_copy(update={"feature_store": applied.feature_store.model_copy(update={"feast_registry_path": feast_registry})})
     job = start_feature_job(drifted, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPIC=source.name,
                             LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name, LOOPLINE_STREAM__GROUP_ID=f"consistency-{run}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
     # The scorer's read, of the registered definitions (the same views and features: only the job drifted).
-    reader = OnlineReader(applied.registry_path, applied.redis_connection, applied.repo_path)
+    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     features = [f"{VIEW}:{name}" for name in ("txn_count_5m", "txn_count_1h", "amount_sum_1h", "amount_mean_1h",
                                               "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h")]  # fmt: skip
     users = [f"drift-{run}-{n}" for n in range(USERS)]

@@ -64,7 +64,7 @@ def test_chromium_reports_a_pages_console_errors() -> None:
 def dashboard(applied: Settings, stack, tmp_path: Path):
     """The monitor's metrics on the scraped port, the dashboard on a free one; yields (url, publish(psi by feature))."""
     metrics = MonitorMetrics()
-    server, _ = start_http_server(applied.monitor.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+    server, _ = start_http_server(applied.monitor.metrics_port, addr="127.0.0.1", registry=metrics.collector_registry)
     release = model_release(applied)
     name = applied.serving.model_name
     version = release.register(name, write_linear_model(tmp_path / "m.onnx", ["request:amount"], np.ones(1), 0.0))

@@ -41,7 +41,7 @@ def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: P
     stack.up()
     try:
         apply_topics(settings.kafka.bootstrap_servers, TOPICS)
-        apply_definitions(settings.registry_path, settings.redis_connection)
+        apply_definitions(settings.feast_registry_path, settings.redis_connection)
         report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print).run()
     finally:
         stack.down(wipe=True)

@@ -54,7 +54,7 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     repo = _repo_copy(applied, tmp_path)
     # No registry path of Loopline's own: the repo's feature_store.yaml names it, as for `feast`.
     settings = applied.model_copy(update={"feature_store": FeatureStoreSettings(repo_path=repo)})
-    assert settings.registry_path == tmp_path / "registry.db"
+    assert settings.feast_registry_path == tmp_path / "registry.db"
     env = settings_environment(settings)
     feast = str(Path(sys.executable).with_name("feast"))
 
@@ -88,7 +88,7 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
         LOOPLINE_STREAM__GROUP_ID=f"registry-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
     )  # fmt: skip
     try:
-        reader = OnlineReader(settings.registry_path, settings.redis_connection, repo)
+        reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, repo)
         minimum = lambda: reader.get_online_features([f"{VIEW}:{NEW_FEATURE}"], [{"user_id": user}])[NEW_FEATURE][0]  # noqa: E731
         assert wait_until(lambda: minimum() == 12.5 or job.poll() is not None, 180, 0.5), f"see {tmp_path / 'job.log'}"
         assert minimum() == 12.5

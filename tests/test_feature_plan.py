@@ -82,7 +82,7 @@ def test_unknown_topic_is_refused() -> None:
         compile_view(view(Aggregation(name="n", function="count", column="amount", time_window=HOUR), topic="elsewhere"))
 
 
-def test_an_empty_registry_is_a_clear_error() -> None:
+def test_an_empty_feast_registry_is_a_clear_error() -> None:
     with pytest.raises(PlanError, match="run `loopline apply`"):
         compile_plan([])
 

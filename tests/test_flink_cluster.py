@@ -55,7 +55,7 @@ def loopline(settings: Settings, group: str, *args: str) -> subprocess.Completed
 
 
 def test_submit_status_cancel_on_a_standalone_cluster(settings: Settings, bootstrap: str, cluster: str) -> None:
-    apply_definitions(settings.registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection)
     apply_topics(bootstrap, [SOURCE])
     group = f"test-remote-{uuid.uuid4()}"
     submitted = loopline(settings, group, "stream", "submit", "--jobmanager", cluster)
@@ -67,7 +67,7 @@ def test_submit_status_cancel_on_a_standalone_cluster(settings: Settings, bootst
     events = [dataclasses.replace(e, topic=SOURCE.name) for e in itertools.islice(stream, 300) if e.record and e.topic == "events.transactions"]
     EventProducer(bootstrap).publish(events)
     last = {e.key: e.record.event_time_ms for e in events}
-    reader = OnlineReader(settings.registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
 
     def newest_rows_written() -> bool:
         stamps = reader.row_timestamps_us("user_transaction_features", list(last))

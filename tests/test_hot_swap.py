@@ -45,7 +45,7 @@ def registered(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> t
     """Serving settings polling a fresh registered model every 0.1 s; its release handle; the two model files."""
     folder = tmp_path_factory.mktemp("models")
     files = {kind: write_linear_model(folder / f"{kind}.onnx", INPUTS, *WEIGHTS[kind]) for kind in WEIGHTS}
-    serving = applied.serving.model_copy(update={"model_name": f"fraud-{uuid.uuid4().hex[:8]}", "registry_poll_s": 0.1})
+    serving = applied.serving.model_copy(update={"model_name": f"fraud-{uuid.uuid4().hex[:8]}", "model_registry_poll_s": 0.1})
     settings = applied.model_copy(update={"serving": serving})
     return settings, model_release(settings), files
 

@@ -16,8 +16,8 @@ USER_VIEW, MERCHANT_VIEW = "user_transaction_features", "merchant_transaction_fe
 
 @pytest.fixture(scope="module")
 def written(settings: Settings, stack) -> list[str]:
-    apply_definitions(settings.registry_path, settings.redis_connection)
-    writer = OnlineWriter(settings.registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection)
     now_us = int(time.time() * 1e6)
     rows = []
     for i in range(40):
@@ -39,8 +39,8 @@ def written(settings: Settings, stack) -> list[str]:
 
 @pytest.mark.parametrize("count", [1, 64])
 def test_fast_read_equals_feast(settings: Settings, written: list[str], count: int) -> None:
-    store = feature_store(settings.registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     users = (written + ["read-missing", "read-stale"] * 32)[:count]
     features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     rows = [{"user_id": u} for u in users]
@@ -48,8 +48,8 @@ def test_fast_read_equals_feast(settings: Settings, written: list[str], count: i
 
 
 def test_fast_read_across_views_equals_feast(settings: Settings, written: list[str]) -> None:
-    store = feature_store(settings.registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     features = [f"{USER_VIEW}:txn_count_5m", f"{USER_VIEW}:secs_since_prev_txn", f"{MERCHANT_VIEW}:merchant_amount_mean_1h"]
     rows = [{"user_id": written[3], "merchant_id": "read-m1"}, {"user_id": "read-stale", "merchant_id": "nope"}]
     got = reader.get_online_features(features, rows)

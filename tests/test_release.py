@@ -158,7 +158,7 @@ def test_scrape_sums_the_scorers_and_interpolates_the_p99() -> None:
     servers, urls, latencies = [], [], {"prod": [], "canary": []}
     for _ in range(2):
         metrics, port = ScorerMetrics(), free_port()
-        servers.append(start_http_server(port, addr="127.0.0.1", registry=metrics.registry)[0])
+        servers.append(start_http_server(port, addr="127.0.0.1", registry=metrics.collector_registry)[0])
         urls.append(f"http://127.0.0.1:{port}/metrics")
         for alias, version, low, high in (("prod", "1", 0.001, 0.003), ("canary", "2", 0.0105, 0.019)):
             for seconds in rng.uniform(low, high, 500):
@@ -182,13 +182,13 @@ def test_scrape_sums_the_scorers_and_interpolates_the_p99() -> None:
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRelease, dict[str, str], list[Path]]:
+def model_registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRelease, dict[str, str], list[Path]]:
     """A registry of its own (MLflow on SQLite); the settings that name it; two model files."""
     folder = tmp_path_factory.mktemp("registry")
-    env = {"LOOPLINE_REGISTRY__TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
-           "LOOPLINE_REGISTRY__ARTIFACT_LOCATION": str(folder / "artifacts"), "LOOPLINE_HOME": str(folder / "home")}  # fmt: skip
+    env = {"LOOPLINE_MODEL_REGISTRY__TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
+           "LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION": str(folder / "artifacts"), "LOOPLINE_HOME": str(folder / "home")}  # fmt: skip
     files = [write_linear_model(folder / f"m{i}.onnx", INPUTS, np.full(4, 0.01 * i), 0.0) for i in range(2)]
-    return ModelRelease(env["LOOPLINE_REGISTRY__TRACKING_URI"], env["LOOPLINE_REGISTRY__ARTIFACT_LOCATION"]), env, files
+    return ModelRelease(env["LOOPLINE_MODEL_REGISTRY__TRACKING_URI"], env["LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION"]), env, files
 
 
 def _fresh_model(release: ModelRelease, files: list[Path], versions: int) -> tuple[str, list[str]]:
@@ -201,8 +201,8 @@ def _moves(history: list[AliasChange]) -> list[tuple]:
     return [(c.alias, c.previous, c.version, c.actor, c.reason) for c in history]
 
 
-def test_the_history_records_every_alias_change_in_order(registry) -> None:
-    release, _, files = registry
+def test_the_history_records_every_alias_change_in_order(model_registry) -> None:
+    release, _, files = model_registry
     name, (v1, v2, v3) = _fresh_model(release, files, 3)
     release.set_alias(name, PROD_ALIAS, v1, "alice", "first model")
     release.start_canary(name, v2, 0.25, "bob")
@@ -224,8 +224,8 @@ def test_the_history_records_every_alias_change_in_order(registry) -> None:
     assert release.client.get_registered_model(name).tags[CANARY_SHARE_TAG] == "0"
 
 
-def test_rollback_points_prod_at_the_version_it_replaced_and_ends_the_canary(registry) -> None:
-    release, _, files = registry
+def test_rollback_points_prod_at_the_version_it_replaced_and_ends_the_canary(model_registry) -> None:
+    release, _, files = model_registry
     name, (v1, v2, v3) = _fresh_model(release, files, 3)
     release.set_alias(name, PROD_ALIAS, v1)
     release.promote(name, v2)
@@ -242,8 +242,8 @@ def test_rollback_points_prod_at_the_version_it_replaced_and_ends_the_canary(reg
     assert release.aliases(name) == {PROD_ALIAS: v2}
 
 
-def test_rollback_without_an_earlier_prod_and_unknown_names_are_clear_errors(registry) -> None:
-    release, _, files = registry
+def test_rollback_without_an_earlier_prod_and_unknown_names_are_clear_errors(model_registry) -> None:
+    release, _, files = model_registry
     name, (v1, v2) = _fresh_model(release, files, 2)
     with pytest.raises(ReleaseError, match="nothing to roll back to"):
         release.rollback(name)
@@ -275,8 +275,8 @@ def run_cli(monkeypatch: pytest.MonkeyPatch):
     return run
 
 
-def test_cli_release_history_and_rollback(registry, run_cli) -> None:
-    release, env, files = registry
+def test_cli_release_history_and_rollback(model_registry, run_cli) -> None:
+    release, env, files = model_registry
     name = f"cli-{uuid.uuid4().hex[:8]}"
     env = {**env, "LOOPLINE_SERVING__MODEL_NAME": name}
     assert run_cli(["models", "register", str(files[0]), "--alias", "prod"], env)[:2] == (0, f"registered {name} v1 as prod\n")
@@ -352,7 +352,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture
 def served(applied: Settings) -> tuple[Settings, ModelRelease]:
     """Serving settings for a model name of this test's own, polling the registry every 0.1 s; its release handle."""
-    serving = applied.serving.model_copy(update={"model_name": f"release-{uuid.uuid4().hex[:8]}", "registry_poll_s": 0.1})
+    serving = applied.serving.model_copy(update={"model_name": f"release-{uuid.uuid4().hex[:8]}", "model_registry_poll_s": 0.1})
     settings = applied.model_copy(update={"serving": serving})
     return settings, model_release(settings)
 

@@ -186,7 +186,7 @@ def test_watch_once_fires_on_an_alert_firing_in_a_real_prometheus(settings: Sett
                                   rule_files=[rules])  # fmt: skip
     watched = settings.model_copy(update={
         "serving": ServingSettings(model_name=name),
-        "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                                          "artifact_location": str(tmp_path / "artifacts")}),
         "retrain": RetrainSettings(mode="off", alert_mode="notify"),
         "prometheus": PrometheusSettings(port=prometheus.port),
@@ -221,7 +221,7 @@ def test_watch_once_reads_the_examples_topic_fires_and_then_cools_down(settings:
     name = f"watched-{uuid.uuid4().hex[:8]}"
     watched = settings.model_copy(update={
         "serving": ServingSettings(model_name=name),
-        "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                                          "artifact_location": str(tmp_path / "artifacts")}),
         "retrain": RetrainSettings(mode="notify", min_labels=200, window_s=10 * 365 * 86_400),
     })  # fmt: skip
@@ -277,7 +277,7 @@ def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary
     watched = settings.model_copy(update={
         "home": tmp_path / "home",
         "serving": ServingSettings(model_name=name),
-        "registry": settings.registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
+        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
                                                          "artifact_location": str(tmp_path / "artifacts")}),
         "feedback": settings.feedback.model_copy(update={"examples_topic": topic, "train_processes": 1}),
         "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=50.0, owner="fraud-oncall"),

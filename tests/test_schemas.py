@@ -10,7 +10,7 @@ import pytest
 from pydantic import Field
 
 from schemas import ContractViolation, DeadLetterRecord, Record, TransactionEvent, decode, encode
-from schemas.compatibility import CompatibilityError, check_compatible, check_registered, json_schema, register
+from schemas.compatibility import CompatibilityError, check_compatible, check_registered_schemas, json_schema, register_schemas
 
 GOOD = {
     "schema_version": 1,
@@ -132,15 +132,15 @@ def test_breaking_changes_are_rejected(new: type[Record], problem: str) -> None:
 
 
 def test_current_contracts_match_their_registered_schemas() -> None:
-    assert set(check_registered().values()) == {"unchanged"}
+    assert set(check_registered_schemas().values()) == {"unchanged"}
 
 
 def test_register_refuses_a_breaking_change(tmp_path) -> None:
-    register(tmp_path)
+    register_schemas(tmp_path)
     registered = tmp_path / "transaction.v1.json"
     schema = json.loads(registered.read_text())
     schema["properties"]["amount"]["type"] = "string"
     registered.write_text(json.dumps(schema))
     with pytest.raises(CompatibilityError, match="amount"):
-        register(tmp_path)
+        register_schemas(tmp_path)
     assert json.loads(registered.read_text())["properties"]["amount"]["type"] == "string"

@@ -47,7 +47,7 @@ def _expected_score(values: list[float]) -> float:
 
 
 def _write_user(settings: Settings, redis_connection: str, user: str, features: dict) -> None:
-    writer = OnlineWriter(settings.registry_path, redis_connection)
+    writer = OnlineWriter(settings.feast_registry_path, redis_connection)
     row = {name.split(":", 1)[1]: value for name, value in features.items()}
     full = {f: row.get(f) for f in ("txn_count_5m", "txn_count_1h", "txn_count_24h", "amount_sum_1h", "amount_sum_24h",
             "amount_mean_1h", "amount_mean_24h", "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h",
@@ -197,7 +197,7 @@ def test_result_cache_hits_for_the_same_inputs_and_model_version_only(applied: S
             scorer = build_scorer(settings, model_path)
             request = ScoreRequest.model_validate(score_request(user, 33.0))
             records += [await scorer.score(request), await scorer.score(request)]
-            sample = scorer.metrics.registry.get_sample_value
+            sample = scorer.metrics.collector_registry.get_sample_value
             records.append(tuple(sample("loopline_scoring_cache_requests_total", {"result": r}) for r in ("hit", "miss")))
             await scorer.close()
         return records

@@ -63,4 +63,4 @@ def test_cluster_settings_reach_a_child_process_and_the_redis_clients(monkeypatc
 
 
 def test_the_feast_registry_defaults_to_the_one_the_repo_names() -> None:
-    assert Settings().registry_path == REPO_PATH / "data" / "registry.db"
+    assert Settings().feast_registry_path == REPO_PATH / "data" / "registry.db"

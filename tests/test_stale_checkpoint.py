@@ -55,7 +55,7 @@ class Wiped:
 
 def _prepare(settings: Settings) -> None:
     apply_topics(settings.kafka.bootstrap_servers, TOPICS)
-    apply_definitions(settings.registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection)
 
 
 def _publish_scored_event(producer: Producer) -> str:
@@ -188,7 +188,7 @@ def test_a_checkpoint_of_the_wiped_cluster_is_refused_in_one_line_and_no_restore
             f"no example; see {tmp_path / 'joiner.log'}"
         )
         assert [e.label for e in _examples(bootstrap) if e.event_id == event] == [True]
-        reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
+        reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         wait_until_serving(features, settings, reader, timeout_s=240)
         for folder in (settings.checkpoint_dir, settings.feedback_checkpoint_dir):
             assert wait_until(lambda: recorded_origin(latest_checkpoint(folder)) == new_cluster, 60, 0.5), (

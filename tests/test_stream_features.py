@@ -114,7 +114,7 @@ def _offline_store(settings: Settings):
     repo = settings.home / "repo"
     repo.mkdir(exist_ok=True)
     shutil.copy(REPO_PATH / "feature_store.yaml", repo)
-    return feature_store(settings.registry_path, settings.redis_connection, repo)
+    return feature_store(settings.feast_registry_path, settings.redis_connection, repo)
 
 
 def _offline_rows(settings: Settings, view: str) -> pd.DataFrame:
@@ -164,12 +164,12 @@ def _historical(store):
 def plan(settings: Settings, bootstrap: str) -> FeaturePlan:
     from streams.topics import apply_topics
 
-    apply_definitions(settings.registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection)
     apply_topics(bootstrap, [SOURCE, DEAD])
     # Other tests write rows for the same synthetic entities with newer event times; this test
     # compares the whole online store with its own recompute, so it starts from an empty one.
     redis.Redis(port=settings.redis.port).flushdb()
-    store = feature_store(settings.registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection)
     return compile_plan(store.list_stream_feature_views()).reading(SOURCE.name)
 
 
@@ -200,7 +200,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     assert (hot["event_time_ms"].diff() < 0).sum() > 500, "... many of them out of order"
     expected = {view.name: recompute(view, accepted) for view in plan.views}
     assert all(len(frame) > 30 for frame in expected.values()), "many entities to compare"
-    store = feature_store(settings.registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection)
 
     job = _start_job(settings, job_group)  # resumes from the last checkpoint (metrics on settings.stream.metrics_port)
     try:

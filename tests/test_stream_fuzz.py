@@ -77,14 +77,14 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
     )  # fmt: skip
     try:
-        plan = compile_plan(feature_store(applied.registry_path, applied.redis_connection).list_stream_feature_views())
+        plan = compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection).list_stream_feature_views())
         plan = plan.reading(SOURCE.name)
         # A valid event sent after all of them is still aggregated: the job survived.
         probe = TransactionEvent(schema_version=1, event_id="probe", event_time_ms=int(time.time() * 1000), user_id="fz-probe",
                                  merchant_id="fm-1", amount=1.0, currency="EUR", merchant_category="grocery", channel="pos",
                                  country="DE")  # fmt: skip
         EventProducer(applied.kafka.bootstrap_servers).publish([Emitted(SOURCE.name, "fz-probe", encode(probe), NOW_MS, probe)])
-        reader = OnlineReader(applied.registry_path, applied.redis_connection)
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
         seen = lambda: reader.row_timestamps_us("user_transaction_features", ["fz-probe"])[0] is not None  # noqa: E731
         assert wait_until(lambda: seen() or job.poll() is not None, 180, 0.5) and job.poll() is None, f"see {tmp_path / 'job.log'}"
         messages = read_topic(applied.kafka.bootstrap_servers, SOURCE.name)

@@ -42,7 +42,7 @@ def test_the_job_starts_at_the_events_published_since_the_time_given(applied: Se
                             LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__GROUP_ID=f"start-{uuid.uuid4().hex[:8]}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
     try:
-        reader = OnlineReader(applied.registry_path, applied.redis_connection)
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
 
         def features() -> dict:
             read = reader.get_online_features([f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h"], [{"user_id": user}])

@@ -3,7 +3,7 @@
 Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own process) reads the demo's
 world from its first record: the last hour of a synthetic world at once, so every window the models read is full,
 then live (``loopline/scenarios/demo_world.py``) → once the job has absorbed the history, every transaction is followed
-by a score request naming it, scored over Kafka by a hand-set model from the registry (``demo_scoring.py``) → the loop
+by a score request naming it, scored over Kafka by a hand-set model from the model registry (``demo_scoring.py``) → the loop
 closes (``demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot is made, a model trained on
 it, evaluated against prod, released as a canary, and the release controller promotes or rolls it back while the scorer
 hot-swaps; the skew monitor watches the prediction log against the loop's snapshot, one skew is injected on purpose
@@ -216,7 +216,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     console.rule("2. feature definitions and topics")
     bootstrap = settings.kafka.bootstrap_servers
-    views = apply_definitions(settings.registry_path, settings.redis_connection, settings.repo_path)
+    views = apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     console.print(f"feast apply: {', '.join(views)}")
     console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
     history_s = feature_plan(settings).history_ms(MODEL_INPUTS) / 1000
@@ -243,7 +243,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             skew.start_monitor(loop.outcome.snapshot_id)
 
     loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
-    reader = OnlineReader(settings.registry_path, settings.redis_connection, settings.repo_path)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     try:
         # While the job starts and reads the history: the scorer (its own process, as in production) loads its
         # model and warms up, and the joiner starts.

@@ -1,4 +1,4 @@
-"""The demo's scoring half: a model released through the registry, scoring every transaction over Kafka.
+"""The demo's scoring half: a model released through the model registry, scoring every transaction over Kafka.
 
 While the feature job and the producer run, ``DemoScoring`` registers a small hand-set fraud model as
 ``prod`` and serves it with `loopline serve --kafka --http` in a process of its own, as in production
@@ -165,7 +165,7 @@ class DemoScoring:
     """The scorer (a process of its own), its request stream and a reader of its prediction log."""
 
     def __init__(self, settings: Settings, models_dir: Path) -> None:
-        serving = settings.serving.model_copy(update={"registry_poll_s": 1.0, "kafka_group_id": "loopline-demo-scorer"})
+        serving = settings.serving.model_copy(update={"model_registry_poll_s": 1.0, "kafka_group_id": "loopline-demo-scorer"})
         self.settings = settings.model_copy(update={"serving": serving})
         self.run_id = f"demo-{int(time.time())}"
         self._release = model_release(self.settings)

@@ -298,7 +298,7 @@ class FaultDrill:
                                  amount=1.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
         began = time.monotonic()
         EventProducer(self.settings.kafka.bootstrap_servers).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
-        reader = OnlineReader(self.settings.registry_path, self.settings.redis_connection, self.settings.repo_path, timeout_s=1.0)
+        reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path, timeout_s=1.0)
 
         def visible() -> bool:
             try:
@@ -412,7 +412,7 @@ class FaultDrill:
         messages = read_topic(self.settings.kafka.bootstrap_servers, TRANSACTIONS.name, self.settings.kafka.client_config)
         accepted, _ = accepted_events(plan, messages)
         expected = {view.name: recompute(view, accepted) for view in plan.views}
-        reader = OnlineReader(self.settings.registry_path, self.settings.redis_connection, self.settings.repo_path)
+        reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path)
 
         def read(view, offline):
             rows = [{view.entity_key: key} for key in offline[view.entity_key]]

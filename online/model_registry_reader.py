@@ -43,7 +43,7 @@ class Assignment:
         return {PROD_ALIAS: self.prod, CANARY_ALIAS: self.canary}[alias]
 
 
-class RegistryReader:
+class ModelRegistryReader:
     """Reads one registered model (``name``) from the registry at ``tracking_uri``."""
 
     def __init__(self, tracking_uri: str, name: str) -> None:
