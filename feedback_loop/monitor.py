@@ -42,7 +42,7 @@ from feedback_loop.reference import FeatureReference
 from schemas.records import PredictionRecord
 from schemas.validation import ContractViolation, decode
 
-log = logging.getLogger("feedback_loop.monitor")
+log = logging.getLogger(__name__)
 #: (reference id, feature → reference): what skew is measured against now.
 References = tuple[str, Mapping[str, FeatureReference]]
 

@@ -27,7 +27,7 @@ from online.scorer import Scorer
 from online.vllm_runtime import VllmModel
 from schemas.model_registry import PROD_ALIAS
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 
 
 def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:

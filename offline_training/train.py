@@ -65,7 +65,7 @@ from offline_training.model import FraudMLP, fit_standardisation, state_fingerpr
 from offline_training.training_data import Snapshot, load_snapshot
 from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
 
-log = logging.getLogger("offline_training.train")
+log = logging.getLogger(__name__)
 #: The MLflow experiment training runs are tracked in (registered versions live in ``loopline-models``).
 EXPERIMENT = "loopline-training"
 #: Checkpoint folders: ``step<global step>``, and ``step<n>_universal`` for converted ones.

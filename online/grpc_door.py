@@ -29,7 +29,7 @@ from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.validation import ContractViolation, validate
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 DOOR = "grpc"
 SERVICE = "loopline.scoring.v1.Scorer"
 

@@ -21,7 +21,7 @@ from online.model_registry_reader import ArtifactRefused, ModelRegistryReader
 from online.scorer import Scorer
 from schemas.model_registry import ALIASES, PROD_ALIAS
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 
 
 class ModelWatcher:

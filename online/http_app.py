@@ -36,7 +36,7 @@ from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 
 
 async def _body(http_request: Request, limit: int) -> bytes:

@@ -44,7 +44,7 @@ from online.scorer import Scorer
 from schemas.records import DeadLetterRecord
 from schemas.validation import encode
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 DOOR = "kafka"
 CONSUMER_NAME = f"loopline-scorer/{DOOR}"
 #: Pause between tries of a broker call that failed with a retriable error.

@@ -29,7 +29,7 @@ from online.errors import Overloaded, PredictionLogUnavailable
 from schemas.records import PredictionRecord
 from schemas.validation import encode
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 LogMode = Literal["ack", "async"]
 
 

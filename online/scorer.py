@@ -25,7 +25,7 @@ from schemas.model_contract import REQUEST_PREFIX
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord, ScoreRequest
 
-log = logging.getLogger("loopline.scoring")
+log = logging.getLogger(__name__)
 #: Models take 32-bit floats: a larger magnitude would reach them as infinity.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
