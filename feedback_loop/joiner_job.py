@@ -18,7 +18,6 @@ time plus ``horizon_ms`` yields an example with ``label: null`` (``feedback_loop
 
 from __future__ import annotations
 
-import functools
 import time
 from pathlib import Path
 
@@ -31,16 +30,13 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
 from feedback_loop.joiner_settings import JoinerSettings
 from schemas.records import LabelEvent, PredictionRecord, TrainingExample
-from schemas.validation import ContractViolation, decode
 from streams.flink_job import STALL_AFTER_S, new_environment, run_job
-from streams.kafka_tables import KafkaTables, dead_letter
+from streams.kafka_tables import KafkaTables, dead_letter, decode_or_dead_letter
 
 JOB_NAME = "loopline-feedback-joiner"
 #: The joiner's JVM operator; its jar also holds the feature job's operators (it keys with their FieldKey).
 OPERATOR_SOURCES = Path(__file__).with_name("jvm") / "src"
 _DECODED = DataTypes.ROW([DataTypes.FIELD(name, DataTypes.STRING()) for name in ("dead_letter", "event_id", "json")])
-_dead_letter = functools.partial(dead_letter, JOB_NAME)
-
 
 class DecodeRecords(ScalarFunction):
     """Validate a batch of one topic's records: (no dead letter, event id, the record's JSON), or a dead letter.
@@ -55,15 +51,12 @@ class DecodeRecords(ScalarFunction):
         self.invalid = function_context.get_metric_group().counter("invalid_records")
 
     def _decoded(self, key, value, partition, offset) -> tuple[str | None, str | None, str | None]:
-        try:
-            record = decode(self.record_type, value or b"")
-        except ContractViolation as violation:
-            return _dead_letter("invalid", str(violation), violation.field, self.topic, partition, offset, key, value), None, None
-        except Exception as err:  # a record must never stop the job, whatever is wrong with it
-            return _dead_letter("unprocessable", repr(err), None, self.topic, partition, offset, key, value), None, None
+        record, letter = decode_or_dead_letter(self.record_type, JOB_NAME, self.topic, partition, offset, key, value)
+        if record is None:
+            return letter, None, None
         if not record.event_id:
-            return _dead_letter("no_event_id", "the prediction names no event to join", "event_id", self.topic, partition,
-                                offset, key, value), None, None  # fmt: skip
+            return dead_letter(JOB_NAME, "no_event_id", "the prediction names no event to join", "event_id", self.topic,
+                               partition, offset, key, value), None, None  # fmt: skip
         return None, record.event_id, record.model_dump_json()
 
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:

@@ -16,7 +16,6 @@ skips as not newer.
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import time
@@ -33,12 +32,11 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
 from schemas.ddl import column_types
 from schemas.records import TransactionEvent
-from schemas.validation import ContractViolation, decode
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
 from streams.flink_job import latest_checkpoint, run_job
 from streams.flink_job import new_environment as flink_environment
 from streams.job_settings import JOB_NAME, JobSettings
-from streams.kafka_tables import RAW_COLUMNS, KafkaTables, dead_letter
+from streams.kafka_tables import RAW_COLUMNS, KafkaTables, dead_letter, decode_or_dead_letter
 
 #: SQL type -> (DataStream type, Table type) for the columns the job carries.
 _TYPES = {
@@ -59,9 +57,6 @@ def _row_type(columns: dict[str, str]):
     return Types.ROW_NAMED(list(columns), [_TYPES[sql][0] for sql in columns.values()])
 
 
-_dead_letter = functools.partial(dead_letter, JOB_NAME)
-
-
 class DecodeEvents(ScalarFunction):
     """Validate a batch of records against their contract and the engine's range: the event's fields, or a
     dead letter saying why not (``invalid``, ``out_of_range``, or ``unprocessable`` for anything else)."""
@@ -74,15 +69,14 @@ class DecodeEvents(ScalarFunction):
 
     def _event(self, key, value, partition, offset) -> dict:
         topic = self.plan.topic
-        try:
-            event = decode(TransactionEvent, value or b"").model_dump()
-        except ContractViolation as violation:
-            return {"dead_letter": _dead_letter("invalid", str(violation), violation.field, topic, partition, offset, key, value)}
-        except Exception as err:  # a record must never stop the job, whatever is wrong with it
-            return {"dead_letter": _dead_letter("unprocessable", repr(err), None, topic, partition, offset, key, value)}
+        record, letter = decode_or_dead_letter(TransactionEvent, JOB_NAME, topic, partition, offset, key, value)
+        if record is None:
+            return {"dead_letter": letter}
+        event = record.model_dump()
         problem = self.plan.out_of_range(event)
         if problem is not None:
-            return {"dead_letter": _dead_letter("out_of_range", f"{problem[0]}: {problem[1]}", problem[0], topic, partition, offset, key, value)}
+            return {"dead_letter": dead_letter(JOB_NAME, "out_of_range", f"{problem[0]}: {problem[1]}", problem[0], topic, partition,
+                                               offset, key, value)}  # fmt: skip
         return event
 
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
@@ -105,7 +99,7 @@ class LateDeadLetters(ScalarFunction):
     def eval(self, key, value, partition, offset, behind_ms) -> pd.Series:
         return pd.Series(
             [
-                _dead_letter("late", f"event time is {b} ms behind the partition's watermark", _EVENT_TIME, self.topic, p, o, k, v)
+                dead_letter(JOB_NAME, "late", f"event time is {b} ms behind the partition's watermark", _EVENT_TIME, self.topic, p, o, k, v)
                 for k, v, p, o, b in zip(key, value, partition, offset, behind_ms)
             ]
         )

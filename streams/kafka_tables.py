@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from schemas.records import DeadLetterRecord
-from schemas.validation import encode
+from schemas.validation import ContractViolation, R, decode, encode
 
 #: The columns of every raw source: the record as it came, and where it was read.
 RAW_COLUMNS = {"key": "BYTES", "value": "BYTES", "partition": "INT", "offset": "BIGINT"}
@@ -74,3 +74,14 @@ def dead_letter(consumer: str, reason: str, error: str, error_field: str | None,
         reason=reason, error=error, error_field=error_field, source_topic=topic, source_partition=int(partition),
         source_offset=int(offset), key=key, payload=value, consumer=consumer,
     )).decode()  # fmt: skip
+
+
+def decode_or_dead_letter(record_type: type[R], consumer: str, topic: str, partition, offset, key, value) -> tuple[R | None, str | None]:
+    """The raw record's value as ``record_type`` (and no dead letter), or no record and its dead letter: ``invalid`` when
+    it breaks the contract, ``unprocessable`` for anything else."""
+    try:
+        return decode(record_type, value or b""), None
+    except ContractViolation as violation:
+        return None, dead_letter(consumer, "invalid", str(violation), violation.field, topic, partition, offset, key, value)
+    except Exception as err:  # a record must never stop the job, whatever is wrong with it
+        return None, dead_letter(consumer, "unprocessable", repr(err), None, topic, partition, offset, key, value)
