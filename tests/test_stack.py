@@ -59,8 +59,13 @@ def _write_probe_data(settings: Settings) -> None:
 
 def test_prometheus_scrapes_every_loopline_process_and_loads_the_alert_rules(stack: LocalStack, settings: Settings) -> None:
     api = f"{stack.prometheus.address}/api/v1"
-    jobs = {t["labels"]["job"] for t in requests.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]}
-    assert jobs == {"loopline-scorer", "loopline-monitor", "loopline-feature-job", "loopline-joiner"}
+
+    def jobs() -> set[str]:
+        return {t["labels"]["job"] for t in requests.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]}
+
+    # Prometheus lists its targets a few seconds after it answers /-/ready (its scrape manager starts after the API).
+    expected = {"loopline-scorer", "loopline-monitor", "loopline-feature-job", "loopline-joiner"}
+    assert wait_until(lambda: jobs() == expected, 30, 0.5), jobs()
 
     def groups() -> list[dict]:
         return requests.get(f"{api}/rules", timeout=5).json()["data"]["groups"]
@@ -76,8 +81,7 @@ def test_prometheus_scrapes_every_loopline_process_and_loads_the_alert_rules(sta
     try:
         prometheus.targets = {**original, "probe": ["127.0.0.1:9"]}
         assert prometheus.start() is False
-        assert wait_until(lambda: "probe" in {t["labels"]["job"] for t in requests.get(f"{api}/targets", timeout=5).json()["data"]["activeTargets"]},
-                          20, 0.5)  # fmt: skip
+        assert wait_until(lambda: "probe" in jobs(), 20, 0.5)
     finally:
         prometheus.targets = original
         prometheus.start()
