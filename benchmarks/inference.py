@@ -69,8 +69,8 @@ from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import free_port  # noqa: E402
-from loopline.serving import build_scorer  # noqa: E402
 from loopline.job_processes import start_scorer  # noqa: E402
+from loopline.serving import build_scorer  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
 from online.errors import Overloaded  # noqa: E402
@@ -210,7 +210,7 @@ async def measure_core(settings: Settings, model_path: Path, rates: list[float],
             gc.collect()
             gc.freeze()
 
-            async def one(i: int) -> tuple[tuple[float, ...], bool] | None:
+            async def one(i: int, scorer=scorer, prepared=prepared) -> tuple[tuple[float, ...], bool] | None:
                 """The request's stage latencies and whether it was answered on defaults (only: records
                 kept would grow what the collector walks); None when refused."""
                 try:
@@ -292,7 +292,7 @@ async def measure_http(session, server: subprocess.Popen, url: str, rates: list[
         # Made beforehand: serialising requests is the load generator's work, and it shares the cores.
         bodies = [_request(i).model_dump_json().encode() for i in range(int(rate * seconds))]
 
-        async def one(i: int) -> int:
+        async def one(i: int, bodies=bodies) -> int:
             async with session.post(score_url, data=bodies[i % len(bodies)], headers=headers) as response:
                 await response.read()
                 return response.status

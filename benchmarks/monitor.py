@@ -158,7 +158,7 @@ def _logged(plan: FeaturePlan, events: pd.DataFrame, requests: int) -> list[Pred
         lagged = at.copy()
         lagged["at_ms"] = np.where(np.arange(len(at)) % 10 == 0, lagged["at_ms"] - 1, lagged["at_ms"])
         rows = features_at(broken, events, lagged)
-        for key, at_ms in zip(lagged[view.entity_key], lagged["at_ms"]):
+        for key, at_ms in zip(lagged[view.entity_key], lagged["at_ms"], strict=True):
             found = rows.get((key, int(at_ms)))
             for name in view.feature_names:
                 features.setdefault(f"{view.name}:{name}", []).append(None if found is None else found[name])

@@ -69,7 +69,7 @@ def _batch(plan: FeaturePlan, accepted: pd.DataFrame, requests: int, round_name:
     for view in plan.views:
         at = pd.DataFrame({view.entity_key: asked[view.entity_key].to_numpy(), "at_ms": asked["event_time_ms"].to_numpy() + 1})
         rows = features_at(view, accepted, at)
-        found = [rows.get((key, int(at_ms))) for key, at_ms in zip(at[view.entity_key], at["at_ms"])]
+        found = [rows.get((key, int(at_ms))) for key, at_ms in zip(at[view.entity_key], at["at_ms"], strict=True)]
         for name in view.feature_names:
             values[f"{view.name}:{name}"] = [None if row is None else row[name] for row in found]
         row_times[view.name] = [None if row is None else int(row["event_time_ms"]) for row in found]

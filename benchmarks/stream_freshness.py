@@ -39,14 +39,14 @@ sys.path.insert(0, str(REPO))
 
 from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_read import OnlineReader  # noqa: E402
-from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving  # noqa: E402
+from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import wait_until  # noqa: E402
+from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from schemas.topics import TRANSACTIONS  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
 from streams.synthetic import SyntheticConfig, SyntheticStream, synthetic_user_id  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
-from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 
 USER_VIEW = "user_transaction_features"
 ANCHORS = {"tecton_freshness_s": 1.0, "hopsworks_ingest_p99_ms": 250.0, "feast_server_p99_1_row_ms": 7.2}
@@ -101,7 +101,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
                     stamps = reader.row_timestamps_us(USER_VIEW, [user for user, _, _ in pending])
                     now = time.time()
                     still = []
-                    for (user, event_ms, produced_at), stamp in zip(pending, stamps):
+                    for (user, event_ms, produced_at), stamp in zip(pending, stamps, strict=True):
                         if stamp is not None and stamp >= event_ms * 1000:
                             freshness.append(now - produced_at)
                         else:
@@ -178,15 +178,15 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
         rows = [{"user_id": u} for u in users[:count]]
         keys = [reader._redis_key("user_id", u) for u in users[:count]]
 
-        def raw() -> None:
+        def raw(keys=keys) -> None:
             pipe = client.pipeline(transaction=False)
             for key in keys:
                 pipe.hgetall(key)
             pipe.execute()
 
         paths = {
-            "loopline": lambda: reader.get_online_features(features, rows),
-            "feast_sdk": lambda: store.get_online_features(features, rows),
+            "loopline": lambda rows=rows: reader.get_online_features(features, rows),
+            "feast_sdk": lambda rows=rows: store.get_online_features(features, rows),
             "raw_redis": raw,
         }
         for name, call in paths.items():

@@ -40,6 +40,7 @@ lost to the one-input model: the comparison needs a few hundred optimizer steps.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import signal
@@ -142,7 +143,7 @@ def _backfill(settings: Settings, records: int):
     start_ms = (int(time.time() * 1000) // DAY_MS - 1) * DAY_MS
     routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
     stream = SyntheticStream(STREAM, seed=STREAM_SEED, start_ms=start_ms)
-    EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for _, e in zip(range(records), stream))
+    EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in itertools.islice(stream, records))
     plan = feature_plan(settings).reading(transactions.name)
     return backfill_examples(plan, read_topic(bootstrap, transactions.name), read_topic(bootstrap, labels.name), BACKFILL_INPUTS)
 

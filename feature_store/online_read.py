@@ -18,7 +18,6 @@ from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
 from feature_store.redis_connection import redis_client
 
-
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
 _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
 _DOUBLE = struct.Struct("<d")
@@ -102,7 +101,7 @@ class OnlineReader:
             columns, times = [result.setdefault(name, []) for name in names], row_times.setdefault(view, [])
             for _ in entity_rows:
                 *raws, stamp = next(replies)
-                for column, raw in zip(columns, raws):
+                for column, raw in zip(columns, raws, strict=True):
                     column.append(None if raw is None else self._decode(raw))
                 times.append(None if stamp is None else _millis(Timestamp.FromString(stamp)))
         return result, row_times

@@ -9,12 +9,12 @@ the job absorbs for the entity (see ``SlidingWindows`` in ``streams/jvm``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Feast value-proto field for each feature dtype Loopline declares.
 _VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_val", "FLOAT": "float_val",
                  "STRING": "string_val", "BOOL": "bool_val"}  # fmt: skip

@@ -98,8 +98,8 @@ def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[
     numbered = rows[[key, EVENT_TIME]].assign(row=np.arange(len(rows))).sort_values(EVENT_TIME, kind="stable")
     located = pd.merge_asof(at.sort_values("at_ms", kind="stable"), numbered, left_on="at_ms", right_on=EVENT_TIME, by=key)
     located = located[located["row"].notna()]
-    records = [dict(zip(rows.columns, values)) for values in zip(*(rows[name].tolist() for name in rows.columns))]
-    return {(entity, int(at_ms)): records[int(row)] for entity, at_ms, row in zip(located[key], located["at_ms"], located["row"])}
+    records = [dict(zip(rows.columns, values, strict=True)) for values in zip(*(rows[name].tolist() for name in rows.columns), strict=True)]
+    return {(entity, int(at_ms)): records[int(row)] for entity, at_ms, row in zip(located[key], located["at_ms"], located["row"], strict=True)}
 
 
 def events_needed_since(plan: FeaturePlan, requests: Sequence[PredictionRecord], features: Iterable[str]) -> int | None:
@@ -144,10 +144,10 @@ def check_consistency(
         row_times = [r.feature_row_times_ms.get(view.name) for r in chosen]
         lookup = features_at(view, events, pd.DataFrame({view.entity_key: keys, "at_ms": [r.requested_at_ms for r in chosen]}))
         # Only a value that differs needs the recompute as of its row (to tell lag from a wrong value).
-        differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times) if row_time is not None
+        differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times, strict=True) if row_time is not None
                      and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
         as_of_rows = _as_of_rows(view, events, differing)
-        for record, key, row_time in zip(chosen, keys, row_times):
+        for record, key in zip(chosen, keys, strict=True):
             offline = lookup.get((key, record.requested_at_ms))
             as_of_row = as_of_rows.get(record.request_id, [])
             for name in names:
@@ -236,9 +236,9 @@ def _prefix_batches(
 def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | None) -> bool:
     """Whether any of ``names`` the record logged differs from the recompute ``offline`` (missing counts as differing)."""
     for name in names:
-        if name in record.features and name not in record.defaulted_features:
-            if offline is None or not same_feature_value(name.split(":", 1)[1], offline[name.split(":", 1)[1]], record.features[name]):
-                return True
+        logged = name in record.features and name not in record.defaulted_features
+        if logged and (offline is None or not same_feature_value(name.split(":", 1)[1], offline[name.split(":", 1)[1]], record.features[name])):
+            return True
     return False
 
 

@@ -70,7 +70,7 @@ class FeatureCounts:
         categories = dict(self.categories)
         for value, count in other.categories:
             categories[value] = categories.get(value, 0) + count
-        bins = tuple(a + b for a, b in zip(self.bins, other.bins)) if self.bins and other.bins else self.bins or other.bins
+        bins = tuple(a + b for a, b in zip(self.bins, other.bins, strict=True)) if self.bins and other.bins else self.bins or other.bins
         return FeatureCounts(bins, tuple(sorted(categories.items())), self.missing + other.missing,
                              self.defaulted + other.defaulted, self.rows + other.rows)  # fmt: skip
 
@@ -97,7 +97,7 @@ def count_values(reference: FeatureReference, values: np.ndarray | list, default
     if reference.kind == "categorical":
         present = [str(v) for v in values if v is not None and v == v]
         names, counts = np.unique(np.asarray(present, dtype=object).astype(str), return_counts=True) if present else ((), ())
-        return FeatureCounts((), tuple(zip(map(str, names), map(int, counts))), rows - len(present), used, rows)
+        return FeatureCounts((), tuple(zip(map(str, names), map(int, counts), strict=True)), rows - len(present), used, rows)
     numbers = np.asarray(values, dtype=float)
     present = numbers[~np.isnan(numbers)]
     return FeatureCounts(tuple(int(c) for c in bin_counts(present, reference.edges)), (), rows - present.size, used, rows)

@@ -60,7 +60,7 @@ class DecodeRecords(ScalarFunction):
         return None, record.event_id, record.model_dump_json()
 
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
-        rows = [self._decoded(k, v, p, o) for k, v, p, o in zip(key, value, partition, offset)]
+        rows = [self._decoded(k, v, p, o) for k, v, p, o in zip(key, value, partition, offset, strict=True)]
         self.invalid.inc(sum(row[0] is not None for row in rows))
         return pd.DataFrame(rows, columns=["dead_letter", "event_id", "json"], dtype=object)
 
@@ -69,7 +69,7 @@ class BuildExamples(ScalarFunction):
     """Turn a batch of joined (prediction JSON, label JSON or null) into TrainingExample JSON."""
 
     def eval(self, prediction: pd.Series, label: pd.Series) -> pd.Series:
-        return pd.Series([training_example(p, lbl) for p, lbl in zip(prediction, label)], dtype=object)
+        return pd.Series([training_example(p, lbl) for p, lbl in zip(prediction, label, strict=True)], dtype=object)
 
 
 def training_example(prediction_json: str, label_json: str | None) -> str:

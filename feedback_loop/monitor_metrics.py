@@ -6,6 +6,7 @@ alert on noise); the thresholds are exported beside them so one alert rule serve
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Mapping
@@ -92,10 +93,8 @@ class MonitorMetrics:
                              ((self.rows,), self._counted - counted)):  # fmt: skip
             for labels in gone:
                 for gauge in gauges:
-                    try:
+                    with contextlib.suppress(KeyError):  # a series never published for that version
                         gauge.remove(*labels)
-                    except KeyError:
-                        pass
         self._published, self._counted = published, counted
         for feature, limits in thresholds.items():
             for measure in ("psi_warn", "psi_alert", "js_alert", "linf_alert"):

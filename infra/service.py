@@ -120,9 +120,11 @@ class ManagedService(ABC):
 
     def prepare(self) -> None:
         """Create or check the data directory before the first start (default: nothing)."""
+        return None
 
     def wipe(self) -> None:
         """Delete the service's data (default: nothing)."""
+        return None
 
     def pid(self) -> int | None:
         """The pid of our running process, or None (a stale pid file is removed)."""
@@ -199,10 +201,7 @@ class ManagedService(ABC):
     def status(self) -> ServiceStatus:
         """Whether it runs and answers, where, and which version."""
         pid = self.pid()
-        if pid is None:
-            state = "stopped"
-        else:
-            state = "ready" if self.ready() else "not answering"
+        state = "stopped" if pid is None else "ready" if self.ready() else "not answering"
         return ServiceStatus(self.name, state, self.address, self.version(), pid, str(self.log_file))
 
 

@@ -6,20 +6,29 @@ import dataclasses
 import json
 import sys
 import time
+from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from confluent_kafka import KafkaException
 from rich.console import Console
 
+from feedback_loop.snapshots import SnapshotError
 from infra.errors import StackError
 from infra.service import tail
 from loopline.components import build_stack
 from loopline.produce import produce_stream
 from loopline.settings import Settings
-from loopline.tables import alias_history_table, prebuilds_table, release_step_line, snapshot_diff_table, snapshot_table, stack_table, topics_table
-from feedback_loop.snapshots import SnapshotError
+from loopline.tables import (
+    alias_history_table,
+    prebuilds_table,
+    release_step_line,
+    snapshot_diff_table,
+    snapshot_table,
+    stack_table,
+    topics_table,
+)
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
 from schemas.compatibility import CompatibilityError, check_registered_schemas, register_schemas
@@ -132,7 +141,7 @@ def apply_all() -> None:
 
 
 JobManagerOption = Annotated[
-    Optional[str], typer.Option("--jobmanager", help="REST host:port of a Flink cluster (default: embedded).")
+    str | None, typer.Option("--jobmanager", help="REST host:port of a Flink cluster (default: embedded).")
 ]
 
 
@@ -144,7 +153,7 @@ def stream_submit(
         typer.Option(help="Resume from the newest checkpoint; --no-restore rebuilds the state from the oldest retained event."),
     ] = True,
     from_time: Annotated[
-        Optional[str],
+        str | None,
         typer.Option(help="With --no-restore: rebuild from the events published since this ISO-8601 time instead."),
     ] = None,
 ) -> None:
@@ -183,7 +192,7 @@ def stream_status(jobmanager: JobManagerOption = None) -> None:
 @stream_app.command("cancel")
 def stream_cancel(
     jobmanager: Annotated[str, typer.Option("--jobmanager", help="REST host:port of the Flink cluster.")],
-    job_id: Annotated[Optional[str], typer.Argument(help="Default: every running loopline-features job.")] = None,
+    job_id: Annotated[str | None, typer.Argument(help="Default: every running loopline-features job.")] = None,
 ) -> None:
     """Cancel the feature job on a Flink cluster."""
     from infra.flink_cluster import cancel_job, list_jobs
@@ -224,7 +233,7 @@ def produce(
     duration: Annotated[float, typer.Option(help="Seconds of stream time to publish.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Same seed and start: the same events.")] = 7,
     start: Annotated[str, typer.Option(help="Stream start time, ISO-8601 or 'now'.")] = "now",
-    malformed_rate: Annotated[Optional[float], typer.Option(help="Share of deliberately broken records.")] = None,
+    malformed_rate: Annotated[float | None, typer.Option(help="Share of deliberately broken records.")] = None,
 ) -> None:
     """Publish a realistic synthetic transaction stream (with fraud, late events and labels)."""
     stats = produce_stream(settings(), rate, duration, seed, start, console, malformed_rate)
@@ -233,7 +242,7 @@ def produce(
 
 @app.command("serve")
 def serve(
-    model: Annotated[Optional[Path], typer.Option(help="Serve this ONNX file (default: the model registry's prod/canary).")] = None,
+    model: Annotated[Path | None, typer.Option(help="Serve this ONNX file (default: the model registry's prod/canary).")] = None,
     http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
     kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once.")] = False,
     grpc: Annotated[bool, typer.Option(help="loopline.scoring.v1.Scorer/Score (schemas/scoring.proto).")] = False,
@@ -256,7 +265,7 @@ def serve(
     run(config, path, doors)
 
 
-ModelNameOption = Annotated[Optional[str], typer.Option(help="Registered model name (default: serving.model_name).")]
+ModelNameOption = Annotated[str | None, typer.Option(help="Registered model name (default: serving.model_name).")]
 
 
 def _release(name: str | None) -> tuple[ModelRelease, str]:
@@ -281,7 +290,7 @@ def _actor() -> str:
 @models_app.command("register")
 def models_register(
     path: Annotated[Path, typer.Argument(help="The ONNX file (schemas/model_contract.py).", exists=True, dir_okay=False)],
-    alias: Annotated[Optional[str], typer.Option(help="Point this alias (prod, canary) at the new version.")] = None,
+    alias: Annotated[str | None, typer.Option(help="Point this alias (prod, canary) at the new version.")] = None,
     name: ModelNameOption = None,
 ) -> None:
     """Register a model file as a new version, its SHA-256 recorded for serving to verify."""
@@ -387,18 +396,18 @@ def _epoch_ms(text: str | None) -> int | None:
     """An ISO-8601 time (UTC unless it says otherwise) as epoch milliseconds."""
     if text is None:
         return None
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     moment = datetime.fromisoformat(text)
-    return int((moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp() * 1000)
+    return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp() * 1000)
 
 
 @snapshot_app.command("create")
 def snapshot_create(
-    start: Annotated[Optional[str], typer.Option("--from", help="Examples scored from this time (ISO-8601, UTC).")] = None,
-    end: Annotated[Optional[str], typer.Option("--to", help="... up to (not including) this time.")] = None,
+    start: Annotated[str | None, typer.Option("--from", help="Examples scored from this time (ISO-8601, UTC).")] = None,
+    end: Annotated[str | None, typer.Option("--to", help="... up to (not including) this time.")] = None,
     backfill: Annotated[bool, typer.Option(help="Build examples from the event log (recompute), not from logged predictions.")] = False,
-    model: Annotated[Optional[str], typer.Option(help="Only this model's logged examples (default: every model's).")] = None,
+    model: Annotated[str | None, typer.Option(help="Only this model's logged examples (default: every model's).")] = None,
 ) -> None:
     """Write an immutable snapshot of labeled examples; print its manifest summary."""
     from loopline.retraining import create_snapshot
@@ -439,10 +448,10 @@ def snapshot_diff(
 def train(
     snapshot: Annotated[str, typer.Option(help="The snapshot id to train on.")],
     resume: Annotated[bool, typer.Option(help="Continue the last run on this snapshot from its newest checkpoint.")] = False,
-    processes: Annotated[Optional[int], typer.Option(help="Training processes (default feedback.train_processes).")] = None,
-    quantize: Annotated[Optional[bool], typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
-    canary: Annotated[Optional[float], typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
-    owner: Annotated[Optional[str], typer.Option(help="Who answers for the model, on its card (default retrain.owner).")] = None,
+    processes: Annotated[int | None, typer.Option(help="Training processes (default feedback.train_processes).")] = None,
+    quantize: Annotated[bool | None, typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
+    canary: Annotated[float | None, typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
+    owner: Annotated[str | None, typer.Option(help="Who answers for the model, on its card (default retrain.owner).")] = None,
 ) -> None:
     """Train on a snapshot with DeepSpeed (torchrun), compare with prod on the same holdout rows, write the model card,
     register the model if it is not worse than prod, and with --canary release it on part of the traffic."""
@@ -546,7 +555,7 @@ def dashboard() -> None:
 
 @app.command("plan-gpu")
 def plan_gpu(
-    widths: Annotated[Optional[str], typer.Option(help="An MLP's layer widths, input first: 12,512,512,256,1.")] = None,
+    widths: Annotated[str | None, typer.Option(help="An MLP's layer widths, input first: 12,512,512,256,1.")] = None,
     layers: Annotated[int, typer.Option(help="A transformer's layers (with --hidden, --heads, --vocab).")] = 0,
     hidden: Annotated[int, typer.Option(help="A transformer's hidden size.")] = 0,
     heads: Annotated[int, typer.Option(help="A transformer's attention heads.")] = 0,

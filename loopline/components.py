@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from feedback_loop.joiner_settings import JoinerSettings
 from infra.flink import FlinkRuntime
 from infra.jars import flink_connector_jar
 from infra.kafka import KafkaBroker
@@ -24,15 +25,14 @@ from loopline.settings import (
     Settings,
     StreamSettings,
 )
-from feedback_loop.joiner_settings import JoinerSettings
-from streams.job_settings import JobSettings
 from streams.feature_plan import FeaturePlan, registered_plan
+from streams.job_settings import JobSettings
 from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
 
 if TYPE_CHECKING:
-    from offline_training.release_controller import ReleaseController
     from offline_training.release import ModelRelease
+    from offline_training.release_controller import ReleaseController
     from online.model_registry_reader import ModelRegistryReader
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from infra.service import wait_until
@@ -45,7 +46,7 @@ def start_feature_job(
 ) -> subprocess.Popen:
     """Start `loopline stream submit` (embedded mini-cluster); without ``restore`` the job rebuilds its state from
     the oldest retained event, or from the first published at ``from_ms`` (epoch ms)."""
-    since = [] if from_ms is None else ["--from-time", datetime.fromtimestamp(from_ms / 1000, timezone.utc).isoformat()]
+    since = [] if from_ms is None else ["--from-time", datetime.fromtimestamp(from_ms / 1000, UTC).isoformat()]
     return _start_flink_job(settings, ["stream", "submit", *([] if restore else ["--no-restore", *since])], log_file, **extra_env)
 
 
@@ -61,10 +62,8 @@ def start_scorer(settings: Settings, doors: list[str], log_file: Path, **extra_e
 
 def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
     """Stop a process started here and everything it started (a Flink job's JVM and Python workers)."""
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it has ended already
         os.killpg(process.pid, sig)
-    except ProcessLookupError:
-        pass
     process.wait(30)
 
 

@@ -15,7 +15,7 @@ from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.retrain_trigger import FiringAlert, TriggerDecision, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from infra.errors import StackError
-from loopline.components import feature_plan, model_release, model_registry_reader
+from loopline.components import feature_plan, model_registry_reader, model_release
 from loopline.settings import Settings
 from schemas.topics import LABELS, TRANSACTIONS
 from streams.topics import read_topic

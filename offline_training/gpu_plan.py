@@ -20,6 +20,7 @@ Serving memory: the parameters at the serving precision, plus for LLMs the KV ca
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ class ModelShape:
     @classmethod
     def mlp(cls, widths: tuple[int, ...]) -> ModelShape:
         """A dense network with these layer widths (input first, output last)."""
-        parameters = sum((a + 1) * b for a, b in zip(widths, widths[1:]))
+        parameters = sum((a + 1) * b for a, b in itertools.pairwise(widths))
         return cls("mlp", float(parameters), widths=widths)
 
     @classmethod

@@ -102,7 +102,7 @@ def _training_defects(snapshot: Snapshot, bounds: DefectBounds) -> list[KnownDef
                 "model learned from declared defaults, not the entities' values",
                 {"rows_defaulted": defaulted, "rows": rows, "mean_inputs_defaulted": mean,
                  "bound": bounds.max_defaulted_share}))  # fmt: skip
-    for name, column in zip(snapshot.inputs, snapshot.train_x.T):
+    for name, column in zip(snapshot.inputs, snapshot.train_x.T, strict=True):
         present = column[~np.isnan(column)]
         missing = rows - len(present)
         if missing / rows > bounds.max_missing_share:

@@ -10,6 +10,7 @@ training mean, inside the module, so torch and ONNX treat it the same.
 from __future__ import annotations
 
 import hashlib
+import itertools
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -39,7 +40,7 @@ class FraudMLP(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             layers: list[nn.Module] = []
-            for width_in, width_out in zip(widths, widths[1:]):
+            for width_in, width_out in itertools.pairwise(widths):
                 layers += [nn.Linear(width_in, width_out), nn.ReLU()]
             layers.append(nn.Linear(widths[-1], 1))
         self.layers = nn.Sequential(*layers)

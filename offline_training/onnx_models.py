@@ -8,6 +8,7 @@ that batching shows.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -58,5 +59,5 @@ def write_mlp_model(path: Path, inputs: list[str], hidden: tuple[int, ...] = (25
     """Write a multi-layer perceptron with seeded random weights (``hidden`` units per layer) to ``path``."""
     rng = np.random.default_rng(seed)
     sizes = [len(inputs), *hidden, 1]
-    layers = [(rng.normal(0, 1 / np.sqrt(n), (n, m)), rng.normal(0, 0.1, m)) for n, m in zip(sizes, sizes[1:])]
+    layers = [(rng.normal(0, 1 / np.sqrt(n), (n, m)), rng.normal(0, 0.1, m)) for n, m in itertools.pairwise(sizes)]
     return _write(path, inputs, layers)

@@ -62,8 +62,8 @@ from offline_training.evaluation import classification_metrics
 from offline_training.export import export_onnx, verify_onnx
 from offline_training.launch import CHECKPOINTS, checkpoint_world_size, latest_tag
 from offline_training.model import FraudMLP, fit_standardisation, state_fingerprint
-from offline_training.training_data import Snapshot, load_snapshot
 from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
+from offline_training.training_data import Snapshot, load_snapshot
 
 log = logging.getLogger(__name__)
 #: The MLflow experiment training runs are tracked in (registered versions live in ``loopline-models``).

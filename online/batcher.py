@@ -14,6 +14,7 @@ arrive during a batch queue up for the next one: under load batches fill by them
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -110,10 +111,8 @@ class DynamicBatcher(Generic[Item, Result]):
             if size is None:
                 waited = time.perf_counter() - self._queue[0][1]
                 self._arrived.clear()
-                try:
+                with contextlib.suppress(TimeoutError):  # the delay is up: the batch goes as it is
                     await asyncio.wait_for(self._arrived.wait(), max(0.0, self.max_queue_delay_s - waited))
-                except asyncio.TimeoutError:
-                    pass
                 continue
             batch = [self._queue.popleft() for _ in range(size)]
             if self.on_batch:
@@ -127,7 +126,7 @@ class DynamicBatcher(Generic[Item, Result]):
                         future.set_exception(err)
                 continue
             run_s = time.perf_counter() - started
-            for (_, queued_at, future), result in zip(batch, results):
+            for (_, queued_at, future), result in zip(batch, results, strict=True):
                 if not future.done():  # its caller may have given up
                     future.set_result((result, BatchTiming(started - queued_at, run_s, size)))
 

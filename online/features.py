@@ -96,7 +96,7 @@ class FeatureFetcher:
             self._warn(err)
             return self._all_defaults("unavailable")
         values, defaulted = {}, []
-        for ref, value in zip(self.features, found):
+        for ref, value in zip(self.features, found, strict=True):
             if value is None:
                 value = self.defaults[ref]
                 defaulted.append(ref)

@@ -16,8 +16,8 @@ import logging
 import tempfile
 from pathlib import Path
 
-from online.onnx_runtime import OnnxModel
 from online.model_registry_reader import ArtifactRefused, ModelRegistryReader
+from online.onnx_runtime import OnnxModel
 from online.scorer import Scorer
 from schemas.model_registry import ALIASES, PROD_ALIAS
 

@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 
 import uvicorn
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -94,7 +94,7 @@ class VllmModel:
                 ),  # fmt: skip
                 self.timeout_s,
             )
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             raise Overloaded(f"vLLM did not answer within {self.timeout_s * 1000:.0f} ms; retry later") from err
         finally:
             self._slots.release()

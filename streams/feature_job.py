@@ -81,7 +81,7 @@ class DecodeEvents(ScalarFunction):
 
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
         columns: dict[str, list] = {name: [] for name in ("dead_letter", *_EVENT_COLUMNS)}
-        for k, v, p, o in zip(key, value, partition, offset):
+        for k, v, p, o in zip(key, value, partition, offset, strict=True):
             event = self._event(k, v, p, o)
             if event.get("dead_letter") is not None:
                 self.invalid.inc()
@@ -100,7 +100,7 @@ class LateDeadLetters(ScalarFunction):
         return pd.Series(
             [
                 dead_letter(JOB_NAME, "late", f"event time is {b} ms behind the partition's watermark", _EVENT_TIME, self.topic, p, o, k, v)
-                for k, v, p, o, b in zip(key, value, partition, offset, behind_ms)
+                for k, v, p, o, b in zip(key, value, partition, offset, behind_ms, strict=True)
             ]
         )
 
@@ -124,8 +124,8 @@ class WriteOnline(ScalarFunction):
 
         columns = [column.astype(object).where(column.notna(), None) for column in features]
         rows = [
-            FeatureRow(self.view, key, int(version), dict(zip(self.features, values)))
-            for key, version, *values in zip(entity, version_us, *columns)
+            FeatureRow(self.view, key, int(version), dict(zip(self.features, values, strict=True)))
+            for key, version, *values in zip(entity, version_us, *columns, strict=True)
         ]
         self.rows_written.inc(self.writer.write(rows))
         return pd.Series([True] * len(entity))
@@ -146,7 +146,7 @@ class AppendOffline(ScalarFunction):
                 # The row version is a timestamp in microseconds (see streams/jvm SlidingWindows): the entity's
                 # latest event time, and a count of the events absorbed since it, strictly growing.
                 "event_timestamp": pd.to_datetime(version_us, unit="us", utc=True),
-                **dict(zip(self.features, features)),
+                **dict(zip(self.features, features, strict=True)),
             }
         )
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -134,7 +134,7 @@ def _scaled_running_totals(values: np.ndarray) -> np.ndarray:
 def _distinct_counts(values: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """How many distinct values each window ``values[start:end]`` holds: a set per window, as for a single point (no
     prefix trick counts distinct values; at these window sizes the sets are a small share of a replay)."""
-    return np.array([len(set(values[s:e].tolist())) for s, e in zip(start.tolist(), end.tolist())], dtype=np.int64)
+    return np.array([len(set(values[s:e].tolist())) for s, e in zip(start.tolist(), end.tolist(), strict=True)], dtype=np.int64)
 
 
 def _extremes(values: np.ndarray, start: np.ndarray, end: np.ndarray, function: str) -> np.ndarray:
@@ -186,7 +186,7 @@ def feature_differences(
         if len(merged) != len(offline):
             problems.append(f"{view.name}: {len(offline) - len(merged)} entities missing")
         for feature in view.feature_names:
-            for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"]):
+            for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"], strict=True):
                 if not same_feature_value(feature, want, got):
                     problems.append(f"{view.name}[{entity}].{feature}: online {got}, offline {want}")
     return problems

@@ -21,8 +21,8 @@ from loopline.serving import doors_in_thread
 from loopline.settings import Settings
 from online.scorer import Scorer
 from schemas.records import ScoreRequest
-from schemas.validation import R, decode
 from schemas.topics import SCORE_REQUESTS, TOPICS
+from schemas.validation import R, decode
 from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,10 +21,10 @@ from feedback_loop.consistency import by_outcome, summary
 from infra.service import free_port, wait_until
 from loopline.cli import app
 from loopline.components import feature_plan, model_release, synthetic_config
-from loopline.scenarios.demo_loop import DemoLoop
-from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.monitoring import consistency_replay
+from loopline.scenarios.demo_loop import DemoLoop
+from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.settings import ReleaseSettings, ServingSettings, Settings, settings_environment
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
 from schemas.records import DeadLetterRecord, PredictionRecord

@@ -99,7 +99,7 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
             latest = {e.record.user_id: e.record.event_time_ms for e in events}
             seen = sorted(latest)
 
-            def applied_round() -> bool:
+            def applied_round(seen: list[str] = seen, latest: dict[str, int] = latest) -> bool:
                 _, row_times = reader.read_with_row_times(features[:1], [{"user_id": u} for u in seen])
                 return row_times[VIEW] == [latest[u] for u in seen]
 

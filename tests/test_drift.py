@@ -196,7 +196,7 @@ def test_counting_any_contract_valid_records_never_raises_and_each_ends_counted_
         counted = sum(window.add([r], partition=1, offset=i) for i, r in enumerate(records))
     else:
         counted = window.add(records, partition=1)
-    kept = [r for r, problem in zip(records, problems) if problem is None]
+    kept = [r for r, problem in zip(records, problems, strict=True) if problem is None]
     assert counted == len(kept) and counted + sum(p is not None for p in problems) == len(records)
 
     now = max((r.scored_at_ms for r in records), default=0)

@@ -24,8 +24,8 @@ from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
-from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
 from loopline.job_processes import start_scorer
+from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.topics import SCORE_REQUESTS, TOPICS

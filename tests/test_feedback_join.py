@@ -136,4 +136,4 @@ def _uncommitted(bootstrap: str, topic: str) -> int:
             marks.append([consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions])
         finally:
             consumer.close()
-    return sum(high - stable for high, stable in zip(*marks))
+    return sum(high - stable for high, stable in zip(*marks, strict=True))

@@ -17,8 +17,7 @@ from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from infra.flink_cluster import FlinkJobManager, FlinkTaskManager, list_jobs
 from infra.service import free_port, wait_until
-from loopline.settings import settings_environment
-from loopline.settings import Settings
+from loopline.settings import Settings, settings_environment
 from schemas import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
@@ -71,7 +70,7 @@ def test_submit_status_cancel_on_a_standalone_cluster(settings: Settings, bootst
 
     def newest_rows_written() -> bool:
         stamps = reader.row_timestamps_us("user_transaction_features", list(last))
-        return all(s is not None and s >= last[u] * 1000 for u, s in zip(last, stamps))
+        return all(s is not None and s >= last[u] * 1000 for u, s in zip(last, stamps, strict=True))
 
     assert wait_until(newest_rows_written, 180, interval_s=1), "the cluster's job did not write every user's newest row"
 

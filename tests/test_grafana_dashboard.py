@@ -6,11 +6,11 @@ import re
 
 import yaml
 from prometheus_client import generate_latest
+from test_alert_rules import FLINK_METRICS
 
 from feedback_loop.monitor_metrics import MonitorMetrics
 from infra.grafana_dashboard import DASHBOARD_FILE, DATASOURCE, GRAFANA_DIR, dashboard, render
 from online.metrics import ScorerMetrics
-from test_alert_rules import FLINK_METRICS
 
 
 def test_the_checked_in_dashboard_is_what_the_code_generates() -> None:

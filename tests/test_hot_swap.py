@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 
+from conftest import score_request, serving_doors
 from infra.service import wait_until
 from loopline.components import model_release
 from loopline.serving import build_scorer, model_watcher
@@ -24,7 +25,6 @@ from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from offline_training.release import ModelRelease
 from schemas.model_registry import PROD_ALIAS, routes_to_canary
-from conftest import score_request, serving_doors
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
@@ -98,7 +98,7 @@ def test_hot_swap_under_load_fails_nothing_and_switches_once(registered) -> None
 
     responses = [r for out in results for r in out]
     assert [r for r in responses if r[0] != 200] == [], "no request fails during the swap"
-    for status, version, score, amount in responses:
+    for _, version, score, amount in responses:
         assert score == pytest.approx(_expected(versions[version], amount), rel=1e-5), f"scored by v{version}'s model"
     for out in results:  # each client sees v1, then v2 for good: one switch, no flapping
         seen = [version for _, version, _, _ in out]
@@ -124,7 +124,7 @@ def test_canary_takes_its_share_by_request_id_and_ends(registered) -> None:
         with requests.Session() as session:
             sent = [score_request(USER, float(i % 300)) for i in range(300)]
             replies = [session.post(f"{url}/v1/score", json=request, timeout=5).json() for request in sent]
-        for request, reply in zip(sent, replies):
+        for request, reply in zip(sent, replies, strict=True):
             routed = canary if routes_to_canary(request["request_id"], 0.3) else prod
             assert reply["model_version"] == routed
             kind = "b" if routed == canary else "a"

@@ -11,10 +11,9 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from infra.service import wait_until
 from schemas import DeadLetterRecord, Record, TransactionEvent
-from schemas.topics import DEAD_LETTERS, TOPICS, TRANSACTIONS
+from schemas.topics import DEAD_LETTERS, TOPICS, TRANSACTIONS, TopicSpec
 from streams.topics import TopicSpecError, apply_topics
 from streams.validating_consumer import ValidatingConsumer
-from schemas.topics import TopicSpec
 
 
 def kcat(bootstrap: str, *args: str, stdin: str | None = None) -> str:

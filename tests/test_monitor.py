@@ -39,7 +39,7 @@ BATCH = 250
 def _values(rng: np.random.Generator, n: int, shift: float = 1.0) -> list[dict]:
     amounts, counts = rng.lognormal(3, 1, n) * shift, rng.poisson(4, n)
     channels = rng.choice(["web", "app", "pos"], n, p=[0.5, 0.3, 0.2])
-    return [{AMOUNT: float(a), COUNT: int(c), CHANNEL: str(ch)} for a, c, ch in zip(amounts, counts, channels)]
+    return [{AMOUNT: float(a), COUNT: int(c), CHANNEL: str(ch)} for a, c, ch in zip(amounts, counts, channels, strict=True)]
 
 
 def _reference(settings: Settings) -> str:
@@ -186,7 +186,7 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     while sent < 3_000:
         _produce(producer, version, _values(rng, BATCH, shift=100.0))
         sent += BATCH
-        assert wait_until(lambda: rows() == healthy_rows + sent, 60, 0.2), rows()
+        assert wait_until(lambda sent=sent: rows() == healthy_rows + sent, 60, 0.2), rows()
         if _metrics(url, version)["loopline_feature_psi"][AMOUNT] >= 0.25:
             break
     shifted = _metrics(url, version)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from loopline.components import feature_operators_jar, joiner_operators_jar, job_settings, joiner_settings
+from loopline.components import feature_operators_jar, job_settings, joiner_operators_jar, joiner_settings
 from loopline.prebuilds import prebuilds
 from loopline.settings import Settings
 

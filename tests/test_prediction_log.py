@@ -24,8 +24,8 @@ from prometheus_client import Counter as MetricCounter
 from conftest import LogReader, score_request, serving_doors
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
-from loopline.serving import build_scorer
 from loopline.job_processes import start_scorer
+from loopline.serving import build_scorer
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from online.errors import Overloaded
@@ -66,13 +66,13 @@ def test_ack_mode_answers_only_once_kafka_has_the_record(applied: Settings, stac
             with serving_doors(settings, build_scorer(settings, model_path)) as (url, _):
                 healthy = requests.post(f"{url}/v1/score", json=score_request("log-user", 1.0), timeout=10)
                 assert healthy.status_code == 200
-                assert wait_until(lambda: _logged(log, {healthy.json()["request_id"]}), 30, 0.1)
+                assert wait_until(lambda healthy=healthy: _logged(log, {healthy.json()["request_id"]}), 30, 0.1)
                 body = score_request("log-user", 2.0)
                 with broker_paused(stack):
                     began = time.monotonic()
                     answers[mode] = requests.post(f"{url}/v1/score", json=body, timeout=10), time.monotonic() - began
                 # Either way the record reaches the log once the broker is back (a refused request's too: at least once).
-                assert wait_until(lambda: _logged(log, {body["request_id"]}), 30, 0.1), mode
+                assert wait_until(lambda body=body: _logged(log, {body["request_id"]}), 30, 0.1), mode
     finally:
         log.close()
     ack, took_s = answers["ack"]

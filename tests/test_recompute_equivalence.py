@@ -114,7 +114,7 @@ def test_the_recompute_equals_the_window_semantics_point_by_point(case: tuple[Vi
 
     found = features_at(plan, events, at)
     log = sorted(events.to_dict("records"), key=lambda e: e[EVENT_TIME])
-    for entity, at_ms in set(zip(at["user"], at["at_ms"])):
+    for entity, at_ms in set(zip(at["user"], at["at_ms"], strict=True)):
         want = _reference_row(plan, [e for e in log if e["user"] == entity], at_ms)
         got = found.get((entity, at_ms))
         if want is None:

@@ -17,19 +17,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from hypothesis import HealthCheck, assume, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, assume, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from prometheus_client import start_http_server
 from rich.console import Console
 from typer.testing import CliRunner
 
+from conftest import score_request, serving_doors
 from infra.service import free_port, wait_until
 from loopline import cli
 from loopline.components import model_release, release_controller
-from offline_training.release_controller import ACTOR, ReleaseController, scrape
 from loopline.serving import build_scorer, model_watcher
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from offline_training.release import ModelRelease, ReleaseError
+from offline_training.release_controller import ACTOR, ReleaseController, scrape
 from offline_training.release_policy import ArmStats, Decision, ReleasePolicy, decide
 from online.metrics import ScorerMetrics
 from schemas.model_contract import FEATURES_METADATA_KEY, INPUT_NAME, OUTPUT_NAME, features_metadata
@@ -40,7 +43,6 @@ from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
 from streams.topics import apply_topics
-from conftest import score_request, serving_doors
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
@@ -297,7 +299,7 @@ def test_cli_release_history_and_rollback(model_registry, run_cli) -> None:
     expected = [("prod", "—", "v1", "registered with --alias"), ("canary", "—", "v2", "released as a canary on 5 % of requests"),
                 ("prod", "v1", "v2", "looked fine"), ("canary", "v2", "—", "v2 promoted"), ("prod", "v2", "v1", "alerts fired")]  # fmt: skip
     assert len(rows) == len(expected), output
-    for row, (alias, before, after, why) in zip(rows, expected):
+    for row, (alias, before, after, why) in zip(rows, expected, strict=True):
         cells = [cell.strip() for cell in row.split("│")]
         assert cells[3:7] == [alias, before, after, why], row
 
@@ -492,7 +494,7 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
                 entity_keys={"user_id": USER}, features={}, model_name=model, model_version=version, score=float(score),
                 label=bool(label), requested_at_ms=at_ms, predicted_at_ms=at_ms, label_time_ms=at_ms + 1, joined_at_ms=at_ms + 2,
             )  # fmt: skip
-            for score, label in zip(scores, labels)
+            for score, label in zip(scores, labels, strict=True)
         ]
 
     logged = (examples(name, prod, since + 10, 60, "good") + examples(name, canary, since + 10, 60, "bad")

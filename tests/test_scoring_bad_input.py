@@ -24,7 +24,9 @@ import pytest
 import requests
 from confluent_kafka import Producer
 from google.protobuf import struct_pb2
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from conftest import LogReader, score_request, start_group_at_end
 from infra.service import free_port, wait_until
@@ -153,7 +155,7 @@ def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: S
 
         assert wait_until(lambda: len(letters()) == len(sent), 60, 0.1), f"{len(letters())} of {len(sent)} dead-lettered"
         reasons = {400: "invalid", 404: "unknown_model", 413: "too_large", 422: "invalid"}
-        for (what, _, status, field), position in zip(BAD_REQUESTS, sent):
+        for (what, _, status, field), position in zip(BAD_REQUESTS, sent, strict=True):
             letter = letters()[position]
             assert (letter.reason, letter.error_field) == (reasons[status], field), what
     finally:

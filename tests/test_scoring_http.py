@@ -21,6 +21,7 @@ import pytest
 import requests
 from google.protobuf import json_format, struct_pb2
 
+from conftest import LogReader, score_request, serving_doors
 from feature_store.online_write import FeatureRow, OnlineWriter
 from infra.redis import RedisServer
 from infra.service import free_port, wait_until
@@ -33,7 +34,6 @@ from schemas.topics import PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
-from conftest import LogReader, score_request, serving_doors
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]

@@ -20,8 +20,8 @@ import pytest
 
 from conftest import LogReader
 from infra.service import wait_until
-from loopline.scenarios.demo_scoring import score_requests
 from loopline.job_processes import start_scorer
+from loopline.scenarios.demo_scoring import score_requests
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest

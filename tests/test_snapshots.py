@@ -6,6 +6,7 @@ event log with the offline recompute.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
@@ -117,7 +118,7 @@ def test_backfill_builds_labeled_examples_point_in_time_from_the_event_log(appli
     apply_topics(bootstrap, [transactions, labels])
     stream = SyntheticStream(SyntheticConfig(users=50, merchants=20, rate_per_s=100, late_rate=0.0, out_of_order_rate=0.0,
                                              legit_label_rate=0.3), seed=3, start_ms=int(time.time() * 1000) - 3_600_000)  # fmt: skip
-    emitted = [e for _, e in zip(range(3_000), stream)]
+    emitted = list(itertools.islice(stream, 3_000))
     routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
     EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in emitted if e.topic in routed)
 

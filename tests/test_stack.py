@@ -23,8 +23,8 @@ from infra.service import wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
 from loopline.settings import Settings
-from schemas.topics import DAY_MS, TopicSpec
 from schemas.records import TransactionEvent
+from schemas.topics import DAY_MS, TopicSpec
 from streams.topics import apply_topics, topic_sizes
 
 PROBE = TopicSpec("test.persistence", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)

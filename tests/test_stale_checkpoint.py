@@ -191,7 +191,7 @@ def test_a_checkpoint_of_the_wiped_cluster_is_refused_in_one_line_and_no_restore
         reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         wait_until_serving(features, settings, reader, timeout_s=240)
         for folder in (settings.checkpoint_dir, settings.feedback_checkpoint_dir):
-            assert wait_until(lambda: recorded_origin(latest_checkpoint(folder)) == new_cluster, 60, 0.5), (
+            assert wait_until(lambda folder=folder: recorded_origin(latest_checkpoint(folder)) == new_cluster, 60, 0.5), (
                 f"the newest checkpoint in {folder} is not one of the new run's, recorded for the new cluster"
             )
     finally:

@@ -22,11 +22,11 @@ import pytest
 import redis
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
-
-from loopline.job_processes import start_feature_job, stop_process_group
 from test_alert_rules import FLINK_METRICS
+
 from feature_store.config import REPO_PATH, apply_definitions, feature_store
 from infra.service import wait_until
+from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings
 from schemas import DeadLetterRecord, TransactionEvent, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
@@ -77,7 +77,7 @@ def _hot_entity(numbers: range, ms_per_event: float) -> list[Emitted]:
         rng.shuffle(group)
         events[start : start + 50] = group
     # Sent in the shuffled order, at the pace of the stream they join.
-    return [replace(e, emit_at_ms=START_MS + int(n * ms_per_event)) for n, e in zip(numbers, events)]
+    return [replace(e, emit_at_ms=START_MS + int(n * ms_per_event)) for n, e in zip(numbers, events, strict=True)]
 
 
 def _merged(stream: list[Emitted], extra: list[Emitted]) -> list[Emitted]:
@@ -220,7 +220,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
         # The alert rules' freshness and lag metrics (tests/test_alert_rules.py) are what the job's reporter exports.
         with urllib.request.urlopen(f"http://127.0.0.1:{settings.stream.metrics_port}/metrics", timeout=5) as response:
             exported = {family.name for family in text_string_to_metric_families(response.read().decode())}
-        assert FLINK_METRICS <= exported, FLINK_METRICS - exported
+        assert exported >= FLINK_METRICS, FLINK_METRICS - exported
 
         def logged_offline() -> bool:  # every entity's newest row, appended within the offline flush interval
             for view in plan.views:
@@ -250,7 +250,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     assert max(ours.values()) == 1, "each dead letter committed once, though the job was killed and replayed"
     by_position = {(d.source_partition, d.source_offset): d for d in letters if d.source_topic == SOURCE.name}
     late_positions = {p for p, d in by_position.items() if d.reason == "late"}
-    assert late_positions == set(zip(late["partition"], late["offset"])), "exactly the late events are dead-lettered"
+    assert late_positions == set(zip(late["partition"], late["offset"], strict=True)), "exactly the late events are dead-lettered"
     refused = {d.key: d for d in by_position.values() if d.reason in ("invalid", "out_of_range")}
     assert refused["bad-not json"].error_field == "<payload>"
     assert refused["bad-wrong type"].error_field == "amount"

@@ -15,7 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader

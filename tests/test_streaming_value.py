@@ -8,6 +8,7 @@ CPU under torchrun (2 processes) with the demo model's config: same seed, same r
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 import uuid
@@ -57,13 +58,13 @@ def test_a_model_with_streaming_features_beats_one_on_request_fields_alone(appli
     apply_topics(bootstrap, [transactions, labels])
     start_ms = (int(time.time() * 1000) // DAY_MS - 1) * DAY_MS
     routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
-    emitted = (e for _, e in zip(range(RECORDS), SyntheticStream(STREAM, seed=SEED, start_ms=start_ms)))
+    emitted = itertools.islice(SyntheticStream(STREAM, seed=SEED, start_ms=start_ms), RECORDS)
     EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in emitted)
 
     frame = backfill_examples(feature_plan(applied).reading(transactions.name), read_topic(bootstrap, transactions.name),
                               read_topic(bootstrap, labels.name), BACKFILL_INPUTS)  # fmt: skip
     assert frame["label"].sum() >= 500, "the stream should plant enough fraud for a holdout AUC to mean something"
-    assert REQUEST_INPUTS == list(REQUEST_FIELDS)
+    assert list(REQUEST_FIELDS) == REQUEST_INPUTS
 
     arms = train_arms(frame, {"streaming": BACKFILL_INPUTS, "request_only": REQUEST_INPUTS}, tmp_path, DEFAULT_TRAIN_CONFIG)
 

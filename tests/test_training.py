@@ -165,7 +165,7 @@ def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(workspace, f
 def test_universal_checkpoint_resumes_on_another_world_size(workspace, stopped_run):
     import torch
 
-    from offline_training.launch import launch_training, latest_tag
+    from offline_training.launch import latest_tag, launch_training
     from offline_training.model import state_fingerprint
 
     out = workspace / "universal"

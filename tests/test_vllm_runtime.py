@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from openai_standin import openai_standin, p_yes
 
+from conftest import REPO, score_request, serving_doors
 from infra.service import free_port, wait_until
 from loopline.serving import build_scorer, llm_model, serve_when_warm
 from loopline.settings import LlmSettings, Settings
 from online.vllm_runtime import VllmModel
-from conftest import REPO, score_request, serving_doors
-from openai_standin import openai_standin, p_yes
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", "request:amount"]
@@ -51,7 +51,7 @@ def test_llm_scores_through_the_scorer_within_its_concurrency_limit(applied: Set
             with ThreadPoolExecutor(20) as pool:
                 replies = list(pool.map(lambda a: requests.post(f"{url}/v1/score", json=score_request(USER, a), timeout=10), amounts))
     assert [r.status_code for r in replies] == [200] * len(amounts)
-    for amount, reply in zip(amounts, replies):
+    for amount, reply in zip(amounts, replies, strict=True):
         body = reply.json()
         assert body["features"] == {f"{VIEW}:txn_count_5m": 0, "request:amount": amount}
         assert body["score"] == pytest.approx(p_yes(PROMPT.format(0, amount)), rel=1e-9)

@@ -244,7 +244,7 @@ class DemoScoring:
         logged = self._logged[:]
         recent = itertools.takewhile(lambda r: r.at >= now - _WINDOW_S, reversed(logged))
         return (
-            ScoringStats.of(recent, min(_WINDOW_S, now - self._started), [b - a for a, b in zip(first, last)]),
+            ScoringStats.of(recent, min(_WINDOW_S, now - self._started), [b - a for a, b in zip(first, last, strict=True)]),
             ScoringStats.of(logged, now - self._started, last),
         )
 

@@ -13,9 +13,9 @@ from rich.table import Table
 
 from infra.errors import StackError
 from infra.prometheus_server import alerts
+from loopline.job_processes import start_loopline, stop_process_group
 from loopline.scenarios.demo_loop import BACKGROUND_NICENESS
 from loopline.scenarios.demo_scoring import DemoScoring
-from loopline.job_processes import start_loopline, stop_process_group
 from loopline.settings import Settings
 
 #: The feature the injected skew moves, and the alert that should fire for it.
@@ -62,10 +62,10 @@ class DemoSkew:
 
     def step(self) -> None:
         """Inject the skew once the monitor has measured the healthy stream a while."""
-        if self.injected_at is None and self._monitor_started is not None and self._psi() is not None:
-            if time.monotonic() - self._monitor_started >= _HEALTHY_S:
-                self.scoring.amount_factor = SKEW_FACTOR
-                self.injected_at = time.monotonic()
+        started = self._monitor_started
+        if self.injected_at is None and started is not None and time.monotonic() - started >= _HEALTHY_S and self._psi() is not None:
+            self.scoring.amount_factor = SKEW_FACTOR
+            self.injected_at = time.monotonic()
 
     def settled(self) -> bool:
         """Whether the skew has nothing more to show: no monitor runs (the loop made no snapshot), or its alert fired,

@@ -23,7 +23,6 @@ from schemas.topics import LABELS
 from streams.producer import EventProducer, PublishStats
 from streams.synthetic import Emitted, SyntheticStream
 
-
 _LINGER_MS = 20.0
 
 

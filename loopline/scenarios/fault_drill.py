@@ -38,8 +38,8 @@ from confluent_kafka import Consumer
 
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
-from loopline.scenarios.demo_scoring import score_requests
 from loopline.job_processes import start_feature_job, start_scorer, stop_process_group
+from loopline.scenarios.demo_scoring import score_requests
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import ScoreRequest, TransactionEvent

@@ -44,7 +44,7 @@ def synthetic_snapshot(root: Path, rows: int = ROWS, seed: int = 0) -> Path:
     frame["score"], frame["defaulted"] = 0.5, 0
     frame["label"] = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(float)
     frame["predicted_at_ms"] = 1_790_000_000_000 + np.arange(rows) * 1000
-    for name, values in zip(INPUTS, (count, total, amount)):
+    for name, values in zip(INPUTS, (count, total, amount), strict=True):
         frame[name] = values.astype(float)
     manifest = write_snapshot(frame, str(root), kind="synthetic", source={"gpu_check": True}, time_range={"from_ms": None, "to_ms": None})
     return Path(find_snapshot(str(root), manifest.snapshot_id)[1])
