@@ -13,7 +13,7 @@ second round of M more events and a batch for them.
   ``events_needed_since``, then ``check_consistency``, as ``loopline.monitoring.consistency_replay`` runs them) on
   the first batch, which reads all N; ``incremental_second_s`` on the second batch, which reads only the M new
   records (``incremental_second_records_read``); ``*_read_s`` each call's read and decode alone.
-* ``retained_mb``: the events the reader keeps between calls (pandas' deep measure of its frames).
+* ``retained_mb``: the events the reader keeps between calls (``EventLogWindow.retained_bytes``).
 
 Machine: the 2-core box this runs on. The last line printed is one JSON object.
 
@@ -102,7 +102,7 @@ def _incremental_replay(log: EventLogWindow, plan: FeaturePlan, batch: list[Pred
     read_s = time.perf_counter() - began
     outcomes = by_outcome(check_consistency(plan, accepted, batch, features=windowed))
     seconds = time.perf_counter() - began
-    return read_s, seconds, outcomes, sum(frame.memory_usage(deep=True).sum() for frame in (accepted, late)) / 2**20
+    return read_s, seconds, outcomes, log.retained_bytes / 2**20
 
 
 def main() -> None:

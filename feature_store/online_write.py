@@ -78,3 +78,11 @@ class OnlineWriter:
         for view, data in by_view.items():
             self._online_store.online_write_batch(self._config, self._views[view], data, None)
         return sum(len(data) for data in by_view.values())
+
+    def delete_rows(self) -> list[str]:
+        """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream
+        rebuilt from scratch then replaces the old rows instead of leaving its quiet entities' old values beside the
+        new ones (a row is only ever overwritten by a newer one). The views whose rows were deleted."""
+        for view in self._views.values():
+            self._online_store.delete_table(self._config, view)
+        return sorted(self._views)

@@ -58,7 +58,7 @@ class MonitorMetrics:
         self.records = Counter("loopline_monitor_records_total", "Predictions the monitor counted.", registry=r)
         self.bad_records = Counter("loopline_monitor_bad_records_total", "Records on the predictions topic the monitor could not "
                                    f"count, by reason ({', '.join(BAD_RECORD_REASONS)}).", ["reason"], registry=r)  # fmt: skip
-        for reason in BAD_RECORD_REASONS:  # at 0 from the start, so an alert's rate() has a series before the first bad one
+        for reason in BAD_RECORD_REASONS:  # at 0 from the start, so a rate() over it has a series before the first bad one
             self.bad_records.labels(reason)
         self.reference = Gauge("loopline_monitor_reference_info", "The snapshot skew is measured against (1).", ["snapshot_id"],
                                registry=r)  # fmt: skip

@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from confluent_kafka import KafkaException
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from feedback_loop.snapshots import SnapshotError
 from infra.errors import StackError
 from infra.service import tail
 from loopline.components import build_stack
 from loopline.produce import produce_stream
-from loopline.settings import Settings
+from loopline.settings import Settings, UnknownSettingError
 from loopline.tables import (
     alias_history_table,
     prebuilds_table,
@@ -59,7 +60,7 @@ console = Console()
 #: Errors the user can act on: printed as one line, never as a trace.
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
-    ReleaseError, SnapshotError, TrainingError,
+    ReleaseError, SnapshotError, TrainingError, UnknownSettingError,
 )  # fmt: skip
 
 
@@ -84,11 +85,13 @@ def stack_setup() -> None:
     added = build_stack(config).setup()
     console.print(f"set up: {', '.join(added)}" if added else "set up: nothing missing")
     built = []
-    for prebuild in prebuilds(config):
-        began = time.monotonic()
-        with console.status(f"building {prebuild.name} (the first time: {prebuild.first_time})"):
+    columns = (SpinnerColumn(), TextColumn("building {task.description}"), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        for prebuild in prebuilds(config):
+            task, began = progress.add_task(prebuild.name, total=1), time.monotonic()
             made = prebuild.build()
-        built.append((prebuild.name, made, time.monotonic() - began))
+            progress.update(task, completed=1, visible=False)
+            built.append((prebuild.name, made, time.monotonic() - began))
     console.print(prebuilds_table(built))
 
 
@@ -162,6 +165,8 @@ def stream_submit(
 
     if from_time is not None and restore:
         raise typer.BadParameter("--from-time rebuilds the state from the log: use it with --no-restore")
+    if from_time is not None and jobmanager is not None:
+        raise typer.BadParameter("--from-time starts the embedded job; a cluster's job starts from its savepoint or the group's offsets")
     config = settings()
     plan = feature_plan(config)
     console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {plan.topic}")

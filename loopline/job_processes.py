@@ -13,6 +13,7 @@ from pathlib import Path
 
 from infra.service import wait_until
 from loopline.settings import Settings, settings_environment
+from offline_training.launch import lower_priority
 from schemas.topics import TRANSACTIONS
 from streams.producer import EventProducer
 from streams.synthetic import SyntheticConfig, SyntheticStream
@@ -21,16 +22,19 @@ _USER_VIEW = "user_transaction_features"
 
 
 def start_loopline(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
-    """`loopline <arguments>` with ``settings`` (``extra_env`` on top), in its own process group, logging to ``log_file``;
-    at CPU ``niceness`` (``nice -n``, inherited by whatever it starts) for work that should yield the cores to serving."""
+    """`loopline <arguments>` with ``settings`` (``extra_env`` on top), in a session of its own, logging to ``log_file``;
+    ``niceness`` steps nicer than this process, with whatever it starts (``lower_priority``), for work that should
+    yield the cores to serving."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [*(["nice", "-n", str(niceness)] if niceness else []), sys.executable, "-c", "from loopline.cli import main; main()", *arguments],
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from loopline.cli import main; main()", *arguments],
         env=settings_environment(settings, **extra_env),
         stdout=log_file.open("ab"),
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+    lower_priority(process.pid, niceness)
+    return process
 
 
 def _start_flink_job(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:

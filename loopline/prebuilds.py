@@ -1,9 +1,10 @@
 """What would otherwise be built the first time it is used, built by `loopline stack setup` instead.
 
-Found by starting from a machine with empty caches: DeepSpeed compiles its CPU communication op in the first training
-run's ``initialize`` (about two minutes on two busy cores, inside the demo's training step); the feature job and the
-joiner compile their JVM operators with ``javac`` when they first start; the scorer compiles the gRPC proto when its
-gRPC door first starts. Each is cached by its inputs, so running them again costs seconds.
+Found by starting from a machine with empty caches: DeepSpeed compiles its CPU communication op (C++) in the first
+training run's ``initialize``, which on a busy machine was minutes inside the demo's training step; the feature job and
+the joiner compile their JVM operators with ``javac`` when they first start; the scorer compiles the gRPC proto when
+its gRPC door first starts. Each is cached by its inputs, so running them again costs little; setup's table shows
+what each took.
 """
 
 from __future__ import annotations
@@ -18,11 +19,9 @@ from loopline.settings import Settings
 
 @dataclass(frozen=True)
 class Prebuild:
-    """One thing built ahead of its first use: what it is, roughly how long it takes the first time, and the build
-    (it returns what it made)."""
+    """One thing built ahead of its first use: what it is, and the build (it returns what it made)."""
 
     name: str
-    first_time: str
     build: Callable[[], str]
 
 
@@ -42,8 +41,8 @@ def prebuilds(settings: Settings) -> list[Prebuild]:
         return str(generate_scoring_api())
 
     return [
-        Prebuild("the feature job's JVM operators", "~10 s", lambda: str(feature_operators_jar(settings))),
-        Prebuild("the feedback joiner's JVM operators", "~10 s", lambda: str(joiner_operators_jar(settings))),
-        Prebuild("the gRPC door's modules (schemas/scoring.proto)", "~1 s", grpc_modules),
-        Prebuild("DeepSpeed's communication op for training", "1-3 min on 2 cores", deepspeed_ops),
+        Prebuild("the feature job's JVM operators", lambda: str(feature_operators_jar(settings))),
+        Prebuild("the feedback joiner's JVM operators", lambda: str(joiner_operators_jar(settings))),
+        Prebuild("the gRPC door's modules (schemas/scoring.proto)", grpc_modules),
+        Prebuild("DeepSpeed's communication op for training (C++, the longest)", deepspeed_ops),
     ]

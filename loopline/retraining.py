@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -65,10 +67,12 @@ def create_snapshot(
 
 
 def train_on_snapshot(
-    settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = TRAINING_ECHO
+    settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = TRAINING_ECHO,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> Path:
     """Train on a snapshot (DeepSpeed under torchrun), the run's folder ``<home>/training/<snapshot id>``; the path of
-    its metrics (holdout AUC, log loss, Brier, samples/s). Without ``resume`` an earlier run's folder is replaced."""
+    its metrics (holdout AUC, log loss, Brier, samples/s). Without ``resume`` an earlier run's folder is replaced.
+    ``on_start`` gets the launcher process as it starts (see ``launch_training``)."""
     from offline_training.launch import launch_training
 
     manifest, folder = find_snapshot(settings.snapshots_root, snapshot_id)
@@ -77,7 +81,7 @@ def train_on_snapshot(
         shutil.rmtree(out)
     launch_training(
         Path(folder), settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes or settings.feedback.train_processes,
-        resume=resume, tracking_uri=settings.tracking_uri, echo=echo, niceness=settings.feedback.train_niceness,
+        resume=resume, tracking_uri=settings.tracking_uri, echo=echo, niceness=settings.feedback.train_niceness, on_start=on_start,
     )  # fmt: skip
     return out / "metrics.json"
 
@@ -153,14 +157,14 @@ def evaluate_run(
 def retrain(
     settings: Settings, snapshot_id: str | None = None, *, resume: bool = False, processes: int | None = None,
     quantize: bool | None = None, canary_percent: float | None = None, actor: str, reason: str = "",
-    owner: str | None = None, echo: TextIO | None = TRAINING_ECHO,
+    owner: str | None = None, echo: TextIO | None = TRAINING_ECHO, on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> RetrainOutcome:  # fmt: skip
     """Snapshot (every logged example of the served model, unless ``snapshot_id`` names one) → train (its output copied to ``echo``) →
     evaluate against prod → register when not worse, the model card ``owner``'s (default ``retrain.owner``) → canary on
     ``canary_percent`` of requests: `loopline train`, the retrain trigger and the demo run this."""
     if snapshot_id is None:
         snapshot_id = create_snapshot(settings, None, None, model_name=settings.serving.model_name).snapshot_id
-    train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo)
+    train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo, on_start=on_start)
     return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason,
                         owner=owner)
 

@@ -8,9 +8,11 @@ Only this package reads settings; components receive plain values.
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import json
 import os
+import typing
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
@@ -338,6 +340,8 @@ class Settings(BaseSettings):
         dotenv_settings: PydanticBaseSettingsSource,
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
+        for name in os.environ:
+            _check_environment_name(settings_cls, name)
         config_file = Path(os.environ.get("LOOPLINE_CONFIG", DEFAULT_CONFIG_FILE))
         if "LOOPLINE_CONFIG" in os.environ and not config_file.is_file():
             raise FileNotFoundError(f"LOOPLINE_CONFIG names {config_file}, which does not exist")
@@ -422,6 +426,47 @@ class Settings(BaseSettings):
     def run_dir(self) -> Path:
         """Pid files of the services the stack started."""
         return (self.home / "run").absolute()
+
+
+class UnknownSettingError(ValueError):
+    """A ``LOOPLINE_*`` variable names no setting (a typo, or a setting renamed): it would be passed over silently."""
+
+
+def _environment_names(model: type[BaseModel], prefix: str = "LOOPLINE_") -> dict[str, type[BaseModel] | None]:
+    """Every variable name the settings take, with the model a name's nested parts continue into (None: a value)."""
+    names: dict[str, type[BaseModel] | None] = {}
+    for field, info in model.model_fields.items():
+        inner = next((t for t in (info.annotation, *typing.get_args(info.annotation)) if isinstance(t, type) and issubclass(t, BaseModel)),
+                     None)  # fmt: skip
+        names[f"{prefix}{field.upper()}"] = inner
+        if inner is not None:
+            names |= _environment_names(inner, f"{prefix}{field.upper()}__")
+    return names
+
+
+def _check_environment_name(model: type[BaseModel], name: str) -> None:
+    """UnknownSettingError, with the closest names, when ``name`` is a ``LOOPLINE_*`` variable that no setting takes."""
+    if not name.startswith("LOOPLINE_") or name == "LOOPLINE_CONFIG":
+        return
+    names = _environment_names(model)
+    parts = name.split("__")
+    # A dict setting (kafka.client_config) takes any key under it; a model's field only its own.
+    known = next((("__".join(parts[:i]), names["__".join(parts[:i])]) for i in range(len(parts), 0, -1) if "__".join(parts[:i]) in names), None)
+    if known is not None and (known[0] == name or known[1] is None and _is_mapping(model, known[0])):
+        return
+    close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
+    raise UnknownSettingError(f"{name} names no setting" + (f" (did you mean {' or '.join(close)}?)" if close else "")
+                              + "; `loopline config` lists the settings")  # fmt: skip
+
+
+def _is_mapping(model: type[BaseModel], name: str) -> bool:
+    """Whether the setting ``name`` (a variable name) holds a mapping, whose keys are the user's."""
+    *path, last = name.removeprefix("LOOPLINE_").lower().split("__")
+    for part in path:
+        model = next(t for t in (model.model_fields[part].annotation, *typing.get_args(model.model_fields[part].annotation))
+                     if isinstance(t, type) and issubclass(t, BaseModel))  # fmt: skip
+    annotation = model.model_fields[last].annotation
+    return typing.get_origin(annotation) is dict or annotation is dict
 
 
 def settings_environment(settings: Settings, **extra: str) -> dict[str, str]:

@@ -15,11 +15,13 @@ itself when the world size differs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -116,6 +118,19 @@ def build_deepspeed_ops() -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
+def lower_priority(pid: int, niceness: int) -> None:
+    """Make process ``pid``, which runs in a session of its own, and everything it starts ``niceness`` steps nicer than
+    this process (at most 19). Both its own nice value and, where the kernel schedules each session as one group
+    (autogroup: then a process's nice counts only against its own session's), its session's group's."""
+    if niceness <= 0:
+        return
+    nice = min(os.getpriority(os.PRIO_PROCESS, 0) + niceness, 19)
+    os.setpriority(os.PRIO_PROCESS, pid, nice)
+    autogroup = Path(f"/proc/{pid}/autogroup")
+    if autogroup.exists():
+        autogroup.write_text(str(nice))
+
+
 def launch_training(
     snapshot_dir: Path,
     config: Path,
@@ -126,9 +141,12 @@ def launch_training(
     extra: Sequence[str] = (),
     echo: TextIO | None = None,
     niceness: int = 0,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
 ) -> subprocess.CompletedProcess:
-    """Train on the snapshot at ``snapshot_dir`` with ``processes`` workers, at CPU ``niceness`` (``nice -n``); outputs
-    land in ``out_dir``.
+    """Train on the snapshot at ``snapshot_dir`` with ``processes`` workers, ``niceness`` steps nicer than this process
+    (``lower_priority``); outputs land in ``out_dir``. The launcher runs in a session of its own (its workers with it);
+    ``on_start`` gets it as it starts (to stop it from elsewhere: ``os.killpg(process.pid, ...)``), and it is stopped
+    if this call ends by an exception.
 
     The workers' output is appended to ``out_dir/train.log`` and, with ``echo``, copied there as it
     comes (the progress bar). With ``resume``, training continues from the newest checkpoint, converted
@@ -146,20 +164,28 @@ def launch_training(
             arguments.append("--universal")
     if tracking_uri:
         arguments += ["--tracking-uri", tracking_uri]
-    command = [*(["nice", "-n", str(niceness)] if niceness else []), sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={processes}", "-m", "offline_training.train", *arguments, *extra]  # fmt: skip
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+               "-m", "offline_training.train", *arguments, *extra]  # fmt: skip
     log, output = out_dir / "train.log", bytearray()
     with (
         open(log, "ab") as sink,
-        subprocess.Popen(command, env=_worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process,
+        subprocess.Popen(command, env=_worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True) as process,
     ):
-        for chunk in iter(lambda: process.stdout.read1(1 << 16), b""):
-            sink.write(chunk)
-            output += chunk
-            if echo is not None:
-                echo.write(chunk.decode(errors="replace"))
-                echo.flush()
-        returncode = process.wait()
+        try:
+            lower_priority(process.pid, niceness)
+            if on_start is not None:
+                on_start(process)
+            for chunk in iter(lambda: process.stdout.read1(1 << 16), b""):
+                sink.write(chunk)
+                output += chunk
+                if echo is not None:
+                    echo.write(chunk.decode(errors="replace"))
+                    echo.flush()
+            returncode = process.wait()
+        except BaseException:  # interrupted, or the echo failed: the workers do not outlive their launcher's caller
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            raise
     text = output.decode(errors="replace")
     if returncode != 0:
         raise TrainingError(returncode, "\n".join(text.splitlines()[-TAIL_LINES:]), log)

@@ -120,6 +120,8 @@ class DynamicBatcher(Generic[Item, Result]):
             started = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self._worker, self.run_batch, [item for item, _, _ in batch])
+                if len(results) != len(batch):
+                    raise RuntimeError(f"the batch of {len(batch)} requests got {len(results)} results")
             except Exception as err:  # the batch's requests fail; the batcher goes on
                 for _, _, future in batch:
                     if not future.done():

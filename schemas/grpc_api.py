@@ -20,10 +20,9 @@ _PROTO = "schemas/scoring.proto"
 
 def generated_dir() -> Path:
     """Where the generated modules of this proto live: the user's cache (``$XDG_CACHE_HOME``, else ``~/.cache``),
-    ``loopline/grpc/<digest>`` of the proto's content and the protobuf and grpcio-tools versions, so another proto, or
-    an environment whose protobuf runtime could not load them, never finds these."""
-    versions = " ".join(metadata.version(package) for package in ("protobuf", "grpcio-tools"))
-    digest = hashlib.sha256((_ROOT / _PROTO).read_bytes() + versions.encode()).hexdigest()[:12]
+    ``loopline/grpc/<digest>`` of the proto's content and the protobuf runtime's version, so another proto, or a
+    runtime that could not load them, never finds these (loading them needs protobuf only, not grpcio-tools)."""
+    digest = hashlib.sha256((_ROOT / _PROTO).read_bytes() + metadata.version("protobuf").encode()).hexdigest()[:12]
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loopline" / "grpc" / digest
 
 

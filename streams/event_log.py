@@ -67,3 +67,8 @@ class EventLogWindow:
         self._events = pd.concat(frames, ignore_index=True) if frames else new
         self._positions, self._since_ms, self.records_read = read.positions, since_ms, len(read.messages)
         return split_late(self._events, self.plan.out_of_orderness_ms)
+
+    @property
+    def retained_bytes(self) -> int:
+        """What the events kept between calls take in memory (pandas' deep measure)."""
+        return int(self._events.memory_usage(deep=True).sum())

@@ -66,8 +66,8 @@ class KafkaTables:
         return kafka_options(self.bootstrap_servers, self.kafka_properties, options)
 
 
-def dead_letter(consumer: str, reason: str, error: str, error_field: str | None, topic: str, partition, offset, key,
-                value) -> str:  # fmt: skip
+def dead_letter(consumer: str, reason: str, error: str, error_field: str | None, topic: str, partition: int, offset: int,
+                key: bytes | None, value: bytes | None) -> str:  # fmt: skip
     """The dead letter (DeadLetterRecord JSON) of the raw record at ``partition``/``offset`` of ``topic`` that the job
     ``consumer`` could not process, and why: its ``reason``, the ``error`` and the field at fault."""
     return encode(DeadLetterRecord.for_payload(
@@ -76,7 +76,8 @@ def dead_letter(consumer: str, reason: str, error: str, error_field: str | None,
     )).decode()  # fmt: skip
 
 
-def decode_or_dead_letter(record_type: type[R], consumer: str, topic: str, partition, offset, key, value) -> tuple[R | None, str | None]:
+def decode_or_dead_letter(record_type: type[R], consumer: str, topic: str, partition: int, offset: int, key: bytes | None,
+                          value: bytes | None) -> tuple[R | None, str | None]:  # fmt: skip
     """The raw record's value as ``record_type`` (and no dead letter), or no record and its dead letter: ``invalid`` when
     it breaks the contract, ``unprocessable`` for anything else."""
     try:

@@ -8,13 +8,16 @@ streaming path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import pandas as pd
 
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
 
 EVENT_TIME = "event_time_ms"
 #: Where an event lies in the log, beside its record's fields: partition, offset, and when it reached Kafka.
@@ -192,7 +195,7 @@ def feature_differences(
     return problems
 
 
-def valid_events(plan: FeaturePlan, messages) -> pd.DataFrame:
+def valid_events(plan: FeaturePlan, messages: Iterable[Message]) -> pd.DataFrame:
     """The events among a topic's Kafka ``messages`` that the job takes in: decoded by the contract and within the
     engine's range; each with its partition, offset and the time it reached Kafka (``kafka_ms``). The same columns
     when there is none."""

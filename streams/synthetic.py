@@ -12,6 +12,9 @@ any prefix of it is identical across runs. It has
   events (far behind it), at configurable rates;
 * outcome labels for every fraud and a sample of legitimate transactions, emitted later;
 * optionally, malformed records (as real producers send) to exercise dead-lettering.
+
+``score_requests`` is a stream of score requests for given users at a rate (the fault drill's and the Kafka door tests'
+load); the demo scores its world's own transactions instead (``loopline/scenarios/demo_world.py``).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import heapq
 import itertools
 import json
 import random
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.records import LabelEvent, Record, TransactionEvent
-from schemas.topics import LABELS, TRANSACTIONS
+from schemas.records import LabelEvent, Record, ScoreRequest, TransactionEvent
+from schemas.topics import LABELS, SCORE_REQUESTS, TRANSACTIONS
 from schemas.validation import encode
 
 COUNTRIES = {"US": "USD", "DE": "EUR", "FR": "EUR", "GB": "GBP", "NL": "EUR", "ES": "EUR", "PL": "PLN", "SE": "SEK"}
@@ -261,3 +265,19 @@ class SyntheticStream:
             while self._pending and self._pending[0][0] <= now_ms:
                 yield heapq.heappop(self._pending)[2]
             yield self._organic(now_ms)
+
+
+def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
+    """Score requests ``<run_id>-<n>`` for ``user_ids`` (the first ones asked about most, Zipf-like), paced at
+    ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it."""
+    rng = random.Random(run_id)
+    cumulative = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(len(user_ids))))
+    emit_at_ms = time.time() * 1000
+    for n in itertools.count():
+        emit_at_ms += rng.expovariate(rate_per_s / 1000)
+        user = rng.choices(user_ids, cum_weights=cumulative)[0]
+        request = ScoreRequest(
+            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
+            request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
+        )  # fmt: skip
+        yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)

@@ -115,3 +115,19 @@ def test_a_failing_batch_fails_its_requests_only() -> None:
         return result
 
     assert asyncio.run(run()) == 2
+
+
+def test_a_batch_answered_with_too_few_results_fails_its_requests_and_the_batcher_goes_on() -> None:
+    def short(items: list[int]) -> list[int]:
+        return items[:-1] if len(items) > 1 else items
+
+    async def run():
+        batcher = DynamicBatcher(short, max_batch_size=2, max_queue_delay_s=0.2)
+        outcomes = await asyncio.gather(batcher.submit(1), batcher.submit(2), return_exceptions=True)
+        alone, _ = await asyncio.wait_for(batcher.submit(3), 5)  # the batcher still serves
+        await batcher.close()
+        return outcomes, alone
+
+    outcomes, alone = asyncio.run(run())
+    assert all(isinstance(o, RuntimeError) and "got 1 results" in str(o) for o in outcomes), outcomes
+    assert alone == 3

@@ -7,7 +7,6 @@ Real parts throughout: Kafka and Redis (the session's stack), the streaming feat
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 from pathlib import Path
@@ -20,18 +19,17 @@ from feature_store.online_read import OnlineReader
 from feedback_loop.consistency import by_outcome, summary
 from infra.service import free_port, wait_until
 from loopline.cli import app
-from loopline.components import feature_plan, model_release, synthetic_config
+from loopline.components import feature_plan, model_release
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving
 from loopline.monitoring import consistency_replay
 from loopline.scenarios.demo_loop import DemoLoop
 from loopline.scenarios.demo_scoring import DemoScoring
+from loopline.scenarios.demo_world import DemoWorld
 from loopline.settings import ReleaseSettings, ServingSettings, Settings, settings_environment
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
 from schemas.records import DeadLetterRecord, PredictionRecord
-from schemas.topics import DEAD_LETTERS, PREDICTIONS
+from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import decode
-from streams.producer import EventProducer
-from streams.synthetic import SyntheticStream
 from streams.topics import read_topic
 
 #: Transactions per second, each followed by its score request; labels within seconds, as in the demo.
@@ -66,28 +64,28 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str,
         wait_until_serving(job, settings, reader, timeout_s=180)
         scoring.wait_ready()
 
-        config = dataclasses.replace(synthetic_config(settings, RATE, 0.0), label_delay_s=LABEL_DELAY_S)
-        stream = scoring.requests_for(SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000)))
-        producer = EventProducer(bootstrap, client_config=settings.kafka.client_config)
+        # The demo's own world, with no history (the job rebuilds from the session's whole log): live at once.
+        world = DemoWorld(scoring.settings, scoring, RATE, history_s=0.0, malformed_rate=0.0, label_delay_s=LABEL_DELAY_S)
+        world.start()
+        world.go_live()
+        scoring.start_counting()
         began = time.monotonic()
         loop.close_once(deadline=began + LOOP_BUDGET_S)
-        sent = []
-        # Produce in slices until the controller has decided (or the budget is spent), keeping every request sent.
-        while loop.outcome.release is None and time.monotonic() - began < LOOP_BUDGET_S + 30:
-            batch = [next(stream) for _ in range(int(RATE * 2))]
-            sent += [e.key for e in batch if e.topic == "scoring.requests"]
-            producer.publish(batch, rate_per_s=RATE * 2)
+        try:
+            assert wait_until(lambda: loop.settled() or not world.running, LOOP_BUDGET_S + 30, 0.5), "the loop did not finish"
             failed = [s for s in loop.steps.values() if s.state == "failed"]
             assert not failed, f"{failed[0].name}: {failed[0].detail}; see {tmp_path}"
-        assert loop.outcome.release == "promote", {s.name: (s.state, s.detail) for s in loop.steps.values()}
-        trained = loop.outcome.candidate_version
-        release = model_release(settings)
-        assert release.aliases(settings.serving.model_name) == {PROD_ALIAS: trained}
-
-        # The scorer swaps to the promoted version: requests sent from now on are scored by it.
-        after = [next(stream) for _ in range(int(RATE * 4))]
-        producer.publish(after, rate_per_s=RATE * 2)
-        sent += [e.key for e in after if e.topic == "scoring.requests"]
+            assert loop.outcome.release == "promote", {s.name: (s.state, s.detail) for s in loop.steps.values()}
+            trained = loop.outcome.candidate_version
+            release = model_release(settings)
+            assert release.aliases(settings.serving.model_name) == {PROD_ALIAS: trained}
+            # The scorer swaps to the promoted version: requests sent from a few seconds on are scored by it.
+            time.sleep(6)  # the live world goes on a while: what is measured, not a wait for a condition
+        finally:
+            world.stop()
+        sent = [m.key().decode() for m in read_topic(bootstrap, SCORE_REQUESTS.name, since_ms=world.published_from_ms)
+                if m.key().decode().startswith(scoring.run_id)]  # fmt: skip
+        assert len(sent) > RATE * 10, "the world scored every transaction it published"
 
         def all_scored() -> bool:
             return len({r.request_id for r in _records(predictions)} & set(sent)) == len(set(sent))
@@ -100,8 +98,8 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, bootstrap: str,
         assert not [d for d in dead if d.key in set(sent)]
         by_version = Counter(r.model_version for r in records)
         assert set(by_version) == {"1", trained} and by_version[trained] > 0, by_version
-        last = {r.request_id: r.model_version for r in records}
-        assert all(last[e.key] == trained for e in after[-50:] if e.topic == "scoring.requests")
+        latest = sorted(records, key=lambda r: r.requested_at_ms)[-50:]
+        assert {r.model_version for r in latest} == {trained}, "the last requests were scored by the promoted version"
 
         # The healthy pipeline is consistent: the monitor's replay of every scored request (the job rebuilt its state
         # from the whole log, as the replay reads it) finds no value mismatch; differences are lag or clocks.

@@ -63,16 +63,21 @@ def test_the_demo_names_each_promise_it_did_not_keep(applied: Settings) -> None:
     for step in loop.steps.values():
         step.state = "done"
     kept = {"release": "promote", "skew_injected": True, "skew_alerting_features": ["request:amount"],
-            "skew_injected_features": ["request:amount"]}  # fmt: skip
+            "skew_injected_features": ["request:amount"], "skew_pending_features": [], "prometheus_answered": True}  # fmt: skip
     assert unkept_promises(kept, loop) == []
     assert unkept_promises({**kept, "release": "rollback"}, loop) == [], "a rollback is a verdict too"
 
-    six_alerts = {**kept, "skew_alerting_features": ["request:amount", "user_transaction_features:txn_count_5m"]}
-    assert unkept_promises(six_alerts, loop) == ["skew alerts fired for ['request:amount', 'user_transaction_features:txn_count_5m'], "
+    two_alerts = {**kept, "skew_alerting_features": ["request:amount", "user_transaction_features:txn_count_5m"]}
+    assert unkept_promises(two_alerts, loop) == ["skew alerts fired for ['request:amount', 'user_transaction_features:txn_count_5m'], "
                                            "the skew was injected into ['request:amount']"]  # fmt: skip
     assert unkept_promises({**kept, "skew_alerting_features": []}, loop) == [
         "skew alerts fired for no feature, the skew was injected into ['request:amount']"]
     assert unkept_promises({**kept, "skew_injected": False}, loop)[0].startswith("the skew was never injected")
+    assert unkept_promises({**kept, "skew_pending_features": ["request:amount"]}, loop) == [], "the injected one may still be pending"
+    assert unkept_promises({**kept, "skew_pending_features": ["user_transaction_features:amount_sum_1h"]}, loop) == [
+        "skew alerts are pending for ['user_transaction_features:amount_sum_1h'], which nobody skewed"]
+    assert unkept_promises({**kept, "prometheus_answered": False, "skew_alerting_features": []}, loop) == [
+        "Prometheus did not answer: which skew alerts fired is unknown"]
 
     training = loop.steps["train, evaluate, release"]
     training.state, training.detail = "failed", "RuntimeError: not registered"

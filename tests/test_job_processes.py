@@ -1,4 +1,4 @@
-"""Loopline's child processes: background work started at a lower CPU priority gets it, and so does what it starts."""
+"""Loopline's child processes: background work started at a lower CPU priority gets it, for its whole session."""
 
 from __future__ import annotations
 
@@ -18,20 +18,21 @@ def _niceness(pid: int) -> int:
     return int(stat.rsplit(")", 1)[1].split()[16])
 
 
-def test_a_background_process_runs_at_the_niceness_it_was_given(applied: Settings, tmp_path: Path) -> None:
+def test_a_background_process_and_its_session_run_at_the_niceness_given(applied: Settings, tmp_path: Path) -> None:
     settings = applied.model_copy(update={"dashboard": DashboardSettings(port=free_port())})
     url = f"http://127.0.0.1:{settings.dashboard.port}/"
+    expected = min(os.getpriority(os.PRIO_PROCESS, 0) + 7, 19)
     dashboard = start_loopline(settings, ["dashboard"], tmp_path / "dashboard.log", niceness=7)
-    plain = start_loopline(settings, ["config"], tmp_path / "config.log")
     try:
-        own = os.getpriority(os.PRIO_PROCESS, 0)
-        assert plain.poll() is not None or _niceness(plain.pid) == own
         assert wait_until(lambda: _answers(url) or dashboard.poll() is not None, 60, 0.2), f"see {tmp_path / 'dashboard.log'}"
         assert dashboard.poll() is None
-        assert _niceness(dashboard.pid) == min(own + 7, 19), "the command itself, not a wrapper, runs 7 nicer than its parent"
+        assert _niceness(dashboard.pid) == expected, "the command itself, not a wrapper, runs 7 nicer than its parent"
+        assert os.getsid(dashboard.pid) == dashboard.pid != os.getsid(0), "a session of its own"
+        autogroup = Path(f"/proc/{dashboard.pid}/autogroup")
+        if autogroup.exists():  # the kernel schedules sessions as groups: the session's group is niced too
+            assert autogroup.read_text().split()[-1] == str(expected), autogroup.read_text()
     finally:
         stop_process_group(dashboard)
-        plain.wait(30)
 
 
 def _answers(url: str) -> bool:

@@ -4,7 +4,6 @@ training run, and what it built is what they then use."""
 from __future__ import annotations
 
 import glob
-import os
 from pathlib import Path
 
 import pytest
@@ -14,25 +13,42 @@ from loopline.prebuilds import prebuilds
 from loopline.settings import Settings
 
 
-def test_setup_builds_what_first_use_would_and_the_jobs_use_it(applied: Settings, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def _build(settings: Settings, which: str) -> str:
+    (prebuild,) = [p for p in prebuilds(settings) if which in p.name]
+    return prebuild.build()
+
+
+def test_setup_builds_the_operator_jars_the_jobs_then_take(applied: Settings, tmp_path: Path) -> None:
     # A jar cache with the fetched Maven jars and none of Loopline's own operators.
-    fresh = applied.model_copy(update={"jars_dir": tmp_path / "jars-fresh"})
-    (tmp_path / "jars-fresh").mkdir()
+    fresh = applied.model_copy(update={"jars_dir": tmp_path / "jars"})
+    (tmp_path / "jars").mkdir()
     for fetched in applied.resolved_jars_dir.iterdir():
         if fetched.name != "loopline":
-            (tmp_path / "jars-fresh" / fetched.name).symlink_to(fetched)
+            (tmp_path / "jars" / fetched.name).symlink_to(fetched)
+    built = [Path(_build(fresh, "feature job's JVM")), Path(_build(fresh, "joiner's JVM"))]
+    assert built == [feature_operators_jar(fresh), joiner_operators_jar(fresh)]
+    assert all(jar.is_file() and jar.is_relative_to(tmp_path / "jars") for jar in built)
+    built_at = [jar.stat().st_mtime_ns for jar in built]
+    assert job_settings(fresh).operators_jar == built[0] and joiner_settings(fresh).operators_jar == built[1]
+    assert [jar.stat().st_mtime_ns for jar in built] == built_at, "the jobs took the jars setup built: nothing compiled again"
 
-    made = {prebuild.name: prebuild.build() for prebuild in prebuilds(fresh)}
-    jars = [feature_operators_jar(fresh), joiner_operators_jar(fresh)]
-    assert all(jar.is_file() and jar.is_relative_to(tmp_path / "jars-fresh") for jar in jars)
-    built_at = [jar.stat().st_mtime_ns for jar in jars]
-    assert job_settings(fresh).operators_jar == jars[0] and joiner_settings(fresh).operators_jar == jars[1]
-    assert [jar.stat().st_mtime_ns for jar in jars] == built_at, "the jobs took the jars setup built: nothing compiled again"
-    assert glob.glob(str(tmp_path / "cache" / "loopline" / "grpc" / "*" / "schemas" / "scoring_pb2_grpc.py"))
 
-    deepspeed = next(result for name, result in made.items() if "DeepSpeed" in name)
-    assert deepspeed == "cpu: shared-memory communication op built", deepspeed
-    extensions = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache" / "torch_extensions")
-    assert glob.glob(str(extensions / "*" / "deepspeed_shm_comm" / "*.so")), "the op DeepSpeed's initialize loads is in torch's cache"
+def test_setup_generates_the_grpc_modules(applied: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = Path(_build(applied, "gRPC"))
+    assert folder.is_relative_to(tmp_path / "loopline" / "grpc") and (folder / "schemas" / "scoring_pb2_grpc.py").is_file()
+
+
+def test_setup_builds_the_op_deepspeed_initialize_would_compile(applied: Settings) -> None:
+    """In the environment training runs in (torch's own extensions cache, where `make setup` built it: a second build
+    takes seconds); on a CUDA host there is nothing to build."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    result = _build(applied, "DeepSpeed")
+    if torch.cuda.is_available():
+        assert result == "cuda: nothing to build", result
+        return
+    assert result == "cpu: shared-memory communication op built", result
+    # torch keeps each extension under <root>/py<version>_<cuda>/<name>/.
+    assert glob.glob(str(Path(get_default_build_root()) / "*" / "deepspeed_shm_comm" / "*.so")), "the op is in torch's cache"

@@ -21,14 +21,13 @@ import pytest
 from conftest import LogReader
 from infra.service import wait_until
 from loopline.job_processes import start_scorer
-from loopline.scenarios.demo_scoring import score_requests
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
 from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
+from streams.synthetic import Emitted, score_requests
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 WEIGHTS, BIAS = np.array([0.2, 0.01]), -1.5

@@ -8,7 +8,7 @@ import pytest
 
 from feature_store.config import REPO_PATH
 from feature_store.redis_connection import redis_client
-from loopline.settings import Settings, settings_environment
+from loopline.settings import Settings, UnknownSettingError, settings_environment
 
 
 def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,6 +39,29 @@ def test_invalid_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("LOOPLINE_REDIS__PORT", "70000")
     with pytest.raises(ValueError, match="redis.port"):
         Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "suggested"),
+    [("LOOPLINE_REGISTRY__TRACKING_URI", "LOOPLINE_MODEL_REGISTRY__TRACKING_URI"),  # renamed: it would fall back silently
+     ("LOOPLINE_SERVING__HTTP_PROT", "LOOPLINE_SERVING__HTTP_PORT"), ("LOOPLINE_STREEM__GROUP_ID", "LOOPLINE_STREAM__GROUP_ID"),
+     ("LOOPLINE_KAFKA__PORT__X", "LOOPLINE_KAFKA__PORT")],
+)
+def test_a_variable_naming_no_setting_is_refused_with_the_closest_names(monkeypatch: pytest.MonkeyPatch, name: str, suggested: str) -> None:
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(UnknownSettingError, match=f"{name} names no setting .*did you mean {suggested}"):
+        Settings()
+
+
+def test_a_mapping_setting_takes_any_key_and_the_config_file_variable_is_not_a_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("LOOPLINE_KAFKA__CLIENT_CONFIG__SECURITY_PROTOCOL", "SSL")
+    monkeypatch.setenv("LOOPLINE_MONITOR__THRESHOLDS__PSI_ALERT", "0.3")
+    config = tmp_path / "loopline.yaml"
+    config.write_text("redis:\n  port: 16401\n")
+    monkeypatch.setenv("LOOPLINE_CONFIG", str(config))
+    settings = Settings()
+    assert settings.kafka.client_config == {"security_protocol": "SSL"}  # pydantic-settings lower-cases the key
+    assert settings.monitor.thresholds.psi_alert == 0.3 and settings.redis.port == 16401
 
 
 def test_cluster_settings_reach_a_child_process_and_the_redis_clients(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

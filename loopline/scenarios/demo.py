@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rich.console import Console, Group
@@ -24,6 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from feature_store.online_read import OnlineReader
+from feature_store.online_write import OnlineWriter
 from loopline.components import build_stack, feature_plan
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.scenarios.demo_loop import TRAINING_STEP, DemoLoop, Step
@@ -34,6 +36,7 @@ from loopline.settings import Settings
 from loopline.tables import counts_table, scoring_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
+from streams.producer import PublishStats
 from streams.synthetic import synthetic_user_id
 from streams.topics import apply_topics, topic_sizes
 from streams.validating_consumer import ValidatingConsumer
@@ -149,14 +152,33 @@ def _run_live(run: _Run, budget_end: float, console: Console) -> None:
             time.sleep(_REFRESH_S)
 
 
-def _over_budget_split(final: tuple[float, float], around_training: dict[str, tuple[float, float]]) -> dict:
-    """The share of reads over budget while the model trained, and in the steady state (the rest of the run)."""
+def _stop_all(stops: Sequence[Callable[[], object]], quiet: bool = False) -> None:
+    """Run every stop, whatever an earlier one raised; then raise the first error unless ``quiet`` (the demo is already
+    ending on another)."""
+    errors = []
+    for stop in stops:
+        try:
+            stop()
+        except Exception as err:
+            errors.append(err)
+    if errors and not quiet:
+        raise errors[0]
+
+
+def _over_budget_split(final: tuple[float, float] | None, around_training: dict[str, tuple[float, float] | None]) -> dict:
+    """The share of reads over budget while the model trained, and in the steady state (the rest of the run); None
+    where the scorer's counters were not read (then the split is unknown, not guessed)."""
     def share(over: float, answered: float) -> float | None:
         return round(over / answered, 3) if answered > 0 else None
 
+    unknown = {"over_feature_budget_rate_steady": None, "over_feature_budget_rate_while_training": None}
+    if final is None:
+        return unknown
     if "start" not in around_training:
-        return {"over_feature_budget_rate_steady": share(*final), "over_feature_budget_rate_while_training": None}
+        return {**unknown, "over_feature_budget_rate_steady": share(*final)}
     start, end = around_training["start"], around_training.get("end", final)
+    if start is None or end is None:
+        return unknown
     training = (end[0] - start[0], end[1] - start[1])
     return {"over_feature_budget_rate_steady": share(final[0] - training[0], final[1] - training[1]),
             "over_feature_budget_rate_while_training": share(*training)}  # fmt: skip
@@ -196,9 +218,14 @@ def unkept_promises(summary: dict, loop: DemoLoop) -> list[str]:
         failures.append(f"the release controller gave no verdict on the trained model ({summary['release']})")
     if not summary["skew_injected"]:
         failures.append("the skew was never injected (the monitor had no reference snapshot, or measured nothing)")
+    elif not summary["prometheus_answered"]:
+        failures.append("Prometheus did not answer: which skew alerts fired is unknown")
     elif summary["skew_alerting_features"] != summary["skew_injected_features"]:
         failures.append(f"skew alerts fired for {summary['skew_alerting_features'] or 'no feature'}, the skew was injected into "
                         f"{summary['skew_injected_features']}")  # fmt: skip
+    others_pending = sorted(set(summary["skew_pending_features"]) - set(summary["skew_injected_features"]))
+    if summary["skew_injected"] and others_pending:
+        failures.append(f"skew alerts are pending for {others_pending}, which nobody skewed")
     return failures
 
 
@@ -218,6 +245,9 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     bootstrap = settings.kafka.bootstrap_servers
     views = apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     console.print(f"feast apply: {', '.join(views)}")
+    # This run's world is a new one: an earlier run's rows must not stand in for its quiet users' features.
+    cleared = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path).delete_rows()
+    console.print(f"online rows of an earlier run deleted: {', '.join(cleared)}")
     console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
     history_s = feature_plan(settings).history_ms(MODEL_INPUTS) / 1000
 
@@ -228,10 +258,8 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     demo_policy = settings.release.model_copy(update={"min_watch_s": _CANARY_WATCH_S, "min_requests": _CANARY_MIN_REQUESTS})
     scoring = DemoScoring(settings.model_copy(update={"release": demo_policy}), settings.home / "models")
     world = DemoWorld(scoring.settings, scoring, rate, history_s, _DEMO_MALFORMED_RATE, _DEMO_LABEL_DELAY_S)
-    # The job builds its state from this run's world alone: no checkpoint, no earlier demo's events.
-    job = start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False, from_ms=world.published_from_ms)
     # The scorer's counts as training starts and ends: the steady state's over-budget share is the rest of the run.
-    around_training: dict[str, tuple[float, float]] = {}
+    around_training: dict[str, tuple[float, float] | None] = {}
     skew = DemoSkew(settings, scoring, settings.resolved_logs_dir)
     console.print(f"the skew alert dashboard: {skew.dashboard_url} (Prometheus: http://{settings.prometheus.host}:"
                   f"{settings.prometheus.port}/alerts)", highlight=False)  # fmt: skip
@@ -244,13 +272,21 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    jobs: list = []
+    published: list[PublishStats] = []
+    # In this order: the world first (the scorer commits what it scored of it), the feature job last.
+    stops = (lambda: published.append(world.stop()), loop.stop, skew.stop, scoring.stop, lambda: [stop_process_group(job) for job in jobs])
     try:
+        # The job builds its state from this run's world alone: no checkpoint, no earlier demo's events.
+        jobs.append(start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False,
+                                      from_ms=world.published_from_ms))  # fmt: skip
+        skew.start_dashboard()
         # While the job starts and reads the history: the scorer (its own process, as in production) loads its
         # model and warms up, and the joiner starts.
         scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
         loop.start(settings.resolved_logs_dir / "joiner.log")
         world.start()
-        history_took_s = _absorb_history(world, job, reader, console)
+        history_took_s = _absorb_history(world, jobs[0], reader, console)
         console.print(f"the feature job read {world.history_published:,} transactions of history in {history_took_s:.0f} s"
                       " and follows the world live", highlight=False)  # fmt: skip
         scoring.wait_ready()
@@ -262,14 +298,11 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         _, scored = scoring.stats()  # while the scorer still answers for its counters
         final_counts = scoring.over_budget_counts()
         skew_summary = skew.summary()
-    finally:
-        try:
-            stats = world.stop()
-        finally:
-            loop.stop()
-            skew.stop()
-            scoring.stop()
-            stop_process_group(job)
+    except BaseException:
+        _stop_all(stops, quiet=True)
+        raise
+    _stop_all(stops)
+    stats = published[0]
     console.print(loop.table())
 
     console.rule("5. validating (bad records go to the dead-letter topic)")

@@ -10,6 +10,7 @@ the labeled quality of each model version, before and after.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -90,6 +91,8 @@ class DemoLoop:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._joiner = None
+        #: The training run's launcher while it runs (stopped with the loop: it must not outlive the demo).
+        self._training = None
         self._follower: TopicFollower | None = None
 
     def start(self, log_file: Path) -> None:
@@ -164,7 +167,8 @@ class DemoLoop:
                 " prod, registration"
             )
             outcome = retrain(self._small_data_settings(), self.outcome.snapshot_id, processes=TRAIN_PROCESSES,
-                              canary_percent=CANARY_PERCENT, actor=ACTOR, reason="trained on this run's feedback", echo=None)  # fmt: skip
+                              canary_percent=CANARY_PERCENT, actor=ACTOR, reason="trained on this run's feedback", echo=None,
+                              on_start=lambda process: setattr(self, "_training", process))  # fmt: skip
             report = outcome.report
             comparison = report.comparison
             aucs = {"candidate": comparison.candidate["auc"]}
@@ -182,7 +186,7 @@ class DemoLoop:
                 outcome = controller.step()
                 if outcome is None:
                     raise RuntimeError("the canary is gone")
-                decision, canary_stats, prod_stats = outcome
+                decision, _, _ = outcome
                 self.steps["controller"].detail = f"{decision.action}: {decision.reason}"
                 if decision.action != "wait":
                     self.outcome.release = decision.action
@@ -238,8 +242,10 @@ class DemoLoop:
         return table
 
     def stop(self) -> None:
-        """Stop the joiner and the threads (a step still running is abandoned)."""
+        """Stop the joiner, a training run still going, and the threads (a step still running is abandoned)."""
         self._stop.set()
+        if self._training is not None and self._training.poll() is None:
+            stop_process_group(self._training, signal.SIGKILL)
         if self._joiner is not None:
             stop_process_group(self._joiner)
         if self._follower is not None:

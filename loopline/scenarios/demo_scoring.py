@@ -2,8 +2,8 @@
 
 While the feature job and the producer run, ``DemoScoring`` registers a small hand-set fraud model as
 ``prod`` and serves it with `loopline serve --kafka --http` in a process of its own, as in production
-(``scoring.requests`` → ``scoring.predictions``, exactly once). Every transaction the producer sends is
-followed by a score request naming it (``requests_for_transactions``), so its label, when it comes,
+(``scoring.requests`` → ``scoring.predictions``, exactly once). Every live transaction of the demo's world is
+followed by a score request naming it (``request_for_transaction``, ``demo_world.py``), so its label, when it comes,
 meets the prediction in the feedback joiner. A reader of the prediction log (and of the scorer's
 /metrics) reports requests/s, latency, batch size, model versions, the defaulted-feature rate and the
 share of reads over budget.
@@ -12,12 +12,11 @@ share of reads over budget.
 from __future__ import annotations
 
 import itertools
-import random
 import signal
 import subprocess
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.model_registry import PROD_ALIAS
 from schemas.records import PredictionRecord, ScoreRequest, TransactionEvent
-from schemas.topics import PREDICTIONS, SCORE_REQUESTS, TRANSACTIONS
+from schemas.topics import PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import encode
 from streams.synthetic import Emitted
 from streams.topic_follower import TopicFollower
@@ -44,26 +43,10 @@ _VIEW = "user_transaction_features"
 MODEL_INPUTS = [f"{_VIEW}:{name}" for name in
                 ("txn_count_5m", "amount_sum_1h", "amount_mean_1h", "distinct_merchants_1h", "secs_since_prev_txn")] + ["request:amount"]  # fmt: skip
 #: A hand-set logistic regression: a burst of recent transactions, and an amount far above the user's mean of the last
-#: hour, look like fraud. It ranks the demo's labeled examples fairly (holdout AUC ~0.63 on one run), so a model trained
-#: on the loop's feedback has room to do better.
+#: hour, look like fraud. A rough rule (the demo prints its AUC on the holdout and on its feedback), so a model trained on
+#: the loop's feedback has room to do better.
 _FIRST_MODEL = (np.array([0.05, 0.0, -0.004, 0.0, 0.0, 0.004]), -3.0)
 _WINDOW_S = 5.0
-
-
-def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
-    """Score requests ``<run_id>-<n>`` for ``user_ids`` (the first ones asked about most, Zipf-like), paced at
-    ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it."""
-    rng = random.Random(run_id)
-    cumulative = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(len(user_ids))))
-    emit_at_ms = time.time() * 1000
-    for n in itertools.count():
-        emit_at_ms += rng.expovariate(rate_per_s / 1000)
-        user = rng.choices(user_ids, cum_weights=cumulative)[0]
-        request = ScoreRequest(
-            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
-            request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
-        )  # fmt: skip
-        yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
 
 
 def request_for_transaction(transaction: TransactionEvent, emit_at_ms: int, run_id: str, amount_factor: float = 1.0) -> Emitted:
@@ -75,16 +58,6 @@ def request_for_transaction(transaction: TransactionEvent, emit_at_ms: int, run_
         request_fields={"amount": transaction.amount * amount_factor}, requested_at_ms=int(time.time() * 1000),
     )  # fmt: skip
     return Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), emit_at_ms, request)
-
-
-def requests_for_transactions(
-    stream: Iterable[Emitted], run_id: str, amount_factor: Callable[[], float] = lambda: 1.0
-) -> Iterator[Emitted]:
-    """``stream`` with a score request (``request_for_transaction``) after each of its valid transactions."""
-    for emitted in stream:
-        yield emitted
-        if emitted.topic == TRANSACTIONS.name and isinstance(emitted.record, TransactionEvent):
-            yield request_for_transaction(emitted.record, emitted.emit_at_ms, run_id, amount_factor())
 
 
 #: Scorer counters the table reads (mean batch size, share of requests over the feature budget).
@@ -177,6 +150,7 @@ class DemoScoring:
         self.amount_factor = 1.0
         self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
+        self._baseline = [0.0] * len(_COUNTERS)
         self.url = f"http://{serving.host}:{serving.http_port}"
 
     def _release_first_model(self) -> None:
@@ -210,34 +184,39 @@ class DemoScoring:
         if not wait_until(lambda: ready() or self._scorer.poll() is not None, timeout_s, 0.2) or self._scorer.poll() is not None:
             raise StackError(f"the scorer at {self.url} did not get ready", "see its log (scorer.log under the stack's logs)")
 
-    def over_budget_counts(self) -> tuple[float, float]:
-        """(reads over the feature budget, requests answered) so far, from the scorer's /metrics."""
-        counted = self._counters()
-        return counted[2], counted[3]
+    def over_budget_counts(self) -> tuple[float, float] | None:
+        """(reads over the feature budget, requests answered) since counting started, from the scorer's /metrics; None
+        when it did not answer in three tries (a busy moment: the training run starting)."""
+        for _ in range(3):
+            counted = self._counters()
+            if counted is not None:
+                return counted[2], counted[3]
+            time.sleep(0.5)
+        return None
 
-    def _counters(self) -> list[float]:
-        """The scorer's counters of ``_COUNTERS``, from its /metrics (zeros if it does not answer)."""
+    def _counters(self) -> list[float] | None:
+        """The scorer's counters of ``_COUNTERS`` since counting started (``start_counting``), from its /metrics; None
+        when it does not answer."""
         try:
             text = requests.get(f"{self.url}/metrics", timeout=1).text
         except requests.RequestException:
-            return [0.0] * len(_COUNTERS)
-        return _samples(text, _COUNTERS)
+            return None
+        return [value - base for value, base in zip(_samples(text, _COUNTERS), self._baseline, strict=True)]
 
     def start_counting(self) -> None:
-        """Start the figures' clock (requests per second) now: scoring starts."""
+        """Start the figures' clock (requests per second) and the scorer's counters now: scoring starts (what it scored
+        before, an earlier demo's leftover requests, is not this run's)."""
         self._started = time.monotonic()
-
-    def requests_for(self, stream: Iterable[Emitted]) -> Iterator[Emitted]:
-        """``stream`` with a score request after each transaction (see ``requests_for_transactions``); the
-        figures' clock starts now."""
-        self.start_counting()
-        return requests_for_transactions(stream, self.run_id, lambda: self.amount_factor)
+        self._baseline = [0.0] * len(_COUNTERS)
+        self._baseline = self._counters() or self._baseline
 
     def stats(self) -> tuple[ScoringStats | None, ScoringStats | None]:
         """(the last few seconds, the whole run)."""
         now = time.monotonic()
-        # The scorer's counters now and a window ago: their change over the window.
-        self._counted.append((now, self._counters()))
+        # The scorer's counters now and a window ago: their change over the window (a moment it did not answer is left out).
+        counted = self._counters()
+        if counted is not None or not self._counted:
+            self._counted.append((now, counted or [0.0] * len(_COUNTERS)))
         while len(self._counted) > 2 and self._counted[1][0] <= now - _WINDOW_S:
             self._counted.popleft()
         first, last = self._counted[0][1], self._counted[-1][1]

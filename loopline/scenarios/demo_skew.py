@@ -4,6 +4,7 @@ cents, as an upstream currency bug would send them — so the alert visibly fire
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -44,14 +45,22 @@ class DemoSkew:
         self.dashboard_url = f"http://{settings.dashboard.host}:{settings.dashboard.port}/"
         self._monitor_url = f"http://{settings.serving.host}:{settings.monitor.metrics_port}/metrics"
         self._prometheus = f"http://{settings.prometheus.host}:{settings.prometheus.port}"
-        self._dashboard = start_loopline(settings, ["dashboard"], logs / "dashboard.log", BACKGROUND_NICENESS)
+        self._dashboard = None
         self._monitor = None
+        self._stopped = threading.Event()
         self._monitor_started: float | None = None
         self.injected_at: float | None = None
         self.reference: str | None = None
 
+    def start_dashboard(self) -> None:
+        """Serve the skew alert dashboard (`loopline dashboard`) for the run."""
+        self._dashboard = start_loopline(self.settings, ["dashboard"], self.logs / "dashboard.log", BACKGROUND_NICENESS)
+
     def start_monitor(self, snapshot_id: str) -> None:
-        """Run the monitor against the loop's training snapshot."""
+        """Run the monitor against the loop's training snapshot (not once the demo has stopped: a snapshot may finish
+        as it ends)."""
+        if self._stopped.is_set():
+            return
         self.reference = snapshot_id
         # A consumer group of this run's own: it starts at the topic's end, not at where an earlier demo's monitor
         # stopped (one such backlog kept this run's window empty).
@@ -111,7 +120,14 @@ class DemoSkew:
 
     def alerting_features(self) -> list[str]:
         """The features a skew alert is firing for now (any model version)."""
-        return sorted({a["labels"].get("feature", "") for a in self._alerts() or () if a["state"] == "firing"})
+        return self._features_in("firing")
+
+    def pending_features(self) -> list[str]:
+        """The features a skew alert is pending for now (over its threshold, not yet for its 1 min hold), not firing."""
+        return sorted(set(self._features_in("pending")) - set(self.alerting_features()))
+
+    def _features_in(self, state: str) -> list[str]:
+        return sorted({a["labels"].get("feature", "") for a in self._alerts() or () if a["state"] == state})
 
     @property
     def injected_features(self) -> list[str]:
@@ -147,10 +163,12 @@ class DemoSkew:
         return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_injected": self.injected_at is not None,
                 "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state(),
                 "skew_injected_features": self.injected_features, "skew_alerting_features": self.alerting_features(),
+                "skew_pending_features": self.pending_features(), "prometheus_answered": self._alerts() is not None,
                 "retrain_trigger_fires": trigger.fire, "retrain_trigger_causes": sorted(trigger.causes), "retrain_trigger_reason": trigger.reason}  # fmt: skip
 
     def stop(self) -> None:
         """Stop the monitor and the dashboard (`loopline monitor` and `loopline dashboard` start them again)."""
-        if self._monitor is not None:
-            stop_process_group(self._monitor)
-        stop_process_group(self._dashboard)
+        self._stopped.set()
+        for process in (self._monitor, self._dashboard):
+            if process is not None:
+                stop_process_group(process)

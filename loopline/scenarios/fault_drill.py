@@ -39,7 +39,6 @@ from confluent_kafka import Consumer
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
 from loopline.job_processes import start_feature_job, start_scorer, stop_process_group
-from loopline.scenarios.demo_scoring import score_requests
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import ScoreRequest, TransactionEvent
@@ -47,7 +46,7 @@ from schemas.topics import PREDICTIONS, TRANSACTIONS
 from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
-from streams.synthetic import Emitted, SyntheticStream, synthetic_user_id
+from streams.synthetic import Emitted, SyntheticStream, score_requests, synthetic_user_id
 from streams.topics import read_topic
 
 FAULT_KINDS = ("broker", "redis", "feature_job", "kafka_scorer")
