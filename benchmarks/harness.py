@@ -30,7 +30,7 @@ def private_stack(console: Console, prefix: str) -> Iterator[Settings]:
     try:
         with console.status("starting a private stack"):
             stack.up()
-            apply_topics(settings.kafka.bootstrap_servers, TOPICS)
+            apply_topics(settings.kafka.bootstrap, TOPICS)
             apply_definitions(settings.feast_registry_path, settings.redis_connection)
         yield settings
     finally:

@@ -328,11 +328,11 @@ def _kafka_round(settings: Settings, rate: float, seconds: float) -> tuple[list[
     readable, how many of those were answered on defaults, requests sent, seconds taken)."""
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     received: dict[str, tuple[float, bool]] = {}
-    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap_servers, "group.id": run_id,
+    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap, "group.id": run_id,
                        "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
     reader.subscribe([PREDICTIONS.name])
     sent: list[int] = []
-    sending = threading.Thread(target=lambda: sent.append(EventProducer(settings.kafka.bootstrap_servers).publish(
+    sending = threading.Thread(target=lambda: sent.append(EventProducer(settings.kafka.bootstrap).publish(
         _scheduled_requests(rate, run_id), rate_per_s=rate, duration_s=seconds).total))  # fmt: skip
     began = time.monotonic()
     sending.start()

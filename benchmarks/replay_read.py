@@ -58,7 +58,7 @@ def _publish(settings: Settings, stream, count: int) -> None:
             events.append(emitted)
             if len(events) == count:
                 break
-    EventProducer(settings.kafka.bootstrap_servers, client_config=settings.kafka.client_config).publish(events)
+    EventProducer(settings.kafka.bootstrap, client_config=settings.kafka.client_config).publish(events)
 
 
 def _batch(plan: FeaturePlan, accepted: pd.DataFrame, requests: int, round_name: str) -> list[PredictionRecord]:
@@ -88,7 +88,7 @@ def _full_read_replay(settings: Settings, plan: FeaturePlan, batch: list[Predict
     lookback_ms = max(agg.window_ms for view in plan.views for agg in view.aggregations if agg.window_ms) + plan.out_of_orderness_ms
     began = time.perf_counter()
     since = min(record.requested_at_ms for record in batch) - lookback_ms
-    accepted, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config, since_ms=since))
+    accepted, _ = accepted_events(plan, read_topic(kafka.bootstrap, plan.topic, kafka.client_config, since_ms=since))
     read_s = time.perf_counter() - began
     outcomes = by_outcome(check_consistency(plan, accepted, batch, features=windowed))
     return read_s, time.perf_counter() - began, outcomes
@@ -117,15 +117,15 @@ def main() -> None:
         stream = iter(SyntheticStream(SyntheticConfig(rate_per_s=RATE_PER_S), seed=5, start_ms=int((time.time() - span_s) * 1000)))
         with console.status(f"publishing {count:,} transactions"):
             _publish(settings, stream, count)
-        everything, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config))
+        everything, _ = accepted_events(plan, read_topic(kafka.bootstrap, plan.topic, kafka.client_config))
         first = _batch(plan, everything, REQUESTS, "first")
-        log = EventLogWindow(plan, kafka.bootstrap_servers, kafka.client_config)
+        log = EventLogWindow(plan, kafka.bootstrap, kafka.client_config)
         with console.status("replaying the first batch: full read, then the incremental reader's first call"):
             full_read_s, full_s, full_outcomes = _full_read_replay(settings, plan, first)
             first_read_s, first_s, first_outcomes, _ = _incremental_replay(log, plan, first)
         with console.status(f"publishing {SECOND_ROUND:,} more; replaying a batch of them both ways"):
             _publish(settings, stream, SECOND_ROUND)
-            everything, _ = accepted_events(plan, read_topic(kafka.bootstrap_servers, plan.topic, kafka.client_config))
+            everything, _ = accepted_events(plan, read_topic(kafka.bootstrap, plan.topic, kafka.client_config))
             second = _batch(plan, everything, REQUESTS, "second")
             second_full_read_s, second_full_s, second_full_outcomes = _full_read_replay(settings, plan, second)
             second_read_s, second_s, second_outcomes, retained_mb = _incremental_replay(log, plan, second)

@@ -64,7 +64,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
     compile the job's hot paths; freshness is sampled (user rows) only after it.
     """
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
-    producer = EventProducer(settings.kafka.bootstrap_servers)
+    producer = EventProducer(settings.kafka.bootstrap)
     config = SyntheticConfig(rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
     stream = SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000))
     end_ms = stream.start_ms + (warmup_s + seconds) * 1000
@@ -142,8 +142,8 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
     transactions = (replace(e, topic=topic.name) for e in stream if e.topic == TRANSACTIONS.name)
     backlog = list(itertools.islice(transactions, events))
     with console.status(f"publishing a backlog of {events:,} events"):
-        apply_topics(settings.kafka.bootstrap_servers, [topic])
-        EventProducer(settings.kafka.bootstrap_servers).publish(backlog)
+        apply_topics(settings.kafka.bootstrap, [topic])
+        EventProducer(settings.kafka.bootstrap).publish(backlog)
     last = backlog[-1]
     client = redis.Redis(port=settings.redis.port)
     client.flushdb()  # the stack is the benchmark's own: an empty store shows the job's first row

@@ -135,7 +135,7 @@ def _produce(producer: Producer, records: list[tuple[str, str, bytes]]) -> None:
 
 def _backfill(settings: Settings, records: int):
     """The synthetic stream's labelled transactions with their features recomputed point in time (snapshot columns)."""
-    bootstrap, run = settings.kafka.bootstrap_servers, uuid.uuid4().hex[:6]
+    bootstrap, run = settings.kafka.bootstrap, uuid.uuid4().hex[:6]
     transactions = TopicSpec(f"bench.tx.{run}", TRANSACTIONS.record_type, key="user_id", partitions=2, retention_ms=7 * DAY_MS)
     labels = TopicSpec(f"bench.labels.{run}", LABELS.record_type, key="event_id", partitions=1, retention_ms=7 * DAY_MS)
     apply_topics(bootstrap, [transactions, labels])
@@ -187,7 +187,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="loopline-bench-training-"))
 
     with private_stack(console, "loopline-bench-training-") as settings:
-        bootstrap = settings.kafka.bootstrap_servers
+        bootstrap = settings.kafka.bootstrap
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
         counter = ExampleCounter(bootstrap)
         log = work / "joiner.log"

@@ -140,7 +140,7 @@ def apply_all() -> None:
     config = settings()
     views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path)
     console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
-    console.print(topics_table(apply_topics(config.kafka.bootstrap_servers, TOPICS, config.kafka.client_config)))
+    console.print(topics_table(apply_topics(config.kafka.bootstrap, TOPICS, config.kafka.client_config)))
 
 
 JobManagerOption = Annotated[
@@ -215,7 +215,7 @@ def stream_cancel(
 def topics_apply() -> None:
     """Create or update every topic from its spec (idempotent)."""
     kafka = settings().kafka
-    console.print(topics_table(apply_topics(kafka.bootstrap_servers, TOPICS, kafka.client_config)))
+    console.print(topics_table(apply_topics(kafka.bootstrap, TOPICS, kafka.client_config)))
 
 
 @schemas_app.command("check")

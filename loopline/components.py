@@ -137,7 +137,7 @@ def job_settings(settings: Settings) -> JobSettings:
     """Everything the streaming job needs to know about the stack it runs on."""
     stream = settings.stream
     return JobSettings(
-        bootstrap_servers=settings.kafka.bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap,
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
         operators_jar=feature_operators_jar(settings),
         checkpoint_dir=settings.checkpoint_dir,
@@ -164,7 +164,7 @@ def joiner_settings(settings: Settings) -> JoinerSettings:
         labels_topic=feedback.labels_topic,
         examples_topic=feedback.examples_topic,
         dead_letter_topic=feedback.dead_letter_topic,
-        bootstrap_servers=settings.kafka.bootstrap_servers,
+        bootstrap_servers=settings.kafka.bootstrap,
         connector_jar=flink_connector_jar(settings.resolved_jars_dir),
         operators_jar=joiner_operators_jar(settings),
         checkpoint_dir=settings.feedback_checkpoint_dir,
@@ -188,7 +188,7 @@ def release_controller(settings: Settings) -> ReleaseController:
     topic = settings.feedback.examples_topic
 
     def examples(since_ms: int):
-        return logged_examples(kafka.bootstrap_servers, topic, since_ms, None, kafka.client_config)[0]
+        return logged_examples(kafka.bootstrap, topic, since_ms, None, kafka.client_config)[0]
 
     return ReleaseController(model_release(settings), serving.model_name, policy, urls, examples)
 

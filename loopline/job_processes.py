@@ -75,7 +75,7 @@ def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, timeou
     """Publish one probe transaction and wait until its row is readable online (the job has started)."""
     stream = SyntheticStream(SyntheticConfig(users=1), seed=1, start_ms=int(time.time() * 1000))
     probe = next(e for e in stream if e.record is not None and e.topic == TRANSACTIONS.name)
-    EventProducer(settings.kafka.bootstrap_servers, client_config=settings.kafka.client_config).publish([probe])
+    EventProducer(settings.kafka.bootstrap, client_config=settings.kafka.client_config).publish([probe])
 
     def probe_visible_or_job_gone() -> bool:
         return job.poll() is not None or (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) >= (

@@ -64,7 +64,7 @@ def consistency_replay(settings: Settings, plan: FeaturePlan) -> Callable[[list[
     the log read would be unbounded. One incremental reader serves every call: each reads only what was published
     since the one before. The monitor calls it from one timer, which awaits each replay before the next."""
     kafka = settings.kafka
-    log = EventLogWindow(plan, kafka.bootstrap_servers, kafka.client_config)
+    log = EventLogWindow(plan, kafka.bootstrap, kafka.client_config)
     windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
 
     def replay(batch: list[PredictionRecord]) -> Mapping[str, FeatureConsistency]:
@@ -78,7 +78,7 @@ def consistency_replay(settings: Settings, plan: FeaturePlan) -> Callable[[list[
 
 
 def _partitions(settings: Settings, topic: str) -> int:
-    admin = AdminClient({**settings.kafka.client_config, "bootstrap.servers": settings.kafka.bootstrap_servers})
+    admin = AdminClient({**settings.kafka.client_config, "bootstrap.servers": settings.kafka.bootstrap})
     metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
         raise StackError(f"topic {topic} does not exist", "loopline stack up creates it; or start the scorer first")
@@ -89,7 +89,7 @@ def build_monitor(settings: Settings, metrics: MonitorMetrics) -> Monitor:
     """The monitor over the settings' stack."""
     options = settings.monitor
     config = MonitorConfig(
-        bootstrap_servers=settings.kafka.bootstrap_servers, predictions_topic=PREDICTIONS.name,
+        bootstrap_servers=settings.kafka.bootstrap, predictions_topic=PREDICTIONS.name,
         partitions=_partitions(settings, PREDICTIONS.name), app_id=options.app_id, data_dir=(settings.home / "monitor").absolute(),
         window_ms=int(options.window_s * 1000),
         bucket_ms=int(options.bucket_s * 1000), check_interval_s=options.check_interval_s, min_rows=options.min_rows,

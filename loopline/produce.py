@@ -32,7 +32,7 @@ def produce_stream(
 ) -> PublishStats:
     """Publish the synthetic stream for ``duration`` seconds at ``rate``, with a progress bar."""
     stream = SyntheticStream(synthetic_config(config, rate, malformed_rate), seed, _parse_start(start))
-    producer = EventProducer(config.kafka.bootstrap_servers, client_config=config.kafka.client_config)
+    producer = EventProducer(config.kafka.bootstrap, client_config=config.kafka.client_config)
     with Progress(
         TextColumn("producing"),
         BarColumn(),

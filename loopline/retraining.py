@@ -50,8 +50,8 @@ def create_snapshot(
     transaction."""
     kafka = settings.kafka
     if backfill:
-        transactions = read_topic(kafka.bootstrap_servers, TRANSACTIONS.name, kafka.client_config)
-        labels = read_topic(kafka.bootstrap_servers, LABELS.name, kafka.client_config)
+        transactions = read_topic(kafka.bootstrap, TRANSACTIONS.name, kafka.client_config)
+        labels = read_topic(kafka.bootstrap, LABELS.name, kafka.client_config)
         frame = backfill_examples(feature_plan(settings), transactions, labels, BACKFILL_INPUTS)
         if from_ms is not None:
             frame = frame[frame["predicted_at_ms"] >= from_ms]
@@ -59,7 +59,7 @@ def create_snapshot(
             frame = frame[frame["predicted_at_ms"] < to_ms]
         source = {"backfill": {"transactions": TRANSACTIONS.name, "labels": LABELS.name, "events": len(transactions)}}
     else:
-        examples, source = logged_examples(kafka.bootstrap_servers, settings.feedback.examples_topic, from_ms, to_ms, kafka.client_config,
+        examples, source = logged_examples(kafka.bootstrap, settings.feedback.examples_topic, from_ms, to_ms, kafka.client_config,
                                            model_name)  # fmt: skip
         frame = examples_frame(examples)
     return write_snapshot(frame, settings.snapshots_root, kind="backfill" if backfill else "feedback", source=source,
@@ -201,7 +201,7 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
     examples: list = []
     if options.mode != "off":
         since_ms = now_ms - int(options.window_s * 1000)
-        examples, _ = logged_examples(kafka.bootstrap_servers, settings.feedback.examples_topic, since_ms, None, kafka.client_config,
+        examples, _ = logged_examples(kafka.bootstrap, settings.feedback.examples_topic, since_ms, None, kafka.client_config,
                                       model.name)  # fmt: skip
     firing: list[FiringAlert] | None = None
     unread = ""

@@ -171,7 +171,7 @@ def front_doors(settings: Settings, scorer: Scorer, doors: Collection[str], pred
     built: list[FrontDoor] = []
     if "kafka" in doors:
         built.append(KafkaScoringDoor(
-            scorer, bootstrap_servers=settings.kafka.bootstrap_servers, group_id=serving.kafka_group_id,
+            scorer, bootstrap_servers=settings.kafka.bootstrap, group_id=serving.kafka_group_id,
             requests_topic=SCORE_REQUESTS.name, predictions_topic=PREDICTIONS.name, dead_letter_topic=DEAD_LETTERS.name,
             transactional_id=f"{serving.kafka_group_id}-{serving.instance}", client_config=settings.kafka.client_config,
             limits=limits, broker_timeout_s=serving.kafka_broker_timeout_s,
@@ -207,7 +207,7 @@ async def run_doors(
     prediction_log = None
     if serving.prediction_log != "off" and {"http", "grpc"} & set(doors):
         prediction_log = PredictionLog(
-            bootstrap_servers=settings.kafka.bootstrap_servers, topic=PREDICTIONS.name,
+            bootstrap_servers=settings.kafka.bootstrap, topic=PREDICTIONS.name,
             failures=scorer.metrics.prediction_log_failures, mode=serving.prediction_log,
             ack_timeout_s=serving.prediction_log_ack_timeout_s, client_config=settings.kafka.client_config,
         )  # fmt: skip

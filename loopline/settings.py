@@ -15,11 +15,12 @@ import os
 import typing
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     YamlConfigSettingsSource,
@@ -34,12 +35,29 @@ from streams.job_settings import JobSettings
 DEFAULT_CONFIG_FILE = Path("loopline.yaml")
 
 
+def _comma_separated(value: Any) -> Any:
+    """``"a:9092,b:9092"`` (an environment variable's form) as a list; a list as it is."""
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
 class KafkaSettings(BaseModel):
-    """The local Kafka broker (KRaft, combined broker + controller)."""
+    """Kafka: the stack's own KRaft nodes (combined broker + controller) or a cluster elsewhere
+    (``bootstrap_servers``), and how Loopline's topics are replicated on it."""
 
     host: str = "127.0.0.1"
-    port: int = Field(default=9092, ge=1, le=65535)
-    controller_port: int = Field(default=9093, ge=1, le=65535)
+    port: int = Field(default=9092, ge=1, le=65535, description="The stack's first node; node i listens on port + 2i.")
+    controller_port: int = Field(default=9093, ge=1, le=65535, description="The first node's controller; node i: + 2i.")
+    brokers: int = Field(default=1, ge=1, le=9, description="How many nodes `loopline stack up` starts (--kafka-brokers).")
+    bootstrap_servers: Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)] = Field(
+        default_factory=list,
+        description="host:port of a cluster's brokers (a list, or comma-separated); empty: the stack's own nodes.",
+    )
+    replication_factor: int = Field(default=1, ge=1, description="Replicas of each Loopline topic (3 at scale).")
+    min_insync_replicas: int = Field(
+        default=1, ge=1, description="Replicas an acks=all write needs (2 at scale, with replication_factor 3)."
+    )
     heap_mb: int = Field(default=512, ge=128)
     start_timeout_s: float = Field(default=60.0, gt=0)
     client_config: dict[str, str] = Field(
@@ -47,10 +65,28 @@ class KafkaSettings(BaseModel):
         description="Extra librdkafka settings for every Loopline Kafka client and the Flink job's (security.protocol, sasl.*, ssl.*).",
     )
 
+    @model_validator(mode="after")
+    def _replicas_fit(self) -> KafkaSettings:
+        if self.min_insync_replicas > self.replication_factor:
+            raise ValueError(
+                f"kafka.min_insync_replicas ({self.min_insync_replicas}) exceeds kafka.replication_factor "
+                f"({self.replication_factor}): no write could ever be acknowledged by all in-sync replicas"
+            )
+        if not self.bootstrap_servers and self.replication_factor > self.brokers:
+            raise ValueError(
+                f"kafka.replication_factor {self.replication_factor} needs as many brokers; the stack starts "
+                f"{self.brokers} (set kafka.brokers, `stack up --kafka-brokers`, or kafka.bootstrap_servers)"
+            )
+        return self
+
+    def node_ports(self) -> list[tuple[int, int]]:
+        """(listener, controller) port of each of the stack's own nodes."""
+        return [(self.port + 2 * i, self.controller_port + 2 * i) for i in range(self.brokers)]
+
     @property
-    def bootstrap_servers(self) -> str:
-        """The address clients connect to."""
-        return f"{self.host}:{self.port}"
+    def bootstrap(self) -> str:
+        """The comma-separated addresses every client connects to (librdkafka's and Flink's form)."""
+        return ",".join(self.bootstrap_servers or [f"{self.host}:{port}" for port, _ in self.node_ports()])
 
 
 class RedisSettings(BaseModel):

@@ -80,14 +80,14 @@ def stack(settings: Settings) -> Iterator[LocalStack]:
     local = build_stack(settings)
     local.setup()
     local.up()
-    apply_topics(settings.kafka.bootstrap_servers, TOPICS)
+    apply_topics(settings.kafka.bootstrap, TOPICS)
     yield local
     local.down(wipe=True)
 
 
 @pytest.fixture(scope="session")
 def bootstrap(stack: LocalStack, settings: Settings) -> str:
-    return settings.kafka.bootstrap_servers
+    return settings.kafka.bootstrap
 
 
 
@@ -120,7 +120,7 @@ def serving_doors(
     serving = {"http_port": free_port(), "grpc_port": free_port(), "kafka_group_id": f"doors-{uuid.uuid4().hex[:8]}"}
     settings = settings.model_copy(update={"serving": settings.serving.model_copy(update=serving)})
     if kafka:
-        start_group_at_end(settings.kafka.bootstrap_servers, settings.serving.kafka_group_id, SCORE_REQUESTS.name)
+        start_group_at_end(settings.kafka.bootstrap, settings.serving.kafka_group_id, SCORE_REQUESTS.name)
     url = f"http://127.0.0.1:{settings.serving.http_port}"
 
     def up() -> bool:

@@ -32,7 +32,7 @@ def test_history_goes_at_once_unscored_then_live_transactions_are_each_scored_on
     finally:
         stats = world.stop()
 
-    bootstrap = applied.kafka.bootstrap_servers
+    bootstrap = applied.kafka.bootstrap
 
     def published(topic: str, record_type: type):
         return [(m.timestamp()[1], decode(record_type, m.value())) for m in read_topic(bootstrap, topic, since_ms=world.published_from_ms)]

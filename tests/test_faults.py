@@ -40,7 +40,7 @@ def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: P
     stack = build_stack(settings)
     stack.up()
     try:
-        apply_topics(settings.kafka.bootstrap_servers, TOPICS)
+        apply_topics(settings.kafka.bootstrap, TOPICS)
         apply_definitions(settings.feast_registry_path, settings.redis_connection)
         report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print).run()
     finally:
@@ -67,7 +67,7 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
 ) -> None:
     model = write_linear_model(tmp_path / "m.onnx", ["request:amount"], np.array([0.01]), -1.0)
     port, group = free_port(), f"frozen-{uuid.uuid4().hex[:8]}"
-    start_group_at_end(applied.kafka.bootstrap_servers, group, SCORE_REQUESTS.name)
+    start_group_at_end(applied.kafka.bootstrap, group, SCORE_REQUESTS.name)
     log = tmp_path / "serve.log"
     server = start_scorer(applied, ["--http", "--kafka"], log, LOOPLINE_SERVING__HTTP_PORT=str(port),
                           LOOPLINE_SERVING__MODEL_PATH=str(model), LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
@@ -76,7 +76,7 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
     try:
         assert wait_until(lambda: _status(f"{url}/v1/models/ready") == 200, 60, 0.1), "the scorer did not start"
         burst = [score_request(f"frozen-{n % 50}", 3.0) for n in range(20_000)]
-        EventProducer(applied.kafka.bootstrap_servers).publish(
+        EventProducer(applied.kafka.bootstrap).publish(
             Emitted(SCORE_REQUESTS.name, r["request_id"], json.dumps(r).encode(), 0, None) for r in burst
         )
         # Mid-stream (the door always holds a batch then), the broker freezes: connections open, nothing answered.

@@ -75,14 +75,14 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     assert NEW_FEATURE in _cli([feast, "stream-feature-views", "describe", VIEW], repo, env)
 
     # The next `loopline stream submit` compiles the registry's views: the new feature is computed.
-    apply_topics(settings.kafka.bootstrap_servers, [SOURCE])
+    apply_topics(settings.kafka.bootstrap, [SOURCE])
     user, now = f"registry-{uuid.uuid4().hex[:8]}", int(time.time() * 1000)
     events = [
         TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now + i, user_id=user, merchant_id="m1",
                          amount=amount, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
         for i, amount in enumerate((30.0, 12.5, 99.0))
     ]
-    EventProducer(settings.kafka.bootstrap_servers).publish([Emitted(SOURCE.name, user, encode(e), now, e) for e in events])
+    EventProducer(settings.kafka.bootstrap).publish([Emitted(SOURCE.name, user, encode(e), now, e) for e in events])
     job = start_feature_job(
         settings, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name,
         LOOPLINE_STREAM__GROUP_ID=f"registry-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),

@@ -46,7 +46,7 @@ def _label(event: str, fraud: bool, at_ms: int) -> LabelEvent:
 
 
 def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings, tmp_path: Path) -> None:
-    bootstrap = applied.kafka.bootstrap_servers
+    bootstrap = applied.kafka.bootstrap
     apply_topics(bootstrap, [PREDICTIONS, LABELS, EXAMPLES, DEAD])
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
 

@@ -117,7 +117,7 @@ def monitor(applied: Settings, tmp_path: Path):
     are not this test's to wait for) against a reference snapshot; yields (its metrics URL, restart: kill -9 and start
     again, its log)."""
     port, app_id = free_port(), f"monitor-{uuid.uuid4().hex[:8]}"
-    start_group_at_end(applied.kafka.bootstrap_servers, app_id, PREDICTIONS.name)
+    start_group_at_end(applied.kafka.bootstrap, app_id, PREDICTIONS.name)
     env = {"LOOPLINE_MONITOR__APP_ID": app_id, "LOOPLINE_MONITOR__METRICS_PORT": str(port), "LOOPLINE_MONITOR__MIN_ROWS": "500",
            "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": _reference(applied), "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "0.5",
            "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "3600"}  # fmt: skip
@@ -138,7 +138,7 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     url, restart, log = monitor
     version = f"mon-{uuid.uuid4().hex[:6]}"
     # lz4, as the scorer's prediction log compresses (faust's aiokafka needs the lz4 package to read it).
-    producer = Producer({"bootstrap.servers": applied.kafka.bootstrap_servers, "transactional.id": f"test-{version}",
+    producer = Producer({"bootstrap.servers": applied.kafka.bootstrap, "transactional.id": f"test-{version}",
                          "compression.type": "lz4"})  # fmt: skip
     producer.init_transactions()
     rng = np.random.default_rng(1)

@@ -57,7 +57,7 @@ def _logged(reader: LogReader, ids: set[str]) -> Counter:
 
 
 def test_ack_mode_answers_only_once_kafka_has_the_record(applied: Settings, stack: LocalStack, model_path: Path) -> None:
-    log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
+    log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
     answers = {}
     try:
         for mode in ("ack", "async"):
@@ -83,7 +83,7 @@ def test_ack_mode_answers_only_once_kafka_has_the_record(applied: Settings, stac
 
 def test_a_full_queue_pushes_back_instead_of_dropping(applied: Settings, stack: LocalStack) -> None:
     failures = MetricCounter("test_prediction_log_failures", "unused", registry=None)
-    log = PredictionLog(bootstrap_servers=applied.kafka.bootstrap_servers, topic=PREDICTIONS.name, failures=failures,
+    log = PredictionLog(bootstrap_servers=applied.kafka.bootstrap, topic=PREDICTIONS.name, failures=failures,
                         mode="async", max_queued=10)  # fmt: skip
     record = PredictionRecord(schema_version=1, request_id="queue-0", entity_keys={"user_id": "u"}, features={}, model_name="m",
                               model_version="1", score=0.5, requested_at_ms=1, scored_at_ms=1)  # fmt: skip
@@ -107,7 +107,7 @@ def test_sigterm_delivers_every_queued_prediction(applied: Settings, model_path:
     server = start_scorer(applied, ["--http"], tmp_path / "serve.log", LOOPLINE_SERVING__HTTP_PORT=str(port),
                           LOOPLINE_SERVING__PREDICTION_LOG="async", LOOPLINE_SERVING__MODEL_PATH=str(model_path))  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
+    log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
     try:
         assert wait_until(lambda: _ready(url), 60, 0.1), "the scorer did not start"
         session = requests.Session()

@@ -480,7 +480,7 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
     release.start_canary(name, canary, 0.5, "test")
     since = int(time.time() * 1000)
     topic = TopicSpec(f"test.examples.{uuid.uuid4().hex[:6]}", TrainingExample, key="event_id", partitions=3, retention_ms=DAY_MS)
-    bootstrap = settings.kafka.bootstrap_servers
+    bootstrap = settings.kafka.bootstrap
     apply_topics(bootstrap, [topic])
     rng = np.random.default_rng(3)
 

@@ -60,7 +60,7 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
     folder = tmp_path_factory.mktemp("bad-input")
     model = write_linear_model(folder / "model.onnx", INPUTS, np.array([0.2, 0.01]), -1.5)
     group = f"bad-input-{uuid.uuid4().hex[:8]}"
-    start_group_at_end(applied.kafka.bootstrap_servers, group, SCORE_REQUESTS.name)
+    start_group_at_end(applied.kafka.bootstrap, group, SCORE_REQUESTS.name)
     http_port, grpc_port = free_port(), free_port()
     log = folder / "serve.log"
     process = start_scorer(
@@ -146,7 +146,7 @@ def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: S
     assert _grpc(served, "g-3", {"user_id": "u" * 70_000}, {})[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
 
     # And over Kafka: each one is dead-lettered with its reason and field, and the door goes on.
-    dead = LogReader(applied.kafka.bootstrap_servers, DEAD_LETTERS.name)
+    dead = LogReader(applied.kafka.bootstrap, DEAD_LETTERS.name)
     sent = _publish(applied, [body for _, body, _, _ in BAD_REQUESTS])
     try:
         def letters() -> dict[tuple[int, int], DeadLetterRecord]:
@@ -165,7 +165,7 @@ def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: S
 
 def _publish(settings: Settings, payloads: list[bytes]) -> list[tuple[int, int]]:
     """Publish raw ``payloads`` to scoring.requests; their (partition, offset) in order."""
-    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers, "enable.idempotence": True})
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap, "enable.idempotence": True})
     positions: dict[int, tuple[int, int]] = {}
     for index, payload in enumerate(payloads):
         producer.produce(SCORE_REQUESTS.name, payload, f"fuzz-{index}",
@@ -180,7 +180,7 @@ def _assert_scores_on_every_door(served: Served, settings: Settings) -> None:
     assert _post(served, json.dumps(score_request("bad-input-user", 5.0)).encode()).status_code == 200
     assert _grpc(served, "ok-1", {"user_id": "u"}, {"amount": struct_pb2.Value(number_value=5)})[0] == grpc.StatusCode.OK
     good = score_request("bad-input-user", 6.0)
-    predictions = LogReader(settings.kafka.bootstrap_servers, PREDICTIONS.name)
+    predictions = LogReader(settings.kafka.bootstrap, PREDICTIONS.name)
     try:
         _publish(settings, [json.dumps(good).encode()])
         found = lambda: any(r.request_id == good["request_id"] for r in predictions.records(PredictionRecord))  # noqa: E731
@@ -224,8 +224,8 @@ def test_fuzzed_requests_never_stop_a_door(served: Served, applied: Settings) ->
     one()
     assert served.alive(), f"the scorer died; see {served.log}"
 
-    predictions = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
-    dead = LogReader(applied.kafka.bootstrap_servers, DEAD_LETTERS.name)
+    predictions = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
+    dead = LogReader(applied.kafka.bootstrap, DEAD_LETTERS.name)
     positions = _publish(applied, kafka_payloads)
     sent = set(positions)
     try:

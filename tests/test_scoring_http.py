@@ -81,7 +81,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
     user = f"score-{uuid.uuid4().hex[:8]}"
     features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
     _write_user(applied, applied.redis_connection, user, features)
-    log = LogReader(applied.kafka.bootstrap_servers, PREDICTIONS.name)
+    log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
     with serving_doors(applied, build_scorer(applied, model_path), kafka=True) as (url, grpc_address):
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
         assert requests.get(f"{url}/v1/models/status", timeout=5).json()["models"]["prod"]["provider"] == "CPUExecutionProvider"
@@ -92,7 +92,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         assert (over_grpc.score, over_grpc.features, over_grpc.model_version) == (known.score, known.features, known.model_version)
         # The same request through the Kafka door: its one prediction record is the third for this id.
         kafka_request = ScoreRequest.model_validate(request)
-        EventProducer(applied.kafka.bootstrap_servers).publish(
+        EventProducer(applied.kafka.bootstrap).publish(
             [Emitted(SCORE_REQUESTS.name, kafka_request.request_id, encode(kafka_request), 0, kafka_request)]
         )
 

@@ -15,7 +15,7 @@ def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("LOOPLINE_KAFKA__PORT", "19999")
     monkeypatch.setenv("LOOPLINE_HOME", "/tmp/elsewhere")
     settings = Settings()
-    assert settings.kafka.bootstrap_servers == "127.0.0.1:19999"
+    assert settings.kafka.bootstrap == "127.0.0.1:19999"
     assert str(settings.resolved_data_dir) == "/tmp/elsewhere/data"
 
 

@@ -46,7 +46,7 @@ def _examples(n: int, seed: int, shift: float = 0.0) -> list[TrainingExample]:
 
 def test_snapshot_ids_follow_the_content(applied: Settings, tmp_path: Path) -> None:
     topic = TopicSpec(f"test.examples.{uuid.uuid4().hex[:6]}", TrainingExample, key="event_id", partitions=3, retention_ms=DAY_MS)
-    bootstrap = applied.kafka.bootstrap_servers
+    bootstrap = applied.kafka.bootstrap
     apply_topics(bootstrap, [topic])
     examples = _examples(3_000, seed=1)
     EventProducer(bootstrap).publish(Emitted(topic.name, e.event_id, encode(e), e.predicted_at_ms, e) for e in examples)
@@ -111,7 +111,7 @@ def test_a_snapshot_keeps_categories_and_one_example_per_event_whatever_the_orde
 
 
 def test_backfill_builds_labeled_examples_point_in_time_from_the_event_log(applied: Settings, tmp_path: Path) -> None:
-    bootstrap = applied.kafka.bootstrap_servers
+    bootstrap = applied.kafka.bootstrap
     run = uuid.uuid4().hex[:6]
     transactions = TopicSpec(f"test.bf.tx.{run}", TRANSACTIONS.record_type, key="user_id", partitions=2, retention_ms=DAY_MS)
     labels = TopicSpec(f"test.bf.labels.{run}", LABELS.record_type, key="event_id", partitions=1, retention_ms=DAY_MS)

@@ -49,8 +49,8 @@ def scratch(tmp_path: Path) -> Iterator[tuple[LocalStack, Settings]]:
 
 
 def _write_probe_data(settings: Settings) -> None:
-    apply_topics(settings.kafka.bootstrap_servers, [PROBE])
-    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap_servers})
+    apply_topics(settings.kafka.bootstrap, [PROBE])
+    producer = Producer({"bootstrap.servers": settings.kafka.bootstrap})
     for i in range(10):
         producer.produce(PROBE.name, f"value-{i}".encode(), f"key-{i}".encode())
     assert producer.flush(10) == 0
@@ -93,7 +93,7 @@ def test_down_then_up_keeps_topics_and_data(scratch: tuple[LocalStack, Settings]
     assert sorted(local.down()) == ["kafka", "prometheus", "redis"]
     assert {s.name: s.state for s in local.status()[:3]} == {"kafka": "stopped", "redis": "stopped", "prometheus": "stopped"}
     assert [report.started for report in local.up()] == [True, True, True]
-    assert topic_sizes(settings.kafka.bootstrap_servers, [PROBE.name]) == {PROBE.name: 10}
+    assert topic_sizes(settings.kafka.bootstrap, [PROBE.name]) == {PROBE.name: 10}
     assert redis.Redis(port=settings.redis.port).get("probe") == b"kept"
 
 
@@ -102,7 +102,7 @@ def test_wipe_deletes_topics_and_data(scratch: tuple[LocalStack, Settings]) -> N
     _write_probe_data(settings)
     local.down(wipe=True)
     local.up()
-    assert topic_sizes(settings.kafka.bootstrap_servers, [PROBE.name]) == {}
+    assert topic_sizes(settings.kafka.bootstrap, [PROBE.name]) == {}
     assert redis.Redis(port=settings.redis.port).get("probe") is None
 
 

@@ -54,7 +54,7 @@ class Wiped:
 
 
 def _prepare(settings: Settings) -> None:
-    apply_topics(settings.kafka.bootstrap_servers, TOPICS)
+    apply_topics(settings.kafka.bootstrap, TOPICS)
     apply_definitions(settings.feast_registry_path, settings.redis_connection)
 
 
@@ -103,7 +103,7 @@ def wiped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wiped]:
     and `up` again."""
     home = tmp_path_factory.mktemp("stale")
     settings = stack_settings(home / "stack")
-    bootstrap, logs = settings.kafka.bootstrap_servers, home / "logs"
+    bootstrap, logs = settings.kafka.bootstrap, home / "logs"
     stack = build_stack(settings)
     stack.up()
     try:
@@ -160,7 +160,7 @@ def _refusal(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
 
 
 def test_a_checkpoint_of_the_wiped_cluster_is_refused_in_one_line_and_no_restore_writes(wiped: Wiped, tmp_path: Path) -> None:
-    settings, bootstrap = wiped.settings, wiped.settings.kafka.bootstrap_servers
+    settings, bootstrap = wiped.settings, wiped.settings.kafka.bootstrap
     new_cluster = kafka_cluster_id(bootstrap, {})
     assert new_cluster != wiped.old_cluster
     _put_back(wiped)

@@ -69,9 +69,9 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
         payloads.append(raw if as_raw == 0 else json.dumps(event).encode())
 
     collect()
-    apply_topics(applied.kafka.bootstrap_servers, [SOURCE, DEAD])
+    apply_topics(applied.kafka.bootstrap, [SOURCE, DEAD])
     emitted = [Emitted(SOURCE.name, f"fuzz-{n}", value, NOW_MS, None) for n, value in enumerate(payloads)]
-    EventProducer(applied.kafka.bootstrap_servers).publish(emitted)
+    EventProducer(applied.kafka.bootstrap).publish(emitted)
 
     job = start_feature_job(
         applied, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
@@ -85,11 +85,11 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
         probe = TransactionEvent(schema_version=1, event_id="probe", event_time_ms=int(time.time() * 1000), user_id="fz-probe",
                                  merchant_id="fm-1", amount=1.0, currency="EUR", merchant_category="grocery", channel="pos",
                                  country="DE")  # fmt: skip
-        EventProducer(applied.kafka.bootstrap_servers).publish([Emitted(SOURCE.name, "fz-probe", encode(probe), NOW_MS, probe)])
+        EventProducer(applied.kafka.bootstrap).publish([Emitted(SOURCE.name, "fz-probe", encode(probe), NOW_MS, probe)])
         reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
         seen = lambda: reader.row_timestamps_us("user_transaction_features", ["fz-probe"])[0] is not None  # noqa: E731
         assert wait_until(lambda: seen() or job.poll() is not None, 180, 0.5) and job.poll() is None, f"see {tmp_path / 'job.log'}"
-        messages = read_topic(applied.kafka.bootstrap_servers, SOURCE.name)
+        messages = read_topic(applied.kafka.bootstrap, SOURCE.name)
         accepted, late = accepted_events(plan, messages)
         assert 50 < len(accepted) < len(messages) * 0.9, "a mix of good and bad records"
 
@@ -110,7 +110,7 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
 
         # Every other record has exactly one dead letter, with a reason.
         def letters() -> Counter:
-            records = [decode(DeadLetterRecord, m.value()) for m in read_topic(applied.kafka.bootstrap_servers, DEAD.name)]
+            records = [decode(DeadLetterRecord, m.value()) for m in read_topic(applied.kafka.bootstrap, DEAD.name)]
             return Counter((r.source_offset, r.reason) for r in records)
 
         refused = len(messages) - len(accepted)

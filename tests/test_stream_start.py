@@ -30,7 +30,7 @@ def _events(user: str, amounts: list[float], at_ms: int) -> list[Emitted]:
 
 
 def test_the_job_starts_at_the_events_published_since_the_time_given(applied: Settings, tmp_path: Path) -> None:
-    bootstrap = applied.kafka.bootstrap_servers
+    bootstrap = applied.kafka.bootstrap
     apply_topics(bootstrap, [SOURCE])
     user, now = f"start-{uuid.uuid4().hex[:8]}", int(time.time() * 1000)
     producer = EventProducer(bootstrap)

@@ -49,7 +49,7 @@ REQUEST_INPUTS = [name for name in BACKFILL_INPUTS if name.startswith("request:"
 def test_a_model_with_streaming_features_beats_one_on_request_fields_alone(applied: Settings, tmp_path: Path) -> None:
     from offline_training.ablation import train_arms
 
-    bootstrap = applied.kafka.bootstrap_servers
+    bootstrap = applied.kafka.bootstrap
     run = uuid.uuid4().hex[:6]
     # A week's retention: the stream starts at yesterday's midnight (UTC), so every window bucket falls where it does
     # on any other day and the examples, hence the AUCs, are the same whenever the test runs.

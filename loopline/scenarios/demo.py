@@ -186,7 +186,7 @@ def _over_budget_split(final: tuple[float, float] | None, around_training: dict[
 
 def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLetterRecord]]:
     """Validate every record of the run (bad ones dead-lettered); the counts per topic and a few dead letters."""
-    bootstrap, client = settings.kafka.bootstrap_servers, settings.kafka.client_config
+    bootstrap, client = settings.kafka.bootstrap, settings.kafka.client_config
     dead_letters: list[DeadLetterRecord] = []
     validator = ValidatingConsumer(bootstrap, "loopline-demo-validator", [TRANSACTIONS, LABELS], DEAD_LETTERS.name, client_config=client)
     try:
@@ -242,7 +242,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     console.print(stack_table(stack.status(), reports))
 
     console.rule("2. feature definitions and topics")
-    bootstrap = settings.kafka.bootstrap_servers
+    bootstrap = settings.kafka.bootstrap
     views = apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     console.print(f"feast apply: {', '.join(views)}")
     # This run's world is a new one: an earlier run's rows must not stand in for its quiet users' features.

@@ -100,7 +100,7 @@ class DemoLoop:
         self._joiner = start_joiner(self.settings, log_file, restore=False, niceness=BACKGROUND_NICENESS)
         kafka = self.settings.kafka
         self._follower = TopicFollower(
-            kafka.bootstrap_servers, self.settings.feedback.examples_topic, TrainingExample, self._keep_example,
+            kafka.bootstrap, self.settings.feedback.examples_topic, TrainingExample, self._keep_example,
             keep=lambda message, example: example.request_id.startswith(self.run_id), client_config=kafka.client_config,
         ).start()  # fmt: skip
 

@@ -167,7 +167,7 @@ class DemoScoring:
         # From the start of the topic, keys filtered by this run's prefix: a reader that joined late would miss the first.
         kafka = self.settings.kafka
         self._follower = TopicFollower(
-            kafka.bootstrap_servers, PREDICTIONS.name, PredictionRecord, lambda message, record: self._logged.append(_Logged.of(record)),
+            kafka.bootstrap, PREDICTIONS.name, PredictionRecord, lambda message, record: self._logged.append(_Logged.of(record)),
             wanted=lambda message: (message.key() or b"").startswith(self.run_id.encode()),
             client_config=kafka.client_config,
         ).start()  # fmt: skip

@@ -81,7 +81,7 @@ class DemoWorld:
         try:
             # At the default linger nearly every record went in a produce request of its own (the broker's largest load in
             # the demo, counted with tshark); 20 ms lets a few share one.
-            producer = EventProducer(kafka.bootstrap_servers, client_id="loopline-demo-world", client_config=kafka.client_config,
+            producer = EventProducer(kafka.bootstrap, client_id="loopline-demo-world", client_config=kafka.client_config,
                                      linger_ms=_LINGER_MS)  # fmt: skip
             self._outcome.append(producer.publish(self._records(), wall_clock=True, on_progress=self._count))
         except BaseException as err:  # the demo reports it when it stops the world

@@ -231,18 +231,18 @@ class FaultDrill:
 
     def _produce_transactions(self) -> None:
         stream = SyntheticStream(synthetic_config(self.settings, self.transactions_per_s, 0.0), 11, int(time.time() * 1000))
-        producer = EventProducer(self.settings.kafka.bootstrap_servers, client_config=self.settings.kafka.client_config)
+        producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
         transactions = (e for e in stream if e.topic == TRANSACTIONS.name)
         producer.publish(self._until_stopped(transactions), rate_per_s=self.transactions_per_s)
 
     def _produce_requests(self, sent: list[int]) -> None:
         users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
-        producer = EventProducer(self.settings.kafka.bootstrap_servers, client_config=self.settings.kafka.client_config)
+        producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
         requests_ = self._until_stopped(score_requests(users, self.requests_per_s, self._kafka_prefix))
         sent.append(producer.publish(requests_, rate_per_s=self.requests_per_s).total)
 
     def _read_predictions(self) -> None:
-        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap_servers, "group.id": f"{self.run_id}-reader",
+        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap, "group.id": f"{self.run_id}-reader",
                              "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
         consumer.subscribe([PREDICTIONS.name])
         try:
@@ -296,7 +296,7 @@ class FaultDrill:
         event = TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now, user_id=user, merchant_id="m-probe",
                                  amount=1.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
         began = time.monotonic()
-        EventProducer(self.settings.kafka.bootstrap_servers).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
+        EventProducer(self.settings.kafka.bootstrap).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
         reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path, timeout_s=1.0)
 
         def visible() -> bool:
@@ -408,7 +408,7 @@ class FaultDrill:
         from feature_store.online_read import OnlineReader
 
         plan = feature_plan(self.settings)
-        messages = read_topic(self.settings.kafka.bootstrap_servers, TRANSACTIONS.name, self.settings.kafka.client_config)
+        messages = read_topic(self.settings.kafka.bootstrap, TRANSACTIONS.name, self.settings.kafka.client_config)
         accepted, _ = accepted_events(plan, messages)
         expected = {view.name: recompute(view, accepted) for view in plan.views}
         reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path)
