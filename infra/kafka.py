@@ -1,4 +1,5 @@
-"""A single-node Apache Kafka broker in KRaft mode (combined broker + controller), run from Maven jars."""
+"""An Apache Kafka node in KRaft mode (combined broker + controller), run from Maven jars: the stack's only node, or
+one of a cluster's (``infra/kafka_cluster.py``)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from infra.errors import StackError
 from infra.jars import kafka_jars_dir, pinned_versions, require_tool
 from infra.service import ManagedService
 
-NODE_ID = 1
 _READINESS_GROUP = "loopline-readiness"
 _TRANSACTIONS_TOOL = "org.apache.kafka.tools.TransactionsCommand"
 _LOG4J_CONFIG = Path(__file__).with_name("kafka-log4j2.properties")
 
 
 class KafkaBroker(ManagedService):
-    """Apache Kafka, storage formatted on first start; its data survives stop/start."""
+    """Apache Kafka, storage formatted on first start; its data survives stop/start.
+
+    Alone (``voters`` None) it is its own quorum (``--standalone``). As node ``node_id`` of a cluster, ``voters`` lists
+    every node's (id, host, controller port): a static quorum, and internal topics replicated on up to three nodes.
+    """
 
     name = "kafka"
     cmdline_marker = "kafka.Kafka"
@@ -39,13 +43,18 @@ class KafkaBroker(ManagedService):
         log_dir: Path,
         heap_mb: int = 512,
         start_timeout_s: float = 60.0,
+        node_id: int = 1,
+        voters: list[tuple[int, str, int]] | None = None,
     ) -> None:
+        self.node_id, self.voters = node_id, voters
+        if voters is not None:
+            self.name = f"kafka-{node_id}"
         super().__init__(run_dir, log_dir, start_timeout_s)
         self.host, self.port, self.controller_port = host, port, controller_port
-        self.data_dir = data_dir / "kafka"
+        self.data_dir = data_dir / self.name
         self.jars_dir = jars_dir
         self.heap_mb = heap_mb
-        self.config_file = run_dir / "kafka-server.properties"
+        self.config_file = run_dir / f"{self.name}-server.properties"
         self.cluster_id_file = data_dir / "kafka-cluster-id"
 
     @property
@@ -81,22 +90,31 @@ class KafkaBroker(ManagedService):
 
     def _write_config(self) -> None:
         controller = f"{self.host}:{self.controller_port}"
+        nodes = len(self.voters or [()])
+        # Internal topics on up to three nodes, and a transaction log write acknowledged by two of them: the
+        # broker's defaults for a cluster; one node can hold one replica only.
+        replicas, min_isr = min(nodes, 3), min(nodes, 2)
+        quorum = (
+            {"controller.quorum.voters": ",".join(f"{node}@{host}:{port}" for node, host, port in self.voters)}
+            if self.voters is not None
+            else {"controller.quorum.bootstrap.servers": controller}
+        )
         settings = {
             "process.roles": "broker,controller",
-            "node.id": NODE_ID,
-            "controller.quorum.bootstrap.servers": controller,
+            "node.id": self.node_id,
+            **quorum,
             "listeners": f"PLAINTEXT://{self.address},CONTROLLER://{controller}",
             "advertised.listeners": f"PLAINTEXT://{self.address}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
             "log.dirs": self.data_dir,
             "num.partitions": 1,
-            # One node: internal topics cannot have more than one replica.
-            "offsets.topic.replication.factor": 1,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
+            "default.replication.factor": replicas,
+            "offsets.topic.replication.factor": replicas,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
             # A lone consumer should not wait 3 s for peers that will never join.
             "group.initial.rebalance.delay.ms": 0,
             "auto.create.topics.enable": "false",
@@ -105,7 +123,9 @@ class KafkaBroker(ManagedService):
         self.config_file.write_text("".join(f"{key}={value}\n" for key, value in settings.items()))
 
     def prepare(self) -> None:
-        """Write the config; format storage on first start; refuse a data dir of another cluster."""
+        """Write the config; format storage on first start; refuse a data dir of another cluster or node.
+
+        The nodes of a cluster share one cluster id (the first node to format writes it, the others read it)."""
         self._write_config()
         meta = self.data_dir / "meta.properties"
         cluster_id = self.cluster_id_file.read_text().strip() if self.cluster_id_file.exists() else None
@@ -113,20 +133,21 @@ class KafkaBroker(ManagedService):
             found = dict(
                 line.split("=", 1) for line in meta.read_text().splitlines() if "=" in line and not line.startswith("#")
             )
-            if cluster_id is None or found.get("cluster.id") != cluster_id or found.get("node.id") != str(NODE_ID):
+            if cluster_id is None or found.get("cluster.id") != cluster_id or found.get("node.id") != str(self.node_id):
                 raise StackError(
                     f"stale Kafka data dir {self.data_dir} belongs to cluster {found.get('cluster.id')} "
                     f"(node {found.get('node.id')}), not this stack's",
                     "run `loopline stack down --wipe` (deletes that data) or set LOOPLINE_DATA_DIR elsewhere",
                 )
             return
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # `--cluster-id=` form: a base64 id may start with '-', which would read as an option.
-        self._run_tool(
-            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.config_file), "--standalone"
-        )
-        self.cluster_id_file.write_text(cluster_id)
+        if cluster_id is None:
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            self.cluster_id_file.write_text(cluster_id)
+        # `--cluster-id=` form: a base64 id may start with '-', which would read as an option. A static quorum
+        # (controller.quorum.voters) is formatted as it is; a lone node bootstraps a quorum of itself.
+        standalone = ["--standalone"] if self.voters is None else []
+        self._run_tool("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.config_file), *standalone)
 
     def _run_tool(self, main_class: str, *args: str) -> str:
         """Run one of Kafka's command-line tools; its output (StackError naming it if it fails)."""
@@ -142,7 +163,8 @@ class KafkaBroker(ManagedService):
         watcher process (``infra/kafka_janitor.py``) aborts, for two minutes, transactions the crash left hanging."""
         restarting = (self.data_dir / "meta.properties").exists() and self.pid() is None
         started = super().start()
-        if started and restarting:
+        # A cluster's other nodes write the markers a restarted node missed (its test shows none hang).
+        if started and restarting and self.voters is None:
             with self.log_file.open("ab") as log:
                 subprocess.Popen([sys.executable, "-m", "infra.kafka_janitor", self.address, str(self.jars_dir)],
                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
@@ -160,7 +182,7 @@ class KafkaBroker(ManagedService):
         within seconds) is taken for hanging, so a live transaction is never aborted.
         """
         output = self._run_tool(_TRANSACTIONS_TOOL, "--bootstrap-server", self.address, "find-hanging",
-                                "--broker-id", str(NODE_ID), "--max-transaction-timeout", str(older_than_min))  # fmt: skip
+                                "--broker-id", str(self.node_id), "--max-transaction-timeout", str(older_than_min))  # fmt: skip
         lines = output.splitlines()
         header = next((i for i, line in enumerate(lines) if line.startswith("Topic\tPartition\tProducerId")), len(lines))
         # One tab-separated row per hanging transaction: topic, partition, producer id and epoch, coordinator epoch, start offset, ...
@@ -182,7 +204,7 @@ class KafkaBroker(ManagedService):
         # log_level 0: a broker that is still starting is expected, not worth a log line per poll.
         admin = AdminClient({"bootstrap.servers": self.address, "socket.timeout.ms": 1000, "log_level": 0})
         try:
-            if NODE_ID not in admin.list_topics(timeout=1.0).brokers:
+            if self.node_id not in admin.list_topics(timeout=1.0).brokers:
                 return False
             admin.describe_consumer_groups([_READINESS_GROUP], request_timeout=1.0)[_READINESS_GROUP].result()
         except KafkaException:

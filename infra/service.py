@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -52,6 +53,27 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """The first of ``count`` consecutive TCP ports on ``host`` nothing listens on right now (a cluster's nodes on
+    ``base + i``); StackError after ``attempts`` tries."""
+    rng = random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20_000, 60_000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise StackError(f"no {count} consecutive free ports on {host}", "stop what holds them, or try again")
 
 
 def wait_until(condition, timeout_s: float, interval_s: float = _POLL_INTERVAL_S) -> bool:
@@ -126,6 +148,12 @@ class ManagedService(ABC):
         """Delete the service's data (default: nothing)."""
         return None
 
+    @property
+    def nodes(self) -> tuple[ManagedService, ...]:
+        """The processes this service runs as (a cluster of several, such as ``KafkaCluster``, has the same
+        ``start``/``stop``/``wipe``/``nodes``): itself."""
+        return (self,)
+
     def pid(self) -> int | None:
         """The pid of our running process, or None (a stale pid file is removed)."""
         try:
@@ -148,13 +176,15 @@ class ManagedService(ABC):
 
         Returns True if a process was started, False if it was already running and ready.
         """
+        process = self.launch()
+        self.await_ready(process)
+        return process is not None
+
+    def launch(self) -> subprocess.Popen | None:
+        """Start the process unless ours already runs, without waiting for it to answer (the nodes of a cluster
+        answer only once enough of them run): the new process, or None."""
         if self.pid() is not None:
-            if not wait_until(self.ready, self.start_timeout_s):
-                raise StackError(
-                    f"{self.name} runs (pid {self.pid()}) but does not answer at {self.address}",
-                    f"see {self.log_file}, or restart it with `loopline stack down && loopline stack up`",
-                )
-            return False
+            return None
         for purpose, (host, port) in self.ports().items():
             if port_in_use(host, port):
                 raise StackError(
@@ -174,6 +204,18 @@ class ManagedService(ABC):
                 env=self.environment(),
             )
         self.pid_file.write_text(str(process.pid))
+        return process
+
+    def await_ready(self, process: subprocess.Popen | None) -> None:
+        """Wait until the service answers; ``process``: the one ``launch`` started (None: it ran already). A process
+        that exits or never answers is stopped and raises StackError naming its log."""
+        if process is None:
+            if not wait_until(self.ready, self.start_timeout_s):
+                raise StackError(
+                    f"{self.name} runs (pid {self.pid()}) but does not answer at {self.address}",
+                    f"see {self.log_file}, or restart it with `loopline stack down && loopline stack up`",
+                )
+            return
         if not wait_until(lambda: process.poll() is not None or self.ready(), self.start_timeout_s):
             self.stop()
             raise StackError(
@@ -184,7 +226,6 @@ class ManagedService(ABC):
             self.pid_file.unlink(missing_ok=True)
             last = " | ".join(line.strip() for line in tail(self.log_file, 3))
             raise StackError(f"{self.name} exited with code {process.returncode}: {last}", f"see {self.log_file}")
-        return True
 
     def stop(self, timeout_s: float = 30.0) -> bool:
         """Stop the service gracefully (SIGTERM, then SIGKILL). Returns False if it was not running."""

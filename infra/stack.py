@@ -9,9 +9,10 @@ from pathlib import Path
 
 from infra.flink import FlinkRuntime
 from infra.jars import ensure_jars
-from infra.kafka import KafkaBroker
+from infra.kafka_cluster import KafkaCluster
 from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
+from infra.redis_cluster import RedisCluster
 from infra.service import ManagedService, ServiceStatus
 from infra.system_packages import ensure_packages
 
@@ -26,10 +27,10 @@ class StartReport:
 
 
 class LocalStack:
-    """Kafka (KRaft), Redis and Prometheus as managed processes, and the embedded Flink runtime; the Flink jobs'
-    checkpoints under ``checkpoints_dir`` describe this stack's Kafka."""
+    """Kafka (KRaft, one node or a cluster), Redis (one server or a Redis Cluster) and Prometheus as managed processes,
+    and the embedded Flink runtime; the Flink jobs' checkpoints under ``checkpoints_dir`` describe this stack's Kafka."""
 
-    def __init__(self, kafka: KafkaBroker, redis: RedisServer, prometheus: PrometheusServer, flink: FlinkRuntime,
+    def __init__(self, kafka: KafkaCluster, redis: RedisServer | RedisCluster, prometheus: PrometheusServer, flink: FlinkRuntime,
                  jars_dir: Path, checkpoints_dir: Path) -> None:  # fmt: skip
         self.kafka = kafka
         self.redis = redis
@@ -39,9 +40,15 @@ class LocalStack:
         self.checkpoints_dir = checkpoints_dir
 
     @property
+    def units(self) -> tuple:
+        """What the stack starts, in order: each a service or a cluster of them (``start``, ``stop``, ``wipe``,
+        ``nodes``)."""
+        return (self.kafka, self.redis, self.prometheus)
+
+    @property
     def services(self) -> tuple[ManagedService, ...]:
         """The processes the stack runs, in start order."""
-        return (self.kafka, self.redis, self.prometheus)
+        return tuple(node for unit in self.units for node in unit.nodes)
 
     def setup(self) -> list[str]:
         """Install missing Debian packages and fetch missing jars; return what was added."""
@@ -53,10 +60,10 @@ class LocalStack:
         """Start every service that is not running and wait until each answers. Idempotent."""
         self.flink.check()
         reports = []
-        for service in self.services:
+        for unit in self.units:
             began = time.monotonic()
-            started = service.start()
-            reports.append(StartReport(service.name, started, time.monotonic() - began))
+            started = unit.start()
+            reports += [StartReport(node.name, started, time.monotonic() - began) for node in unit.nodes]
         return reports
 
     def down(self, wipe: bool = False) -> list[str]:
@@ -64,8 +71,8 @@ class LocalStack:
         offsets and open transactions belong to the Kafka cluster wiped). Returns what was stopped."""
         stopped = [service.name for service in reversed(self.services) if service.stop()]
         if wipe:
-            for service in self.services:
-                service.wipe()
+            for unit in self.units:
+                unit.wipe()
             shutil.rmtree(self.checkpoints_dir, ignore_errors=True)
         return stopped
 

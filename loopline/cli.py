@@ -18,9 +18,15 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from feedback_loop.snapshots import SnapshotError
 from infra.errors import StackError
 from infra.service import tail
-from loopline.components import build_stack
+from loopline.components import apply_loopline_topics, build_stack
 from loopline.produce import produce_stream
-from loopline.settings import Settings, UnknownSettingError
+from loopline.settings import (
+    Settings,
+    UnknownSettingError,
+    forget_stack_shape,
+    remember_stack_shape,
+    reshaped_settings,
+)
 from loopline.tables import (
     alias_history_table,
     prebuilds_table,
@@ -33,11 +39,10 @@ from loopline.tables import (
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
 from schemas.compatibility import CompatibilityError, check_registered_schemas, register_schemas
-from schemas.topics import TOPICS
 from streams.feature_plan import PlanError
 from streams.job_settings import JobStateError
 from streams.producer import DeliveryError
-from streams.topics import TopicSpecError, apply_topics
+from streams.topics import TopicSpecError
 
 if TYPE_CHECKING:
     from loopline.retraining import RetrainOutcome
@@ -96,10 +101,26 @@ def stack_setup() -> None:
 
 
 @stack_app.command("up")
-def stack_up() -> None:
+def stack_up(
+    kafka_brokers: Annotated[int | None, typer.Option(min=1, max=9, help="Kafka as a cluster of this many KRaft nodes "
+                                                      "(kafka.brokers); remembered until `stack down --wipe`.")] = None,
+) -> None:
     """Start Kafka and Redis unless running, wait until each answers, check Flink; print status."""
-    stack = build_stack(settings())
+    config = settings()
+    shape = {"kafka": {"brokers": kafka_brokers}} if kafka_brokers is not None else {}
+    if shape:
+        kept = build_stack(config).kafka
+        config = reshaped_settings(config, shape)
+        if config.kafka.brokers != len(kept.nodes) and kept.formatted():
+            raise typer.BadParameter(
+                f"the stack's Kafka holds the data of {len(kept.nodes)} node(s); {config.kafka.brokers} cannot take it "
+                "over. Run `loopline stack down --wipe` first (deletes the stack's data), then `stack up` again.",
+                param_hint="--kafka-brokers",
+            )
+    stack = build_stack(config)
     reports = stack.up()
+    if shape:
+        remember_stack_shape(config.home, shape)
     console.print(stack_table(stack.status(), reports))
 
 
@@ -108,7 +129,10 @@ def stack_down(
     wipe: Annotated[bool, typer.Option(help="Also delete the services' data and the Flink jobs' checkpoints.")] = False,
 ) -> None:
     """Stop the stack; its data and the jobs' checkpoints stay unless --wipe."""
-    stopped = build_stack(settings()).down(wipe=wipe)
+    config = settings()
+    stopped = build_stack(config).down(wipe=wipe)
+    if wipe:
+        forget_stack_shape(config.home)
     console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}" + ("; data and checkpoints wiped" if wipe else ""))
 
 
@@ -138,9 +162,9 @@ def apply_all() -> None:
     from feature_store.config import apply_definitions
 
     config = settings()
-    views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path)
+    views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path, redis_cluster=config.redis_cluster)
     console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
-    console.print(topics_table(apply_topics(config.kafka.bootstrap, TOPICS, config.kafka.client_config)))
+    console.print(topics_table(apply_loopline_topics(config)))
 
 
 JobManagerOption = Annotated[
@@ -214,8 +238,7 @@ def stream_cancel(
 @topics_app.command("apply")
 def topics_apply() -> None:
     """Create or update every topic from its spec (idempotent)."""
-    kafka = settings().kafka
-    console.print(topics_table(apply_topics(kafka.bootstrap, TOPICS, kafka.client_config)))
+    console.print(topics_table(apply_loopline_topics(settings())))
 
 
 @schemas_app.command("check")

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING
 from feedback_loop.joiner_settings import JoinerSettings
 from infra.flink import FlinkRuntime
 from infra.jars import flink_connector_jar
-from infra.kafka import KafkaBroker
+from infra.kafka_cluster import KafkaCluster
 from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
-from infra.service import free_ports
+from infra.redis_cluster import RedisCluster
+from infra.service import free_port_block, free_ports
 from infra.stack import LocalStack
 from loopline.settings import (
     FeatureStoreSettings,
@@ -25,10 +26,12 @@ from loopline.settings import (
     Settings,
     StreamSettings,
 )
+from schemas.topics import TOPICS
 from streams.feature_plan import FeaturePlan, registered_plan
 from streams.job_settings import JobSettings
 from streams.operators_jar import operators_jar
 from streams.synthetic import SyntheticConfig
+from streams.topics import TopicChange, apply_topics
 
 if TYPE_CHECKING:
     from offline_training.release import ModelRelease
@@ -36,14 +39,18 @@ if TYPE_CHECKING:
     from online.model_registry_reader import ModelRegistryReader
 
 
-def private_stack_settings(home: Path, jars_dir: Path) -> Settings:
-    """Settings for a stack of its own under ``home``, Kafka, Redis, Prometheus and metrics on free ports (tests,
-    benchmarks)."""
-    kafka, controller, redis, prometheus, monitor, stream, feedback = free_ports(7)
+def private_stack_settings(home: Path, jars_dir: Path, kafka_brokers: int = 1) -> Settings:
+    """Settings for a stack of its own under ``home``, Kafka (``kafka_brokers`` nodes, topics replicated on up to three
+    of them), Redis, Prometheus and metrics on free ports (tests, benchmarks)."""
+    redis, prometheus, monitor, stream, feedback = free_ports(5)
+    # Node i listens on port + 2i and its controller on controller_port + 2i: one block of free ports for all.
+    kafka = free_port_block(2 * kafka_brokers)
+    replicas = min(kafka_brokers, 3)
     return Settings(
         home=home,
         jars_dir=jars_dir,
-        kafka=KafkaSettings(port=kafka, controller_port=controller),
+        kafka=KafkaSettings(port=kafka, controller_port=kafka + 1, brokers=kafka_brokers, replication_factor=replicas,
+                            min_insync_replicas=min(replicas, 2)),  # fmt: skip
         redis=RedisSettings(port=redis),
         prometheus=PrometheusSettings(port=prometheus),
         monitor=MonitorSettings(metrics_port=monitor),
@@ -61,7 +68,8 @@ def build_stack(settings: Settings) -> LocalStack:
         settings.run_dir,
         settings.resolved_jars_dir,
     )
-    kafka = KafkaBroker(
+    kafka = KafkaCluster(
+        brokers=settings.kafka.brokers,
         host=settings.kafka.host,
         port=settings.kafka.port,
         controller_port=settings.kafka.controller_port,
@@ -72,14 +80,7 @@ def build_stack(settings: Settings) -> LocalStack:
         heap_mb=settings.kafka.heap_mb,
         start_timeout_s=settings.kafka.start_timeout_s,
     )
-    redis = RedisServer(
-        host=settings.redis.host,
-        port=settings.redis.port,
-        data_dir=data,
-        run_dir=run,
-        log_dir=logs,
-        start_timeout_s=settings.redis.start_timeout_s,
-    )
+    redis = redis_service(settings.redis, data, run, logs)
     prometheus = PrometheusServer(
         host=settings.prometheus.host, port=settings.prometheus.port, targets=scrape_targets(settings),
         scrape_interval_s=settings.prometheus.scrape_interval_s, data_dir=data, run_dir=run, log_dir=logs,
@@ -88,6 +89,20 @@ def build_stack(settings: Settings) -> LocalStack:
     # Every consumer group's checkpoints (<home>/checkpoints/<group>), the jobs' of earlier settings too.
     checkpoints = settings.checkpoint_dir.parent
     return LocalStack(kafka, redis, prometheus, FlinkRuntime(jars), jars, checkpoints)
+
+
+def redis_service(redis: RedisSettings, data: Path, run: Path, logs: Path) -> RedisServer | RedisCluster:
+    """The stack's Redis: one server, or with ``mode: cluster`` the masters and replicas of a Redis Cluster."""
+    if redis.mode == "standalone":
+        return RedisServer(redis.host, redis.port, data, run, logs, redis.start_timeout_s)
+    return RedisCluster(redis.cluster_masters, redis.cluster_replicas, redis.host, redis.port, redis.cluster_bus_port, data,
+                        run, logs, redis.cluster_node_timeout_ms, redis.start_timeout_s)  # fmt: skip
+
+
+def apply_loopline_topics(settings: Settings) -> list[TopicChange]:
+    """Loopline's topics (``schemas/topics.py``) applied to the settings' Kafka, replicated as the settings say."""
+    kafka = settings.kafka
+    return apply_topics(kafka.bootstrap, TOPICS, kafka.client_config, kafka.replication_factor, kafka.min_insync_replicas)
 
 
 def scrape_targets(settings: Settings) -> dict[str, list[str]]:
@@ -143,6 +158,7 @@ def job_settings(settings: Settings) -> JobSettings:
         checkpoint_dir=settings.checkpoint_dir,
         feast_registry_path=settings.feast_registry_path,
         redis_connection=settings.redis_connection,
+        redis_cluster=settings.redis_cluster,
         repo_path=settings.repo_path,
         kafka_properties=dict(settings.kafka.client_config),
         offline_dir=stream.offline_dir.absolute() if stream.offline_dir else None,

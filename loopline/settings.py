@@ -33,6 +33,9 @@ from offline_training.release_policy import ReleasePolicy
 from streams.job_settings import JobSettings
 
 DEFAULT_CONFIG_FILE = Path("loopline.yaml")
+#: Under the home: the shape `loopline stack up` gave the stack (``{"kafka": {"brokers": 3}}``), adopted by later
+#: commands' settings beneath every explicit source, so `stack status`, `stack down` and every client see that stack.
+STACK_SHAPE_FILE = "stack-shape.json"
 
 
 def _comma_separated(value: Any) -> Any:
@@ -90,13 +93,27 @@ class KafkaSettings(BaseModel):
 
 
 class RedisSettings(BaseModel):
-    """The local Redis server (the Feast online store)."""
+    """Redis, the Feast online store: the stack's own server, or a Redis Cluster of the stack's own nodes
+    (``mode: cluster``, Feast's ``redis_type: redis_cluster``)."""
 
     host: str = "127.0.0.1"
-    port: int = Field(default=6379, ge=1, le=65535)
+    port: int = Field(default=6379, ge=1, le=65535, description="The server's; in a cluster node i listens on port + i.")
     start_timeout_s: float = Field(default=20.0, gt=0)
     password: SecretStr | None = Field(default=None, description="For a Redis that requires AUTH.")
     ssl: bool = Field(default=False, description="Connect with TLS.")
+    mode: Literal["standalone", "cluster"] = Field(default="standalone", description="cluster: Redis Cluster (--redis-cluster).")
+    cluster_masters: int = Field(default=3, ge=3, le=16, description="Masters of the stack's cluster (Redis Cluster needs 3).")
+    cluster_replicas: int = Field(default=1, ge=0, le=3, description="Replicas of each master: one takes over when it fails.")
+    cluster_bus_port: int = Field(default=16379, ge=1, le=65535, description="Node i's cluster bus (node to node): + i.")
+    cluster_node_timeout_ms: int = Field(
+        default=5_000, ge=100, description="How long a master may not answer before the cluster fails it over to a replica."
+    )
+
+    @property
+    def node_ports(self) -> list[int]:
+        """The client port of each of the stack's nodes: one server, or every master and replica of the cluster."""
+        nodes = self.cluster_masters * (1 + self.cluster_replicas) if self.mode == "cluster" else 1
+        return [self.port + i for i in range(nodes)]
 
 
 class PrometheusSettings(BaseModel):
@@ -382,7 +399,8 @@ class Settings(BaseSettings):
         if "LOOPLINE_CONFIG" in os.environ and not config_file.is_file():
             raise FileNotFoundError(f"LOOPLINE_CONFIG names {config_file}, which does not exist")
         yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
-        return init_settings, env_settings, yaml_source
+        explicit = (init_settings, env_settings, yaml_source)
+        return *explicit, _StackShapeSource(settings_cls, explicit)
 
     @property
     def resolved_data_dir(self) -> Path:
@@ -450,18 +468,74 @@ class Settings(BaseSettings):
 
     @property
     def redis_connection(self) -> str:
-        """The online store as a Feast Redis connection string (host:port, then password and TLS when set)."""
+        """The online store as a Feast Redis connection string (host:port of every node, then password and TLS when
+        set): a cluster client starts from any node that answers."""
         options = []
         if self.redis.password is not None:
             options.append(f"password={self.redis.password.get_secret_value()}")
         if self.redis.ssl:
             options.append("ssl=true")
-        return ",".join([f"{self.redis.host}:{self.redis.port}", *options])
+        return ",".join([*(f"{self.redis.host}:{port}" for port in self.redis.node_ports), *options])
+
+    @property
+    def redis_cluster(self) -> bool:
+        """Whether the online store is a Redis Cluster (every Redis client of Loopline and Feast's then is one)."""
+        return self.redis.mode == "cluster"
 
     @property
     def run_dir(self) -> Path:
         """Pid files of the services the stack started."""
         return (self.home / "run").absolute()
+
+
+class _StackShapeSource(PydanticBaseSettingsSource):
+    """The remembered stack shape (``STACK_SHAPE_FILE`` under the home the explicit sources name), as settings."""
+
+    def __init__(self, settings_cls: type[BaseSettings], explicit: tuple[PydanticBaseSettingsSource, ...]) -> None:
+        super().__init__(settings_cls)
+        self.explicit = explicit
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        homes = (source().get("home") for source in self.explicit)
+        home = Path(next((home for home in homes if home), settings_default("home")))
+        return read_stack_shape(home)
+
+
+def settings_default(name: str) -> Any:
+    """The default of the top-level setting ``name``."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
+
+
+def read_stack_shape(home: Path) -> dict[str, Any]:
+    """The stack shape remembered under ``home`` (empty when none is)."""
+    path = home / STACK_SHAPE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def reshaped_settings(settings: Settings, shape: dict[str, dict[str, Any]]) -> Settings:
+    """``settings`` with ``shape``'s values (by section) in place, each section validated again."""
+    update = {}
+    for section, values in shape.items():
+        model = getattr(settings, section)
+        update[section] = type(model).model_validate({**model.model_dump(), **values})
+    return settings.model_copy(update=update)
+
+
+def forget_stack_shape(home: Path) -> None:
+    """Forget the remembered stack shape (the stack's data went with it)."""
+    (home / STACK_SHAPE_FILE).unlink(missing_ok=True)
+
+
+def remember_stack_shape(home: Path, shape: dict[str, dict[str, Any]]) -> None:
+    """Remember ``shape`` (by section: ``{"kafka": {"brokers": 3}}``) as the stack's, merged into what was."""
+    merged = read_stack_shape(home)
+    for section, values in shape.items():
+        merged[section] = {**merged.get(section, {}), **values}
+    home.mkdir(parents=True, exist_ok=True)
+    (home / STACK_SHAPE_FILE).write_text(json.dumps(merged, indent=2) + "\n")
 
 
 class UnknownSettingError(ValueError):

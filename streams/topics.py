@@ -64,27 +64,34 @@ def _wait_until_usable(admin: AdminClient, names: list[str]) -> None:
 
 
 def apply_topics(
-    bootstrap_servers: str, specs: Iterable[TopicSpec], client_config: Mapping[str, str] | None = None
-) -> list[TopicChange]:
-    """Make the cluster's topics match ``specs``: create missing ones, add partitions, set configs.
+    bootstrap_servers: str, specs: Iterable[TopicSpec], client_config: Mapping[str, str] | None = None,
+    replication_factor: int = 1, min_insync_replicas: int = 1,
+) -> list[TopicChange]:  # fmt: skip
+    """Make the cluster's topics match ``specs``: create missing ones (``replication_factor`` replicas each, writes
+    acknowledged by ``min_insync_replicas`` of them), add partitions, set configs.
 
     Running it again changes nothing. Kafka cannot remove partitions, so a spec with fewer
-    partitions than the topic has raises TopicSpecError.
+    partitions than the topic has raises TopicSpecError; a topic with another replica count is
+    reported (changing it is a partition reassignment, ``kafka-reassign-partitions``), not changed.
     """
     admin = _admin(bootstrap_servers, client_config)
     specs = list(specs)
     existing = admin.list_topics(timeout=_TIMEOUT_S).topics
     changes: list[TopicChange] = []
 
+    def configs(spec: TopicSpec) -> dict[str, str]:
+        return {**spec.configs(), "min.insync.replicas": str(min_insync_replicas)}
+
     to_create = [spec for spec in specs if spec.name not in existing]
     if to_create:
         futures = admin.create_topics(
-            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=1, config=s.configs()) for s in to_create],
+            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=replication_factor, config=configs(s))
+             for s in to_create],
             operation_timeout=_TIMEOUT_S,
-        )
+        )  # fmt: skip
         for spec in to_create:
             futures[spec.name].result()
-            changes.append(TopicChange(spec.name, "created", f"{spec.partitions} partitions"))
+            changes.append(TopicChange(spec.name, "created", f"{spec.partitions} partitions × {replication_factor} replicas"))
         _wait_until_usable(admin, [spec.name for spec in to_create])
 
     present = [spec for spec in specs if spec.name in existing]
@@ -103,9 +110,12 @@ def apply_topics(
         if have < spec.partitions:
             admin.create_partitions([NewPartitions(spec.name, spec.partitions)])[spec.name].result()
             details.append(f"partitions {have} -> {spec.partitions}")
-        drifted = {
-            key: value for key, value in spec.configs().items() if current_configs[spec.name][key].value != value
-        }
+        notes = []
+        replicas = {len(partition.replicas) for partition in existing[spec.name].partitions.values()}
+        if replicas != {replication_factor}:
+            notes.append(f"keeps {'/'.join(map(str, sorted(replicas)))} replicas (settings: {replication_factor}; "
+                           "reassign its partitions to change)")  # fmt: skip
+        drifted = {key: value for key, value in configs(spec).items() if current_configs[spec.name][key].value != value}
         if drifted:
             resource = ConfigResource(
                 ConfigResource.Type.TOPIC,
@@ -117,7 +127,7 @@ def apply_topics(
             )
             admin.incremental_alter_configs([resource])[resource].result()
             details.extend(f"{key}={value}" for key, value in drifted.items())
-        changes.append(TopicChange(spec.name, "updated" if details else "unchanged", ", ".join(details)))
+        changes.append(TopicChange(spec.name, "updated" if details else "unchanged", ", ".join(details + notes)))
     return changes
 
 

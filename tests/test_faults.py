@@ -81,7 +81,7 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
         )
         # Mid-stream (the door always holds a batch then), the broker freezes: connections open, nothing answered.
         assert wait_until(lambda: log.read_bytes().count(b" ms ok") >= 1_000, 60, 0.1), "the scorer is not scoring"
-        pid = stack.kafka.pid()
+        pid = stack.kafka.nodes[0].pid()
         os.kill(pid, signal.SIGSTOP)
         try:
             assert wait_until(lambda: _status(f"{url}/v1/health/live") == 503, 60, 0.2), "a stuck door fails liveness"

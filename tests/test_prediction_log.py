@@ -43,7 +43,7 @@ def model_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @contextmanager
 def broker_paused(stack: LocalStack) -> Iterator[None]:
     """The broker stopped (SIGSTOP: connections open, nothing answered) for the block, then resumed."""
-    pid = stack.kafka.pid()
+    pid = stack.kafka.nodes[0].pid()
     assert pid is not None
     os.kill(pid, signal.SIGSTOP)
     try:

@@ -141,7 +141,7 @@ def test_cli_prints_one_line_not_a_trace(tmp_path: Path) -> None:
 
 
 def test_stale_kafka_data_dir_is_refused(tmp_path: Path) -> None:
-    kafka = build_stack(stack_settings(tmp_path)).kafka
+    kafka = build_stack(stack_settings(tmp_path)).kafka.nodes[0]
     kafka.data_dir.mkdir(parents=True)
     (kafka.data_dir / "meta.properties").write_text("version=1\ncluster.id=SomeOtherCluster\nnode.id=1\n")
     with pytest.raises(StackError, match="stale Kafka data dir.*SomeOtherCluster.*--wipe"):

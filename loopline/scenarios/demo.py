@@ -26,7 +26,7 @@ from rich.table import Table
 
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import OnlineWriter
-from loopline.components import build_stack, feature_plan
+from loopline.components import apply_loopline_topics, build_stack, feature_plan
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.scenarios.demo_loop import TRAINING_STEP, DemoLoop, Step
 from loopline.scenarios.demo_scoring import MODEL_INPUTS, DemoScoring
@@ -38,7 +38,7 @@ from schemas.records import DeadLetterRecord
 from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
 from streams.producer import PublishStats
 from streams.synthetic import synthetic_user_id
-from streams.topics import apply_topics, topic_sizes
+from streams.topics import topic_sizes
 from streams.validating_consumer import ValidatingConsumer
 
 #: The demo's producer sends a few broken records on purpose, to show dead-lettering.
@@ -243,12 +243,13 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     console.rule("2. feature definitions and topics")
     bootstrap = settings.kafka.bootstrap
-    views = apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    views = apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
     console.print(f"feast apply: {', '.join(views)}")
     # This run's world is a new one: an earlier run's rows must not stand in for its quiet users' features.
-    cleared = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path).delete_rows()
+    cleared = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path,
+                           redis_cluster=settings.redis_cluster).delete_rows()  # fmt: skip
     console.print(f"online rows of an earlier run deleted: {', '.join(cleared)}")
-    console.print(topics_table(apply_topics(bootstrap, TOPICS, settings.kafka.client_config)))
+    console.print(topics_table(apply_loopline_topics(settings)))
     history_s = feature_plan(settings).history_ms(MODEL_INPUTS) / 1000
 
     console.rule("3. the world's last hour at once: every window the models read is full before anything is scored")
@@ -271,7 +272,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             skew.start_monitor(loop.outcome.snapshot_id)
 
     loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
     jobs: list = []
     published: list[PublishStats] = []
     # In this order: the world first (the scorer commits what it scored of it), the feature job last.

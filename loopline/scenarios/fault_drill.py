@@ -297,7 +297,9 @@ class FaultDrill:
                                  amount=1.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
         began = time.monotonic()
         EventProducer(self.settings.kafka.bootstrap).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
-        reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path, timeout_s=1.0)
+        settings = self.settings
+        reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=1.0,
+                              redis_cluster=settings.redis_cluster)  # fmt: skip
 
         def visible() -> bool:
             try:
@@ -326,7 +328,7 @@ class FaultDrill:
         began, restarted (up again) at)."""
         killed = self._now()
         if kind in ("broker", "redis"):
-            service = self.stack.kafka if kind == "broker" else self.stack.redis
+            service = self.stack.kafka.nodes[0] if kind == "broker" else self.stack.redis
             os.kill(service.pid(), signal.SIGKILL)
             wait_until(lambda: service.pid() is None, 10, 0.05)
         else:
@@ -334,7 +336,7 @@ class FaultDrill:
         time.sleep(self.rng.uniform(2.0, 4.0))
         restarting = self._now()
         if kind in ("broker", "redis"):
-            (self.stack.kafka if kind == "broker" else self.stack.redis).start()
+            (self.stack.kafka.nodes[0] if kind == "broker" else self.stack.redis).start()
         else:
             processes[kind].restart()
         return killed, restarting - killed, self._now()
@@ -411,7 +413,8 @@ class FaultDrill:
         messages = read_topic(self.settings.kafka.bootstrap, TRANSACTIONS.name, self.settings.kafka.client_config)
         accepted, _ = accepted_events(plan, messages)
         expected = {view.name: recompute(view, accepted) for view in plan.views}
-        reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path)
+        reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path,
+                              redis_cluster=self.settings.redis_cluster)  # fmt: skip
 
         def read(view, offline):
             rows = [{view.entity_key: key} for key in offline[view.entity_key]]
