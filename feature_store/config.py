@@ -17,8 +17,15 @@ def declared_feast_registry(repo_path: Path = REPO_PATH) -> Path:
     return path if path.is_absolute() else repo_path / path
 
 
-def feast_config(feast_registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH):
-    """The repo's ``feature_store.yaml`` with the registry file and Redis address overridden when given."""
+def feast_config(
+    feast_registry_path: Path | None = None,
+    redis_connection: str | None = None,
+    repo_path: Path = REPO_PATH,
+    *,
+    redis_cluster: bool = False,
+):
+    """The repo's ``feature_store.yaml`` with the registry file and Redis address overridden when given (then also
+    Feast's ``redis_type``: ``redis_cluster`` with ``redis_cluster``, else ``redis``)."""
     import yaml
     from feast.repo_config import RepoConfig
 
@@ -27,29 +34,43 @@ def feast_config(feast_registry_path: Path | None = None, redis_connection: str 
         feast_registry_path.parent.mkdir(parents=True, exist_ok=True)
         raw["registry"] = str(feast_registry_path)
     if redis_connection is not None:
-        raw["online_store"] = {**raw["online_store"], "connection_string": redis_connection}
+        redis_type = "redis_cluster" if redis_cluster else "redis"
+        raw["online_store"] = {**raw["online_store"], "connection_string": redis_connection, "redis_type": redis_type}
     config = RepoConfig(**raw)
     config.repo_path = repo_path
     return config
 
 
-def feature_store(feast_registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH):
-    """A Feast FeatureStore on this repo (importing Feast takes seconds: keep it off hot paths)."""
+def feature_store(
+    feast_registry_path: Path | None = None,
+    redis_connection: str | None = None,
+    repo_path: Path = REPO_PATH,
+    *,
+    redis_cluster: bool = False,
+):
+    """A Feast FeatureStore on this repo (``feast_config``; importing Feast takes seconds: keep it off hot paths)."""
     from feast import FeatureStore
 
     # Feast warns that stream feature views are alpha on every load; Loopline depends on them knowingly.
     warnings.filterwarnings("ignore", message="Stream feature views are experimental", category=RuntimeWarning)
-    return FeatureStore(repo_path=str(repo_path), config=feast_config(feast_registry_path, redis_connection, repo_path))
+    config = feast_config(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
+    return FeatureStore(repo_path=str(repo_path), config=config)
 
 
-def apply_definitions(feast_registry_path: Path | None = None, redis_connection: str | None = None, repo_path: Path = REPO_PATH) -> list[str]:
+def apply_definitions(
+    feast_registry_path: Path | None = None,
+    redis_connection: str | None = None,
+    repo_path: Path = REPO_PATH,
+    *,
+    redis_cluster: bool = False,
+) -> list[str]:
     """What ``feast apply`` does: register the repo's definitions and prepare the online store.
 
     Returns the names of the feature views applied.
     """
     from feast.repo_operations import parse_repo
 
-    store = feature_store(feast_registry_path, redis_connection, repo_path)
+    store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
     contents = parse_repo(repo_path)
     views = [*contents.feature_views, *contents.stream_feature_views]
     store.apply([*contents.entities, *contents.data_sources, *views])

@@ -5,6 +5,12 @@ It returns exactly what Feast's ``get_online_features(...).to_dict()`` returns f
 still returned), with one pipelined
 round trip for all entities and views and no per-call registry work: the Redis keys and hashed
 field names are computed once, when the reader is built from the registry.
+
+On a Redis Cluster (the Feast config's ``redis_type: redis_cluster``) the same pipeline is redis-py's cluster
+pipeline: Feast's layout keeps all of an entity's views in one hash under one key, so every command names a single
+key (never a cross-slot one); the commands are grouped by the master of their key's slot and sent to all masters
+before any reply is read, still one round trip. A master that does not answer fails the read (the scorer answers
+on defaults) until the cluster has failed it over to its replica and the client has learnt the new layout.
 """
 
 from __future__ import annotations
@@ -35,15 +41,22 @@ class OnlineReader:
     """Reads feature vectors of registered feature views from the Redis online store."""
 
     def __init__(
-        self, feast_registry_path: Path | None, redis_connection: str, repo_path: Path = REPO_PATH, timeout_s: float | None = None
+        self,
+        feast_registry_path: Path | None,
+        redis_connection: str,
+        repo_path: Path = REPO_PATH,
+        timeout_s: float | None = None,
+        *,
+        redis_cluster: bool = False,
     ) -> None:
-        """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes)."""
+        """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes); ``redis_cluster``: the
+        connection names a Redis Cluster's nodes."""
         from feast.infra.key_encoding_utils import serialize_entity_key
         from feast.infra.online_stores.helpers import _mmh3
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
-        store = feature_store(feast_registry_path, redis_connection, repo_path)
+        store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
         self._project = store.config.project.encode()
         self._key_version = store.config.entity_key_serialization_version
         self._serialize, self._entity_key, self._value = serialize_entity_key, EntityKey, Value
@@ -58,7 +71,8 @@ class OnlineReader:
             )
             for view in views
         }
-        self._redis = redis_client(redis_connection, timeout_s)
+        online_store = store.config.online_store
+        self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
         # Serialising an entity key costs ~10 µs; hot entities are read again and again.
         self._redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(self._build_redis_key)
 

@@ -48,10 +48,14 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
 class OnlineWriter:
     """Writes FeatureRows of the registry's views to the online store configured in the repo."""
 
-    def __init__(self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path = REPO_PATH) -> None:
+    def __init__(
+        self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path = REPO_PATH, *, redis_cluster: bool = False
+    ) -> None:
+        """``redis_cluster``: the connection names a Redis Cluster's nodes (Feast's store then writes through its cluster
+        client: each entity's row is one hash, so each write names one key and goes to the master of its slot)."""
         from feast.infra.online_stores.helpers import get_online_store_from_config
 
-        store = feature_store(feast_registry_path, redis_connection, repo_path)
+        store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
         self._config = store.config
         self._online_store = get_online_store_from_config(store.config.online_store)
         self._views = {view.name: view for view in store.list_stream_feature_views()}

@@ -14,6 +14,7 @@ REQUIRED_COMMANDS: dict[str, str] = {
     "javac": "openjdk-17-jdk-headless",
     "mvn": "maven",
     "redis-server": "redis-server",
+    "redis-cli": "redis-tools",  # forms the stack's Redis Cluster
     "kcat": "kcat",
     "prometheus": "prometheus",
     "promtool": "prometheus",

@@ -37,7 +37,8 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
 
     serving = settings.serving
     budget_s = serving.feature_budget_ms / 1000
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s,
+                          redis_cluster=settings.redis_cluster)  # fmt: skip
     knobs = BatchingKnobs(
         max_batch_size=serving.max_batch_size,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
@@ -46,7 +47,7 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
     )
     cache = None
     if serving.result_cache_ttl_s is not None:
-        cache = ResultCache(settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s)
+        cache = ResultCache(settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s, redis_cluster=settings.redis_cluster)
     model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
     return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model, feature_batch_size=serving.feature_batch_size)
 

@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 class ResultCache:
     """Scores by (model, version, input row), each kept ``ttl_s`` seconds."""
 
-    def __init__(self, redis_connection: str, ttl_s: float, timeout_s: float) -> None:
+    def __init__(self, redis_connection: str, ttl_s: float, timeout_s: float, *, redis_cluster: bool = False) -> None:
+        """``redis_cluster``: the connection names a Redis Cluster's nodes (each score is one key: it lives on the
+        master of its slot)."""
         self.ttl_ms = int(ttl_s * 1000)
-        self._redis = redis_client(redis_connection, timeout_s, redis.Redis)
+        self._redis = redis_client(redis_connection, timeout_s, cluster=redis_cluster, asynchronous=True)
 
     @staticmethod
     def key(model: str, version: str, row: list[float]) -> str:
