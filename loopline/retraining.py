@@ -68,27 +68,31 @@ def create_snapshot(
 
 def train_on_snapshot(
     settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = TRAINING_ECHO,
-    on_start: Callable[[subprocess.Popen], None] | None = None,
+    on_start: Callable[[subprocess.Popen], None] | None = None, *, nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
 ) -> Path:
-    """Train on a snapshot (DeepSpeed under torchrun), the run's folder ``<home>/training/<snapshot id>``; the path of
-    its metrics (holdout AUC, log loss, Brier, samples/s). Without ``resume`` an earlier run's folder is replaced.
-    ``on_start`` gets the launcher process as it starts (see ``launch_training``)."""
+    """Train on a snapshot (DeepSpeed under torchrun) as node ``node_rank`` of ``nnodes`` meeting at ``rdzv`` (alone by
+    default), the run's folder ``<feedback.train_dir>/<snapshot id>``; the path of its metrics (holdout AUC, log loss,
+    Brier, samples/s). Without ``resume`` node 0 replaces an earlier run's folder. ``on_start`` gets the launcher process
+    as it starts (see ``launch_training``)."""
     from offline_training.launch import launch_training
+    from offline_training.rendezvous import NodeGroup
 
+    nodes = NodeGroup(nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, max_restarts=settings.feedback.train_max_restarts)
     manifest, folder = find_snapshot(settings.snapshots_root, snapshot_id)
     out = run_folder(settings, manifest.snapshot_id)
-    if not resume and out.exists():
+    if not resume and node_rank == 0 and out.exists():
         shutil.rmtree(out)
     launch_training(
-        Path(folder), settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes or settings.feedback.train_processes,
+        folder, settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes or settings.feedback.train_processes,
         resume=resume, tracking_uri=settings.tracking_uri, echo=echo, niceness=settings.feedback.train_niceness, on_start=on_start,
+        nodes=nodes,
     )  # fmt: skip
     return out / "metrics.json"
 
 
 def run_folder(settings: Settings, snapshot_id: str) -> Path:
     """The folder of the training run on a snapshot (its full id): checkpoints, model files, metrics, model card."""
-    return (settings.home / "training" / snapshot_id).absolute()
+    return settings.training_root / snapshot_id
 
 
 @dataclass(frozen=True)
@@ -142,7 +146,7 @@ def evaluate_run(
     prod = _prod_model(settings, run_dir / "prod")
     release = model_release(settings)
     report = evaluate_and_register(
-        run_dir, Path(folder), config.holdout_fraction, release, name, prod, owner=owner or options.owner,
+        run_dir, folder, config.holdout_fraction, release, name, prod, owner=owner or options.owner,
         threshold=options.threshold, max_auc_drop=options.max_auc_drop, quantize=options.quantize if quantize is None else quantize,
         max_quantized_auc_change=options.max_quantized_auc_change,
     )  # fmt: skip
@@ -158,13 +162,16 @@ def retrain(
     settings: Settings, snapshot_id: str | None = None, *, resume: bool = False, processes: int | None = None,
     quantize: bool | None = None, canary_percent: float | None = None, actor: str, reason: str = "",
     owner: str | None = None, echo: TextIO | None = TRAINING_ECHO, on_start: Callable[[subprocess.Popen], None] | None = None,
+    nnodes: int = 1, rdzv: str | None = None,
 ) -> RetrainOutcome:  # fmt: skip
-    """Snapshot (every logged example of the served model, unless ``snapshot_id`` names one) → train (its output copied to ``echo``) →
-    evaluate against prod → register when not worse, the model card ``owner``'s (default ``retrain.owner``) → canary on
-    ``canary_percent`` of requests: `loopline train`, the retrain trigger and the demo run this."""
+    """Snapshot (every logged example of the served model, unless ``snapshot_id`` names one) → train (its output copied to ``echo``;
+    as node 0 of ``nnodes`` meeting at ``rdzv``, see ``train_on_snapshot``) → evaluate against prod → register when not
+    worse, the model card ``owner``'s (default ``retrain.owner``) → canary on ``canary_percent`` of requests: `loopline
+    train`, the retrain trigger and the demo run this."""
     if snapshot_id is None:
         snapshot_id = create_snapshot(settings, None, None, model_name=settings.serving.model_name).snapshot_id
-    train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo, on_start=on_start)
+    train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo, on_start=on_start, nnodes=nnodes,
+                      rdzv=rdzv)
     return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason,
                         owner=owner)
 

@@ -140,15 +140,15 @@ def _version_tags(card: ModelCard, comparison: Comparison, int8: bool) -> dict[s
 
 
 def evaluate_and_register(
-    run_dir: Path, snapshot_dir: Path, holdout_fraction: float, release: ModelRelease, name: str, prod: ProdModel | None, *,
+    run_dir: Path, snapshot_dir: Path | str, holdout_fraction: float, release: ModelRelease, name: str, prod: ProdModel | None, *,
     owner: str, threshold: float = 0.5, max_auc_drop: float = 0.01, quantize: bool = False,
     max_quantized_auc_change: float = 0.005, defect_bounds: DefectBounds = DefectBounds(),
 ) -> CandidateReport:  # fmt: skip
-    """Judge the run in ``run_dir`` (``model.onnx``, ``metrics.json``) trained on the snapshot at ``snapshot_dir`` with
-    ``holdout_fraction``: compare with ``prod``, optionally quantize, register it as a new version of ``name`` when the
-    gate passes, and write the model card (``owner``'s, its known defects found within ``defect_bounds``) with the
-    version registered. ValueError when the run's holdout is not this one (another split)."""
-    run_dir, snapshot_dir = Path(run_dir), Path(snapshot_dir)
+    """Judge the run in ``run_dir`` (``model.onnx``, ``metrics.json``) trained on the snapshot at ``snapshot_dir`` (a path
+    or an fsspec URL) with ``holdout_fraction``: compare with ``prod``, optionally quantize, register it as a new version
+    of ``name`` when the gate passes, and write the model card (``owner``'s, its known defects found within
+    ``defect_bounds``) with the version registered. ValueError when the run's holdout is not this one (another split)."""
+    run_dir = Path(run_dir)
     snapshot = load_snapshot(snapshot_dir, holdout_fraction)
     training = json.loads((run_dir / "metrics.json").read_text())
     if (training["snapshot_id"], training["rows"]["holdout"]) != (snapshot.snapshot_id, len(snapshot.holdout_y)):
@@ -165,7 +165,7 @@ def evaluate_and_register(
     verdict = registration_gate(comparison, max_auc_drop, quantization)
     int8 = quantization is not None and quantization.kept
     model_path = quantization.path if int8 else candidate_path
-    manifest = json.loads((snapshot_dir / "manifest.json").read_text())
+    manifest = snapshot.manifest
     metrics = quantization.int8 if int8 else comparison.candidate
     card = ModelCard(
         model=name, version=None, registered=verdict.register, decision=verdict.reason, owner=owner,

@@ -1,9 +1,10 @@
 """Starting a training run: ``torchrun`` over ``offline_training.train``, and moving a checkpoint between world sizes.
 
-``launch_training`` is what ``loopline train`` calls. It starts ``processes`` workers on this
-machine (``torch.distributed.run --standalone``, i.e. ``torchrun``); across nodes, run the same
-module with ``torchrun --nnodes ... --rdzv-endpoint ...`` or the ``deepspeed`` launcher, with the
-same arguments. Without CUDA, DeepSpeed is told to use the CPU (``DS_ACCELERATOR=cpu``, gloo).
+``launch_training`` is what ``loopline train`` calls. It starts ``processes`` workers on this node
+(``torch.distributed.run``, i.e. ``torchrun``), one node of the :class:`~offline_training.rendezvous.NodeGroup`
+it is given: alone by default, or one of N nodes that meet at a rendezvous and share the output folder
+(a volume every node mounts). The ``deepspeed`` launcher with a hostfile runs the same module with the
+same arguments and ``--no_local_rank`` (the trainer reads ``LOCAL_RANK`` from the environment). Without CUDA, DeepSpeed is told to use the CPU (``DS_ACCELERATOR=cpu``, gloo).
 
 ZeRO partitions optimizer state by data-parallel rank, so a checkpoint loads only on the world
 size that wrote it. To resume on another one, :func:`convert_to_universal` turns it into a
@@ -18,12 +19,13 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
+
+from offline_training.rendezvous import ONE_NODE, NodeGroup
 
 #: Where a run keeps its checkpoints, under its output folder.
 CHECKPOINTS = "checkpoints"
@@ -88,7 +90,7 @@ def convert_to_universal(checkpoints: Path, workers: int = 1) -> str:
 
 
 def _worker_env() -> dict[str, str]:
-    """The workers' environment: DeepSpeed on the CPU where there is no CUDA; one math thread each."""
+    """The launcher's and workers' environment: DeepSpeed on the CPU where there is no CUDA; one math thread each."""
     import torch
 
     env = dict(os.environ)
@@ -96,6 +98,9 @@ def _worker_env() -> dict[str, str]:
         env.setdefault("DS_ACCELERATOR", "cpu")
     # Processes, not threads, are the parallelism; a fixed thread count also keeps reductions reproducible.
     env.setdefault("OMP_NUM_THREADS", "1")
+    # The workers' store is their own, not the rendezvous': torchrun's shared one breaks restarts (pytorch#135712).
+    # Measured here: a node that rejoined after a kill waited for a key its round never set, until both timed out.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 
@@ -131,8 +136,20 @@ def lower_priority(pid: int, niceness: int) -> None:
         autogroup.write_text(str(nice))
 
 
+def stop_training(launcher: subprocess.Popen) -> None:
+    """Kill a training launcher and its workers now (SIGKILL), as a node's loss would. torchrun starts each worker in a
+    session of its own, so the launcher's session alone does not hold them; once it is gone, nothing would stop them."""
+    import psutil
+
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(launcher.pid)
+        for process in [*root.children(recursive=True), root]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+
+
 def launch_training(
-    snapshot_dir: Path,
+    snapshot_dir: Path | str,
     config: Path,
     out_dir: Path,
     processes: int = 2,
@@ -142,31 +159,37 @@ def launch_training(
     echo: TextIO | None = None,
     niceness: int = 0,
     on_start: Callable[[subprocess.Popen], None] | None = None,
+    nodes: NodeGroup = ONE_NODE,
 ) -> subprocess.CompletedProcess:
-    """Train on the snapshot at ``snapshot_dir`` with ``processes`` workers, ``niceness`` steps nicer than this process
-    (``lower_priority``); outputs land in ``out_dir``. The launcher runs in a session of its own (its workers with it);
-    ``on_start`` gets it as it starts (to stop it from elsewhere: ``os.killpg(process.pid, ...)``), and it is stopped
-    if this call ends by an exception.
+    """Train on the snapshot at ``snapshot_dir`` (a path or an fsspec URL) with ``processes`` workers on this node of
+    ``nodes``, ``niceness`` steps nicer than this process (``lower_priority``); outputs land in ``out_dir``, which every
+    node of a multi-node run must see as one folder (a shared volume). The launcher runs in a session of its own;
+    ``on_start`` gets it as it starts (to stop it and its workers from elsewhere: :func:`stop_training`), and both are
+    stopped if this call ends by an exception.
 
-    The workers' output is appended to ``out_dir/train.log`` and, with ``echo``, copied there as it
-    comes (the progress bar). With ``resume``, training continues from the newest checkpoint, converted
-    to a universal one first when it was written by another number of processes. Raises
-    :class:`TrainingError` when a worker fails; returns the finished process with its output.
+    The workers' output is appended to ``out_dir/train.log`` (node 0; node R's to ``train.node<R>.log``) and, with
+    ``echo``, copied there as it comes (the progress bar). With ``resume``, training continues from the newest
+    checkpoint, converted to a universal one first (by node 0) when it was written by another number of processes
+    than ``processes`` × ``nodes.nnodes``. Raises :class:`TrainingError` when a worker fails beyond
+    ``nodes.max_restarts``; returns the finished process with its output.
     """
     out_dir = Path(out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    arguments = ["--snapshot", str(Path(snapshot_dir).resolve()), "--config", str(Path(config).resolve()), "--out", str(out_dir)]
+    # An fsspec URL goes to the workers as given; a path is made absolute, as the other folders are.
+    snapshot = str(snapshot_dir) if "://" in str(snapshot_dir) else str(Path(snapshot_dir).resolve())
+    arguments = ["--snapshot", snapshot, "--config", str(Path(config).resolve()), "--out", str(out_dir)]
     if resume:
         arguments.append("--resume")
         written_by = checkpoint_world_size(out_dir / CHECKPOINTS)
-        if written_by is not None and written_by != processes:
-            convert_to_universal(out_dir / CHECKPOINTS)
+        if written_by is not None and written_by != processes * nodes.nnodes:
+            if nodes.node_rank == 0:  # the others' workers wait for node 0 at the rendezvous, so for the conversion
+                convert_to_universal(out_dir / CHECKPOINTS)
             arguments.append("--universal")
     if tracking_uri:
         arguments += ["--tracking-uri", tracking_uri]
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+    command = [sys.executable, "-m", "torch.distributed.run", *nodes.torchrun_arguments(processes),
                "-m", "offline_training.train", *arguments, *extra]  # fmt: skip
-    log, output = out_dir / "train.log", bytearray()
+    log, output = out_dir / ("train.log" if nodes.node_rank == 0 else f"train.node{nodes.node_rank}.log"), bytearray()
     with (
         open(log, "ab") as sink,
         subprocess.Popen(command, env=_worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True) as process,
@@ -177,14 +200,14 @@ def launch_training(
                 on_start(process)
             for chunk in iter(lambda: process.stdout.read1(1 << 16), b""):
                 sink.write(chunk)
+                sink.flush()  # the log is live: a `tail -f` (on any node, on the shared volume) sees what the workers said
                 output += chunk
                 if echo is not None:
                     echo.write(chunk.decode(errors="replace"))
                     echo.flush()
             returncode = process.wait()
         except BaseException:  # interrupted, or the echo failed: the workers do not outlive their launcher's caller
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+            stop_training(process)
             raise
     text = output.decode(errors="replace")
     if returncode != 0:

@@ -1,6 +1,6 @@
 """The training process, one per data-parallel rank, started by torchrun or the deepspeed launcher.
 
-    python -m offline_training.train --snapshot DIR --config YAML --out DIR [--resume [--universal]]
+    python -m offline_training.train --snapshot DIR|URL --config YAML --out DIR [--resume [--universal]]
         [--tracking-uri URI] [--stop-after-steps N]
 
 Each process trains :class:`FraudMLP` on its share of a feedback snapshot's labelled rows through
@@ -20,7 +20,10 @@ Guarantees:
   step, skipping the rows of the epoch already trained on, so a killed and resumed run ends with the
   weights of an uninterrupted one. Every checkpoint carries ``universal_checkpoint_info``, so
   ``offline_training.launch.convert_to_universal`` can make it loadable on another world size
-  (``--universal``).
+  (``--universal``). A worker torchrun restarts (``--max-restarts``) resumes by itself.
+* One run over many nodes: every rank reads the same snapshot (a path or fsspec URL) and writes into
+  the same ``--out`` (a volume every node mounts); ``latest`` names a checkpoint only once every rank
+  has written its part of it.
 * Evaluated on time: the latest ``holdout_fraction`` of labelled rows by prediction time never
   trains; each epoch reports its AUC, log loss and Brier score.
 
@@ -60,7 +63,7 @@ from tqdm import tqdm
 
 from offline_training.evaluation import classification_metrics
 from offline_training.export import export_onnx, verify_onnx
-from offline_training.launch import CHECKPOINTS, checkpoint_world_size, latest_tag
+from offline_training.launch import CHECKPOINTS, LATEST, checkpoint_world_size, latest_tag
 from offline_training.model import FraudMLP, fit_standardisation, state_fingerprint
 from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
 from offline_training.training_data import Snapshot, load_snapshot
@@ -174,7 +177,7 @@ def _resume(engine, checkpoints: Path, universal: bool, snapshot_id: str) -> dic
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--snapshot", type=Path, required=True, help="the snapshot folder (manifest.json + data/)")
+    parser.add_argument("--snapshot", required=True, help="the snapshot folder (manifest.json + data/): a path or an fsspec URL")
     parser.add_argument("--config", type=Path, required=True, help="the training config (YAML)")
     parser.add_argument("--out", type=Path, required=True, help="checkpoints, model.pt, model.onnx and metrics.json go here")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out")
@@ -187,6 +190,18 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.universal and not args.resume:
         parser.error("--universal loads a checkpoint: add --resume")
     return args
+
+
+def _resume_when_restarted(args: argparse.Namespace) -> argparse.Namespace:
+    """The arguments of a worker torchrun restarted (``--max-restarts``: a process or a node failed, or a node joined):
+    resume from the newest checkpoint the nodes share, as ``--resume`` would, unless the run failed before its first;
+    through its universal conversion only if that checkpoint was written by another world size (a resumed run that
+    had not saved yet: the launcher converted it)."""
+    checkpoints = args.out / CHECKPOINTS
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 or not (checkpoints / LATEST).is_file():
+        return args
+    universal = checkpoint_world_size(checkpoints) not in (None, int(os.environ["WORLD_SIZE"]))
+    return argparse.Namespace(**{**vars(args), "resume": True, "universal": universal})
 
 
 def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
@@ -221,12 +236,19 @@ def _training_memory(before_model: int, device: torch.device) -> dict[str, int]:
 
 
 def _save(engine, checkpoints: Path, keep_last: int, client_state: dict) -> None:
-    """Checkpoint every rank's state as ``step<global step>``; rank 0 then drops checkpoints beyond ``keep_last``."""
+    """Checkpoint every rank's state as ``step<global step>``; rank 0 then points ``latest`` at it and drops checkpoints
+    beyond ``keep_last``. ``latest`` names only checkpoints every rank finished writing."""
     # What ds_to_universal needs to rebuild unpartitioned tensors (a plain data-parallel model: no patterns).
     universal = {UNIVERSAL_CHECKPOINT_INFO: {UNIVERSAL_CHECKPOINT_VERSION_KEY: UNIVERSAL_CHECKPOINT_VERSION_VALUE}}
-    engine.save_checkpoint(str(checkpoints), tag=f"step{engine.global_steps}", client_state={**client_state, **universal})
-    dist.barrier()  # every rank's shards are on disk, and `latest` names them, before older ones go
+    tag = f"step{engine.global_steps}"
+    # DeepSpeed's rank 0 writes `latest` once its own files are saved, whatever the other ranks' are doing: a node
+    # lost then would leave `latest` naming a checkpoint without its shards.
+    engine.save_checkpoint(str(checkpoints), tag=tag, client_state={**client_state, **universal}, save_latest=False)
+    dist.barrier()  # every rank's shards are on disk before `latest` names them and older ones go
     if dist.get_rank() == 0:
+        pending = checkpoints / f"{LATEST}.tmp"
+        pending.write_text(tag)
+        pending.replace(checkpoints / LATEST)  # atomic: a resume reads the old tag or the new one
         _prune(checkpoints, keep_last)
 
 
@@ -355,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(format="%(message)s")
     log.setLevel(logging.INFO if int(os.environ.get("RANK", "0")) == 0 else logging.WARNING)
     args.out.mkdir(parents=True, exist_ok=True)
-    train(args, load_train_config(args.config))
+    train(_resume_when_restarted(args), load_train_config(args.config))
 
 
 if __name__ == "__main__":

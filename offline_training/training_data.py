@@ -6,11 +6,11 @@ Kept apart from ``train.py`` (which imports DeepSpeed) so evaluating a run does 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import fsspec
 import numpy as np
-import pandas as pd
 import pyarrow.dataset
 
 
@@ -27,21 +27,26 @@ class Snapshot:
     holdout_x: np.ndarray
     holdout_y: np.ndarray
     train_defaulted: np.ndarray | None = None
+    #: The snapshot's ``manifest.json``.
+    manifest: dict = field(default_factory=dict)
 
 
-def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
-    """The labelled rows of the snapshot folder ``path`` (``manifest.json`` + ``data/**/*.parquet``).
+def load_snapshot(location: Path | str, holdout_fraction: float) -> Snapshot:
+    """The labelled rows of the snapshot folder at ``location`` (``manifest.json`` + ``data/**/*.parquet``): a path or
+    an fsspec URL (``s3://…``, ``gs://…``, ``file://…``: what ``feedback.snapshots`` may name), so every node of a run
+    reads the same snapshot where it lies.
 
     Unlabelled rows are skipped; the latest ``holdout_fraction`` of the rest by ``predicted_at_ms``
     is the holdout. The inputs are ``manifest["features"]``, in that order.
     """
-    path = Path(path)
-    manifest = json.loads((path / "manifest.json").read_text())
+    path = str(location)
+    fs, root = fsspec.core.url_to_fs(path)
+    manifest = json.loads(fs.cat_file(f"{root}/manifest.json"))
     inputs = list(manifest["features"])
     try:
-        stored = pyarrow.dataset.dataset(path / "data", format="parquet", partitioning="hive").schema.names
-        defaulted = ["defaulted"] if "defaulted" in stored else []
-        frame = pd.read_parquet(path / "data", columns=["event_id", "label", "predicted_at_ms", *defaulted, *inputs])
+        dataset = pyarrow.dataset.dataset(f"{root}/data", filesystem=fs, format="parquet", partitioning="hive")
+        defaulted = ["defaulted"] if "defaulted" in dataset.schema.names else []
+        frame = dataset.to_table(columns=["event_id", "label", "predicted_at_ms", *defaulted, *inputs]).to_pandas()
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(
             f"snapshot {path}: cannot read event_id, label, predicted_at_ms and its {len(inputs)} features from "
@@ -59,4 +64,4 @@ def load_snapshot(path: Path, holdout_fraction: float) -> Snapshot:
     y = frame["label"].to_numpy(dtype=np.float64)
     cut = len(frame) - holdout
     train_defaulted = frame["defaulted"].to_numpy(dtype=np.int64)[:cut] if defaulted else None
-    return Snapshot(str(manifest["snapshot_id"]), inputs, x[:cut], y[:cut], x[cut:], y[cut:], train_defaulted)
+    return Snapshot(str(manifest["snapshot_id"]), inputs, x[:cut], y[:cut], x[cut:], y[cut:], train_defaulted, manifest)

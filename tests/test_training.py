@@ -1,18 +1,23 @@
 """Training for real: DeepSpeed on the CPU (gloo, 2 processes through torchrun) on a small synthetic snapshot.
 
 Kill-and-resume equals an uninterrupted run bit for bit; a universal checkpoint written by 2 processes
-resumes on 1; the ONNX export scores as torch does and loads in the scorer's runtime; the holdout
-finds the planted signal. The first DeepSpeed initialize on a machine JIT-compiles a CPU comm op
+resumes on 1; two launchers on this machine, each its own node of 1 process (torchrun's c10d
+rendezvous, one shared output folder), train the weights of one launcher with 2 processes, and do so
+still when one node is killed mid-run and rejoins; so do two nodes of a DeepSpeed hostfile; the ONNX export scores as torch does and loads in
+the scorer's runtime; the holdout finds the planted signal. The first DeepSpeed initialize on a machine JIT-compiles a CPU comm op
 (about a minute, then cached under ~/.cache/torch_extensions): the first run here pays it once.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import threading
 import time
 from importlib.util import find_spec
@@ -22,7 +27,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from infra.service import wait_until
+from infra.service import free_port, wait_until
 
 pytestmark = pytest.mark.skipif(
     find_spec("torch") is None or find_spec("deepspeed") is None,
@@ -185,6 +190,138 @@ def test_universal_checkpoint_resumes_on_another_world_size(workspace, stopped_r
     assert metrics["world_size"] == 1
     assert metrics["global_steps"] == LAST_CHECKPOINT_BEFORE_STOP + 64 + 72
     assert metrics["holdout"]["auc"] > 0.8
+
+
+class Node(threading.Thread):
+    """One training node of 1 process: ``launch_training`` on a thread of its own, as if on its own machine."""
+
+    def __init__(self, workspace: Path, out: Path, nodes, resume: bool = False) -> None:
+        super().__init__()
+        self.workspace, self.out, self.nodes, self.resume = workspace, out, nodes, resume
+        self.launcher: subprocess.Popen | None = None
+        self.result: subprocess.CompletedProcess | None = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        from offline_training.launch import launch_training
+
+        try:
+            # The snapshot as a URL, as every node of a cluster reads it (here file://; s3:// and the like at scale).
+            self.result = launch_training((self.workspace / "snapshot").as_uri(), self.workspace / "config.yaml", self.out,
+                                          processes=1, resume=self.resume, nodes=self.nodes,
+                                          on_start=lambda process: setattr(self, "launcher", process))  # fmt: skip
+        except Exception as err:  # a node that fails is what a test may expect: it reads this
+            self.error = err
+
+    def kill(self) -> None:
+        """The node dies: its launcher and its worker, SIGKILL."""
+        from offline_training.launch import stop_training
+
+        stop_training(self.launcher)
+
+
+def _two_nodes(workspace: Path, out: Path, max_restarts: int = 0) -> list[Node]:
+    """Nodes 0 and 1 of a run meeting at a free port on this machine, started."""
+    from offline_training.rendezvous import NodeGroup
+
+    rdzv = f"127.0.0.1:{free_port()}"
+    nodes = [Node(workspace, out, NodeGroup(nnodes=2, node_rank=rank, rdzv=rdzv, max_restarts=max_restarts)) for rank in (0, 1)]
+    for node in nodes:
+        node.start()
+    return nodes
+
+
+def _assert_same_weights(expected_run: Path, run: Path) -> None:
+    expected, trained = _weights(expected_run), _weights(run)
+    assert expected.keys() == trained.keys()
+    for name in expected:
+        assert np.array_equal(expected[name].numpy(), trained[name].numpy()), name
+
+
+def test_two_nodes_train_the_weights_of_one_node_with_two_processes(workspace, full_run):
+    from offline_training.launch import checkpoint_world_size
+
+    out = workspace / "two-nodes"
+    nodes = _two_nodes(workspace, out)
+    for node in nodes:
+        node.join(240)
+    assert [node.error for node in nodes] == [None, None], nodes[0].error or nodes[1].error
+
+    _assert_same_weights(full_run, out)
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert (metrics["world_size"], metrics["global_steps"]) == (2, TOTAL_STEPS)
+    assert checkpoint_world_size(out / "checkpoints") == 2  # one ZeRO shard from each node, in the one shared folder
+    assert (out / "train.log").stat().st_size and (out / "train.node1.log").stat().st_size
+
+
+def test_a_killed_node_rejoins_and_the_run_resumes_from_its_last_checkpoint(workspace, full_run):
+    from offline_training.launch import CHECKPOINTS, latest_tag
+    from offline_training.rendezvous import NodeGroup
+
+    out = workspace / "node-killed"
+    survivor, lost = _two_nodes(workspace, out, max_restarts=1)
+    assert wait_until(lambda: (out / CHECKPOINTS / "latest").exists() or not survivor.is_alive(), 120, 0.01)
+    lost.kill()
+    killed = time.monotonic()
+    lost.join(60)
+    tag = latest_tag(out / CHECKPOINTS)
+    assert isinstance(lost.error, Exception) and not (out / "model.pt").exists(), "the run finished before the kill"
+
+    # The node comes back (or a replacement, at the same rendezvous); node 0's launcher never stopped.
+    rejoined = Node(workspace, out, NodeGroup(nnodes=2, node_rank=1, rdzv=lost.nodes.rdzv, max_restarts=1), resume=True)
+    rejoined.start()
+    logs = [out / "train.log", out / "train.node1.log"]  # rank 0, which says where it resumed, is on either node
+    assert wait_until(lambda: any("resumed from checkpoint" in log.read_text() for log in logs), 180, 0.1)
+    resumed_after_s = time.monotonic() - killed
+    for node in (survivor, rejoined):
+        node.join(240)
+    assert [survivor.error, rejoined.error] == [None, None], survivor.error or rejoined.error
+
+    # The survivor's launcher, running since before the kill, finished: torchrun restarted its worker (--max-restarts),
+    # which resumed by itself, as the rejoined node's did with --resume, from the checkpoint newest at the kill.
+    assert f"resumed from checkpoint {tag} (written by 2 processes)" in survivor.result.stdout + rejoined.result.stdout
+    _assert_same_weights(full_run, out)
+    assert json.loads((out / "metrics.json").read_text())["global_steps"] == TOTAL_STEPS
+    print(f"node 1 killed after checkpoint {tag}; the run resumed from it {resumed_after_s:.1f} s later (node 1 relaunched "
+          f"at once) and finished {time.monotonic() - killed:.1f} s after the kill")
+
+
+def test_two_nodes_of_a_deepspeed_hostfile_train_the_same_weights(workspace, full_run, tmp_path):
+    """The README's hostfile command, each node started by hand (``--no_ssh``: there is no ssh between nodes here)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node0 slots=1\nnode1 slots=1\n")
+    out, port = workspace / "hostfile-nodes", free_port()
+    # What launch_training gives its workers on a machine without CUDA.
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            [str(Path(sys.executable).with_name("deepspeed")), "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank),
+             "--master_addr", "127.0.0.1", "--master_port", str(port), "--no_local_rank", "--module", "offline_training.train",
+             "--snapshot", str(workspace / "snapshot"), "--config", str(workspace / "config.yaml"), "--out", str(out)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=240)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], "\n".join(output[-3000:] for output in outputs)
+    _assert_same_weights(full_run, out)
+
+
+def test_node_groups_are_described_or_refused():
+    from pydantic import ValidationError
+
+    from loopline.settings import Settings
+    from offline_training.rendezvous import ONE_NODE, NodeGroup, NodeGroupError
+
+    assert ONE_NODE.torchrun_arguments(2) == ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0"]
+    node1 = NodeGroup(nnodes=3, node_rank=1, rdzv="node0:29400", max_restarts=2).torchrun_arguments(4)
+    assert "--rdzv-endpoint=node0:29400" in node1 and "--rdzv-conf=is_host=false" in node1 and "--nnodes=3" in node1
+    for wrong, fix in [({"nnodes": 2}, "--rdzv HOST:PORT"), ({"nnodes": 2, "node_rank": 2, "rdzv": "h:1"}, "--node-rank 0..N-1"),
+                       ({"nnodes": 2, "rdzv": "node0"}, "is not HOST:PORT")]:  # fmt: skip
+        with pytest.raises(NodeGroupError, match=re.escape(fix)):
+            NodeGroup(**wrong)
+    with pytest.raises(ValidationError, match="give the mount's path"):
+        Settings(feedback={"train_dir": "s3://bucket/training"})
 
 
 def test_onnx_export_scores_as_torch_and_loads_in_the_scorer(workspace, full_run):

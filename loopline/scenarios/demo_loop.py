@@ -10,7 +10,6 @@ the labeled quality of each model version, before and after.
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from rich.table import Table
 from loopline.job_processes import start_joiner, stop_process_group
 from loopline.settings import Settings
 from offline_training.evaluation import roc_auc
+from offline_training.launch import stop_training
 from schemas.records import TrainingExample
 from streams.topic_follower import TopicFollower
 
@@ -245,7 +245,7 @@ class DemoLoop:
         """Stop the joiner, a training run still going, and the threads (a step still running is abandoned)."""
         self._stop.set()
         if self._training is not None and self._training.poll() is None:
-            stop_process_group(self._training, signal.SIGKILL)
+            stop_training(self._training)
         if self._joiner is not None:
             stop_process_group(self._joiner)
         if self._follower is not None:
