@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -27,6 +28,7 @@ class KafkaBroker(ManagedService):
 
     Alone (``voters`` None) it is its own quorum (``--standalone``). As node ``node_id`` of a cluster, ``voters`` lists
     every node's (id, host, controller port): a static quorum, and internal topics replicated on up to three nodes.
+    ``launcher`` prefixes its command (``ip netns exec <host>``: a node on a host of its own, ``infra/netns.py``).
     """
 
     name = "kafka"
@@ -45,8 +47,9 @@ class KafkaBroker(ManagedService):
         start_timeout_s: float = 60.0,
         node_id: int = 1,
         voters: list[tuple[int, str, int]] | None = None,
+        launcher: Sequence[str] = (),
     ) -> None:
-        self.node_id, self.voters = node_id, voters
+        self.node_id, self.voters, self.launcher = node_id, voters, tuple(launcher)
         if voters is not None:
             self.name = f"kafka-{node_id}"
         super().__init__(run_dir, log_dir, start_timeout_s)
@@ -86,7 +89,7 @@ class KafkaBroker(ManagedService):
         ]
 
     def command(self) -> list[str]:
-        return self._java("kafka.Kafka", str(self.config_file), heap_mb=self.heap_mb)
+        return [*self.launcher, *self._java("kafka.Kafka", str(self.config_file), heap_mb=self.heap_mb)]
 
     def _write_config(self) -> None:
         controller = f"{self.host}:{self.controller_port}"

@@ -267,9 +267,10 @@ class SyntheticStream:
             yield self._organic(now_ms)
 
 
-def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
+def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str, event_ids: bool = False) -> Iterator[Emitted]:
     """Score requests ``<run_id>-<n>`` for ``user_ids`` (the first ones asked about most, Zipf-like), paced at
-    ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it."""
+    ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it. With ``event_ids`` each scores the
+    event of its own id (so a label of that id joins its prediction)."""
     rng = random.Random(run_id)
     cumulative = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(len(user_ids))))
     emit_at_ms = time.time() * 1000
@@ -279,5 +280,6 @@ def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str) -> I
         request = ScoreRequest(
             schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
             request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
+            event_id=f"{run_id}-{n}" if event_ids else None,
         )  # fmt: skip
         yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -129,6 +129,24 @@ def apply_topics(
             details.extend(f"{key}={value}" for key, value in drifted.items())
         changes.append(TopicChange(spec.name, "updated" if details else "unchanged", ", ".join(details + notes)))
     return changes
+
+
+def open_transaction_partitions(
+    bootstrap_servers: str, names: Iterable[str], client_config: Mapping[str, str] | None = None
+) -> list[str]:
+    """``topic-partition`` of each partition of ``names`` whose last stable offset lags its end: a transaction is
+    open on it (read_committed readers stop there until it ends)."""
+    admin = _admin(bootstrap_servers, client_config)
+    topics = admin.list_topics(timeout=_TIMEOUT_S).topics
+    partitions = [TopicPartition(name, p) for name in names if name in topics for p in topics[name].partitions]
+
+    def offsets(isolation: IsolationLevel) -> dict[tuple[str, int], int]:
+        requests = {tp: OffsetSpec.latest() for tp in partitions}
+        answers = admin.list_offsets(requests, isolation_level=isolation, request_timeout=_TIMEOUT_S)
+        return {(tp.topic, tp.partition): future.result().offset for tp, future in answers.items()}
+
+    ends, stable = offsets(IsolationLevel.READ_UNCOMMITTED), offsets(IsolationLevel.READ_COMMITTED)
+    return sorted(f"{topic}-{partition}" for (topic, partition), end in ends.items() if stable[topic, partition] < end)
 
 
 def topic_sizes(

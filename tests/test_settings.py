@@ -8,7 +8,13 @@ import pytest
 
 from feature_store.config import REPO_PATH
 from feature_store.redis_connection import redis_client
-from loopline.settings import Settings, UnknownSettingError, settings_environment
+from loopline.settings import (
+    Settings,
+    UnknownSettingError,
+    forget_stack_shape,
+    remember_stack_shape,
+    settings_environment,
+)
 
 
 def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,3 +93,33 @@ def test_cluster_settings_reach_a_child_process_and_the_redis_clients(monkeypatc
 
 def test_the_feast_registry_defaults_to_the_one_the_repo_names() -> None:
     assert Settings().feast_registry_path == REPO_PATH / "data" / "registry.db"
+
+
+@pytest.mark.parametrize("value", ["k1:9092, k2:9092,k3:9092", '["k1:9092", "k2:9092", "k3:9092"]'])
+def test_a_kafka_cluster_is_named_by_a_list_of_brokers(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("LOOPLINE_KAFKA__BOOTSTRAP_SERVERS", value)
+    kafka = Settings().kafka
+    assert kafka.bootstrap_servers == ["k1:9092", "k2:9092", "k3:9092"]
+    assert kafka.bootstrap == "k1:9092,k2:9092,k3:9092"
+    monkeypatch.delenv("LOOPLINE_KAFKA__BOOTSTRAP_SERVERS")
+    assert Settings(kafka={"port": 19092, "brokers": 3}).kafka.bootstrap == "127.0.0.1:19092,127.0.0.1:19094,127.0.0.1:19096"
+
+
+def test_replicas_must_fit_the_cluster() -> None:
+    with pytest.raises(ValueError, match="min_insync_replicas .3. exceeds kafka.replication_factor .2."):
+        Settings(kafka={"bootstrap_servers": ["k:9092"], "replication_factor": 2, "min_insync_replicas": 3})
+    with pytest.raises(ValueError, match="replication_factor 3 needs as many brokers; the stack starts 1"):
+        Settings(kafka={"replication_factor": 3})
+    assert Settings(kafka={"brokers": 3, "replication_factor": 3, "min_insync_replicas": 2}).kafka.replication_factor == 3
+
+
+def test_the_stack_shape_is_remembered_beneath_explicit_settings(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    monkeypatch.setenv("LOOPLINE_HOME", str(tmp_path))
+    assert Settings().kafka.brokers == 1
+    remember_stack_shape(tmp_path, {"kafka": {"brokers": 3}})
+    assert Settings().kafka.brokers == 3, "a later command sees the stack `stack up --kafka-brokers 3` started"
+    monkeypatch.setenv("LOOPLINE_KAFKA__BROKERS", "2")
+    assert Settings().kafka.brokers == 2, "an explicit setting wins"
+    monkeypatch.delenv("LOOPLINE_KAFKA__BROKERS")
+    forget_stack_shape(tmp_path)
+    assert Settings().kafka.brokers == 1

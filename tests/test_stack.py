@@ -13,16 +13,17 @@ import pytest
 import redis
 import requests
 from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient
 
 from conftest import REPO, stack_settings
 from infra.errors import StackError
 from infra.flink import check_connector_matches
 from infra.jars import require_tool
 from infra.prometheus_server import RULES_DIR
-from infra.service import wait_until
+from infra.service import free_port_block, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
-from loopline.settings import Settings
+from loopline.settings import STACK_SHAPE_FILE, Settings, settings_environment
 from schemas.records import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
 from streams.topics import apply_topics, topic_sizes
@@ -158,3 +159,34 @@ def test_flink_connector_must_match_pyflink() -> None:
     check_connector_matches("2.2.1", "5.0.0-2.2")
     with pytest.raises(StackError, match="built for Flink 2.2, but PyFlink is 2.1.0"):
         check_connector_matches("2.1.0", "5.0.0-2.2")
+
+
+def test_stack_up_starts_a_kafka_cluster_that_later_commands_see(tmp_path: Path) -> None:
+    settings = stack_settings(tmp_path)
+    base = free_port_block(6)
+    env = settings_environment(settings, LOOPLINE_KAFKA__PORT=str(base), LOOPLINE_KAFKA__CONTROLLER_PORT=str(base + 1),
+                               LOOPLINE_KAFKA__REPLICATION_FACTOR="3", LOOPLINE_KAFKA__MIN_INSYNC_REPLICAS="2")  # fmt: skip
+
+    def loopline(*args: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", *args],
+                                capture_output=True, text=True, env=env, cwd=REPO, timeout=300)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return result
+
+    loopline("stack", "up", "--kafka-brokers", "3")
+    try:
+        status = loopline("stack", "status").stdout
+        rows = {line.split("│")[1].strip(): line for line in status.splitlines() if line.count("│") > 2}
+        assert all("ready" in rows[f"kafka-{node}"] for node in (1, 2, 3)), status
+        created = loopline("topics", "apply").stdout
+        assert "× 3 replicas" in created, created
+        topics = AdminClient({"bootstrap.servers": f"127.0.0.1:{base + 2}"}).list_topics(timeout=10).topics
+        assert all(len(p.replicas) == 3 for p in topics["events.transactions"].partitions.values())
+        refused = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", "stack", "up", "--kafka-brokers",
+                                  "1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
+        # Typer boxes and wraps the message: compare its words.
+        assert refused.returncode != 0 and "stack down --wipe" in " ".join(refused.stderr.replace("│", " ").split())
+    finally:
+        stopped = loopline("stack", "down", "--wipe").stdout
+    assert all(f"kafka-{node}" in stopped for node in (1, 2, 3)), stopped
+    assert not (tmp_path / STACK_SHAPE_FILE).exists(), "the wiped stack's shape is forgotten"

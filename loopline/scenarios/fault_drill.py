@@ -2,16 +2,23 @@
 
 With transactions streaming into the feature job, score requests streaming through a Kafka-door
 scorer and HTTP requests hitting a second scorer, the drill kills (SIGKILL) and restarts, in turn
-and at random moments, the Kafka broker, Redis, the feature job and the Kafka-door scorer. Then it
-lets everything drain and checks what a user of Kafka and Flink expects:
+and at random moments, the Kafka broker, Redis, the feature job and the Kafka-door scorer. On a
+Kafka cluster the broker killed is the node leading the most partitions; on nodes with hosts of
+their own (``infra/netns.py``) the drill can also cut that node off the network (``broker_cut``).
+Then it lets everything drain and checks what a user of Kafka and Flink expects:
 
-* every score request has exactly one prediction in the committed log (none lost, none doubled);
+* every score request has exactly one prediction in the committed log (none lost, none doubled),
+  and so has every HTTP request answered 200 (its prediction logged before the answer: ``ack``);
+* with the feedback joiner running too, every Kafka request, labeled, has exactly one training example;
+* no transaction is left open on any of Loopline's topics (each partition's last stable offset is its end);
 * the online features equal the offline recompute for every entity;
 * HTTP requests sent while Redis was down were answered within the feature budget, on defaults;
 * every process is up and reports itself live, and a fresh request still scores.
 
 For each fault it also measures the time to recover: from the restart until the part works again
-(a prediction arrives; a probe transaction's features are readable; an HTTP answer has real features).
+(a prediction arrives; a probe transaction's features are readable; an HTTP answer has real features),
+the longest gap between predictions around it, and on a cluster the time until every partition has all
+its replicas in sync again.
 ``tests/test_faults.py`` runs one fault of each kind; ``benchmarks/faults.py`` runs several.
 """
 
@@ -36,20 +43,25 @@ import pandas as pd
 import requests
 from confluent_kafka import Consumer
 
+from infra.kafka import KafkaBroker
+from infra.kafka_cluster import KafkaCluster
+from infra.netns import NetworkNamespaces
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
-from loopline.job_processes import start_feature_job, start_scorer, stop_process_group
+from loopline.job_processes import start_feature_job, start_joiner, start_scorer, stop_process_group
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
-from schemas.records import ScoreRequest, TransactionEvent
-from schemas.topics import PREDICTIONS, TRANSACTIONS
+from schemas.records import LabelEvent, ScoreRequest, TransactionEvent
+from schemas.topics import LABELS, PREDICTIONS, TOPICS, TRANSACTIONS
 from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
 from streams.synthetic import Emitted, SyntheticStream, score_requests, synthetic_user_id
-from streams.topics import read_topic
+from streams.topics import open_transaction_partitions, read_topic
 
 FAULT_KINDS = ("broker", "redis", "feature_job", "kafka_scorer")
+#: Faults of a Kafka cluster's node: kill -9 it, or cut it off the network (nodes on hosts of their own only).
+BROKER_FAULTS = ("broker", "broker_cut")
 _VIEW = "user_transaction_features"
 _INPUTS = [f"{_VIEW}:txn_count_5m", f"{_VIEW}:amount_sum_1h", "request:amount"]
 #: A feature read that falls back takes its budget plus the event loop's turn to notice (the scorer's own timing).
@@ -70,6 +82,10 @@ class FaultOutcome:
     at_s: float
     down_s: float
     recovered_s: float | None
+    #: The longest wait between two Kafka-door predictions from the fault until it recovered (the stall it caused).
+    stall_s: float | None = None
+    #: Kafka faults on a cluster: seconds from the node's return until every partition had all replicas in sync.
+    full_isr_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +98,7 @@ class HttpAnswer:
     status: int
     all_defaulted: bool
     fetch_ms: float | None
+    request_id: str = ""
 
     def on_defaults(self) -> bool:
         """Answered, on default features, without hanging."""
@@ -106,6 +123,12 @@ class DrillReport:
     requests_sent: int
     requests_lost: int
     requests_duplicated: int
+    http_predictions_lost: int
+    http_predictions_duplicated: int
+    #: With the joiner: Kafka requests without / with more than one training example (None: no joiner ran).
+    examples_lost: int | None
+    examples_duplicated: int | None
+    open_transactions: list[str]
     feature_mismatches: list[str]
     entities_compared: int
     http_answers: list[HttpAnswer]
@@ -121,12 +144,21 @@ class DrillReport:
     def figures(self) -> dict:
         """The drill's figures (the names the fault benchmark reports)."""
         outage = self.http_during_redis_outage()
-        recoveries = {kind: [f.recovered_s for f in self.faults if f.kind == kind] for kind in FAULT_KINDS if any(f.kind == kind for f in self.faults)}
+        kinds = [kind for kind in (*FAULT_KINDS, "broker_cut") if any(f.kind == kind for f in self.faults)]
+
+        def each(kind: str, field: str) -> list[float | None]:
+            return [None if getattr(f, field) is None else round(getattr(f, field), 2) for f in self.faults if f.kind == kind]
+
         return {
             "faults_injected": len(self.faults),
             "requests_sent": self.requests_sent,
             "requests_lost": self.requests_lost,
             "requests_duplicated": self.requests_duplicated,
+            "http_predictions_lost": self.http_predictions_lost,
+            "http_predictions_duplicated": self.http_predictions_duplicated,
+            "examples_lost": self.examples_lost,
+            "examples_duplicated": self.examples_duplicated,
+            "open_transactions": self.open_transactions,
             "feature_mismatches": len(self.feature_mismatches),
             "entities_compared": self.entities_compared,
             "http_requests": len(self.http_answers),
@@ -136,7 +168,9 @@ class DrillReport:
             "http_during_redis_outage_within_budget": sum(a.within(self.budget_s) for a in outage),
             "http_during_redis_outage_fetch_median_ms": _median(a.fetch_ms for a in outage),
             "http_during_redis_outage_fetch_max_ms": max((a.fetch_ms for a in outage if a.fetch_ms is not None), default=None),
-            **{f"{kind}_recovery_s": [None if r is None else round(r, 2) for r in values] for kind, values in recoveries.items()},
+            **{f"{kind}_recovery_s": each(kind, "recovered_s") for kind in kinds},
+            **{f"{kind}_stall_s": each(kind, "stall_s") for kind in kinds},
+            **{f"{kind}_full_isr_s": each(kind, "full_isr_s") for kind in kinds if kind in BROKER_FAULTS},
             "not_live": self.not_live,
             "drill_s": round(self.seconds, 1),
         }
@@ -173,7 +207,11 @@ class _suppress_lookup:
 
 
 class FaultDrill:
-    """One drill on the stack of ``settings`` (up, topics and feature definitions applied), logging under ``folder``."""
+    """One drill on the stack of ``settings`` (up, topics and feature definitions applied), logging under ``folder``.
+
+    ``kafka``: the Kafka the settings name, when it is not the stack's own (a cluster on hosts of its own); ``network``:
+    those hosts, for ``broker_cut`` (node i of ``kafka`` on host i). With ``joiner`` the feedback joiner runs as well,
+    and each Kafka request is labeled (its event id is its request id) a moment after it is sent."""
 
     def __init__(
         self,
@@ -187,6 +225,9 @@ class FaultDrill:
         http_per_s: float = 20.0,
         seed: int = 7,
         on_progress: Callable[[str], None] = lambda _: None,
+        kafka: KafkaCluster | None = None,
+        network: NetworkNamespaces | None = None,
+        joiner: bool = False,
     ) -> None:
         self.settings = settings.model_copy(update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})})
         self.folder = folder
@@ -196,7 +237,14 @@ class FaultDrill:
         self.say = on_progress
         self.run_id = f"drill-{uuid.uuid4().hex[:8]}"
         self._kafka_prefix = f"{self.run_id}-kafka"
+        self._http_prefix = f"{self.run_id}-http"
         self.stack = build_stack(settings)
+        self.kafka = kafka or self.stack.kafka
+        self.network = network
+        self.joiner = joiner
+        self._examples: list[str] = []
+        if "broker_cut" in self.kinds and network is None:
+            raise ValueError("broker_cut needs the Kafka nodes on hosts of their own (network=)")
         self._began = time.monotonic()
         self._arrivals: list[tuple[float, str]] = []
         self._http: list[HttpAnswer] = []
@@ -238,8 +286,40 @@ class FaultDrill:
     def _produce_requests(self, sent: list[int]) -> None:
         users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
         producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
-        requests_ = self._until_stopped(score_requests(users, self.requests_per_s, self._kafka_prefix))
+        requests_ = self._until_stopped(score_requests(users, self.requests_per_s, self._kafka_prefix, event_ids=self.joiner))
         sent.append(producer.publish(requests_, rate_per_s=self.requests_per_s).total)
+
+    def _produce_labels(self, sent: list[int]) -> None:
+        """A label for each Kafka request (event id = request id), a second or so after it was sent."""
+        producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
+
+        def labels() -> Iterator[Emitted]:
+            for n in itertools.count():
+                while not sent and n >= self.requests_per_s * max(0.0, self._now() - 1.0):
+                    time.sleep(0.05)
+                if sent and n >= sent[0]:
+                    return
+                event_id = f"{self._kafka_prefix}-{n}"
+                now = int(time.time() * 1000)
+                label = LabelEvent(schema_version=1, event_id=event_id, user_id="drill", is_fraud=n % 7 == 0,
+                                   label_time_ms=now, source="chargeback")  # fmt: skip
+                yield Emitted(LABELS.name, event_id, encode(label), now, label)
+
+        producer.publish(labels())
+
+    def _read_examples(self) -> None:
+        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap, "group.id": f"{self.run_id}-examples",
+                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer.subscribe([self.settings.feedback.examples_topic])
+        prefix = self._kafka_prefix.encode()
+        try:
+            while not self._stop.is_set():
+                for message in consumer.consume(1000, timeout=0.2):
+                    key = message.key() if message.error() is None else None
+                    if key and key.startswith(prefix):
+                        self._examples.append(key.decode())
+        finally:
+            consumer.close()
 
     def _read_predictions(self) -> None:
         consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap, "group.id": f"{self.run_id}-reader",
@@ -249,7 +329,7 @@ class FaultDrill:
             while not self._stop.is_set():
                 for message in consumer.consume(1000, timeout=0.2):
                     key = message.key() if message.error() is None else None
-                    if key and key.startswith(self._kafka_prefix.encode()):
+                    if key and key.startswith(self.run_id.encode()):
                         self._arrivals.append((self._now(), key.decode()))
         finally:
             consumer.close()
@@ -259,7 +339,7 @@ class FaultDrill:
         url = f"http://127.0.0.1:{port}/v1/score"
 
         def one(n: int) -> None:
-            request = ScoreRequest(schema_version=1, request_id=f"{self.run_id}-http-{n}", requested_at_ms=int(time.time() * 1000),
+            request = ScoreRequest(schema_version=1, request_id=f"{self._http_prefix}-{n}", requested_at_ms=int(time.time() * 1000),
                                    entity_keys={"user_id": synthetic_user_id(n % 20)}, request_fields={"amount": 10.0})  # fmt: skip
             sent = self._now()
             status, defaulted, fetch_ms = 0, False, None
@@ -272,7 +352,7 @@ class FaultDrill:
                     fetch_ms = record["stage_latency_ms"]["feature_fetch"]
             except requests.RequestException:
                 pass
-            self._http.append(HttpAnswer(sent, self._now() - sent, status, defaulted, fetch_ms))
+            self._http.append(HttpAnswer(sent, self._now() - sent, status, defaulted, fetch_ms, request.request_id))
 
         with ThreadPoolExecutor(8) as pool:
             n = 0
@@ -320,15 +400,33 @@ class FaultDrill:
             first = min((a.sent_s + a.seconds for a in self._http if a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted),
                         default=None)  # fmt: skip
             return first - restarted_s if found and first is not None else None
-        found = wait_until(lambda: any(at >= restarted_s for at, _ in self._arrivals[-200:]), timeout_s, 0.1)
-        return min((at for at, _ in self._arrivals if at >= restarted_s), default=restarted_s) - restarted_s if found else None
+        prefix = self._kafka_prefix
+
+        def after() -> list[float]:
+            return [at for at, key in self._arrivals[-500:] if at >= restarted_s and key.startswith(prefix)]
+
+        return min(after()) - restarted_s if wait_until(lambda: bool(after()), timeout_s, 0.1) else None
+
+    def _target_node(self) -> KafkaBroker:
+        """The Kafka node a broker fault hits: the one leading the most partitions (the only one, alone)."""
+        if len(self.kafka.nodes) == 1:
+            return self.kafka.nodes[0]
+        return self.kafka.node(self.kafka.busiest_leader())
 
     def _inject(self, kind: str, processes: dict[str, _Process]) -> tuple[float, float, float]:
-        """Kill ``kind`` (SIGKILL), leave it down a few seconds, restart it; (killed at, down for until the restart
-        began, restarted (up again) at)."""
+        """Kill ``kind`` (SIGKILL) or cut it off, leave it down a few seconds (a cut node, long enough for the cluster
+        to fence it), bring it back; (killed at, down for until the restart began, restarted (up again) at)."""
         killed = self._now()
+        if kind == "broker_cut":
+            node = self._target_node()
+            host = self.kafka.nodes.index(node)
+            self.network.cut(host)
+            time.sleep(self.rng.uniform(12.0, 15.0))
+            restarting = self._now()
+            self.network.restore(host)
+            return killed, restarting - killed, self._now()
         if kind in ("broker", "redis"):
-            service = self.stack.kafka.nodes[0] if kind == "broker" else self.stack.redis
+            service = self._target_node() if kind == "broker" else self.stack.redis
             os.kill(service.pid(), signal.SIGKILL)
             wait_until(lambda: service.pid() is None, 10, 0.05)
         else:
@@ -336,10 +434,23 @@ class FaultDrill:
         time.sleep(self.rng.uniform(2.0, 4.0))
         restarting = self._now()
         if kind in ("broker", "redis"):
-            (self.stack.kafka.nodes[0] if kind == "broker" else self.stack.redis).start()
+            service.start()
         else:
             processes[kind].restart()
         return killed, restarting - killed, self._now()
+
+    def _full_isr(self, kind: str, restarted_s: float, timeout_s: float = 120.0) -> float | None:
+        """Seconds from ``restarted_s`` until every partition has all its replicas in sync (Kafka faults on a
+        cluster; None otherwise, or not within ``timeout_s``)."""
+        if kind not in BROKER_FAULTS or len(self.kafka.nodes) == 1:
+            return None
+        return self._now() - restarted_s if wait_until(lambda: self.kafka.under_replicated() == 0, timeout_s, 0.5) else None
+
+    def _stall(self, since_s: float, until_s: float) -> float | None:
+        """The longest wait between Kafka-door predictions in [since_s, until_s] (its ends count as arrivals)."""
+        times = sorted(at for at, key in self._arrivals if since_s <= at <= until_s and key.startswith(self._kafka_prefix))
+        marks = [since_s, *times, until_s]
+        return max(b - a for a, b in itertools.pairwise(marks)) if times else None
 
     # The drill ----------------------------------------------------------------------------------
 
@@ -356,6 +467,8 @@ class FaultDrill:
                                      LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__PREDICTION_LOG="off")),
             "http_scorer": _Process("http_scorer", self._serve("http-scorer", [], model, http_port)),
         }  # fmt: skip
+        if self.joiner:
+            processes["joiner"] = _Process("joiner", lambda: start_joiner(settings, self.folder / "joiner.log", restore=False))
         try:
             assert wait_until(lambda: self._ready(kafka_port) and self._ready(http_port), 120, 0.2), "the scorers did not start"
             if self._probe_features(180) is None:
@@ -364,29 +477,37 @@ class FaultDrill:
             sent: list[int] = []
             load = [threading.Thread(target=t, args=a, daemon=True) for t, a in (
                 (self._produce_transactions, ()), (self._produce_requests, (sent,)), (self._read_predictions, ()),
-                (self._http_load, (http_port,)))]  # fmt: skip
+                (self._http_load, (http_port,)),
+                *(((self._produce_labels, (sent,)), (self._read_examples, ())) if self.joiner else ()))]  # fmt: skip
             for thread in load:
                 thread.start()
             faults, redis_outages = [], []
             for kind in self._schedule():
                 time.sleep(self.rng.uniform(3.0, 8.0))  # a random moment of steady load
-                self.say(f"{self._now():5.1f} s: kill -9 {kind}")
+                self.say(f"{self._now():5.1f} s: {'cut off the network:' if kind == 'broker_cut' else 'kill -9'} {kind}")
                 killed, down_s, restarted = self._inject(kind, processes)
                 if kind == "redis":
                     redis_outages.append((killed, killed + down_s))
                 recovered = self._recovery(kind, restarted)
+                full_isr = self._full_isr(kind, restarted)
                 self.say(f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again {recovered if recovered is None else round(recovered, 1)} s after restart")
-                faults.append(FaultOutcome(kind, killed, down_s, recovered))
+                stall = self._stall(killed, self._now() if recovered is None else restarted + recovered)
+                faults.append(FaultOutcome(kind, killed, down_s, recovered, stall, full_isr))
             time.sleep(5.0)
             self._load_done.set()
-            for thread in load[:2]:
+            for thread in (*load[:2], load[3]):  # the producers and the HTTP load (its requests in flight answered)
                 thread.join()
             self.say("load done; waiting for every request's prediction and the features to settle")
             lost, duplicated = self._count_predictions(sent[0])
+            http_lost, http_duplicated = self._count_http_predictions()
+            examples_lost, examples_duplicated = self._count_examples(sent[0]) if self.joiner else (None, None)
+            open_transactions = self._open_transactions()
             mismatches, compared = self._compare_features()
             not_live = [name for name, p in processes.items() if not p.alive()]
             not_live += [name for name, port in (("kafka_scorer", kafka_port), ("http_scorer", http_port)) if not self._live(port)]
-            return DrillReport(faults, sent[0], lost, duplicated, mismatches, compared, list(self._http), redis_outages,
+            return DrillReport(faults, sent[0], lost, duplicated, http_lost, http_duplicated, examples_lost, examples_duplicated,
+                               open_transactions,
+                               mismatches, compared, list(self._http), redis_outages,
                                not_live, self._now(), settings.serving.feature_budget_ms / 1000)  # fmt: skip
         finally:
             self._stop.set()
@@ -404,6 +525,44 @@ class FaultDrill:
         time.sleep(2.0)  # a stray duplicate, if the design allowed one, would arrive now
         seen = counts()
         return sent - len(seen), sum(n - 1 for n in seen.values())
+
+    def _count_examples(self, sent: int, timeout_s: float = 120.0) -> tuple[int, int]:
+        """(lost, duplicated) training examples of the drill's labeled Kafka requests, once the joiner has caught up
+        (its examples commit with its checkpoints)."""
+        expected = {f"{self._kafka_prefix}-{n}" for n in range(sent)}
+
+        def counts() -> Counter:
+            return Counter(key for key in self._examples if key in expected)
+
+        wait_until(lambda: len(counts()) >= sent, timeout_s, 0.5)
+        seen = counts()
+        return sent - len(seen), sum(n - 1 for n in seen.values())
+
+    def _count_http_predictions(self, timeout_s: float = 30.0) -> tuple[int, int]:
+        """(lost, duplicated) predictions of HTTP requests answered 200 (each logged before its answer, so in the log
+        by now; ``timeout_s``: for the reader to fetch the last ones)."""
+        answered = {a.request_id for a in self._http if a.status == 200}
+
+        def counts() -> Counter:
+            return Counter(key for _, key in self._arrivals if key in answered)
+
+        wait_until(lambda: len(counts()) >= len(answered), timeout_s, 0.5)
+        seen = counts()
+        return len(answered) - len(seen), sum(n - 1 for n in seen.values())
+
+    def _open_transactions(self, timeout_s: float = 60.0) -> list[str]:
+        """Partitions of Loopline's topics whose last stable offset still lags their end ``timeout_s`` after the load
+        stopped: a transaction left open (none of ours stays open that long)."""
+        bootstrap, config = self.settings.kafka.bootstrap, self.settings.kafka.client_config
+        names = [spec.name for spec in TOPICS]
+        found: list[str] = []
+
+        def settled() -> bool:
+            found[:] = open_transaction_partitions(bootstrap, names, config)
+            return not found
+
+        wait_until(settled, timeout_s, 1.0)
+        return found
 
     def _compare_features(self, timeout_s: float = 180.0) -> tuple[list[str], int]:
         """Online features against the offline recompute of every event in the log: (mismatches, entities)."""
