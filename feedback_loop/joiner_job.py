@@ -18,6 +18,7 @@ time plus ``horizon_ms`` yields an example with ``label: null`` (``feedback_loop
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -30,7 +31,9 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
 from feedback_loop.joiner_settings import JoinerSettings
 from schemas.records import LabelEvent, PredictionRecord, TrainingExample
-from streams.flink_job import STALL_AFTER_S, new_environment, run_job
+from streams.flink_job import STALL_AFTER_S, run_job
+from streams.flink_job import new_environment as flink_environment
+from streams.flink_submit import JobArchives, flink_run_command
 from streams.kafka_tables import KafkaTables, dead_letter, decode_or_dead_letter
 
 JOB_NAME = "loopline-feedback-joiner"
@@ -142,19 +145,24 @@ def _flush_interval_ms(checkpoint_interval_ms: int) -> int:
     return max(50, min(1_000, checkpoint_interval_ms // 5))
 
 
+def new_environment(settings: JoinerSettings, restore_from: str | None = None):
+    """A StreamExecutionEnvironment configured for the joiner (``streams/flink_job.py``)."""
+    return flink_environment(
+        name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
+        checkpoint_dir=settings.checkpoint_dir, checkpoint_interval_ms=settings.checkpoint_interval_ms,
+        parallelism=settings.parallelism, metrics_port=settings.metrics_port, restore_from=restore_from,
+        flush_interval_ms=_flush_interval_ms(settings.checkpoint_interval_ms),
+        # A prediction waits up to the horizon (days) for its label: the state grows with every one scored.
+        incremental_state=True,
+    )  # fmt: skip
+
+
 def run_embedded(settings: JoinerSettings, restore: bool = True, stall_after_s: float = STALL_AFTER_S) -> None:
     """Run the joiner on an embedded mini-cluster until it fails or the process is stopped; with ``restore``
     it resumes from its newest retained checkpoint. A run that completes no checkpoint for ``stall_after_s`` is run
     again (``streams/flink_job.run_job``)."""
     def build(restore_from: str | None):
-        env = new_environment(
-            name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
-            checkpoint_dir=settings.checkpoint_dir, checkpoint_interval_ms=settings.checkpoint_interval_ms,
-            parallelism=settings.parallelism, metrics_port=settings.metrics_port, restore_from=restore_from,
-            flush_interval_ms=_flush_interval_ms(settings.checkpoint_interval_ms),
-            # A prediction waits up to the horizon (days) for its label: the state grows with every one scored.
-            incremental_state=True,
-        )  # fmt: skip
+        env = new_environment(settings, restore_from)
         build_job(env, settings)
         return env
 
@@ -162,3 +170,23 @@ def run_embedded(settings: JoinerSettings, restore: bool = True, stall_after_s: 
             bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties,
             stall_after_s=stall_after_s)
 
+
+def submit_command(flink: Path, jobmanager: str, settings: JoinerSettings, archives: JobArchives,
+                   from_savepoint: str | None) -> list[str]:  # fmt: skip
+    """The ``flink run`` command that submits the joiner, detached, to the cluster at ``jobmanager`` (REST host:port)
+    at ``settings.parallelism``, with its environment and code (``archives``), restored from ``from_savepoint`` if
+    given."""
+    return flink_run_command(flink, jobmanager, "feedback_loop.joiner_job", [settings.to_json()], archives,
+                             parallelism=settings.parallelism, from_savepoint=from_savepoint)  # fmt: skip
+
+
+def _main(settings_json: str) -> None:
+    """Entry point under ``flink run``: build the joiner and submit it to that cluster."""
+    settings = JoinerSettings.from_json(settings_json)
+    env = new_environment(settings)
+    build_job(env, settings)
+    env.execute(JOB_NAME)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1])

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.topics import DEAD_LETTERS, LABELS, PREDICTIONS, TRAINING_EXAMPLES
+from streams.job_settings import settings_from_json, settings_json
 
 
 @dataclass(frozen=True)
@@ -16,7 +17,8 @@ class JoinerSettings:
     connector_jar: Path
     #: The joiner's JVM operator (feedback_loop/jvm), compiled by streams/operators_jar.py.
     operators_jar: Path
-    checkpoint_dir: Path
+    #: A path or any Flink filesystem URI (``file:///shared/...``, ``s3://bucket/...``): checkpoints and savepoints.
+    checkpoint_dir: str
     horizon_ms: int
     group_id: str
     #: How far out of order the records' Kafka timestamps may come.
@@ -31,3 +33,12 @@ class JoinerSettings:
     idle_timeout_ms: int = 5_000
     parallelism: int = 1
     kafka_properties: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        """The settings as JSON (paths as strings), to hand to a joiner started on a cluster."""
+        return settings_json(self)
+
+    @classmethod
+    def from_json(cls, text: str) -> JoinerSettings:
+        """The inverse of ``to_json``."""
+        return settings_from_json(cls, text)

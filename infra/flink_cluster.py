@@ -1,7 +1,7 @@
-"""A standalone Flink session cluster (JobManager + TaskManager) run from the PyFlink distribution.
+"""A standalone Flink session cluster (a JobManager, TaskManagers) run from the PyFlink distribution.
 
 The embedded mini-cluster is the default; this is the same Flink as a long-running cluster, what
-``loopline stream submit --jobmanager`` targets. Both processes run in the foreground under the
+``loopline stream submit --jobmanager`` targets. Its processes run in the foreground under the
 stack's supervision, configured by a ``config.yaml`` written into their own conf dir.
 """
 
@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -80,16 +80,16 @@ class FlinkJobManager(_FlinkProcess):
     script = "jobmanager.sh"
 
     def __init__(self, conf_dir: Path, host: str, rest_port: int, rpc_port: int, run_dir: Path, log_dir: Path,
-                 python_executable: str = sys.executable) -> None:  # fmt: skip
+                 slots: int = 2) -> None:  # fmt: skip
         super().__init__(conf_dir, host, rest_port, run_dir, log_dir)
-        self.rpc_port = rpc_port
-        self.python_executable = python_executable
+        self.rpc_port, self.slots = rpc_port, slots
 
     def ports(self) -> dict[str, tuple[str, int]]:
         return {"REST": (self.host, self.rest_port), "RPC": (self.host, self.rpc_port)}
 
     def prepare(self) -> None:
-        """Write the cluster's conf dir: PyFlink's defaults, this cluster's ports, small memory, our Python."""
+        """Write the cluster's conf dir: PyFlink's defaults, this cluster's ports, small memory. No Python: each job
+        brings its own (``streams/job_archives.py``)."""
         self.lib_dir.mkdir(parents=True, exist_ok=True)
         for jar in [*(pyflink_home() / "lib").glob("*.jar"), *(pyflink_home() / "opt").glob("flink-python-*.jar")]:
             link = self.lib_dir / jar.name
@@ -105,10 +105,18 @@ class FlinkJobManager(_FlinkProcess):
         config["jobmanager"]["memory"] = {"process": {"size": "1024m"}}
         config["taskmanager"]["bind-host"] = self.host
         config["taskmanager"]["host"] = self.host
-        config["taskmanager"]["numberOfTaskSlots"] = 2
+        config["taskmanager"]["numberOfTaskSlots"] = self.slots
         config["taskmanager"]["memory"] = {"process": {"size": "2048m"}}
+        # A job's subtasks spread over the TaskManagers rather than filling one first: losing one costs each job a
+        # share of its subtasks, and parallelism uses every machine.
+        config["taskmanager"]["load-balance"] = {"mode": "SLOTS"}
+        # A killed TaskManager refuses the JobManager's heartbeats at once; two refused, 2 s apart, mark it lost and
+        # its jobs restart on the others (Flink's 10 s interval made that 20 s).
+        config["heartbeat"] = {"interval": "2 s"}
         config["rest"] = {"address": self.host, "bind-address": self.host, "port": self.rest_port}
-        config["python"] = {"executable": self.python_executable, "client": {"executable": self.python_executable}}
+        # Each job's Python environment is unpacked here (~700 MB): inside the cluster's folder, which `flink down`
+        # empties, not the host's /tmp, where a TaskManager killed before it could clean up would leave it.
+        config["io"] = {"tmp": {"dirs": str(self.conf_dir.parent / "tmp")}}
         (self.conf_dir / "config.yaml").write_text(yaml.safe_dump(config))
 
     def ready(self) -> bool:
@@ -121,18 +129,22 @@ class FlinkJobManager(_FlinkProcess):
 
 
 class FlinkTaskManager(_FlinkProcess):
-    """The cluster's TaskManager (ready once it has registered with the JobManager)."""
+    """One of the cluster's TaskManagers, ``index`` telling it from the others (its pid and log files); ready once
+    the JobManager counts it among its registered ones."""
 
-    name = "flink-taskmanager"
     cmdline_marker = "TaskManagerRunner"
     script = "taskmanager.sh"
+
+    def __init__(self, conf_dir: Path, host: str, rest_port: int, run_dir: Path, log_dir: Path, index: int = 0) -> None:
+        self.name, self.index = f"flink-taskmanager-{index}", index
+        super().__init__(conf_dir, host, rest_port, run_dir, log_dir)
 
     def ports(self) -> dict[str, tuple[str, int]]:
         return {}
 
     def ready(self) -> bool:
         try:
-            return rest_get(self.address, "/overview").get("taskmanagers", 0) >= 1
+            return rest_get(self.address, "/overview").get("taskmanagers", 0) > self.index
         except (OSError, urllib.error.URLError, ValueError):
             return False
 
@@ -154,6 +166,29 @@ def list_jobs(address: str) -> list[dict]:
         {"id": job["jid"], "name": job["name"], "state": job["state"], "start_ms": job["start-time"]}
         for job in rest_get(address, "/jobs/overview")["jobs"]
     ]
+
+
+def stop_with_savepoint(address: str, job_id: str, target_directory: str, timeout_s: float = 180.0) -> str:
+    """Stop a job gracefully with a savepoint under ``target_directory`` (any Flink filesystem URI) and return the
+    savepoint's location; StackError with Flink's reason when it failed or took longer than ``timeout_s``."""
+    body = json.dumps({"targetDirectory": target_directory, "drain": False}).encode()
+    request = urllib.request.Request(f"http://{address}/jobs/{job_id}/stop", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    with urllib.request.urlopen(request, timeout=10) as response:
+        trigger = json.loads(response.read())["request-id"]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        answer = rest_get(address, f"/jobs/{job_id}/savepoints/{trigger}", timeout_s=10)
+        if answer["status"]["id"] == "COMPLETED":
+            operation = answer["operation"]
+            if "location" in operation:
+                return operation["location"]
+            cause = str(operation.get("failure-cause", {}).get("stack-trace", "")).strip().splitlines()[:1]
+            raise StackError(f"the savepoint of job {job_id} failed: {' '.join(cause)}",
+                             f"see the JobManager's log at {address}; the job keeps running")  # fmt: skip
+        time.sleep(0.5)
+    raise StackError(f"the savepoint of job {job_id} took longer than {timeout_s:.0f} s",
+                     f"see the JobManager's log at {address}; retry, or cancel the job and restore its newest checkpoint")
 
 
 def cancel_job(address: str, job_id: str) -> None:

@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import UTC
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from confluent_kafka import KafkaException
@@ -24,8 +24,8 @@ from loopline.settings import (
     Settings,
     UnknownSettingError,
     forget_stack_shape,
+    read_stack_shape,
     remember_stack_shape,
-    reshaped_settings,
 )
 from loopline.tables import (
     alias_history_table,
@@ -38,13 +38,16 @@ from loopline.tables import (
 )
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
+from offline_training.rendezvous import NodeGroupError
 from schemas.compatibility import CompatibilityError, check_registered_schemas, register_schemas
 from streams.feature_plan import PlanError
+from streams.job_archives import JobArchiveError
 from streams.job_settings import JobStateError
 from streams.producer import DeliveryError
 from streams.topics import TopicSpecError
 
 if TYPE_CHECKING:
+    from loopline.cluster_jobs import Submission
     from loopline.retraining import RetrainOutcome
 
 
@@ -57,6 +60,8 @@ app.add_typer(topics_app, name="topics")
 app.add_typer(schemas_app, name="schemas")
 stream_app = typer.Typer(help="The streaming feature job compiled from the Feast stream feature views.")
 app.add_typer(stream_app, name="stream")
+flink_app = typer.Typer(help="A standalone Flink session cluster (JobManager + TaskManagers) from the PyFlink distribution.")
+app.add_typer(flink_app, name="flink")
 models_app = typer.Typer(help="Model versions in the MLflow registry: register, canary, promote.")
 app.add_typer(models_app, name="models")
 
@@ -65,13 +70,13 @@ console = Console()
 #: Errors the user can act on: printed as one line, never as a trace.
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
-    ReleaseError, SnapshotError, TrainingError, UnknownSettingError,
+    ReleaseError, SnapshotError, TrainingError, NodeGroupError, UnknownSettingError, JobArchiveError,
 )  # fmt: skip
 
 
-def settings() -> Settings:
-    """The settings in force for this command."""
-    return Settings()
+def settings(**overrides: Any) -> Settings:
+    """The settings in force for this command (``overrides``: its options that set settings, by section)."""
+    return Settings(**overrides)
 
 
 @app.command("config")
@@ -104,17 +109,22 @@ def stack_setup() -> None:
 def stack_up(
     kafka_brokers: Annotated[int | None, typer.Option(min=1, max=9, help="Kafka as a cluster of this many KRaft nodes "
                                                       "(kafka.brokers); remembered until `stack down --wipe`.")] = None,
+    redis_cluster: Annotated[int | None, typer.Option(min=3, max=16, help="Redis as a Redis Cluster of this many masters, "
+                                                      "each with redis.cluster_replicas replicas (redis.mode cluster, "
+                                                      "redis.cluster_masters); remembered until `stack down --wipe`.")] = None,
 ) -> None:
     """Start Kafka and Redis unless running, wait until each answers, check Flink; print status."""
-    config = settings()
     shape = {"kafka": {"brokers": kafka_brokers}} if kafka_brokers is not None else {}
-    if shape:
-        kept = build_stack(config).kafka
-        config = reshaped_settings(config, shape)
-        if config.kafka.brokers != len(kept.nodes) and kept.formatted():
+    if redis_cluster is not None:
+        shape["redis"] = {"mode": "cluster", "cluster_masters": redis_cluster}
+    config = settings(**shape)
+    remembered = read_stack_shape(config.home).get("kafka", {}).get("brokers", 1)
+    if config.kafka.brokers != remembered:
+        kafka = config.kafka.model_copy(update={"brokers": remembered})
+        if build_stack(config.model_copy(update={"kafka": kafka})).kafka.formatted():
             raise typer.BadParameter(
-                f"the stack's Kafka holds the data of {len(kept.nodes)} node(s); {config.kafka.brokers} cannot take it "
-                "over. Run `loopline stack down --wipe` first (deletes the stack's data), then `stack up` again.",
+                f"the stack's Kafka holds the data of {remembered} node(s); {config.kafka.brokers} cannot take it over. "
+                "Run `loopline stack down --wipe` first (deletes the stack's data), then `stack up` again.",
                 param_hint="--kafka-brokers",
             )
     stack = build_stack(config)
@@ -167,9 +177,61 @@ def apply_all() -> None:
     console.print(topics_table(apply_loopline_topics(config)))
 
 
+@flink_app.command("up")
+def flink_up(
+    taskmanagers: Annotated[int | None, typer.Option(min=1, help="TaskManagers (default flink.taskmanagers).")] = None,
+    slots: Annotated[int | None, typer.Option(min=1, help="Task slots per TaskManager (default flink.slots).")] = None,
+) -> None:
+    """Start the session cluster unless running (its Web UI and REST API on flink.rest_port); print its status."""
+    from loopline.components import flink_session
+
+    cluster = flink_session(settings(), taskmanagers, slots)
+    started = cluster.up()
+    console.print(stack_table(cluster.status()))
+    console.print(f"started: {', '.join(started) or 'nothing, it runs'}; Web UI and --jobmanager: http://{cluster.address}")
+
+
+@flink_app.command("status")
+def flink_status() -> None:
+    """Show the JobManager's and each TaskManager's state, address, pid and log."""
+    from loopline.components import flink_session
+
+    console.print(stack_table(flink_session(settings()).status()))
+
+
+@flink_app.command("down")
+def flink_down() -> None:
+    """Stop every TaskManager, then the JobManager (running jobs stop; their retained checkpoints stay)."""
+    from loopline.components import flink_session
+
+    stopped = flink_session(settings()).down()
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
 JobManagerOption = Annotated[
     str | None, typer.Option("--jobmanager", help="REST host:port of a Flink cluster (default: embedded).")
 ]
+
+
+ParallelismOption = Annotated[int | None, typer.Option(min=1, help="The job's parallelism (default: its settings').")]
+FromSavepointOption = Annotated[
+    str | None, typer.Option(help="With --jobmanager: restore this savepoint or retained checkpoint (any Flink filesystem URI).")
+]
+PrintCommandOption = Annotated[
+    bool, typer.Option(help="With --jobmanager: print the `flink run` command (for a FlinkDeployment's args), submit nothing.")
+]
+
+
+def _submit_to_cluster(submission: Submission, jobmanager: str, print_command: bool) -> None:
+    """Print the submission's command (one shell line, unwrapped), or submit it and say which job it made."""
+    import shlex
+
+    from loopline.cluster_jobs import submit
+
+    if print_command:
+        print(shlex.join(submission.command))
+        return
+    console.print(f"submitted to {jobmanager}: job {submit(submission, jobmanager)}", soft_wrap=True)
 
 
 @stream_app.command("submit")
@@ -183,27 +245,32 @@ def stream_submit(
         str | None,
         typer.Option(help="With --no-restore: rebuild from the events published since this ISO-8601 time instead."),
     ] = None,
+    parallelism: ParallelismOption = None,
+    from_savepoint: FromSavepointOption = None,
+    print_command: PrintCommandOption = False,
 ) -> None:
-    """Run the feature job: on the embedded mini-cluster (until stopped), or submitted to a cluster."""
+    """Run the feature job: on the embedded mini-cluster (until stopped), or submitted to a cluster with its code,
+    Python environment, jars and settings."""
     from loopline.components import feature_plan, job_settings
 
     if from_time is not None and restore:
         raise typer.BadParameter("--from-time rebuilds the state from the log: use it with --no-restore")
     if from_time is not None and jobmanager is not None:
         raise typer.BadParameter("--from-time starts the embedded job; a cluster's job starts from its savepoint or the group's offsets")
+    if jobmanager is None and (from_savepoint or print_command):
+        raise typer.BadParameter("--from-savepoint and --print-command are for a cluster: give --jobmanager")
     config = settings()
+    if jobmanager is not None:
+        from loopline.cluster_jobs import feature_job_submission
+
+        _submit_to_cluster(feature_job_submission(config, jobmanager, parallelism, from_savepoint, restore), jobmanager, print_command)
+        return
+    from streams.feature_job import run_embedded
+
     plan = feature_plan(config)
     console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {plan.topic}")
-    if jobmanager is None:
-        from streams.feature_job import run_embedded
-
-        run_embedded(plan, dataclasses.replace(job_settings(config), start_from_ms=_epoch_ms(from_time)), restore=restore)
-        return
-    from infra.flink_cluster import pyflink_home, submit_job
-    from streams.feature_job import submit_command
-
-    command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job_settings(config), config.stream.source_topic)
-    console.print(f"submitted to {jobmanager}: job {submit_job(command, jobmanager)}")
+    job = dataclasses.replace(job_settings(config), start_from_ms=_epoch_ms(from_time), parallelism=parallelism or config.stream.parallelism)
+    run_embedded(plan, job, restore=restore)
 
 
 @stream_app.command("status")
@@ -223,14 +290,30 @@ def stream_cancel(
     jobmanager: Annotated[str, typer.Option("--jobmanager", help="REST host:port of the Flink cluster.")],
     job_id: Annotated[str | None, typer.Argument(help="Default: every running loopline-features job.")] = None,
 ) -> None:
-    """Cancel the feature job on a Flink cluster."""
-    from infra.flink_cluster import cancel_job, list_jobs
+    """Cancel the feature job on a Flink cluster (its retained checkpoints stay)."""
+    _stop_feature_job(jobmanager, job_id, savepoint=False)
+
+
+@stream_app.command("stop")
+def stream_stop(
+    jobmanager: Annotated[str, typer.Option("--jobmanager", help="REST host:port of the Flink cluster.")],
+    savepoint: Annotated[bool, typer.Option(help="Take a savepoint under stream.checkpoint_dir; --no-savepoint cancels.")] = True,
+    job_id: Annotated[str | None, typer.Argument(help="Default: every running loopline-features job.")] = None,
+) -> None:
+    """Stop the feature job on a Flink cluster with a savepoint; `stream submit --from-savepoint` resumes from it (at
+    any --parallelism)."""
+    _stop_feature_job(jobmanager, job_id, savepoint)
+
+
+def _stop_feature_job(jobmanager: str, job_id: str | None, savepoint: bool) -> None:
+    from loopline.cluster_jobs import running_jobs, stop_job
     from streams.job_settings import JOB_NAME
 
-    targets = [job_id] if job_id else [j["id"] for j in list_jobs(jobmanager) if j["name"] == JOB_NAME and j["state"] == "RUNNING"]
+    targets = [job_id] if job_id else running_jobs(jobmanager, JOB_NAME)
     for target in targets:
-        cancel_job(jobmanager, target)
-        console.print(f"cancelling {target}")
+        location = stop_job(jobmanager, target, settings().checkpoint_dir if savepoint else None)
+        console.print(f"stopped {target} with savepoint {location}" if location else f"cancelling {target}", highlight=False,
+                      soft_wrap=True)  # fmt: skip
     if not targets:
         console.print("no running feature job")
 
@@ -410,14 +493,28 @@ app.add_typer(snapshot_app, name="snapshot")
 @feedback_app.command("join")
 def feedback_join(
     restore: Annotated[bool, typer.Option(help="Resume from the newest checkpoint; --no-restore starts from the group's offsets.")] = True,
+    jobmanager: JobManagerOption = None,
+    parallelism: ParallelismOption = None,
+    from_savepoint: FromSavepointOption = None,
+    print_command: PrintCommandOption = False,
 ) -> None:
-    """Run the feedback joiner (PyFlink, embedded): scoring.predictions ⋈ events.labels → training.examples."""
-    from feedback_loop.joiner_job import run_embedded
+    """Run the feedback joiner (PyFlink): scoring.predictions ⋈ events.labels → training.examples, embedded (until
+    stopped) or submitted to a cluster with its code, Python environment, jars and settings."""
     from loopline.components import joiner_settings
 
+    if jobmanager is None and (from_savepoint or print_command):
+        raise typer.BadParameter("--from-savepoint and --print-command are for a cluster: give --jobmanager")
     config = settings()
+    if jobmanager is not None:
+        from loopline.cluster_jobs import joiner_submission
+
+        _submit_to_cluster(joiner_submission(config, jobmanager, parallelism, from_savepoint, restore), jobmanager, print_command)
+        return
+    from feedback_loop.joiner_job import run_embedded
+
     console.print(f"feedback joiner: horizon {config.feedback.horizon_s:,.0f} s, group {config.feedback.group_id}")
-    run_embedded(joiner_settings(config), restore=restore)
+    job = dataclasses.replace(joiner_settings(config), parallelism=parallelism or config.feedback.parallelism)
+    run_embedded(job, restore=restore)
 
 
 def _epoch_ms(text: str | None) -> int | None:
@@ -480,14 +577,23 @@ def train(
     quantize: Annotated[bool | None, typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
     canary: Annotated[float | None, typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
     owner: Annotated[str | None, typer.Option(help="Who answers for the model, on its card (default retrain.owner).")] = None,
+    nnodes: Annotated[int, typer.Option(help="Training nodes: run this command on each, with its --node-rank.")] = 1,
+    node_rank: Annotated[int, typer.Option(help="This node, 0..nnodes-1; node 0 serves the rendezvous, judges and registers.")] = 0,
+    rdzv: Annotated[str | None, typer.Option(help="HOST:PORT where the nodes meet (torchrun's c10d): node 0's address.")] = None,
 ) -> None:
-    """Train on a snapshot with DeepSpeed (torchrun), compare with prod on the same holdout rows, write the model card,
-    register the model if it is not worse than prod, and with --canary release it on part of the traffic."""
-    from loopline.retraining import retrain
+    """Train on a snapshot with DeepSpeed (torchrun; on one node or, with --nnodes, several sharing feedback.train_dir),
+    compare with prod on the same holdout rows, write the model card, register the model if it is not worse than prod,
+    and with --canary release it on part of the traffic."""
+    from loopline.retraining import retrain, train_on_snapshot
 
+    if node_rank > 0:  # the model the nodes trained together is judged and registered once, by node 0
+        metrics = train_on_snapshot(settings(), snapshot, resume=resume, processes=processes, nnodes=nnodes, node_rank=node_rank,
+                                    rdzv=rdzv)  # fmt: skip
+        console.print(f"node {node_rank} of {nnodes} done; node 0 judges and registers the model ({metrics.parent})", highlight=False)
+        return
     reason = f"loopline train --canary {canary:g}" if canary else ""
     outcome = retrain(settings(), snapshot, resume=resume, processes=processes, quantize=quantize, canary_percent=canary,
-                      actor=_actor(), reason=reason, owner=owner)  # fmt: skip
+                      actor=_actor(), reason=reason, owner=owner, nnodes=nnodes, rdzv=rdzv)  # fmt: skip
     _print_outcome(outcome, canary)
 
 

@@ -34,9 +34,11 @@ from streams.synthetic import SyntheticConfig
 from streams.topics import TopicChange, apply_topics
 
 if TYPE_CHECKING:
+    from infra.flink_session import FlinkSessionCluster
     from offline_training.release import ModelRelease
     from offline_training.release_controller import ReleaseController
     from online.model_registry_reader import ModelRegistryReader
+    from streams.flink_submit import JobArchives
 
 
 def private_stack_settings(home: Path, jars_dir: Path, kafka_brokers: int = 1) -> Settings:
@@ -87,7 +89,7 @@ def build_stack(settings: Settings) -> LocalStack:
         start_timeout_s=settings.prometheus.start_timeout_s,
     )  # fmt: skip
     # Every consumer group's checkpoints (<home>/checkpoints/<group>), the jobs' of earlier settings too.
-    checkpoints = settings.checkpoint_dir.parent
+    checkpoints = settings.checkpoints_root
     return LocalStack(kafka, redis, prometheus, FlinkRuntime(jars), jars, checkpoints)
 
 
@@ -148,6 +150,26 @@ def joiner_operators_jar(settings: Settings) -> Path:
     return operators_jar(settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
 
 
+def flink_session(settings: Settings, taskmanagers: int | None = None, slots: int | None = None) -> FlinkSessionCluster:
+    """The standalone Flink session cluster of the settings (under ``<home>/flink``), with ``taskmanagers`` TaskManagers
+    of ``slots`` slots each when given."""
+    from infra.flink_session import FlinkSessionCluster
+
+    flink = settings.flink
+    return FlinkSessionCluster(settings.home.absolute() / "flink", flink.host, flink.rest_port, flink.rpc_port,
+                               taskmanagers or flink.taskmanagers, slots or flink.slots)  # fmt: skip
+
+
+def job_archives(settings: Settings) -> JobArchives:
+    """What a job submitted to a cluster ships: the job environment (a venv over the TaskManagers' Python, built
+    once and cached) and Loopline's code."""
+    from streams.flink_submit import JobArchives
+    from streams.job_archives import code_archive, environment_archive, pinned_requirements, python_version
+
+    python = settings.flink.python
+    return JobArchives(environment_archive(python, pinned_requirements(python_version(python))), code_archive())
+
+
 def job_settings(settings: Settings) -> JobSettings:
     """Everything the streaming job needs to know about the stack it runs on."""
     stream = settings.stream
@@ -188,6 +210,7 @@ def joiner_settings(settings: Settings) -> JoinerSettings:
         group_id=feedback.group_id,
         out_of_orderness_ms=feedback.out_of_orderness_ms,
         checkpoint_interval_ms=feedback.checkpoint_interval_ms,
+        parallelism=feedback.parallelism,
         metrics_port=feedback.metrics_port or None,
         kafka_properties=dict(settings.kafka.client_config),
     )

@@ -39,8 +39,10 @@ STACK_SHAPE_FILE = "stack-shape.json"
 
 
 def _comma_separated(value: Any) -> Any:
-    """``"a:9092,b:9092"`` (an environment variable's form) as a list; a list as it is."""
+    """``"a:9092,b:9092"`` or ``'["a:9092", "b:9092"]'`` (an environment variable's forms) as a list; a list as it is."""
     if isinstance(value, str):
+        if value.lstrip().startswith("["):
+            return json.loads(value)
         return [part.strip() for part in value.split(",") if part.strip()]
     return value
 
@@ -152,6 +154,19 @@ class FeatureStoreSettings(BaseModel):
     )
 
 
+class FlinkSettings(BaseModel):
+    """The standalone Flink session cluster of `loopline flink up` (``infra/flink_session.py``) and what jobs submitted
+    to a cluster bring (``streams/job_archives.py``)."""
+
+    host: str = "127.0.0.1"
+    rest_port: int = Field(default=8081, ge=1, le=65535, description="The JobManager's REST API and Web UI.")
+    rpc_port: int = Field(default=6123, ge=1, le=65535)
+    taskmanagers: int = Field(default=1, ge=1)
+    slots: int = Field(default=2, ge=1, description="Task slots per TaskManager.")
+    python: str = Field(default="/usr/bin/python3", description="The TaskManagers' Python (the same version as Loopline's, at "
+                        "this path on every one): the jobs' environment archive is a venv over it.")
+
+
 class StreamSettings(BaseModel):
     """The streaming feature job (its defaults are the job's own, ``streams/job_settings.py``)."""
 
@@ -164,6 +179,8 @@ class StreamSettings(BaseModel):
     )
     max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow): throughput.")
     parallelism: int = Field(default=JobSettings.parallelism, ge=1)
+    checkpoint_dir: str | None = Field(default=None, description="Checkpoints and savepoints: a path or any Flink filesystem "
+                                       "URI (file:///shared/..., s3://bucket/... at scale); default <home>/checkpoints/<group_id>.")
     offline_dir: Path | None = Field(
         default=None,
         description="Append feature rows under <dir>/<view>; default: the path each view's FileSource declares.",
@@ -231,6 +248,14 @@ class ServingSettings(BaseModel):
     instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance>.")
 
 
+def _mounted_path(value: Any) -> Any:
+    """A folder training writes into: a path, never a URL (DeepSpeed saves checkpoints with ``torch.save``)."""
+    if isinstance(value, str) and "://" in value:
+        raise ValueError(f"{value!r} is a URL, and training writes its checkpoints to files: mount the bucket or share "
+                         "(s3fs, gcsfuse, NFS, a ReadWriteMany volume) on every node and give the mount's path")  # fmt: skip
+    return value
+
+
 class FeedbackSettings(BaseModel):
     """The feedback loop: the joiner (predictions ⋈ labels; its topics' defaults are its own,
     ``feedback_loop/joiner_settings.py``), snapshots, training."""
@@ -239,12 +264,20 @@ class FeedbackSettings(BaseModel):
     group_id: str = "loopline-feedback"
     out_of_orderness_ms: int = Field(default=5_000, ge=0, description="How far out of order records' Kafka timestamps may be.")
     checkpoint_interval_ms: int = Field(default=5_000, ge=100)
+    checkpoint_dir: str | None = Field(default=None, description="The joiner's checkpoints and savepoints: a path or any Flink "
+                                       "filesystem URI; default <home>/checkpoints/<group_id>.")
+    parallelism: int = Field(default=JoinerSettings.parallelism, ge=1)
     metrics_port: int | None = Field(default=9250, ge=0, le=65535, description="The joiner's Prometheus metrics; 0 or null: off.")
     snapshots: str | None = Field(default=None, description="Where snapshots go: a path or fsspec URL; default <home>/snapshots.")
     train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default offline_training/configs/fraud_mlp.yaml.")
     train_processes: int = Field(default=2, ge=1, description="Training processes (torchrun --nproc_per_node).")
     train_niceness: int = Field(default=0, ge=0, le=19, description="The training processes' CPU niceness (nice -n): raise it "
                                 "where training shares a machine with serving, so serving gets the cores first.")
+    train_dir: Annotated[Path | None, BeforeValidator(_mounted_path)] = Field(
+        default=None, description="Training runs' checkpoints, model files and metrics (<train_dir>/<snapshot id>); on several "
+        "nodes, a folder every node mounts at this path (NFS, a ReadWriteMany volume). Default <home>/training.")  # fmt: skip
+    train_max_restarts: int = Field(default=0, ge=0, description="How often torchrun restarts every node's workers after one "
+                                    "fails or a node rejoins (they resume from the newest checkpoint); 0: a failure ends the run.")  # fmt: skip
     predictions_topic: str = Field(default=JoinerSettings.predictions_topic, description="The predictions the joiner joins.")
     labels_topic: str = Field(default=JoinerSettings.labels_topic, description="... with the labels of this topic.")
     examples_topic: str = Field(default=JoinerSettings.examples_topic, description="The labeled examples: the joiner writes them, "
@@ -376,6 +409,7 @@ class Settings(BaseSettings):
     producer: ProducerSettings = ProducerSettings()
     feature_store: FeatureStoreSettings = FeatureStoreSettings()
     stream: StreamSettings = StreamSettings()
+    flink: FlinkSettings = FlinkSettings()
     serving: ServingSettings = ServingSettings()
     feedback: FeedbackSettings = FeedbackSettings()
     release: ReleaseSettings = ReleaseSettings()
@@ -441,20 +475,30 @@ class Settings(BaseSettings):
         return serving.auth_token.get_secret_value() if serving.auth_token is not None else None
 
     @property
-    def checkpoint_dir(self) -> Path:
-        """Where the streaming job keeps its checkpoints: one folder per consumer group, so a job never
-        resumes from another job's offsets and state."""
-        return (self.home / "checkpoints" / self.stream.group_id).absolute()
+    def checkpoints_root(self) -> Path:
+        """Where the jobs' checkpoints go unless their settings name a location: one folder per consumer group."""
+        return (self.home / "checkpoints").absolute()
 
     @property
-    def feedback_checkpoint_dir(self) -> Path:
-        """Where the feedback joiner keeps its checkpoints (one folder per consumer group)."""
-        return (self.home / "checkpoints" / self.feedback.group_id).absolute()
+    def checkpoint_dir(self) -> str:
+        """Where the streaming job keeps its checkpoints and savepoints (a path or Flink filesystem URI): by default
+        one folder per consumer group, so a job never resumes from another job's offsets and state."""
+        return self.stream.checkpoint_dir or str(self.checkpoints_root / self.stream.group_id)
+
+    @property
+    def feedback_checkpoint_dir(self) -> str:
+        """Where the feedback joiner keeps its checkpoints and savepoints (by default one folder per consumer group)."""
+        return self.feedback.checkpoint_dir or str(self.checkpoints_root / self.feedback.group_id)
 
     @property
     def snapshots_root(self) -> str:
         """Where training snapshots live (a path or fsspec URL)."""
         return self.feedback.snapshots or str((self.home / "snapshots").absolute())
+
+    @property
+    def training_root(self) -> Path:
+        """Where training runs keep their folders (one per snapshot): checkpoints, model files, metrics, model card."""
+        return (self.feedback.train_dir or self.home / "training").absolute()
 
     @property
     def tracking_uri(self) -> str:
@@ -513,15 +557,6 @@ def read_stack_shape(home: Path) -> dict[str, Any]:
     """The stack shape remembered under ``home`` (empty when none is)."""
     path = home / STACK_SHAPE_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def reshaped_settings(settings: Settings, shape: dict[str, dict[str, Any]]) -> Settings:
-    """``settings`` with ``shape``'s values (by section) in place, each section validated again."""
-    update = {}
-    for section, values in shape.items():
-        model = getattr(settings, section)
-        update[section] = type(model).model_validate({**model.model_dump(), **values})
-    return settings.model_copy(update=update)
 
 
 def forget_stack_shape(home: Path) -> None:

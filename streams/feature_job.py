@@ -33,8 +33,9 @@ from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 from schemas.ddl import column_types
 from schemas.records import TransactionEvent
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
-from streams.flink_job import latest_checkpoint, run_job
 from streams.flink_job import new_environment as flink_environment
+from streams.flink_job import run_job
+from streams.flink_submit import JobArchives, flink_run_command
 from streams.job_settings import JOB_NAME, JobSettings
 from streams.kafka_tables import RAW_COLUMNS, KafkaTables, dead_letter, decode_or_dead_letter
 
@@ -116,7 +117,10 @@ class WriteOnline(ScalarFunction):
     def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
 
-        self.writer = OnlineWriter(self.settings.feast_registry_path, self.settings.redis_connection, *_repo(self.settings))
+        settings = self.settings
+        self.writer = OnlineWriter(
+            settings.feast_registry_path, settings.redis_connection, *_repo(settings), redis_cluster=settings.redis_cluster
+        )
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
     def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
@@ -312,15 +316,12 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
             bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties)
 
 
-def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None) -> list[str]:
-    """The ``flink run`` command that submits this job, detached, to the cluster at ``jobmanager`` (REST host:port)."""
-    restore_from = latest_checkpoint(settings.checkpoint_dir)
-    return [
-        str(flink), "run", "--detached", "--jobmanager", jobmanager,
-        *(["--fromSavepoint", restore_from] if restore_from else []),
-        "--python", __file__, "--pyExecutable", sys.executable, "--pyClientExecutable", sys.executable,
-        settings.to_json(), source_topic or "",
-    ]  # fmt: skip
+def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None, archives: JobArchives,
+                   from_savepoint: str | None) -> list[str]:  # fmt: skip
+    """The ``flink run`` command that submits this job, detached, to the cluster at ``jobmanager`` (REST host:port) at
+    ``settings.parallelism``, with its environment and code (``archives``), restored from ``from_savepoint`` if given."""
+    return flink_run_command(flink, jobmanager, "streams.feature_job", [settings.to_json(), source_topic or ""], archives,
+                             parallelism=settings.parallelism, from_savepoint=from_savepoint)  # fmt: skip
 
 
 def _main(settings_json: str, source_topic: str) -> None:

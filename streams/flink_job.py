@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,12 +24,38 @@ STALL_AFTER_S = 180.0
 _WATCH_INTERVAL_S = 2.0
 
 
-def latest_checkpoint(checkpoint_dir: Path) -> str | None:
-    """The newest completed checkpoint under ``checkpoint_dir`` (a ``chk-N`` folder with metadata)."""
-    completed = [p for p in checkpoint_dir.glob("*/chk-*") if (p / "_metadata").exists()]
+#: Under a job's checkpoint location: where its savepoints go (`loopline stream stop`, Flink's own `stop`).
+SAVEPOINTS = "savepoints"
+
+
+def checkpoint_uri(location: str) -> str:
+    """``location`` (a path, or any Flink filesystem URI: ``file:///shared/...``, ``s3://bucket/...``) as a URI."""
+    return location if "://" in location else Path(location).absolute().as_uri()
+
+
+def savepoint_dir(location: str) -> str:
+    """Where the savepoints of a job checkpointing under ``location`` go (a URI)."""
+    return f"{checkpoint_uri(location)}/{SAVEPOINTS}"
+
+
+def local_checkpoint_dir(location: str) -> Path | None:
+    """The folder a path or ``file://`` location names; None for other filesystems (an object store)."""
+    if "://" not in location:
+        return Path(location).absolute()
+    return Path(urllib.parse.urlparse(location).path) if location.startswith("file://") else None
+
+
+def latest_checkpoint(location: str | Path) -> str | None:
+    """The newest completed checkpoint or savepoint (a ``<job id>/chk-N`` or ``savepoints/savepoint-*`` folder with
+    metadata) under ``location``; None when there is none, or the location is not a local one (on an object store,
+    name the savepoint to restore)."""
+    folder = local_checkpoint_dir(str(location))
+    if folder is None:
+        return None
+    completed = [p for p in (*folder.glob("*/chk-*"), *folder.glob(f"{SAVEPOINTS}/savepoint-*")) if (p / "_metadata").exists()]
     if not completed:
         return None
-    return str(max(completed, key=lambda p: (p.stat().st_mtime, int(p.name.split("-")[1]))))
+    return str(max(completed, key=lambda p: (p / "_metadata").stat().st_mtime))
 
 
 def _prometheus_reporter_jar() -> Path:
@@ -44,7 +71,7 @@ def new_environment(
     name: str,
     connector_jar: Path,
     operators_jar: Path,
-    checkpoint_dir: Path,
+    checkpoint_dir: str,
     checkpoint_interval_ms: int,
     parallelism: int = 1,
     metrics_port: int | None = None,
@@ -55,7 +82,8 @@ def new_environment(
     python_options: Mapping[str, str] | None = None,
 ):
     """A StreamExecutionEnvironment for the job ``name``: the Kafka connector and the job's JVM operators on its classpath,
-    exactly-once checkpoints under ``checkpoint_dir`` (resuming from ``restore_from`` when given), bounded
+    exactly-once checkpoints and savepoints under ``checkpoint_dir`` (a path or any Flink filesystem URI; resuming from
+    ``restore_from`` when given), bounded
     restarts, and with ``metrics_port`` its metrics for Prometheus at ``:<port>/metrics`` while it runs embedded. With
     ``incremental_state`` its keyed state lives in RocksDB and each checkpoint writes only what changed since the last
     (for state that grows for days: a heap snapshot copies all of it every interval)."""
@@ -80,7 +108,8 @@ def new_environment(
         config.set_string("state.backend.type", "rocksdb")
         config.set_string("execution.checkpointing.incremental", "true")
     config.set_string("execution.checkpointing.storage", "filesystem")
-    config.set_string("execution.checkpointing.dir", checkpoint_dir.absolute().as_uri())
+    config.set_string("execution.checkpointing.dir", checkpoint_uri(checkpoint_dir))
+    config.set_string("execution.checkpointing.savepoint-dir", savepoint_dir(checkpoint_dir))
     config.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
     # A failed job (Redis or the broker away) retries with growing pauses; capped at 10 s, and forgotten after a
     # minute of running, so the job works again soon after an outage rather than after Flink's 1-minute cap.
@@ -107,7 +136,7 @@ def new_environment(
 
 
 def run_job(
-    build: Callable[[str | None], Any], name: str, checkpoint_dir: Path, restore: bool, fresh_command: str, *,
+    build: Callable[[str | None], Any], name: str, checkpoint_dir: str, restore: bool, fresh_command: str, *,
     bootstrap_servers: str, kafka_properties: Mapping[str, str], stall_after_s: float = STALL_AFTER_S,
 ) -> None:  # fmt: skip
     """Run the job ``build(restore_from)`` makes (an environment with the job on it) until it fails or the process is
@@ -153,21 +182,24 @@ def run_job(
             raise
 
 
-def _run_watched(env, name: str, checkpoint_dir: Path, stall_after_s: float, cluster_id: str) -> None:
+def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, cluster_id: str) -> None:
     """Execute the job, record that its checkpoints describe the Kafka cluster ``cluster_id``, and wait for its end,
     raising JobStalled (after cancelling it) when no checkpoint completes for ``stall_after_s``."""
     from pyflink.common import JobStatus
 
     client = env.execute_async(name)
     # Flink keeps each job run's checkpoints in a folder named for its job id.
-    record_origin(checkpoint_dir / str(client.get_job_id()), cluster_id)
+    local = local_checkpoint_dir(checkpoint_dir)
+    if local is not None:
+        record_origin(local / str(client.get_job_id()), cluster_id)
     newest, since = latest_checkpoint(checkpoint_dir), time.monotonic()
     while not client.get_job_status().result().is_globally_terminal_state():
         time.sleep(_WATCH_INTERVAL_S)
         now = latest_checkpoint(checkpoint_dir)
         if now != newest:
             newest, since = now, time.monotonic()
-        elif time.monotonic() - since > stall_after_s and client.get_job_status().result() == JobStatus.RUNNING:
+        # Checkpoints on an object store are not listed here: no watchdog there (Flink's restarts remain).
+        elif local is not None and time.monotonic() - since > stall_after_s and client.get_job_status().result() == JobStatus.RUNNING:
             client.cancel().result()
             raise JobStalled(f"no checkpoint completed for {stall_after_s:.0f} s")
     client.get_job_execution_result().result()  # raises the job's failure, if it failed

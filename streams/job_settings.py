@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TypeVar
 
 from schemas.topics import DEAD_LETTERS
+
+S = TypeVar("S")
 
 #: The feature job's name on Flink clusters and in dead-letter records.
 JOB_NAME = "loopline-features"
@@ -32,9 +35,12 @@ class JobSettings:
     connector_jar: Path
     #: The job's JVM operators (streams/operators_jar.py).
     operators_jar: Path
-    checkpoint_dir: Path
+    #: A path or any Flink filesystem URI (``file:///shared/...``, ``s3://bucket/...``): checkpoints and savepoints.
+    checkpoint_dir: str
     feast_registry_path: Path | None = None
     redis_connection: str | None = None
+    #: The connection names a Redis Cluster's nodes (Feast's ``redis_type: redis_cluster``).
+    redis_cluster: bool = False
     #: The Feast repo (its feature_store.yaml and FileSource paths); None: feature_store/repo.
     repo_path: Path | None = None
     #: Extra Kafka client properties for the job's source and sinks (security.protocol, sasl.*, ssl.*).
@@ -59,11 +65,22 @@ class JobSettings:
 
     def to_json(self) -> str:
         """The settings as JSON (paths as strings), to hand to a job started elsewhere."""
-        return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(self).items()})
+        return settings_json(self)
 
     @classmethod
     def from_json(cls, text: str) -> JobSettings:
         """The inverse of ``to_json``."""
-        data = json.loads(text)
-        paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
-        return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})
+        return settings_from_json(cls, text)
+
+
+def settings_json(settings) -> str:
+    """A job's settings (a dataclass of plain values and paths) as JSON, paths as strings: the argument of a job
+    submitted to a cluster."""
+    return json.dumps({k: str(v) if isinstance(v, Path) else v for k, v in asdict(settings).items()})
+
+
+def settings_from_json(cls: type[S], text: str) -> S:
+    """The settings of dataclass ``cls`` that ``settings_json`` wrote."""
+    data = json.loads(text)
+    paths = {f.name for f in fields(cls) if "Path" in str(f.type)}
+    return cls(**{k: Path(v) if k in paths and v is not None else v for k, v in data.items()})

@@ -4,13 +4,15 @@ training run, and what it built is what they then use."""
 from __future__ import annotations
 
 import glob
+import zipfile
 from pathlib import Path
 
 import pytest
 
-from loopline.components import feature_operators_jar, job_settings, joiner_operators_jar, joiner_settings
+from loopline.components import feature_operators_jar, job_archives, job_settings, joiner_operators_jar, joiner_settings
 from loopline.prebuilds import prebuilds
 from loopline.settings import Settings
+from streams.job_archives import cache_dir
 
 
 def _build(settings: Settings, which: str) -> str:
@@ -52,3 +54,9 @@ def test_setup_builds_the_op_deepspeed_initialize_would_compile(applied: Setting
     assert result == "cpu: shared-memory communication op built", result
     # torch keeps each extension under <root>/py<version>_<cuda>/<name>/.
     assert glob.glob(str(Path(get_default_build_root()) / "*" / "deepspeed_shm_comm" / "*.so")), "the op is in torch's cache"
+
+
+def test_setup_builds_the_job_environment_a_cluster_submission_ships(settings: Settings) -> None:
+    built = Path(_build(settings, "jobs' Python environment"))
+    assert built == job_archives(settings).environment and built.is_relative_to(cache_dir())
+    assert "bin/python" in zipfile.ZipFile(built).namelist(), "the venv's interpreter, copied in"

@@ -123,10 +123,10 @@ def wiped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wiped]:
             stop_process_group(features)
             stop_process_group(joiner)
         aside = home / "aside"
-        shutil.copytree(settings.checkpoint_dir.parent, aside)
+        shutil.copytree(settings.checkpoints_root, aside)
         down = start_loopline(settings, ["stack", "down", "--wipe"], logs / "down.log")
         assert down.wait(120) == 0, (logs / "down.log").read_text()
-        left = sorted(settings.checkpoint_dir.parent.rglob("*")) if settings.checkpoint_dir.parent.exists() else []
+        left = sorted(settings.checkpoints_root.rglob("*")) if settings.checkpoints_root.exists() else []
         stack.up()
         _prepare(settings)
         yield Wiped(settings, aside, old_cluster, left)
@@ -137,7 +137,7 @@ def wiped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Wiped]:
 def _put_back(wiped: Wiped, keep_records: bool = True) -> None:
     """The checkpoints folder as it was before the wipe (with ``keep_records`` False: as written before records were
     kept)."""
-    root = wiped.settings.checkpoint_dir.parent
+    root = wiped.settings.checkpoints_root
     shutil.rmtree(root, ignore_errors=True)
     shutil.copytree(wiped.aside, root, ignore=None if keep_records else shutil.ignore_patterns(ORIGIN_FILE))
 
@@ -145,9 +145,9 @@ def _put_back(wiped: Wiped, keep_records: bool = True) -> None:
 def test_wipe_takes_the_jobs_checkpoints(wiped: Wiped) -> None:
     settings = wiped.settings
     for folder in (settings.checkpoint_dir, settings.feedback_checkpoint_dir):
-        before = wiped.aside / folder.name
+        before = wiped.aside / Path(folder).name
         newest = latest_checkpoint(before)
-        assert newest is not None and recorded_origin(newest) == wiped.old_cluster, f"{folder.name} checkpointed before the wipe"
+        assert newest is not None and recorded_origin(newest) == wiped.old_cluster, f"{Path(folder).name} checkpointed before the wipe"
     assert wiped.left_by_wipe == []
 
 

@@ -1,0 +1,90 @@
+"""Loopline's Flink jobs on a Flink cluster: the `flink run` commands that ship them (code, environment, jars and
+settings), where they restore from, and stopping them with a savepoint (`stream submit|stop --jobmanager`,
+`feedback join --jobmanager`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_savepoint, submit_job
+from loopline.components import job_archives, job_settings, joiner_settings
+from loopline.settings import Settings
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, record_origin
+from streams.flink_job import latest_checkpoint, local_checkpoint_dir, savepoint_dir
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A job's `flink run` command, what it restores, and the Kafka cluster its checkpoints will describe."""
+
+    command: list[str]
+    restore_from: str | None
+    checkpoint_dir: str
+    bootstrap_servers: str
+    kafka_properties: Mapping[str, str]
+    #: What starts the job without its checkpoint, should that checkpoint describe another Kafka cluster.
+    fresh_command: str
+
+
+def submit(submission: Submission, jobmanager: str) -> str:
+    """Run the submission's command against the cluster at ``jobmanager`` and return the job's id: refused (JobStateError)
+    when what it restores describes another Kafka cluster; the new job's checkpoints recorded as describing this one,
+    as an embedded job's are (``streams/checkpoint_origin.py``)."""
+    cluster_id = kafka_cluster_id(submission.bootstrap_servers, submission.kafka_properties)
+    if submission.restore_from:
+        check_origin(submission.restore_from, cluster_id, submission.fresh_command)
+    job_id = submit_job(submission.command, jobmanager)
+    local = local_checkpoint_dir(submission.checkpoint_dir)
+    if local is not None:
+        record_origin(local / job_id, cluster_id)
+    return job_id
+
+
+def _restore_point(checkpoint_dir: str, from_savepoint: str | None, restore: bool) -> str | None:
+    """What a submitted job restores: ``from_savepoint`` when given, else with ``restore`` the newest checkpoint or
+    savepoint under ``checkpoint_dir`` (a local or ``file://`` location; on an object store, name it)."""
+    return from_savepoint or (latest_checkpoint(checkpoint_dir) if restore else None)
+
+
+def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
+                           restore: bool) -> Submission:  # fmt: skip
+    """The submission of the feature job to the cluster at ``jobmanager``."""
+    from streams.feature_job import submit_command
+
+    # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
+    job = dataclasses.replace(job_settings(settings), metrics_port=None,
+                              parallelism=parallelism or settings.stream.parallelism)  # fmt: skip
+    restore_from = _restore_point(job.checkpoint_dir, from_savepoint, restore)
+    command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, settings.stream.source_topic,
+                             job_archives(settings), restore_from)  # fmt: skip
+    return Submission(command, restore_from, job.checkpoint_dir, job.bootstrap_servers, job.kafka_properties,
+                      f"loopline stream submit --jobmanager {jobmanager} --no-restore")  # fmt: skip
+
+
+def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
+                      restore: bool) -> Submission:  # fmt: skip
+    """The submission of the feedback joiner to the cluster at ``jobmanager``."""
+    from feedback_loop.joiner_job import submit_command
+
+    job = dataclasses.replace(joiner_settings(settings), metrics_port=None,
+                              parallelism=parallelism or settings.feedback.parallelism)  # fmt: skip
+    restore_from = _restore_point(job.checkpoint_dir, from_savepoint, restore)
+    command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
+    return Submission(command, restore_from, job.checkpoint_dir, job.bootstrap_servers, job.kafka_properties,
+                      f"loopline feedback join --jobmanager {jobmanager} --no-restore")  # fmt: skip
+
+
+def running_jobs(jobmanager: str, name: str) -> list[str]:
+    """The ids of the cluster's running jobs named ``name``."""
+    return [job["id"] for job in list_jobs(jobmanager) if job["name"] == name and job["state"] == "RUNNING"]
+
+
+def stop_job(jobmanager: str, job_id: str, checkpoint_dir: str | None) -> str | None:
+    """Stop a job: with ``checkpoint_dir`` gracefully, with a savepoint among its savepoints, whose location is
+    returned (`submit --from-savepoint` resumes from it); without, cancel it (its retained checkpoints stay)."""
+    if checkpoint_dir is None:
+        cancel_job(jobmanager, job_id)
+        return None
+    return stop_with_savepoint(jobmanager, job_id, savepoint_dir(checkpoint_dir))
