@@ -10,7 +10,6 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from infra.kafka import KafkaBroker
-from infra.service import ServiceStatus
 
 
 class KafkaCluster:
@@ -62,9 +61,6 @@ class KafkaCluster:
     def wipe(self) -> None:
         for node in self.nodes:
             node.wipe()
-
-    def status(self) -> list[ServiceStatus]:
-        return [node.status() for node in self.nodes]
 
     def _metadata(self):
         # log_level 0: a node that is down is expected during a fault, not worth a log line per attempt.

@@ -30,11 +30,6 @@ class RedisCluster:
             for i in range(masters * (1 + replicas))
         )
 
-    @property
-    def address(self) -> str:
-        """Every node's address, comma-separated."""
-        return ",".join(node.address for node in self.nodes)
-
     def start(self) -> bool:
         """Start every node that is not running, form the cluster if its nodes are new, and wait until every node
         reports the cluster ok and every replica is in sync with its master. True if any process was started."""

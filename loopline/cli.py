@@ -6,12 +6,15 @@ import dataclasses
 import json
 import sys
 import time
+import urllib.error
 from datetime import UTC
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from confluent_kafka import KafkaException
+from pydantic import ValidationError
+from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -70,7 +73,8 @@ console = Console()
 #: Errors the user can act on: printed as one line, never as a trace.
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
-    ReleaseError, SnapshotError, TrainingError, NodeGroupError, UnknownSettingError, JobArchiveError,
+    ReleaseError, SnapshotError, TrainingError, NodeGroupError, UnknownSettingError, JobArchiveError, ValidationError,
+    urllib.error.URLError, RedisClusterException,
 )  # fmt: skip
 
 
@@ -739,5 +743,14 @@ def main() -> None:
     try:
         app()
     except USER_ERRORS as err:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {err}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {_one_line(err)}", highlight=False)
         sys.exit(1)
+
+
+def _one_line(err: Exception) -> str:
+    """A user error as one line: a settings error by its messages (each names the setting and the fix)."""
+    if isinstance(err, ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"] for e in err.errors())
+    if isinstance(err, urllib.error.URLError):
+        return f"the Flink cluster's REST API refused or did not answer ({getattr(err, 'reason', err)}) — fix: check --jobmanager and the job id, `loopline flink status`"
+    return str(err)

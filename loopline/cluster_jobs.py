@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_savepoint, submit_job
 from loopline.components import job_archives, job_settings, joiner_settings
 from loopline.settings import Settings
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, record_origin
-from streams.flink_job import latest_checkpoint, local_checkpoint_dir, savepoint_dir
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin, recorded_origin
+from streams.flink_job import latest_checkpoint, savepoint_dir
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ def submit(submission: Submission, jobmanager: str) -> str:
     if submission.restore_from:
         check_origin(submission.restore_from, cluster_id, submission.fresh_command)
     job_id = submit_job(submission.command, jobmanager)
-    local = local_checkpoint_dir(submission.checkpoint_dir)
+    local = local_folder(submission.checkpoint_dir)
     if local is not None:
         record_origin(local / job_id, cluster_id)
     return job_id
@@ -87,4 +87,10 @@ def stop_job(jobmanager: str, job_id: str, checkpoint_dir: str | None) -> str | 
     if checkpoint_dir is None:
         cancel_job(jobmanager, job_id)
         return None
-    return stop_with_savepoint(jobmanager, job_id, savepoint_dir(checkpoint_dir))
+    savepoint = stop_with_savepoint(jobmanager, job_id, savepoint_dir(checkpoint_dir))
+    # The savepoint describes the Kafka cluster its job run did: it keeps that record, so a restore from it is checked.
+    job_run, taken = local_folder(checkpoint_dir), local_folder(savepoint)
+    origin = None if job_run is None else recorded_origin(str(job_run / job_id / "chk-0"))
+    if origin is not None and taken is not None:
+        record_origin(taken, origin)
+    return savepoint

@@ -9,6 +9,7 @@ again: the job is refused up front instead.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -42,10 +43,24 @@ def record_origin(job_run_dir: Path, cluster_id: str) -> None:
     (job_run_dir / ORIGIN_FILE).write_text(cluster_id)
 
 
+def local_folder(checkpoint: str) -> Path | None:
+    """The folder a checkpoint or savepoint location names (a path or ``file://`` URI); None on another filesystem (an
+    object store)."""
+    if checkpoint.startswith("file:"):
+        return Path(urllib.parse.urlparse(checkpoint).path)
+    return None if "://" in checkpoint else Path(checkpoint).absolute()
+
+
 def recorded_origin(checkpoint: str) -> str | None:
-    """The cluster recorded for ``checkpoint`` (a ``chk-N`` folder), or None when its job run recorded none."""
-    record = Path(checkpoint).parent / ORIGIN_FILE
-    return record.read_text().strip() if record.exists() else None
+    """The cluster recorded for ``checkpoint``: a savepoint's own record (written as it was taken), else its job run's
+    (a ``chk-N`` folder's parent); None when none was recorded or it lies on an object store."""
+    folder = local_folder(checkpoint)
+    if folder is None:
+        return None
+    for record in (folder / ORIGIN_FILE, folder.parent / ORIGIN_FILE):
+        if record.exists():
+            return record.read_text().strip()
+    return None
 
 
 def check_origin(checkpoint: str, cluster_id: str, fresh_command: str) -> None:

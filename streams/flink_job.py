@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import sys
 import time
-import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, record_origin
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin
 from streams.job_settings import JobStalled, JobStateError
 
 _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
@@ -38,18 +37,11 @@ def savepoint_dir(location: str) -> str:
     return f"{checkpoint_uri(location)}/{SAVEPOINTS}"
 
 
-def local_checkpoint_dir(location: str) -> Path | None:
-    """The folder a path or ``file://`` location names; None for other filesystems (an object store)."""
-    if "://" not in location:
-        return Path(location).absolute()
-    return Path(urllib.parse.urlparse(location).path) if location.startswith("file://") else None
-
-
 def latest_checkpoint(location: str | Path) -> str | None:
     """The newest completed checkpoint or savepoint (a ``<job id>/chk-N`` or ``savepoints/savepoint-*`` folder with
     metadata) under ``location``; None when there is none, or the location is not a local one (on an object store,
     name the savepoint to restore)."""
-    folder = local_checkpoint_dir(str(location))
+    folder = local_folder(str(location))
     if folder is None:
         return None
     completed = [p for p in (*folder.glob("*/chk-*"), *folder.glob(f"{SAVEPOINTS}/savepoint-*")) if (p / "_metadata").exists()]
@@ -189,7 +181,7 @@ def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, clus
 
     client = env.execute_async(name)
     # Flink keeps each job run's checkpoints in a folder named for its job id.
-    local = local_checkpoint_dir(checkpoint_dir)
+    local = local_folder(checkpoint_dir)
     if local is not None:
         record_origin(local / str(client.get_job_id()), cluster_id)
     newest, since = latest_checkpoint(checkpoint_dir), time.monotonic()

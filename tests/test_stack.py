@@ -182,10 +182,16 @@ def test_stack_up_starts_a_kafka_cluster_that_later_commands_see(tmp_path: Path)
         assert "× 3 replicas" in created, created
         topics = AdminClient({"bootstrap.servers": f"127.0.0.1:{base + 2}"}).list_topics(timeout=10).topics
         assert all(len(p.replicas) == 3 for p in topics["events.transactions"].partitions.values())
+        one_node = {**env, "LOOPLINE_KAFKA__REPLICATION_FACTOR": "1", "LOOPLINE_KAFKA__MIN_INSYNC_REPLICAS": "1"}
         refused = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", "stack", "up", "--kafka-brokers",
-                                  "1"], capture_output=True, text=True, env=env, cwd=REPO, timeout=120)  # fmt: skip
+                                  "1"], capture_output=True, text=True, env=one_node, cwd=REPO, timeout=120)  # fmt: skip
         # Typer boxes and wraps the message: compare its words.
-        assert refused.returncode != 0 and "stack down --wipe" in " ".join(refused.stderr.replace("│", " ").split())
+        words = " ".join(refused.stderr.replace("│", " ").split())
+        assert refused.returncode != 0 and "holds the data of 3 node(s)" in words and "stack down --wipe" in words, words
+        too_many = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", "config"], capture_output=True,
+                                  text=True, env={**env, "LOOPLINE_KAFKA__BROKERS": "2"}, cwd=REPO, timeout=120)  # fmt: skip
+        assert too_many.returncode == 1 and "Traceback" not in too_many.stderr, too_many.stderr
+        assert "replication_factor 3 needs as many brokers" in too_many.stderr and len(too_many.stderr.strip().splitlines()) == 1
     finally:
         stopped = loopline("stack", "down", "--wipe").stdout
     assert all(f"kafka-{node}" in stopped for node in (1, 2, 3)), stopped

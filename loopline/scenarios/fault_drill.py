@@ -488,8 +488,11 @@ class FaultDrill:
                 killed, down_s, restarted = self._inject(kind, processes)
                 if kind == "redis":
                     redis_outages.append((killed, killed + down_s))
-                recovered = self._recovery(kind, restarted)
-                full_isr = self._full_isr(kind, restarted)
+                # Replicas catch up while the part recovers: both are timed from its return.
+                with ThreadPoolExecutor(1) as isr_watch:
+                    isr = isr_watch.submit(self._full_isr, kind, restarted)
+                    recovered = self._recovery(kind, restarted)
+                    full_isr = isr.result()
                 self.say(f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again {recovered if recovered is None else round(recovered, 1)} s after restart")
                 stall = self._stall(killed, self._now() if recovered is None else restarted + recovered)
                 faults.append(FaultOutcome(kind, killed, down_s, recovered, stall, full_isr))
@@ -514,41 +517,35 @@ class FaultDrill:
             for process in processes.values():
                 process.stop()
 
-    def _count_predictions(self, sent: int, timeout_s: float = 120.0) -> tuple[int, int]:
-        """(lost, duplicated) score requests of the drill, once the log has settled."""
-        expected = {f"{self._kafka_prefix}-{n}" for n in range(sent)}
+    @staticmethod
+    def _exactly_once(expected: set[str], arrived: Callable[[], Iterable[str]], timeout_s: float, grace_s: float) -> tuple[int, int]:
+        """(lost, duplicated) of ``expected`` keys among those ``arrived()`` names, once every one has arrived (or
+        ``timeout_s`` passed) and ``grace_s`` more, in which a stray duplicate, if the design allowed one, would come."""
 
         def counts() -> Counter:
-            return Counter(key for _, key in self._arrivals if key in expected)
+            return Counter(key for key in arrived() if key in expected)
 
-        wait_until(lambda: len(counts()) >= sent, timeout_s, 0.5)
-        time.sleep(2.0)  # a stray duplicate, if the design allowed one, would arrive now
+        wait_until(lambda: len(counts()) >= len(expected), timeout_s, 0.5)
+        time.sleep(grace_s)
         seen = counts()
-        return sent - len(seen), sum(n - 1 for n in seen.values())
+        return len(expected) - len(seen), sum(n - 1 for n in seen.values())
 
-    def _count_examples(self, sent: int, timeout_s: float = 120.0) -> tuple[int, int]:
-        """(lost, duplicated) training examples of the drill's labeled Kafka requests, once the joiner has caught up
-        (its examples commit with its checkpoints)."""
+    def _count_predictions(self, sent: int) -> tuple[int, int]:
+        """(lost, duplicated) predictions of the drill's Kafka requests, once the log has settled."""
         expected = {f"{self._kafka_prefix}-{n}" for n in range(sent)}
+        return self._exactly_once(expected, lambda: (key for _, key in self._arrivals), 120.0, 2.0)
 
-        def counts() -> Counter:
-            return Counter(key for key in self._examples if key in expected)
+    def _count_examples(self, sent: int) -> tuple[int, int]:
+        """(lost, duplicated) training examples of the drill's labeled Kafka requests, once the joiner has caught up:
+        its examples commit with its checkpoints, so a duplicate would come within one more interval."""
+        expected = {f"{self._kafka_prefix}-{n}" for n in range(sent)}
+        interval_s = self.settings.feedback.checkpoint_interval_ms / 1000
+        return self._exactly_once(expected, lambda: self._examples, 120.0, interval_s + 2.0)
 
-        wait_until(lambda: len(counts()) >= sent, timeout_s, 0.5)
-        seen = counts()
-        return sent - len(seen), sum(n - 1 for n in seen.values())
-
-    def _count_http_predictions(self, timeout_s: float = 30.0) -> tuple[int, int]:
-        """(lost, duplicated) predictions of HTTP requests answered 200 (each logged before its answer, so in the log
-        by now; ``timeout_s``: for the reader to fetch the last ones)."""
+    def _count_http_predictions(self) -> tuple[int, int]:
+        """(lost, duplicated) predictions of HTTP requests answered 200 (each logged before its answer)."""
         answered = {a.request_id for a in self._http if a.status == 200}
-
-        def counts() -> Counter:
-            return Counter(key for _, key in self._arrivals if key in answered)
-
-        wait_until(lambda: len(counts()) >= len(answered), timeout_s, 0.5)
-        seen = counts()
-        return len(answered) - len(seen), sum(n - 1 for n in seen.values())
+        return self._exactly_once(answered, lambda: (key for _, key in self._arrivals), 30.0, 0.0)
 
     def _open_transactions(self, timeout_s: float = 60.0) -> list[str]:
         """Partitions of Loopline's topics whose last stable offset still lags their end ``timeout_s`` after the load

@@ -31,7 +31,10 @@ import org.apache.flink.util.Collector;
  * Each output row is {@code (entity, version, feature...)}. The version is a timestamp in
  * microseconds: {@code T} in milliseconds times 1000, or one more than the previous row's version
  * when that is larger (another event at or before {@code T}). So it grows strictly with every
- * absorbed event, whatever the arrival order, and a replay reproduces it. It runs ahead of
+ * absorbed event, whatever the arrival order. A replay reproduces it when the entity's events come
+ * in the same order, as they do from one partition (a view keyed like its topic); from several, a
+ * restored job may interleave them otherwise, and a row written before the failure can keep a
+ * version its replayed successor does not reach (README, "A Flink cluster": open). It runs ahead of
  * {@code T} by a millisecond or more only after a thousand events absorbed without {@code T}
  * moving on. The online store keeps a row only if its version is newer than the one it holds,
  * and the offline log's timestamp is the version too.
