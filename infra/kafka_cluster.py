@@ -10,9 +10,10 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from infra.kafka import KafkaBroker
+from infra.service import ServiceGroup
 
 
-class KafkaCluster:
+class KafkaCluster(ServiceGroup):
     """``brokers`` KRaft nodes, node i (from 0) on ``host`` (or ``host[i]``) listening on ``port + 2i`` and its
     controller on ``controller_port + 2i``, its command prefixed by ``launchers[i]`` when given (a host of its own).
     One node is the stack's classic single broker (named ``kafka``); several are nodes ``kafka-1`` … with a static
@@ -45,22 +46,9 @@ class KafkaCluster:
         return any((node.data_dir / "meta.properties").exists() for node in self.nodes)
 
     def start(self) -> bool:
-        """Start every node that is not running, then wait until each answers (a cluster's nodes elect a controller
-        only once a majority of them runs, so none is waited for alone). True if any process was started."""
-        if len(self.nodes) == 1:
-            return self.nodes[0].start()
-        launched = [node.launch() for node in self.nodes]
-        for node, process in zip(self.nodes, launched, strict=True):
-            node.await_ready(process)
-        return any(process is not None for process in launched)
-
-    def stop(self) -> bool:
-        """Stop every node; False if none ran."""
-        return any([node.stop() for node in reversed(self.nodes)])
-
-    def wipe(self) -> None:
-        for node in self.nodes:
-            node.wipe()
+        """Start every node that is not running and wait until each answers (``ServiceGroup.start_all``; a lone node
+        as ``KafkaBroker.start``, which watches a restart for hanging transactions). True if any process was started."""
+        return self.nodes[0].start() if len(self.nodes) == 1 else self.start_all()
 
     def _metadata(self):
         # log_level 0: a node that is down is expected during a fault, not worth a log line per attempt.

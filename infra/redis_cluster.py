@@ -11,12 +11,12 @@ import redis
 from infra.errors import StackError
 from infra.jars import require_tool
 from infra.redis import RedisServer
-from infra.service import wait_until
+from infra.service import ServiceGroup, wait_until
 
 _WIPE_FIX = "run `loopline stack down --wipe` (deletes the online store's data) and `loopline stack up` again"
 
 
-class RedisCluster:
+class RedisCluster(ServiceGroup):
     """``masters`` × (1 + ``replicas``) nodes on ``host``: node i (from 0) listens on ``port + i``, its cluster bus on
     ``bus_port + i``. ``redis-cli`` picks which nodes are masters and which replicate which; a replica takes over when
     its master has not answered for ``node_timeout_ms``."""
@@ -33,9 +33,7 @@ class RedisCluster:
     def start(self) -> bool:
         """Start every node that is not running, form the cluster if its nodes are new, and wait until every node
         reports the cluster ok and every replica is in sync with its master. True if any process was started."""
-        launched = [node.launch() for node in self.nodes]
-        for node, process in zip(self.nodes, launched, strict=True):
-            node.await_ready(process)
+        started = self.start_all()
         new = [_cluster_info(node)["cluster_known_nodes"] == "1" for node in self.nodes]
         if all(new):
             self._create()
@@ -46,7 +44,7 @@ class RedisCluster:
             states = ", ".join(f"{node.name}: {_cluster_info(node).get('cluster_state', '?')}" for node in self.nodes)
             raise StackError(f"the Redis Cluster is not ok within {self.start_timeout_s:.0f} s ({states})",
                              f"see the nodes' logs ({self.nodes[0].log_file.parent}/redis-*.log), or {_WIPE_FIX}")  # fmt: skip
-        return any(process is not None for process in launched)
+        return started
 
     def healthy(self) -> bool:
         """Whether every node runs and reports ``cluster_state:ok``, and every replica's link to its master is up."""
@@ -65,15 +63,6 @@ class RedisCluster:
         if done.returncode != 0:
             last = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
             raise StackError(f"`redis-cli --cluster create` failed: {last}", _WIPE_FIX)
-
-    def stop(self) -> bool:
-        """Stop every node; False if none ran."""
-        return any([node.stop() for node in reversed(self.nodes)])
-
-    def wipe(self) -> None:
-        """Delete every node's data and its memory of the cluster."""
-        for node in self.nodes:
-            node.wipe()
 
 
 def _cluster_info(node: RedisServer) -> dict[str, str]:

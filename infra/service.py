@@ -258,3 +258,26 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+class ServiceGroup:
+    """Several services run as one (a cluster's nodes, ``nodes``): started together, stopped in reverse, wiped."""
+
+    nodes: tuple[ManagedService, ...]
+
+    def start_all(self) -> bool:
+        """Start every node that is not running, then wait until each answers (a cluster's nodes may answer only once
+        enough of them run, so none is waited for alone). True if any process was started."""
+        launched = [node.launch() for node in self.nodes]
+        for node, process in zip(self.nodes, launched, strict=True):
+            node.await_ready(process)
+        return any(process is not None for process in launched)
+
+    def stop(self) -> bool:
+        """Stop every node; False if none ran."""
+        return any([node.stop() for node in reversed(self.nodes)])
+
+    def wipe(self) -> None:
+        """Delete every node's data."""
+        for node in self.nodes:
+            node.wipe()
