@@ -315,7 +315,7 @@ def _stop_feature_job(jobmanager: str, job_id: str | None, savepoint: bool) -> N
 
     targets = [job_id] if job_id else running_jobs(jobmanager, JOB_NAME)
     for target in targets:
-        location = stop_job(jobmanager, target, settings().checkpoint_dir if savepoint else None)
+        location = stop_job(jobmanager, target, settings() if savepoint else None)
         console.print(f"stopped {target} with savepoint {location}" if location else f"cancelling {target}", highlight=False,
                       soft_wrap=True)  # fmt: skip
     if not targets:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_savepoint, submit_job
 from loopline.components import job_archives, job_settings, joiner_settings
 from loopline.settings import Settings
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin, recorded_origin
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin
 from streams.flink_job import latest_checkpoint, savepoint_dir
 
 
@@ -81,16 +81,16 @@ def running_jobs(jobmanager: str, name: str) -> list[str]:
     return [job["id"] for job in list_jobs(jobmanager) if job["name"] == name and job["state"] == "RUNNING"]
 
 
-def stop_job(jobmanager: str, job_id: str, checkpoint_dir: str | None) -> str | None:
-    """Stop a job: with ``checkpoint_dir`` gracefully, with a savepoint among its savepoints, whose location is
-    returned (`submit --from-savepoint` resumes from it); without, cancel it (its retained checkpoints stay)."""
-    if checkpoint_dir is None:
+def stop_job(jobmanager: str, job_id: str, settings: Settings | None) -> str | None:
+    """Stop a job: with ``settings`` gracefully, with a savepoint among its savepoints (under the feature job's
+    checkpoint location), whose location is returned (`submit --from-savepoint` resumes from it); without, cancel it
+    (its retained checkpoints stay)."""
+    if settings is None:
         cancel_job(jobmanager, job_id)
         return None
-    savepoint = stop_with_savepoint(jobmanager, job_id, savepoint_dir(checkpoint_dir))
-    # The savepoint describes the Kafka cluster its job run did: it keeps that record, so a restore from it is checked.
-    job_run, taken = local_folder(checkpoint_dir), local_folder(savepoint)
-    origin = None if job_run is None else recorded_origin(str(job_run / job_id / "chk-0"))
-    if origin is not None and taken is not None:
-        record_origin(taken, origin)
+    savepoint = stop_with_savepoint(jobmanager, job_id, savepoint_dir(settings.checkpoint_dir))
+    # The job ran against the settings' Kafka: the savepoint keeps that record, so a restore from it is checked too.
+    taken = local_folder(savepoint)
+    if taken is not None:
+        record_origin(taken, kafka_cluster_id(settings.kafka.bootstrap, settings.kafka.client_config))
     return savepoint
