@@ -18,6 +18,8 @@ REQUIRED_COMMANDS: dict[str, str] = {
     "kcat": "kcat",
     "prometheus": "prometheus",
     "promtool": "prometheus",
+    # Hosts of their own for a cluster's nodes (network namespaces, infra/netns.py) in the Kafka cluster's test.
+    "ip": "iproute2",
     # The dashboard's test runs the page in headless Chromium.
     "chromium": "chromium",
 }
