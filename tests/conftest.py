@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -17,6 +17,7 @@ from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack, private_stack_settings
+from loopline.scenarios.fault_drill import DrillReport
 from loopline.serving import doors_in_thread
 from loopline.settings import Settings
 from online.scorer import Scorer
@@ -132,3 +133,15 @@ def serving_doors(
     with doors_in_thread(settings, scorer, {"http", "grpc", "kafka"} if kafka else {"http", "grpc"}, install_models):
         assert wait_until(up, 20, 0.05), "the doors did not start"
         yield url, f"127.0.0.1:{settings.serving.grpc_port}"
+
+
+def assert_the_drill_lost_nothing(report: DrillReport, kinds: Iterable[str]) -> None:
+    """What every fault drill promises (``loopline/scenarios/fault_drill.py``): each fault of ``kinds`` injected and
+    recovered from, every Kafka request with exactly one prediction, the features equal to the recompute, every
+    process live."""
+    assert sorted(f.kind for f in report.faults) == sorted(kinds)
+    assert all(f.recovered_s is not None for f in report.faults), f"a part did not recover: {report.faults}"
+    assert report.requests_sent > 1_000
+    assert (report.requests_lost, report.requests_duplicated) == (0, 0), "every Kafka request has exactly one prediction"
+    assert report.entities_compared > 500 and report.feature_mismatches == [], report.feature_mismatches[:5]
+    assert report.not_live == [], "every process is up and live"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from conftest import JARS_DIR, stack_settings
+from conftest import JARS_DIR, assert_the_drill_lost_nothing, stack_settings
 from feature_store.config import apply_definitions
 from infra.kafka_cluster import KafkaCluster
 from infra.netns import NetworkNamespaces
@@ -70,17 +70,12 @@ def test_a_node_killed_or_cut_off_under_load_loses_nothing(
     report = drill.run()
     figures = report.figures()
     print(figures)
-    assert sorted(f.kind for f in report.faults) == sorted(BROKER_FAULTS)
-    assert all(f.recovered_s is not None for f in report.faults), f"the scorer did not score again: {report.faults}"
-    assert report.requests_sent > 1_000
-    assert (report.requests_lost, report.requests_duplicated) == (0, 0), "every Kafka request has exactly one prediction"
+    assert_the_drill_lost_nothing(report, BROKER_FAULTS)
     answered = sum(a.status == 200 for a in report.http_answers)
     assert answered > 100 and (report.http_predictions_lost, report.http_predictions_duplicated) == (0, 0), figures
     assert (report.examples_lost, report.examples_duplicated) == (0, 0), "every labeled request has exactly one example"
     assert report.open_transactions == [], "no transaction left open"
     assert kafka.hanging_transactions() == []
-    assert report.entities_compared > 500 and report.feature_mismatches == [], report.feature_mismatches[:5]
-    assert report.not_live == [], "every process is up and live"
     assert all(f.full_isr_s is not None for f in report.faults), f"every replica back in sync after each fault: {report.faults}"
     # Two nodes of three keep the cluster writable: the Kafka door stalls for the fault's transactions, then scores on.
     assert all(f.stall_s is not None and f.stall_s < 60 for f in report.faults), f"predictions stalled a minute: {report.faults}"
