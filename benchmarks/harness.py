@@ -14,10 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from feature_store.config import apply_definitions
-from loopline.components import build_stack, private_stack_settings
+from loopline.components import apply_loopline_topics, build_stack, private_stack_settings
 from loopline.settings import Settings
-from schemas.topics import TOPICS
-from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +28,7 @@ def private_stack(console: Console, prefix: str) -> Iterator[Settings]:
     try:
         with console.status("starting a private stack"):
             stack.up()
-            apply_topics(settings.kafka.bootstrap, TOPICS)
+            apply_loopline_topics(settings)
             apply_definitions(settings.feast_registry_path, settings.redis_connection)
         yield settings
     finally:

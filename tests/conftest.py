@@ -16,15 +16,14 @@ from confluent_kafka import Consumer, TopicPartition
 from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
-from loopline.components import build_stack, private_stack_settings
+from loopline.components import apply_loopline_topics, build_stack, private_stack_settings
 from loopline.scenarios.fault_drill import DrillReport
 from loopline.serving import doors_in_thread
 from loopline.settings import Settings
 from online.scorer import Scorer
 from schemas.records import ScoreRequest
-from schemas.topics import SCORE_REQUESTS, TOPICS
+from schemas.topics import SCORE_REQUESTS
 from schemas.validation import R, decode
-from streams.topics import apply_topics
 
 REPO = Path(__file__).resolve().parents[1]
 #: The key of records a test writes as junk on purpose (bytes that are not the topic's contract, to show a reader
@@ -81,7 +80,7 @@ def stack(settings: Settings) -> Iterator[LocalStack]:
     local = build_stack(settings)
     local.setup()
     local.up()
-    apply_topics(settings.kafka.bootstrap, TOPICS)
+    apply_loopline_topics(settings)
     yield local
     local.down(wipe=True)
 

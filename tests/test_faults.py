@@ -23,15 +23,14 @@ from conftest import assert_the_drill_lost_nothing, score_request, stack_setting
 from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
-from loopline.components import build_stack
+from loopline.components import apply_loopline_topics, build_stack
 from loopline.job_processes import start_scorer
 from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
-from schemas.topics import SCORE_REQUESTS, TOPICS
+from schemas.topics import SCORE_REQUESTS
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
-from streams.topics import apply_topics
 
 
 @pytest.mark.timeout(600)
@@ -40,7 +39,7 @@ def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: P
     stack = build_stack(settings)
     stack.up()
     try:
-        apply_topics(settings.kafka.bootstrap, TOPICS)
+        apply_loopline_topics(settings)
         apply_definitions(settings.feast_registry_path, settings.redis_connection)
         report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print).run()
     finally:

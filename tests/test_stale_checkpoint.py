@@ -26,15 +26,15 @@ from conftest import stack_settings
 from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from infra.service import free_port, wait_until
-from loopline.components import build_stack
+from loopline.components import apply_loopline_topics, build_stack
 from loopline.job_processes import start_feature_job, start_joiner, start_loopline, stop_process_group, wait_until_serving
 from loopline.settings import Settings, settings_environment
 from schemas.records import LabelEvent, PredictionRecord, TrainingExample
-from schemas.topics import LABELS, PREDICTIONS, TOPICS, TRAINING_EXAMPLES
+from schemas.topics import LABELS, PREDICTIONS, TRAINING_EXAMPLES
 from schemas.validation import decode, encode
 from streams.checkpoint_origin import ORIGIN_FILE, kafka_cluster_id, recorded_origin
 from streams.flink_job import latest_checkpoint
-from streams.topics import apply_topics, read_topic
+from streams.topics import read_topic
 
 #: Checkpoints every second, so the jobs have one soon.
 FAST_CHECKPOINTS = {"LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000", "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": "1000"}
@@ -54,7 +54,7 @@ class Wiped:
 
 
 def _prepare(settings: Settings) -> None:
-    apply_topics(settings.kafka.bootstrap, TOPICS)
+    apply_loopline_topics(settings)
     apply_definitions(settings.feast_registry_path, settings.redis_connection)
 
 
