@@ -43,7 +43,10 @@ def _comma_separated(value: Any) -> Any:
     if isinstance(value, str):
         if value.lstrip().startswith("["):
             return json.loads(value)
-        return [part.strip() for part in value.split(",") if part.strip()]
+        addresses = [part.strip() for part in value.split(",") if part.strip()]
+        if value.strip() and not addresses:
+            raise ValueError(f"{value!r} names no broker: give host:port[,host:port...], or leave it unset for the stack's own")
+        return addresses
     return value
 
 

@@ -105,6 +105,12 @@ def test_a_kafka_cluster_is_named_by_a_list_of_brokers(monkeypatch: pytest.Monke
     assert Settings(kafka={"port": 19092, "brokers": 3}).kafka.bootstrap == "127.0.0.1:19092,127.0.0.1:19094,127.0.0.1:19096"
 
 
+def test_a_broker_list_naming_no_broker_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LOOPLINE_KAFKA__BOOTSTRAP_SERVERS", ",,,")
+    with pytest.raises(ValueError, match="names no broker"):
+        Settings()
+
+
 def test_replicas_must_fit_the_cluster() -> None:
     with pytest.raises(ValueError, match="min_insync_replicas .3. exceeds kafka.replication_factor .2."):
         Settings(kafka={"bootstrap_servers": ["k:9092"], "replication_factor": 2, "min_insync_replicas": 3})
