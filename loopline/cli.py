@@ -52,6 +52,7 @@ from streams.topics import TopicSpecError
 if TYPE_CHECKING:
     from loopline.cluster_jobs import Submission
     from loopline.retraining import RetrainOutcome
+    from streams.flink_submit import FlinkImage
 
 
 app = typer.Typer(help="Loopline: streaming-first real-time features and inference.", pretty_exceptions_enable=False)
@@ -171,14 +172,18 @@ def stack_logs(
 
 
 @app.command("apply")
-def apply_all() -> None:
+def apply_all(
+    topics: Annotated[bool, typer.Option(help="Also `topics apply`; --no-topics where an operator owns the topics (Strimzi's "
+                                         "KafkaTopics).")] = True,
+) -> None:
     """`feast apply` on the feature repo (the Feast registry and Redis of these settings), then `topics apply`."""
     from feature_store.config import apply_definitions
 
     config = settings()
     views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path, redis_cluster=config.redis_cluster)
     console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
-    console.print(topics_table(apply_loopline_topics(config)))
+    if topics:
+        console.print(topics_table(apply_loopline_topics(config)))
 
 
 @flink_app.command("up")
@@ -224,6 +229,17 @@ FromSavepointOption = Annotated[
 PrintCommandOption = Annotated[
     bool, typer.Option(help="With --jobmanager: print the `flink run` command (for a FlinkDeployment's args), submit nothing.")
 ]
+ImageOption = Annotated[
+    bool, typer.Option(help="With --jobmanager: the job as a Loopline Flink image runs it (its Python and jars, settings from "
+                       "the environment where it runs; a FlinkDeployment's form), shipping nothing.")
+]
+
+
+def _image(image: bool) -> FlinkImage | None:
+    """The layout of a Loopline Flink image when the job runs in one (``--image``)."""
+    from streams.flink_submit import FlinkImage
+
+    return FlinkImage() if image else None
 
 
 def _submit_to_cluster(submission: Submission, jobmanager: str, print_command: bool) -> None:
@@ -252,6 +268,7 @@ def stream_submit(
     parallelism: ParallelismOption = None,
     from_savepoint: FromSavepointOption = None,
     print_command: PrintCommandOption = False,
+    image: ImageOption = False,
 ) -> None:
     """Run the feature job: on the embedded mini-cluster (until stopped), or submitted to a cluster with its code,
     Python environment, jars and settings."""
@@ -261,13 +278,14 @@ def stream_submit(
         raise typer.BadParameter("--from-time rebuilds the state from the log: use it with --no-restore")
     if from_time is not None and jobmanager is not None:
         raise typer.BadParameter("--from-time starts the embedded job; a cluster's job starts from its savepoint or the group's offsets")
-    if jobmanager is None and (from_savepoint or print_command):
-        raise typer.BadParameter("--from-savepoint and --print-command are for a cluster: give --jobmanager")
+    if jobmanager is None and (from_savepoint or print_command or image):
+        raise typer.BadParameter("--from-savepoint, --print-command and --image are for a cluster: give --jobmanager")
     config = settings()
     if jobmanager is not None:
         from loopline.cluster_jobs import feature_job_submission
 
-        _submit_to_cluster(feature_job_submission(config, jobmanager, parallelism, from_savepoint, restore), jobmanager, print_command)
+        _submit_to_cluster(feature_job_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image)), jobmanager,
+                           print_command)
         return
     from streams.feature_job import run_embedded
 
@@ -501,18 +519,20 @@ def feedback_join(
     parallelism: ParallelismOption = None,
     from_savepoint: FromSavepointOption = None,
     print_command: PrintCommandOption = False,
+    image: ImageOption = False,
 ) -> None:
     """Run the feedback joiner (PyFlink): scoring.predictions ⋈ events.labels → training.examples, embedded (until
     stopped) or submitted to a cluster with its code, Python environment, jars and settings."""
     from loopline.components import joiner_settings
 
-    if jobmanager is None and (from_savepoint or print_command):
-        raise typer.BadParameter("--from-savepoint and --print-command are for a cluster: give --jobmanager")
+    if jobmanager is None and (from_savepoint or print_command or image):
+        raise typer.BadParameter("--from-savepoint, --print-command and --image are for a cluster: give --jobmanager")
     config = settings()
     if jobmanager is not None:
         from loopline.cluster_jobs import joiner_submission
 
-        _submit_to_cluster(joiner_submission(config, jobmanager, parallelism, from_savepoint, restore), jobmanager, print_command)
+        _submit_to_cluster(joiner_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image)), jobmanager,
+                           print_command)
         return
     from feedback_loop.joiner_job import run_embedded
 

@@ -10,9 +10,11 @@ from dataclasses import dataclass
 
 from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_savepoint, submit_job
 from loopline.components import job_archives, job_settings, joiner_settings
+from loopline.flink_image_job import FEATURE_JOB, IMAGE_ENTRY_MODULE, JOINER
 from loopline.settings import Settings
 from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin
 from streams.flink_job import latest_checkpoint, savepoint_dir
+from streams.flink_submit import FlinkImage, flink_run_command
 
 
 @dataclass(frozen=True)
@@ -49,31 +51,42 @@ def _restore_point(checkpoint_dir: str, from_savepoint: str | None, restore: boo
 
 
 def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
-                           restore: bool) -> Submission:  # fmt: skip
-    """The submission of the feature job to the cluster at ``jobmanager``."""
-    from streams.feature_job import submit_command
+                           restore: bool, image: FlinkImage | None = None) -> Submission:  # fmt: skip
+    """The submission of the feature job to the cluster at ``jobmanager``: shipping its code and environment, or with
+    ``image`` run by a Loopline Flink image's entry (``loopline/flink_image_job.py``), which reads the settings where
+    it runs."""
+    parallelism = parallelism or settings.stream.parallelism
+    restore_from = _restore_point(settings.checkpoint_dir, from_savepoint, restore and image is None)
+    if image is not None:
+        command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [FEATURE_JOB, str(parallelism)], image, parallelism=parallelism,
+                                    from_savepoint=restore_from)  # fmt: skip
+    else:
+        from streams.feature_job import submit_command
 
-    # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
-    job = dataclasses.replace(job_settings(settings), metrics_port=None,
-                              parallelism=parallelism or settings.stream.parallelism)  # fmt: skip
-    restore_from = _restore_point(job.checkpoint_dir, from_savepoint, restore)
-    command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, settings.stream.source_topic,
-                             job_archives(settings), restore_from)  # fmt: skip
-    return Submission(command, restore_from, job.checkpoint_dir, job.bootstrap_servers, job.kafka_properties,
+        # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
+        job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism)
+        command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, settings.stream.source_topic,
+                                 job_archives(settings), restore_from)  # fmt: skip
+    return Submission(command, restore_from, settings.checkpoint_dir, settings.kafka.bootstrap, dict(settings.kafka.client_config),
                       f"loopline stream submit --jobmanager {jobmanager} --no-restore")  # fmt: skip
 
 
 def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
-                      restore: bool) -> Submission:  # fmt: skip
-    """The submission of the feedback joiner to the cluster at ``jobmanager``."""
-    from feedback_loop.joiner_job import submit_command
+                      restore: bool, image: FlinkImage | None = None) -> Submission:  # fmt: skip
+    """The submission of the feedback joiner to the cluster at ``jobmanager``: shipping its code and environment, or
+    with ``image`` run by a Loopline Flink image's entry."""
+    parallelism = parallelism or settings.feedback.parallelism
+    restore_from = _restore_point(settings.feedback_checkpoint_dir, from_savepoint, restore and image is None)
+    if image is not None:
+        command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [JOINER, str(parallelism)], image, parallelism=parallelism,
+                                    from_savepoint=restore_from)  # fmt: skip
+    else:
+        from feedback_loop.joiner_job import submit_command
 
-    job = dataclasses.replace(joiner_settings(settings), metrics_port=None,
-                              parallelism=parallelism or settings.feedback.parallelism)  # fmt: skip
-    restore_from = _restore_point(job.checkpoint_dir, from_savepoint, restore)
-    command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
-    return Submission(command, restore_from, job.checkpoint_dir, job.bootstrap_servers, job.kafka_properties,
-                      f"loopline feedback join --jobmanager {jobmanager} --no-restore")  # fmt: skip
+        job = dataclasses.replace(joiner_settings(settings), metrics_port=None, parallelism=parallelism)
+        command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
+    return Submission(command, restore_from, settings.feedback_checkpoint_dir, settings.kafka.bootstrap,
+                      dict(settings.kafka.client_config), f"loopline feedback join --jobmanager {jobmanager} --no-restore")  # fmt: skip
 
 
 def running_jobs(jobmanager: str, name: str) -> list[str]:

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from offline_training.release import ModelRelease
     from offline_training.release_controller import ReleaseController
     from online.model_registry_reader import ModelRegistryReader
-    from streams.flink_submit import JobArchives
+    from streams.flink_submit import FlinkImage, JobArchives
 
 
 def private_stack_settings(home: Path, jars_dir: Path, kafka_brokers: int = 1) -> Settings:
@@ -137,17 +137,25 @@ def feature_plan(settings: Settings) -> FeaturePlan:
     return registered_plan(settings.feast_registry_path, settings.redis_connection, settings.repo_path, settings.stream.source_topic)
 
 
-def feature_operators_jar(settings: Settings) -> Path:
-    """The feature job's JVM operators (``streams/jvm``), compiled into the jar cache if not there yet."""
-    return operators_jar(settings.resolved_jars_dir / "loopline")
+def feature_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
+    """The feature job's JVM operators (``streams/jvm``) in ``folder`` (default: the jar cache), compiled there if not
+    there yet."""
+    return operators_jar(folder or settings.resolved_jars_dir / "loopline")
 
 
-def joiner_operators_jar(settings: Settings) -> Path:
-    """The joiner's JVM operators (``feedback_loop/jvm``, with the feature job's it keys with), compiled if not there yet."""
+def joiner_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
+    """The joiner's JVM operators (``feedback_loop/jvm``, with the feature job's it keys with) in ``folder`` (default:
+    the jar cache), compiled there if not there yet."""
     from feedback_loop.joiner_job import OPERATOR_SOURCES
     from streams.operators_jar import SOURCES
 
-    return operators_jar(settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
+    return operators_jar(folder or settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
+
+
+def _connector_jar(settings: Settings, image: FlinkImage | None) -> Path:
+    """The Kafka connector jar: in the jar cache, or in a Loopline Flink image's lib under the same name."""
+    cached = flink_connector_jar(settings.resolved_jars_dir)
+    return cached if image is None else image.lib / cached.name
 
 
 def flink_session(settings: Settings, taskmanagers: int | None = None, slots: int | None = None) -> FlinkSessionCluster:
@@ -170,13 +178,14 @@ def job_archives(settings: Settings) -> JobArchives:
     return JobArchives(environment_archive(python, pinned_requirements(python_version(python))), code_archive())
 
 
-def job_settings(settings: Settings) -> JobSettings:
-    """Everything the streaming job needs to know about the stack it runs on."""
+def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSettings:
+    """Everything the streaming job needs to know about the stack it runs on; with ``image``, running in a Loopline
+    Flink image, whose lib holds its jars."""
     stream = settings.stream
     return JobSettings(
         bootstrap_servers=settings.kafka.bootstrap,
-        connector_jar=flink_connector_jar(settings.resolved_jars_dir),
-        operators_jar=feature_operators_jar(settings),
+        connector_jar=_connector_jar(settings, image),
+        operators_jar=feature_operators_jar(settings, image and image.lib),
         checkpoint_dir=settings.checkpoint_dir,
         feast_registry_path=settings.feast_registry_path,
         redis_connection=settings.redis_connection,
@@ -194,8 +203,9 @@ def job_settings(settings: Settings) -> JobSettings:
     )
 
 
-def joiner_settings(settings: Settings) -> JoinerSettings:
-    """Everything the feedback joiner needs to know about the stack it runs on."""
+def joiner_settings(settings: Settings, image: FlinkImage | None = None) -> JoinerSettings:
+    """Everything the feedback joiner needs to know about the stack it runs on; with ``image``, running in a Loopline
+    Flink image, whose lib holds its jars."""
     feedback = settings.feedback
     return JoinerSettings(
         predictions_topic=feedback.predictions_topic,
@@ -203,8 +213,8 @@ def joiner_settings(settings: Settings) -> JoinerSettings:
         examples_topic=feedback.examples_topic,
         dead_letter_topic=feedback.dead_letter_topic,
         bootstrap_servers=settings.kafka.bootstrap,
-        connector_jar=flink_connector_jar(settings.resolved_jars_dir),
-        operators_jar=joiner_operators_jar(settings),
+        connector_jar=_connector_jar(settings, image),
+        operators_jar=joiner_operators_jar(settings, image and image.lib),
         checkpoint_dir=settings.feedback_checkpoint_dir,
         horizon_ms=int(feedback.horizon_s * 1000),
         group_id=feedback.group_id,
