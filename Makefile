@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 DEMO_SECONDS ?= 300
 export DEMO_SECONDS
 
-.PHONY: setup demo test down status clean
+.PHONY: setup demo test images test-images down status clean
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(BIN)/.installed: pyproject.toml
@@ -22,10 +22,20 @@ setup: $(BIN)/.installed
 demo: setup
 	$(BIN)/loopline demo --seconds $(DEMO_SECONDS)
 
-# The tests start their own stack (own ports and data dir) and stop it at the end.
+# The tests start their own stack (own ports and data dir) and stop it at the end; the image tests run apart.
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not images"
+
+# Container images (infra/images/catalog.py) built with podman, cached: IMAGES="KEY ..." builds those, IMAGES=--all
+# every one (the trainer, several GB, only when asked).
+IMAGES ?=
+images: setup
+	$(BIN)/python -m loopline.images $(IMAGES)
+
+# The image tests (marker images): the scorer image against the local stack, the Flink image against a session cluster.
+test-images: images
+	$(BIN)/pytest -q -m images
 
 down:
 	$(BIN)/loopline stack down

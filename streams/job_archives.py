@@ -45,17 +45,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loopline" / "job-env"
 
 
-def pinned_requirements(python_full_version: str, roots: Iterable[str] = WORKER_REQUIREMENTS) -> list[str]:
+def pinned_requirements(python_full_version: str, roots: Iterable[str] = WORKER_REQUIREMENTS,
+                        excluded: Iterable[str] = _NOT_SHIPPED) -> list[str]:  # fmt: skip
     """``name==version`` for each distribution ``roots`` need, transitively (with their extras), on a Python of
     ``python_full_version`` (the markers are the target's: redis-py needs async-timeout below 3.11.3), at the versions
-    installed in this interpreter; PyFlink's own jars left out."""
+    installed in this interpreter; the ``excluded`` distributions (by default PyFlink's own jars) and what only they
+    need left out."""
+    excluded = {canonicalize_name(name) for name in excluded}
     target = {"python_full_version": python_full_version, "python_version": python_full_version.rsplit(".", 1)[0]}
     pinned: dict[str, tuple[str, frozenset[str]]] = {}
     todo = [Requirement(root) for root in roots]
     while todo:
         requirement = todo.pop()
         name, extras = canonicalize_name(requirement.name), frozenset(requirement.extras)
-        if name in _NOT_SHIPPED or (name in pinned and extras <= pinned[name][1]):
+        if name in excluded or (name in pinned and extras <= pinned[name][1]):
             continue
         try:
             dist = distribution(requirement.name)

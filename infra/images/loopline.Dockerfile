@@ -1,0 +1,39 @@
+# Loopline's Python images, one stage each over one venv: the scorer (`--target scorer`, CPU or CUDA by its
+# requirements), the trainer (`--target trainer`) and the monitor + dashboard (`--target ops`). Non-root (uid 10001);
+# the entry point is the `loopline` command.
+#   REQUIREMENTS   requirements/<this>.txt: every distribution pinned (`--no-deps`: nothing is resolved again)
+#   EXTRA          packages installed on top, resolved within those pins (the CUDA scorer's onnxruntime-gpu: its
+#                  requirements leave out the CPU onnxruntime, which writes the same `onnxruntime` package)
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+FROM ${BASE_IMAGE} AS app
+RUN groupadd --gid 10001 loopline && useradd --uid 10001 --gid loopline --create-home --home-dir /home/loopline loopline \
+    && python3 -m venv /opt/loopline && install -d -o loopline -g loopline /var/lib/loopline
+ENV PATH=/opt/loopline/bin:$PATH VIRTUAL_ENV=/opt/loopline LOOPLINE_HOME=/var/lib/loopline
+
+ARG REQUIREMENTS=core
+ARG EXTRA=""
+COPY requirements/${REQUIREMENTS}.txt /opt/loopline/requirements.txt
+RUN --mount=type=secret,id=cabundle --mount=type=cache,id=loopline-pip,target=/root/.cache/pip \
+    export PIP_CERT=/run/secrets/cabundle PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    && pip install --no-deps -q -r /opt/loopline/requirements.txt \
+    && if [ -n "$EXTRA" ]; then pip install -q -c /opt/loopline/requirements.txt $EXTRA; fi
+
+COPY wheel/ /tmp/wheel/
+RUN pip install --no-deps --no-cache-dir --disable-pip-version-check -q /tmp/wheel/*.whl && rm -rf /tmp/wheel
+USER loopline
+WORKDIR /home/loopline
+ENTRYPOINT ["loopline"]
+
+FROM app AS scorer
+# The doors listen on every address of the container; the CUDA variant's libraries are pip's (nvidia/cu13, cudnn).
+ENV LOOPLINE_SERVING__HOST=0.0.0.0 \
+    LD_LIBRARY_PATH=/opt/loopline/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/loopline/lib/python3.11/site-packages/nvidia/cudnn/lib
+EXPOSE 8080 50051
+CMD ["serve", "--http", "--grpc"]
+
+FROM app AS ops
+ENV LOOPLINE_DASHBOARD__HOST=0.0.0.0
+CMD ["monitor"]
+
+FROM app AS trainer
+CMD ["train", "--help"]
