@@ -3,7 +3,8 @@
 Found by starting from a machine with empty caches: DeepSpeed compiles its CPU communication op (C++) in the first
 training run's ``initialize``, which on a busy machine was minutes inside the demo's training step; the feature job and
 the joiner compile their JVM operators with ``javac`` when they first start; the scorer compiles the gRPC proto when
-its gRPC door first starts; a job submitted to a Flink cluster ships a Python environment that pip fills (~30 s).
+its gRPC door first starts; a job submitted to a Flink cluster ships a Python environment that pip fills (~30 s); the
+chart's tests need the pinned helm, built from the Go module proxy where PATH has none (~1.5 min).
 Each is cached by its inputs, so running them again costs little; setup's table shows what each took.
 """
 
@@ -35,6 +36,11 @@ def prebuilds(settings: Settings) -> list[Prebuild]:
 
         return build_deepspeed_ops()
 
+    def helm() -> str:
+        from infra.helm_tool import helm_binary
+
+        return str(helm_binary(settings.home.absolute() / "tools"))
+
     def grpc_modules() -> str:
         from schemas.grpc_api import generate_scoring_api
 
@@ -45,5 +51,6 @@ def prebuilds(settings: Settings) -> list[Prebuild]:
         Prebuild("the feedback joiner's JVM operators", lambda: str(joiner_operators_jar(settings))),
         Prebuild("the gRPC door's modules (schemas/scoring.proto)", grpc_modules),
         Prebuild("the Flink jobs' Python environment, for clusters (a venv archive)", lambda: str(job_archives(settings).environment)),
+        Prebuild("helm for the Kubernetes chart's tests (Go, from the module proxy)", helm),
         Prebuild("DeepSpeed's communication op for training (C++, the longest)", deepspeed_ops),
     ]

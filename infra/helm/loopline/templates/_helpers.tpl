@@ -1,0 +1,127 @@
+{{/* The release's name prefix of every object. */}}
+{{- define "loopline.name" -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object; `component` names the part. Call with (dict "root" $ "component" "scorer"). */}}
+{{- define "loopline.labels" -}}
+{{ include "loopline.selectorLabels" . }}
+app.kubernetes.io/part-of: loopline
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
+{{- end -}}
+
+{{/* The labels a Service, PDB, monitor or autoscaler selects a component's pods by. */}}
+{{- define "loopline.selectorLabels" -}}
+app.kubernetes.io/name: loopline
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image reference, registry prefix and pinned tag: (dict "root" $ "image" .Values.images.scorer). */}}
+{{- define "loopline.image" -}}
+{{- if or (not .image.tag) (eq .image.tag "latest") -}}
+{{- fail (printf "image %s needs a pinned tag (not latest)" .image.repository) -}}
+{{- end -}}
+{{- printf "%s%s:%s" .root.Values.images.registry .image.repository .image.tag -}}
+{{- end -}}
+
+{{- define "loopline.secretName" -}}
+{{- if .Values.secrets.create -}}{{ include "loopline.name" . }}-secrets{{- else -}}{{ required "secrets.existingSecret names the Secret when secrets.create is false" .Values.secrets.existingSecret }}{{- end -}}
+{{- end -}}
+
+{{- define "loopline.claimName" -}}
+{{- .Values.shared.existingClaim | default (printf "%s-shared" (include "loopline.name" .)) -}}
+{{- end -}}
+
+{{/* The Kafka every client connects to: the Strimzi cluster's bootstrap Service, or the given brokers. */}}
+{{- define "loopline.bootstrapServers" -}}
+{{- if .Values.kafka.strimzi -}}
+{{- list (printf "%s-kafka-kafka-bootstrap.%s.svc:9092" (include "loopline.name" .) .Release.Namespace) | toJson -}}
+{{- else -}}
+{{- required "kafka.bootstrapServers names the brokers when kafka.strimzi is false" .Values.kafka.bootstrapServers | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* loopline.yaml: what the chart wires (addresses, paths, ports), with `settings` merged over it. */}}
+{{- define "loopline.settings" -}}
+{{- $shared := .Values.shared.mountPath -}}
+{{- $redis := dict "host" .Values.redis.host "port" .Values.redis.port "mode" .Values.redis.mode "ssl" .Values.redis.ssl -}}
+{{- if .Values.redis.inChart.enabled -}}
+{{- $redis = dict "host" (printf "%s-redis" (include "loopline.name" .)) "port" 6379 "mode" "standalone" "ssl" false -}}
+{{- end -}}
+{{- $wired := dict
+  "home" "/tmp/loopline"
+  "kafka" (dict "bootstrap_servers" (include "loopline.bootstrapServers" . | fromJsonArray)
+                "replication_factor" .Values.kafka.replicationFactor "min_insync_replicas" .Values.kafka.minInsyncReplicas)
+  "redis" $redis
+  "feature_store" (dict "feast_registry_path" (printf "%s/feast/registry.db" $shared))
+  "stream" (dict "checkpoint_dir" (printf "%s/checkpoints/features" .Values.flink.stateDir) "offline_dir" (printf "%s/offline" $shared)
+                 "parallelism" .Values.flink.jobs.features.parallelism "checkpoint_interval_ms" .Values.flink.checkpointIntervalMs)
+  "feedback" (dict "checkpoint_dir" (printf "%s/checkpoints/joiner" .Values.flink.stateDir) "snapshots" (printf "%s/snapshots" $shared)
+                   "train_dir" (printf "%s/training" $shared) "parallelism" .Values.flink.jobs.joiner.parallelism
+                   "checkpoint_interval_ms" .Values.flink.checkpointIntervalMs)
+  "serving" (dict "host" "0.0.0.0" "http_port" .Values.scorer.httpPort "grpc_port" .Values.scorer.grpcPort
+                  "auth_token_file" "/etc/loopline/secrets/scorer-token")
+  "model_registry" (dict "tracking_uri" .Values.modelRegistry.trackingUri "artifact_location" .Values.modelRegistry.artifactLocation)
+  "prometheus" (dict "host" .Values.prometheus.host "port" .Values.prometheus.port)
+  "dashboard" (dict "host" "0.0.0.0" "port" .Values.dashboard.port)
+-}}
+{{- mustMergeOverwrite $wired (deepCopy .Values.settings) | toYaml -}}
+{{- end -}}
+
+{{/* The pod's security: a non-root user (the images' uid 10001), no privilege, the runtime's seccomp profile. */}}
+{{- define "loopline.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 10001
+runAsGroup: 10001
+fsGroup: 10001
+seccompProfile: {type: RuntimeDefault}
+{{- end -}}
+
+{{- define "loopline.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+{{- end -}}
+
+{{/* The environment of every Loopline container: the settings file, and the Secret's values as settings. */}}
+{{- define "loopline.env" -}}
+- name: LOOPLINE_CONFIG
+  value: /etc/loopline/config/loopline.yaml
+- name: LOOPLINE_REDIS__PASSWORD
+  valueFrom: {secretKeyRef: {name: {{ include "loopline.secretName" . }}, key: redis-password, optional: true}}
+- name: LOOPLINE_KAFKA__CLIENT_CONFIG
+  valueFrom: {secretKeyRef: {name: {{ include "loopline.secretName" . }}, key: kafka-client-config, optional: true}}
+{{- end -}}
+
+{{- define "loopline.volumeMounts" -}}
+- {name: config, mountPath: /etc/loopline/config, readOnly: true}
+- {name: secrets, mountPath: /etc/loopline/secrets, readOnly: true}
+- {name: shared, mountPath: {{ .Values.shared.mountPath }}}
+- {name: tmp, mountPath: /tmp}
+{{- if .Values.kafka.caSecret }}
+- {name: kafka-ca, mountPath: /etc/loopline/kafka-ca, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "loopline.volumes" -}}
+- name: config
+  configMap: {name: {{ include "loopline.name" . }}-settings}
+- name: secrets
+  secret: {secretName: {{ include "loopline.secretName" . }}}
+- name: shared
+  persistentVolumeClaim: {claimName: {{ include "loopline.claimName" . }}}
+- name: tmp
+  emptyDir: {}
+{{- if .Values.kafka.caSecret }}
+- name: kafka-ca
+  secret: {secretName: {{ .Values.kafka.caSecret }}}
+{{- end }}
+{{- end -}}
+
+{{/* Annotations that roll a pod when its settings change. */}}
+{{- define "loopline.podAnnotations" -}}
+checksum/settings: {{ include "loopline.settings" . | sha256sum }}
+{{- end -}}

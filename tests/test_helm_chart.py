@@ -1,0 +1,261 @@
+"""The Helm chart (infra/helm/loopline), offline: helm lint and template for each values file, every core object
+through kubernetes-validate (strict) for Kubernetes 1.30 and 1.35, every custom resource against the pinned CRDs
+(../shared/crds, strict about unknown fields), and the chart's promises: probes and resources, pinned images,
+selectors that select, every topic and alert rule, the FlinkDeployments' args as --print-command prints them."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import os
+from importlib.metadata import version
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infra.crd_schema import CrdValidators
+from infra.errors import StackError
+from infra.helm_chart import CHART, lint, render
+from infra.helm_tool import helm_binary
+from infra.prometheus_server import stack_rule_files
+from loopline.chart_files import stale_files
+from loopline.cli import app
+from loopline.settings import Settings
+from schemas.topics import TOPICS
+from streams.flink_submit import PYTHON_DRIVER, FlinkImage
+
+REPO = Path(__file__).resolve().parents[1]
+CRDS = REPO.parent / "shared" / "crds"
+VALUES = {"default": ["values.yaml"], "production": ["values.yaml", "values-production.yaml"]}
+#: Every kind issue 17 names, which the production values must render.
+PRODUCTION_KINDS = {
+    "Kafka", "KafkaNodePool", "KafkaTopic", "FlinkDeployment", "Deployment", "Service", "HorizontalPodAutoscaler",
+    "ScaledObject", "PodDisruptionBudget", "Job", "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap",
+    "TrainJob", "ClusterTrainingRuntime", "ResourceFlavor", "ClusterQueue", "LocalQueue", "ServiceAccount", "Role",
+    "RoleBinding", "Secret",
+}  # fmt: skip
+#: Kinds whose schema no pinned CRD holds (Kueue's WorkloadPriorityClass): not validated, said so in the chart.
+UNVALIDATED = {("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass")}
+WORKLOADS = {"Deployment", "StatefulSet"}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    try:
+        return helm_binary(Settings().home.absolute() / "tools")
+    except StackError as err:
+        pytest.skip(f"no helm to render the chart with: {err}")
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Path) -> dict[str, list[dict]]:
+    """The chart rendered once per values set."""
+    return {name: render(files, helm=helm) for name, files in VALUES.items()}
+
+
+@pytest.fixture(scope="module")
+def crds() -> CrdValidators:
+    if not CRDS.is_dir():
+        pytest.skip(f"the pinned CRDs are not at {CRDS} (the shared folder beside the repository)")
+    return CrdValidators(sorted(CRDS.glob("*.yaml")))
+
+
+def _all(rendered: dict[str, list[dict]]) -> list[tuple[str, dict]]:
+    return [(name, obj) for name, objects in rendered.items() for obj in objects]
+
+
+def _pod_specs(obj: dict) -> list[dict]:
+    """The pod specs an object runs (workloads, Jobs, FlinkDeployments' templates, training runtimes)."""
+    spec = obj.get("spec", {})
+    if obj["kind"] in WORKLOADS | {"Job"}:
+        return [spec["template"]["spec"]]
+    if obj["kind"] == "FlinkDeployment":
+        return [spec["podTemplate"]["spec"]]
+    if obj["kind"] == "ClusterTrainingRuntime":
+        return [job["template"]["spec"]["template"]["spec"] for job in spec["template"]["spec"]["replicatedJobs"]]
+    return []
+
+
+def _images(node: object) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "image" and isinstance(v, str)] + [i for v in node.values() for i in _images(v)]
+    if isinstance(node, list):
+        return [i for v in node for i in _images(v)]
+    return []
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_helm_lint_passes(helm: Path, values: str) -> None:
+    assert "0 chart(s) failed" in lint(VALUES[values], helm=helm)
+
+
+def test_production_renders_every_kind(rendered: dict[str, list[dict]]) -> None:
+    kinds = {obj["kind"] for obj in rendered["production"]}
+    assert kinds >= PRODUCTION_KINDS, f"missing: {sorted(PRODUCTION_KINDS - kinds)}"
+
+
+@pytest.mark.parametrize("kubernetes", ["1.30", "1.35"])
+def test_core_objects_validate_strictly(rendered: dict[str, list[dict]], crds: CrdValidators, kubernetes: str) -> None:
+    checked = 0
+    for values, obj in _all(rendered):
+        if crds.knows(obj) or (obj["apiVersion"], obj["kind"]) in UNVALIDATED:
+            continue
+        try:
+            kubernetes_validate.validate(obj, kubernetes, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{values}: {obj['kind']}/{obj['metadata']['name']} at {'.'.join(map(str, err.path))}: {err.message}")
+        checked += 1
+    assert checked >= 30
+
+
+def test_custom_resources_validate_against_the_pinned_crds(rendered: dict[str, list[dict]], crds: CrdValidators) -> None:
+    custom = [(values, obj) for values, obj in _all(rendered) if crds.knows(obj)]
+    faults = [f"{values}: {obj['kind']}/{obj['metadata']['name']}: {error}" for values, obj in custom for error in crds.errors(obj)]
+    assert not faults, "\n".join(faults)
+    assert {obj["kind"] for _, obj in custom} >= {"FlinkDeployment", "Kafka", "KafkaTopic", "ScaledObject", "TrainJob",
+                                                  "ClusterTrainingRuntime", "ClusterQueue", "PrometheusRule"}  # fmt: skip
+
+
+def test_a_misspelled_field_is_caught(rendered: dict[str, list[dict]], crds: CrdValidators) -> None:
+    flink = copy.deepcopy(next(o for o in rendered["default"] if o["kind"] == "FlinkDeployment"))
+    flink["spec"]["job"]["upgradeMod"] = flink["spec"]["job"].pop("upgradeMode")
+    assert any("upgradeMod" in error for error in crds.errors(flink))
+    flink["spec"]["job"]["upgradeMode"] = flink["spec"]["job"].pop("upgradeMod")
+    flink["spec"]["podTemplate"]["spec"]["containers"][0]["volumeMount"] = []
+    assert any("volumeMount" in error for error in crds.errors(flink))
+    scorer = copy.deepcopy(next(o for o in rendered["default"] if o["kind"] == "Deployment"))
+    scorer["spec"]["replica"] = 2
+    with pytest.raises(kubernetes_validate.ValidationError, match="replica"):
+        kubernetes_validate.validate(scorer, "1.35", strict=True)
+
+
+def test_every_long_running_container_has_probes_and_resources(rendered: dict[str, list[dict]]) -> None:
+    for values, obj in _all(rendered):
+        for pod in _pod_specs(obj):
+            for container in pod["containers"] + pod.get("initContainers", []):
+                where = f"{values}: {obj['kind']}/{obj['metadata']['name']}/{container['name']}"
+                if obj["kind"] in WORKLOADS:
+                    assert {"readinessProbe", "livenessProbe"} <= set(container), f"{where} has no probes"
+                if obj["kind"] != "FlinkDeployment":  # the operator sizes Flink's pods from jobManager/taskManager
+                    resources = container.get("resources", {})
+                    assert resources.get("requests") and resources.get("limits"), f"{where} has no requests and limits"
+                assert container["securityContext"]["allowPrivilegeEscalation"] is False, where
+            assert pod["securityContext"]["runAsNonRoot"] is True
+        if obj["kind"] == "FlinkDeployment":
+            assert obj["spec"]["jobManager"]["resource"] and obj["spec"]["taskManager"]["resource"]
+        if obj["kind"] == "TrainJob":
+            assert obj["spec"]["trainer"]["resourcesPerNode"]["limits"]
+
+
+def test_gpu_values_request_gpus_where_they_run(rendered: dict[str, list[dict]]) -> None:
+    scorer = next(o for o in rendered["production"] if o["kind"] == "Deployment" and o["metadata"]["name"] == "loopline-scorer")
+    pod = scorer["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] and pod["tolerations"] and pod["containers"][0]["image"].endswith("-cuda13")
+    train = next(o for o in rendered["production"] if o["kind"] == "TrainJob")
+    assert train["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
+    assert train["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "loopline"
+
+
+def test_images_are_pinned(rendered: dict[str, list[dict]]) -> None:
+    images = {image for _, obj in _all(rendered) for image in _images(obj)}
+    assert images
+    for image in images:
+        tag = image.rsplit("/", 1)[-1].partition(":")[2]
+        assert tag and tag != "latest", f"{image} is not pinned"
+
+
+def test_image_tags_are_the_catalogs() -> None:
+    if importlib.util.find_spec("infra.images.catalog") is None:
+        pytest.skip("infra/images/catalog.py (the images' tags) is not there yet")
+    from infra.images.catalog import image_tags
+
+    images = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
+    keys = {"flink": "loopline-flink", "scorer": "loopline-scorer-cpu", "scorerGpu": "loopline-scorer-cuda",
+            "trainer": "loopline-trainer", "ops": "loopline-ops"}  # fmt: skip
+    assert {keys[k]: f"{images[k]['repository']}:{images[k]['tag']}" for k in keys} == {k: image_tags()[k] for k in keys.values()}
+
+
+def test_selectors_select_their_workloads(rendered: dict[str, list[dict]]) -> None:
+    for values, objects in rendered.items():
+        pods = [o["spec"]["template"]["metadata"]["labels"] for o in objects if o["kind"] in WORKLOADS]
+        pods += [o["spec"]["podTemplate"]["metadata"]["labels"] for o in objects if o["kind"] == "FlinkDeployment"]
+        services = [o["metadata"]["labels"] for o in objects if o["kind"] == "Service"]
+        deployments = {o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"}
+
+        def selects(selector: dict, labels: list[dict]) -> bool:
+            return any(selector.items() <= candidate.items() for candidate in labels)
+
+        for obj in objects:
+            kind, spec, where = obj["kind"], obj.get("spec", {}), f"{values}: {obj['kind']}/{obj['metadata']['name']}"
+            if kind == "Service":
+                assert selects(spec["selector"], pods), where
+            if kind in WORKLOADS:
+                assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items(), where
+            if kind in {"PodDisruptionBudget", "PodMonitor"}:
+                assert selects(spec["selector"]["matchLabels"], pods), where
+            if kind == "ServiceMonitor":
+                assert selects(spec["selector"]["matchLabels"], services), where
+            if kind == "HorizontalPodAutoscaler":
+                assert spec["scaleTargetRef"]["name"] in deployments, where
+            if kind == "ScaledObject":
+                assert spec["scaleTargetRef"]["name"] in deployments, where
+
+
+def test_every_topic_is_a_kafka_topic(rendered: dict[str, list[dict]]) -> None:
+    for values, objects in rendered.items():
+        topics = {o["spec"]["topicName"]: o["spec"] for o in objects if o["kind"] == "KafkaTopic"}
+        assert set(topics) == {t.name for t in TOPICS}, values
+        for spec in TOPICS:
+            topic = topics[spec.name]
+            assert (topic["partitions"], topic["config"]["retention.ms"], topic["config"]["cleanup.policy"]) == (
+                spec.partitions, spec.retention_ms, spec.cleanup_policy)
+    replicated = next(o for o in rendered["production"] if o["kind"] == "KafkaTopic")["spec"]
+    assert (replicated["replicas"], replicated["config"]["min.insync.replicas"]) == (3, 2)
+    keda = next(o for o in rendered["production"] if o["kind"] == "ScaledObject")["spec"]
+    assert keda["maxReplicaCount"] == next(t.partitions for t in TOPICS if t.name == keda["triggers"][0]["metadata"]["topic"])
+
+
+def test_every_alert_rule_is_in_the_chart(rendered: dict[str, list[dict]]) -> None:
+    groups = [group for path in stack_rule_files() for group in yaml.safe_load(path.read_text())["groups"]]
+    for values, objects in rendered.items():
+        (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+        assert rule["spec"]["groups"] == groups, values
+
+
+def test_generated_chart_files_are_current() -> None:
+    assert stale_files() == [], "run `python -m loopline.chart_files`"
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_flink_deployments_run_what_print_command_prints(rendered: dict[str, list[dict]], values: str) -> None:
+    commands = {"loopline-feature-job": ["stream", "submit"], "loopline-feedback-joiner": ["feedback", "join"]}
+    deployments = [o for o in rendered[values] if o["kind"] == "FlinkDeployment"]
+    assert {d["metadata"]["name"] for d in deployments} == set(commands)
+    for deployment in deployments:
+        job = deployment["spec"]["job"]
+        printed = CliRunner().invoke(app, [*commands[deployment["metadata"]["name"]], "--jobmanager", "jobmanager:8081",
+                                           "--print-command", "--image", "--parallelism", str(job["parallelism"])])  # fmt: skip
+        assert printed.exit_code == 0, printed.output
+        line = printed.output.split()
+        assert job["args"] == line[line.index("--pyModule"):]
+        assert (job["entryClass"], job["jarURI"]) == (PYTHON_DRIVER, FlinkImage().python_jar(version("apache-flink")))
+        assert (job["upgradeMode"], deployment["spec"]["flinkConfiguration"]["high-availability.type"]) == ("last-state", "kubernetes")
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_the_settings_the_pods_read_are_valid(rendered: dict[str, list[dict]], values: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    (config,) = [o for o in rendered[values] if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "loopline-settings"]
+    path = tmp_path / "loopline.yaml"
+    path.write_text(config["data"]["loopline.yaml"])
+    for name in [n for n in os.environ if n.startswith("LOOPLINE_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("LOOPLINE_CONFIG", str(path))
+    settings = Settings()
+    assert settings.serving.host == "0.0.0.0" and settings.kafka.bootstrap.endswith(":9092")
+    assert settings.kafka.replication_factor == (3 if values == "production" else 1)
+    assert settings.checkpoint_dir.endswith("/checkpoints/features")
