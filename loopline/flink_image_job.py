@@ -13,6 +13,10 @@ from __future__ import annotations
 import dataclasses
 import runpy
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from streams.flink_submit import FlinkImage
 
 #: This module, as ``--pyModule`` names it.
 IMAGE_ENTRY_MODULE = "loopline.flink_image_job"
@@ -21,14 +25,14 @@ FEATURE_JOB = "features"
 JOINER = "joiner"
 
 
-def job_arguments(job: str, parallelism: int) -> tuple[str, list[str]]:
+def job_arguments(job: str, parallelism: int, image: FlinkImage | None = None) -> tuple[str, list[str]]:
     """The module of ``job`` and the arguments its ``__main__`` takes, from the settings in force here, at ``parallelism``
-    (the submission's: a FlinkDeployment's ``job.parallelism``)."""
+    (the submission's: a FlinkDeployment's ``job.parallelism``), with the jars of ``image`` (default: the image's layout)."""
     from loopline.components import job_settings, joiner_settings
     from loopline.settings import Settings
     from streams.flink_submit import FlinkImage
 
-    settings, image = Settings(), FlinkImage()
+    settings, image = Settings(), image or FlinkImage()
     # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
     if job == FEATURE_JOB:
         features = dataclasses.replace(job_settings(settings, image), metrics_port=None, parallelism=parallelism)

@@ -16,16 +16,21 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from feedback_loop.joiner_settings import JoinerSettings
 from infra.crd_schema import CrdValidators
 from infra.errors import StackError
 from infra.helm_chart import CHART, lint, render
 from infra.helm_tool import helm_binary
+from infra.jars import flink_connector_jar
 from infra.prometheus_server import stack_rule_files
 from loopline.chart_files import stale_files
 from loopline.cli import app
+from loopline.components import feature_operators_jar, joiner_operators_jar
+from loopline.flink_image_job import FEATURE_JOB, JOINER, job_arguments
 from loopline.settings import Settings
 from schemas.topics import TOPICS
 from streams.flink_submit import PYTHON_DRIVER, FlinkImage
+from streams.job_settings import JobSettings
 
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO.parent / "shared" / "crds"
@@ -246,16 +251,43 @@ def test_flink_deployments_run_what_print_command_prints(rendered: dict[str, lis
         assert (job["upgradeMode"], deployment["spec"]["flinkConfiguration"]["high-availability.type"]) == ("last-state", "kubernetes")
 
 
-@pytest.mark.parametrize("values", VALUES)
-def test_the_settings_the_pods_read_are_valid(rendered: dict[str, list[dict]], values: str, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    (config,) = [o for o in rendered[values] if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "loopline-settings"]
+def _pod_settings(rendered: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's settings made a pod's: the chart's settings file, and no other LOOPLINE_* variable."""
+    (config,) = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "loopline-settings"]
     path = tmp_path / "loopline.yaml"
     path.write_text(config["data"]["loopline.yaml"])
     for name in [n for n in os.environ if n.startswith("LOOPLINE_")]:
         monkeypatch.delenv(name)
     monkeypatch.setenv("LOOPLINE_CONFIG", str(path))
+
+
+@pytest.mark.parametrize("values", VALUES)
+def test_the_settings_the_pods_read_are_valid(rendered: dict[str, list[dict]], values: str, tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    _pod_settings(rendered[values], tmp_path, monkeypatch)
     settings = Settings()
     assert settings.serving.host == "0.0.0.0" and settings.kafka.bootstrap.endswith(":9092")
     assert settings.kafka.replication_factor == (3 if values == "production" else 1)
     assert settings.checkpoint_dir.endswith("/checkpoints/features")
+
+
+def test_the_image_entry_runs_the_job_with_the_pods_settings(rendered: dict[str, list[dict]], tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """What a FlinkDeployment's args start (loopline/flink_image_job.py): the job module, given the settings of the pod's
+    ConfigMap and Secret (a password from the environment, never from the args), at the args' parallelism, with the
+    image's jars."""
+    jars = {"connector": flink_connector_jar(Settings().resolved_jars_dir), "features": feature_operators_jar(Settings()),
+            "joiner": joiner_operators_jar(Settings())}  # fmt: skip
+    image = FlinkImage(flink_home=tmp_path / "flink")
+    image.lib.mkdir(parents=True)
+    for jar in jars.values():
+        (image.lib / jar.name).symlink_to(jar)
+    _pod_settings(rendered["production"], tmp_path, monkeypatch)
+    monkeypatch.setenv("LOOPLINE_REDIS__PASSWORD", "from-the-secret")
+    module, (features, source_topic) = job_arguments(FEATURE_JOB, 6, image)
+    job = JobSettings.from_json(features)
+    assert (module, job.parallelism, job.metrics_port, source_topic) == ("streams.feature_job", 6, None, "")
+    assert (job.connector_jar, job.operators_jar) == (image.lib / jars["connector"].name, image.lib / jars["features"].name)
+    assert "password=from-the-secret" in job.redis_connection and job.checkpoint_dir == "s3://loopline-flink/state/checkpoints/features"
+    module, (joiner,) = job_arguments(JOINER, 2, image)
+    assert (module, JoinerSettings.from_json(joiner).operators_jar) == ("feedback_loop.joiner_job", image.lib / jars["joiner"].name)
