@@ -10,8 +10,8 @@ USER root
 RUN command -v python3.11 >/dev/null || (apt-get update \
         && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11 python3.11-venv \
         && rm -rf /var/lib/apt/lists/*)
-RUN python3.11 -m venv /opt/loopline && install -d -o flink -g flink /var/lib/loopline
-ENV PATH=/opt/loopline/bin:/opt/flink/bin:$PATH VIRTUAL_ENV=/opt/loopline LOOPLINE_HOME=/var/lib/loopline \
+RUN python3.11 -m venv /opt/loopline/venv && install -d -o flink -g flink /var/lib/loopline
+ENV PATH=/opt/loopline/venv/bin:/opt/flink/bin:$PATH VIRTUAL_ENV=/opt/loopline/venv LOOPLINE_HOME=/var/lib/loopline \
     LOOPLINE_JARS_DIR=/opt/loopline/jars
 
 # Dependencies before code: this layer is rebuilt only when the pinned set changes. The CA bundle reaches pip as a

@@ -7,8 +7,8 @@
 ARG BASE_IMAGE=python:3.11-slim-bookworm
 FROM ${BASE_IMAGE} AS app
 RUN groupadd --gid 10001 loopline && useradd --uid 10001 --gid loopline --create-home --home-dir /home/loopline loopline \
-    && python3 -m venv /opt/loopline && install -d -o loopline -g loopline /var/lib/loopline
-ENV PATH=/opt/loopline/bin:$PATH VIRTUAL_ENV=/opt/loopline LOOPLINE_HOME=/var/lib/loopline
+    && python3 -m venv /opt/loopline/venv && install -d -o loopline -g loopline /var/lib/loopline
+ENV PATH=/opt/loopline/venv/bin:$PATH VIRTUAL_ENV=/opt/loopline/venv LOOPLINE_HOME=/var/lib/loopline
 
 ARG REQUIREMENTS=core
 ARG EXTRA=""
@@ -27,7 +27,7 @@ ENTRYPOINT ["loopline"]
 FROM app AS scorer
 # The doors listen on every address of the container; the CUDA variant's libraries are pip's (nvidia/cu13, cudnn).
 ENV LOOPLINE_SERVING__HOST=0.0.0.0 \
-    LD_LIBRARY_PATH=/opt/loopline/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/loopline/lib/python3.11/site-packages/nvidia/cudnn/lib
+    LD_LIBRARY_PATH=/opt/loopline/venv/lib/python3.11/site-packages/nvidia/cu13/lib:/opt/loopline/venv/lib/python3.11/site-packages/nvidia/cudnn/lib
 EXPOSE 8080 50051
 CMD ["serve", "--http", "--grpc"]
 
