@@ -19,9 +19,9 @@ from pathlib import Path
 from infra.errors import StackError
 
 IMAGES_DIR = Path(__file__).resolve().parent
-#: What the wheel is built from is everything in the repository but these (the tests, the local state, builds).
-_NOT_PACKAGED = (".git", ".venv", ".loopline", "tests", "benchmarks", "__pycache__", "*.egg-info", "build", "dist",
-                 ".pytest_cache", ".ruff_cache")  # fmt: skip
+#: What the wheel is built from is everything in the repository but these: the tests, builds, and hidden files (the
+#: local state, caches, and editors' and other tools' temporary files, which can vanish while the sources are copied).
+_NOT_PACKAGED = (".*", "tests", "benchmarks", "__pycache__", "*.egg-info", "build", "dist", "*.tmp")
 #: Flink's distribution as the official image lays it out under /opt/flink (PyFlink installs these folders; its log/
 #: holds the logs of runs here, so the image makes its own).
 FLINK_DIST_PARTS = ("bin", "conf", "lib", "licenses", "opt", "plugins")
