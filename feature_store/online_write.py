@@ -1,38 +1,77 @@
-"""Batched writes of feature rows into the online store, through Feast's own online store implementation.
+"""Batched writes of feature rows into the online store, in the layout of Feast's Redis store.
 
-Rows are idempotent by (entity key, row version): Feast's Redis store keeps a row's timestamp
-with it and skips any row that is not newer, so an older or replayed row never overwrites a newer
-one. Loopline's row version is a timestamp in microseconds that grows strictly with every event
-the job absorbs for the entity (see ``SlidingWindows`` in ``streams/jvm``).
+A row is the features of an entity as of its latest event (its event time) after the job absorbed ``events`` of
+the entity's events (``SlidingWindows`` in ``streams/jvm``). The store orders an entity's rows by (event time,
+events) and keeps only a newer one: an older event never overwrites a newer value, and a job restored from a
+checkpoint, whose replay may interleave its partitions in another order than before the failure, still ends with
+the row of every event it has absorbed (its order is never below a row it wrote before, and equal only for the
+same events). Each row is one compare-and-set, atomic in Redis (a Lua script of one key, so it runs on the master
+of the key's slot in a Redis Cluster); the rows of a batch go in one pipelined round trip.
+
+The hash is Feast's own: its key, its hashed feature fields with serialized Value protos, and ``_ts:<view>`` the
+event time as a protobuf Timestamp, so Feast's ``get_online_features`` reads the rows as it reads its own writes.
+Beside them one field, ``_order:<view>``, holds ``<event time µs>:<events>``, the tie-break of rows of one event
+time. A row written by Feast itself (no such field) is replaced only by a row of a later event time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
+from feature_store.redis_connection import redis_client
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: Feast value-proto field for each feature dtype Loopline declares.
 _VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_val", "FLOAT": "float_val",
                  "STRING": "string_val", "BOOL": "bool_val"}  # fmt: skip
 
+#: KEYS[1]: the entity's hash. ARGV: the ``_ts`` field, its new Timestamp, the new seconds and nanos, the order
+#: field, the new event time (µs) and events, a TTL in seconds (0: none), then the feature fields and values.
+#: The stored Timestamp is decoded here (protobuf varints: field 1 seconds, field 2 nanos) to compare times.
+_COMPARE_AND_SET = """
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if stored then
+  local parts, i = {0, 0}, 1
+  while i <= #stored do
+    local tag, value, scale, byte = stored:byte(i), 0, 1, 128
+    i = i + 1
+    while byte >= 128 do
+      byte = stored:byte(i)
+      value, scale, i = value + (byte % 128) * scale, scale * 128, i + 1
+    end
+    if tag == 8 then parts[1] = value elseif tag == 16 then parts[2] = value end
+  end
+  local seconds, nanos = tonumber(ARGV[3]), tonumber(ARGV[4])
+  if seconds < parts[1] or (seconds == parts[1] and nanos <= parts[2]) then
+    local same = seconds == parts[1] and nanos == parts[2]
+    local at, events = string.match(redis.call('HGET', KEYS[1], ARGV[5]) or '', '^(%d+):(%d+)$')
+    if not (same and at == ARGV[6] and tonumber(ARGV[7]) > tonumber(events)) then return 0 end
+  end
+end
+local fields = {ARGV[1], ARGV[2], ARGV[5], ARGV[6] .. ':' .. ARGV[7]}
+for n = 9, #ARGV do fields[#fields + 1] = ARGV[n] end
+redis.call('HSET', KEYS[1], unpack(fields))
+if ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class FeatureRow:
-    """The features of one entity of one view as of ``version_us`` (microseconds since the epoch)."""
+    """The features of one entity of one view as of its latest event (``event_time_us``, microseconds since the
+    epoch), after ``events`` of its events were absorbed (the tie-break between rows of one event time)."""
 
     view: str
     entity: str
-    version_us: int
+    event_time_us: int
     features: dict[str, float | int | str | bool | None]
+    events: int = 0
 
     @property
-    def timestamp(self) -> datetime:
-        """The row's event time, with the version's microseconds."""
-        return _EPOCH + timedelta(microseconds=self.version_us)
+    def order(self) -> tuple[int, int]:
+        """How the store orders the entity's rows: a row replaces only one of a lower order."""
+        return self.event_time_us, self.events
 
 
 def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
@@ -40,9 +79,17 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
     newest: dict[tuple[str, str], FeatureRow] = {}
     for row in rows:
         current = newest.get((row.view, row.entity))
-        if current is None or row.version_us > current.version_us:
+        if current is None or row.order > current.order:
             newest[(row.view, row.entity)] = row
     return list(newest.values())
+
+
+@dataclass(frozen=True)
+class _ViewLayout:
+    join_key: str
+    timestamp_field: str
+    order_field: str
+    fields: dict[str, tuple[bytes, str]]  # feature name -> (hashed Redis field, Value proto field)
 
 
 class OnlineWriter:
@@ -51,37 +98,53 @@ class OnlineWriter:
     def __init__(
         self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path = REPO_PATH, *, redis_cluster: bool = False
     ) -> None:
-        """``redis_cluster``: the connection names a Redis Cluster's nodes (Feast's store then writes through its cluster
-        client: each entity's row is one hash, so each write names one key and goes to the master of its slot)."""
-        from feast.infra.online_stores.helpers import get_online_store_from_config
+        """``redis_cluster``: the connection names a Redis Cluster's nodes (each entity's row is one hash, so each
+        write names one key and goes to the master of its slot)."""
+        from feast.infra.online_stores.helpers import _mmh3, get_online_store_from_config
+        from feast.infra.online_stores.redis import _versioned_fv_name
 
         store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
         self._config = store.config
         self._online_store = get_online_store_from_config(store.config.online_store)
         self._views = {view.name: view for view in store.list_stream_feature_views()}
-        self._value_fields = {
-            name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
-            for name, view in self._views.items()
-        }
-        self._join_keys = {name: view.entity_columns[0].name for name, view in self._views.items()}
+        self._layouts = {}
+        for name, view in self._views.items():
+            stored = _versioned_fv_name(view, store.config)
+            fields = {f.name: (_mmh3(f"{stored}:{f.name}"), _VALUE_FIELDS[f.dtype.to_value_type().name]) for f in feature_fields(view)}
+            self._layouts[name] = _ViewLayout(view.entity_columns[0].name, f"_ts:{stored}", f"_order:{stored}", fields)
+        online_store = store.config.online_store
+        self._ttl_s = online_store.key_ttl_seconds or 0
+        self._redis = redis_client(online_store.connection_string, cluster=online_store.redis_type == "redis_cluster")
 
-    def write(self, rows: list[FeatureRow]) -> int:
-        """Write the newest row of each entity; return how many rows were sent."""
+    def _redis_key(self, layout: _ViewLayout, entity: str) -> bytes:
+        from feast.infra.online_stores.helpers import _redis_key
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
-        by_view: dict[str, list] = {}
-        for row in latest_per_entity(rows):
-            fields = self._value_fields[row.view]
-            values = {
-                name: Value() if value is None else Value(**{fields[name]: value})
-                for name, value in row.features.items()
-            }
-            key = EntityKey(join_keys=[self._join_keys[row.view]], entity_values=[Value(string_val=row.entity)])
-            by_view.setdefault(row.view, []).append((key, values, row.timestamp, None))
-        for view, data in by_view.items():
-            self._online_store.online_write_batch(self._config, self._views[view], data, None)
-        return sum(len(data) for data in by_view.values())
+        key = EntityKey(join_keys=[layout.join_key], entity_values=[Value(string_val=entity)])
+        return _redis_key(self._config.project, key, entity_key_serialization_version=self._config.entity_key_serialization_version)
+
+    def write(self, rows: list[FeatureRow]) -> int:
+        """Write the newest row of each entity where it is newer than the stored one; return how many rows were sent."""
+        from feast.protos.feast.types.Value_pb2 import Value
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        newest = latest_per_entity(rows)
+        pipe = self._redis.pipeline(transaction=False)
+        for row in newest:
+            layout = self._layouts[row.view]
+            stamp = Timestamp()
+            stamp.FromMicroseconds(row.event_time_us)
+            values = []
+            for name, value in row.features.items():
+                field, kind = layout.fields[name]
+                values += [field, (Value() if value is None else Value(**{kind: value})).SerializeToString()]
+            # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
+            pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self._redis_key(layout, row.entity), layout.timestamp_field,
+                                 stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
+                                 row.events, self._ttl_s, *values)  # fmt: skip
+        pipe.execute()
+        return len(newest)
 
     def delete_rows(self) -> list[str]:
         """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream

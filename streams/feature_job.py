@@ -54,7 +54,8 @@ _DECODED_COLUMNS = {**RAW_COLUMNS, "dead_letter": "STRING", **_EVENT_COLUMNS}
 _EVENT_TIME = "event_time_ms"
 
 
-def _row_type(columns: dict[str, str]):
+def row_type(columns: dict[str, str]):
+    """The DataStream type of rows of ``columns`` (name -> SQL type)."""
     return Types.ROW_NAMED(list(columns), [_TYPES[sql][0] for sql in columns.values()])
 
 
@@ -123,13 +124,13 @@ class WriteOnline(ScalarFunction):
         )
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
-    def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
+    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, *features: pd.Series) -> pd.Series:
         from feature_store.online_write import FeatureRow
 
         columns = [column.astype(object).where(column.notna(), None) for column in features]
         rows = [
-            FeatureRow(self.view, key, int(version), dict(zip(self.features, values, strict=True)))
-            for key, version, *values in zip(entity, version_us, *columns, strict=True)
+            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values, strict=True)), int(absorbed))
+            for key, latest, absorbed, *values in zip(entity, latest_ms, events, *columns, strict=True)
         ]
         self.rows_written.inc(self.writer.write(rows))
         return pd.Series([True] * len(entity))
@@ -148,7 +149,8 @@ class AppendOffline(ScalarFunction):
             {
                 self.join_key: entity,
                 # The row version is a timestamp in microseconds (see streams/jvm SlidingWindows): the entity's
-                # latest event time, and a count of the events absorbed since it, strictly growing.
+                # latest event time, and a count of the events absorbed since it, strictly growing, so a
+                # point-in-time read finds each row.
                 "event_timestamp": pd.to_datetime(version_us, unit="us", utc=True),
                 **dict(zip(self.features, features, strict=True)),
             }
@@ -161,11 +163,16 @@ class AppendOffline(ScalarFunction):
         return pd.Series([True] * len(entity))
 
 
-def _feature_columns(view: ViewPlan) -> dict[str, str]:
-    """A view's rows: entity, row version, then each feature (counts are integers)."""
+#: The columns of a view's rows ``SlidingWindows`` emits before the features (see its javadoc).
+_ROW_VERSION, _ROW_ORDER = "version_us", ("latest_ms", "events")
+
+
+def feature_columns(view: ViewPlan) -> dict[str, str]:
+    """A view's rows: entity, row version (µs, for the offline log), the latest event time (ms) and the number of
+    events absorbed (the online store's order), then each feature (counts are integers)."""
     integral = {"count", "count_distinct"}
     features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
-    return {view.entity_key: "STRING", "version_us": "BIGINT", **features}
+    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **features}
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
@@ -186,6 +193,19 @@ def _startup(settings: JobSettings, from_earliest: bool) -> dict[str, str]:
 
 def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
+
+
+def windowed_rows(events, view: ViewPlan, positions: dict[str, int]):
+    """The rows of ``view`` (``feature_columns``), one per event of ``events`` (a Java DataStream of rows holding each
+    event column at its index in ``positions``), from the sliding windows of its entity (``SlidingWindows``)."""
+    operators = get_gateway().jvm.dev.loopline.streams
+    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE)
+    return (
+        events.keyBy(operators.FieldKey(positions[view.entity_key]))
+        .process(windows, row_type(feature_columns(view)).get_java_type_info())
+        .name(f"aggregate {view.name}")
+        .uid(f"aggregate-{view.name}")
+    )
 
 
 # PyFlink's own Table/DataStream bridge calls APIs it deprecated itself; that is not the user's to fix.
@@ -220,9 +240,9 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
 
     operators = get_gateway().jvm.dev.loopline.streams
     positions = {name: i for i, name in enumerate(_DECODED_COLUMNS)}
-    decoded_type = _row_type(_DECODED_COLUMNS).get_java_type_info()
+    decoded_type = row_type(_DECODED_COLUMNS).get_java_type_info()
     invalid = OutputTag("invalid", Types.STRING()).get_java_output_tag()
-    late = OutputTag("late", _row_type({**_DECODED_COLUMNS, "behind_ms": "BIGINT"})).get_java_output_tag()
+    late = OutputTag("late", row_type({**_DECODED_COLUMNS, "behind_ms": "BIGINT"})).get_java_output_tag()
     valid = (
         t_env.to_data_stream(decoded)
         ._j_data_stream.process(operators.DeadLetterSplit(positions["dead_letter"], invalid), decoded_type)
@@ -245,17 +265,11 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
 
     offline_dirs = _offline_dirs(plan, settings)
     for index, view in enumerate(plan.views):
-        columns = _feature_columns(view)
-        row_type = _row_type(columns).get_java_type_info()
-        rows = (
-            on_time.keyBy(operators.FieldKey(positions[view.entity_key]))
-            .process(operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE), row_type)
-            .name(f"aggregate {view.name}")
-            .uid(f"aggregate-{view.name}")
-        )
+        view_row = row_type(feature_columns(view)).get_java_type_info()
+        rows = windowed_rows(on_time, view, positions)
         held = (
             rows.keyBy(operators.FieldKey(-1))
-            .process(operators.TimedBatches(settings.offline_flush_interval_ms, row_type), row_type)
+            .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
             .name(f"hold {view.name} for the offline log")
             .uid(f"hold-offline-{view.name}")
         )
@@ -268,8 +282,10 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
             f"append_offline_{index}",
             udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
         )
-        statements.add_insert_sql(f"INSERT INTO written SELECT write_online_{index}({_quoted(columns)}) FROM rows_{index}")
-        statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({_quoted(columns)}) FROM held_{index}")
+        for sink, leading, source in ((f"write_online_{index}", _ROW_ORDER, f"rows_{index}"),
+                                      (f"append_offline_{index}", (_ROW_VERSION,), f"held_{index}")):  # fmt: skip
+            columns = _quoted([view.entity_key, *leading, *view.feature_names])
+            statements.add_insert_sql(f"INSERT INTO written SELECT {sink}({columns}) FROM {source}")
     statements.attach_as_datastream()
 
 

@@ -28,16 +28,16 @@ import org.apache.flink.util.Collector;
  *   <li>{@code time_since_previous} is the seconds between {@code T} and the entity's latest
  *       earlier event time (by event time, not arrival).
  * </ul>
- * Each output row is {@code (entity, version, feature...)}. The version is a timestamp in
- * microseconds: {@code T} in milliseconds times 1000, or one more than the previous row's version
- * when that is larger (another event at or before {@code T}). So it grows strictly with every
- * absorbed event, whatever the arrival order. A replay reproduces it when the entity's events come
- * in the same order, as they do from one partition (a view keyed like its topic); from several, a
- * restored job may interleave them otherwise, and a row written before the failure can keep a
- * version its replayed successor does not reach (README, "A Flink cluster": open). It runs ahead of
- * {@code T} by a millisecond or more only after a thousand events absorbed without {@code T}
- * moving on. The online store keeps a row only if its version is newer than the one it holds,
- * and the offline log's timestamp is the version too.
+ * Each output row is {@code (entity, version, latest, events, feature...)}: {@code latest} is {@code T} (ms),
+ * {@code events} the number of events the operator has absorbed for the entity (kept in its checkpointed
+ * state), and the features are a function of the set of those events alone, whatever their arrival order.
+ * The online store orders an entity's rows by {@code (latest, events)}: a job restored from a checkpoint
+ * replays a superset of the events behind any row it wrote before the failure, from its partitions in
+ * any interleaving, so its row of the full set never orders below such a row, and orders equal only when
+ * it is of the same set. {@code version} is a timestamp in microseconds for the offline log:
+ * {@code T} times 1000, or one more than the previous row's version when that is larger, so it grows
+ * strictly with every absorbed event; it runs ahead of {@code T} by a millisecond or more only after a
+ * thousand events absorbed without {@code T} moving on.
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms}
  * with the column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0
@@ -45,6 +45,8 @@ import org.apache.flink.util.Collector;
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
+    /** Where the features start in an output row: after the entity, version, latest and events. */
+    private static final int FEATURES = 4;
 
     private final int timeField;
     private final long scale;
@@ -132,6 +134,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         public long previous;
         public boolean hasPrevious;
         public long version;
+        public long events;
         public ArrayList<TreeMap<Long, Bucket>> buckets;
         public ArrayList<HashMap<Object, Integer>> running;
 
@@ -171,6 +174,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             }
         }
         w.version = Math.max(w.version + 1, w.latest * 1000);
+        w.events++;
         long[] ends = bucketEnds(w.latest);
         if (oldEnds != null) {
             slideRunningSets(w, oldEnds, ends);
@@ -231,11 +235,13 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     }
 
     private Row features(String entity, Windows w, long[] ends) {
-        Row out = new Row(2 + aggregations.size());
+        Row out = new Row(FEATURES + aggregations.size());
         out.setField(0, entity);
         out.setField(1, w.version);
+        out.setField(2, w.latest);
+        out.setField(3, w.events);
         for (int i = 0; i < aggregations.size(); i++) {
-            out.setField(2 + i, value(aggregations.get(i), w, ends));
+            out.setField(FEATURES + i, value(aggregations.get(i), w, ends));
         }
         return out;
     }

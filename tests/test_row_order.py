@@ -1,0 +1,171 @@
+"""An online row is ordered by the events behind it, so a replay in another order never loses to a row written before.
+
+The real ``SlidingWindows`` operator (PyFlink's mini-cluster, in this process) computes an entity's rows for a random
+multiset of its events delivered in two orders: A, and B, which shares A's first ``c`` events (the checkpoint a job
+restores) and delivers the rest in another order (the replay, its partitions interleaved anew). A's rows up to its
+``p``-th event (``p >= c``: written before the failure), then B's rows after the checkpoint, go through the real
+``OnlineWriter`` into Redis in random batches; Feast then reads the row of the whole multiset, stamped with its latest
+event time. The hash the writer leaves is the one Feast's own store writes, plus the order field. Real Flink, Redis
+and Feast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from feature_store.config import feature_store
+from feature_store.online_read import OnlineReader
+from feature_store.online_write import FeatureRow, OnlineWriter
+from loopline.components import job_settings
+from loopline.settings import Settings
+from schemas.ddl import column_types
+from schemas.records import TransactionEvent
+from streams.feature_plan import FeaturePlan, ViewPlan, compile_plan
+
+START_MS = 1_790_000_000_000
+COLUMNS = column_types(TransactionEvent)
+POSITIONS = {name: i for i, name in enumerate(COLUMNS)}
+RUN = uuid.uuid4().hex[:6]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One entity's events (dicts of ``COLUMNS``) in order A and order B, A's checkpoint ``c`` and written prefix ``p``,
+    and the sizes of the write batches of each order's rows."""
+
+    a: list[dict]
+    b: list[dict]
+    checkpoint: int
+    written: int
+    batches: list[int]
+
+
+@st.composite
+def _deliveries(draw: st.DrawFn, entity_key: str) -> Delivery:
+    # Units that keep events in one window bucket, or spread them across the 5 min, 1 h and 24 h windows.
+    unit = draw(st.sampled_from([1, 7_000, 240_000, 3_600_000]))
+    other = "merchant_id" if entity_key == "user_id" else "user_id"
+    event = st.fixed_dictionaries({
+        "event_time_ms": st.integers(0, 40).map(lambda t: START_MS + t * unit), other: st.sampled_from(["x", "y", "z"]),
+        "amount": st.sampled_from([0.1, 0.2, 12.5, 999.99]), "country": st.sampled_from(["DE", "FR"]),
+    })  # fmt: skip
+    events = draw(st.lists(event, min_size=1, max_size=30))
+    a = draw(st.permutations(events))
+    checkpoint = draw(st.integers(0, len(a)))
+    written = draw(st.integers(checkpoint, len(a)))
+    b = a[:checkpoint] + draw(st.permutations(a[checkpoint:]))
+    batches = draw(st.lists(st.integers(1, 5), min_size=2 * len(a), max_size=2 * len(a)))
+    return Delivery(a, b, checkpoint, written, batches)
+
+
+def _event(entity_key: str, entity: str, number: int, fields: dict) -> tuple:
+    event = {"schema_version": 1, "event_id": f"e{number}", "user_id": "u", "merchant_id": "m", "currency": "EUR",
+             "merchant_category": "grocery", "channel": "pos", **fields, entity_key: entity}  # fmt: skip
+    return tuple(event[name] for name in COLUMNS)
+
+
+@pytest.fixture(scope="module")
+def plan(applied: Settings) -> FeaturePlan:
+    return compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection).list_stream_feature_views())
+
+
+@pytest.fixture(scope="module")
+def windows(applied: Settings, tmp_path_factory: pytest.TempPathFactory):
+    """Runs the job's windows operator of a view over rows of events keyed by entity; each entity's rows, in order."""
+    from pyflink.common import Row
+    from pyflink.datastream.data_stream import DataStream
+
+    from streams.feature_job import feature_columns, new_environment, row_type, windowed_rows
+
+    checkpoints = tmp_path_factory.mktemp("row-order-checkpoints")
+    settings = dataclasses.replace(job_settings(applied), checkpoint_dir=str(checkpoints), parallelism=1)
+
+    def run(view: ViewPlan, events: list[tuple]) -> dict[str, list[dict]]:
+        env = new_environment(settings)
+        source = env.from_collection([Row(*event) for event in events], type_info=row_type(COLUMNS))
+        rows = DataStream(windowed_rows(source._j_data_stream, view, POSITIONS))
+        by_entity: dict[str, list[dict]] = {}
+        names = list(feature_columns(view))
+        with rows.execute_and_collect() as collected:
+            for row in collected:
+                by_entity.setdefault(row[0], []).append(dict(zip(names, row, strict=True)))
+        return by_entity
+
+    return run
+
+
+@pytest.mark.parametrize("view_name", ["user_transaction_features", "merchant_transaction_features"])
+def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
+    applied: Settings, plan: FeaturePlan, windows, view_name: str
+) -> None:  # fmt: skip
+    view = next(v for v in plan.views if v.name == view_name)
+    writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection)
+    store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+    examples = iter(range(1_000))
+
+    @hypothesis_settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(st.lists(_deliveries(view.entity_key), min_size=1, max_size=8))
+    def check(deliveries: list[Delivery]) -> None:
+        example = next(examples)
+        entities = [f"order-{RUN}-{view_name}-{example}-{i}" for i in range(len(deliveries))]
+        events = [_event(view.entity_key, f"{entity}-{order}", n, fields)
+                  for entity, delivery in zip(entities, deliveries, strict=True)
+                  for order, ordered in (("a", delivery.a), ("b", delivery.b)) for n, fields in enumerate(ordered)]  # fmt: skip
+        rows = windows(view, events)
+        for entity, delivery in zip(entities, deliveries, strict=True):
+            a, b = rows[f"{entity}-a"], rows[f"{entity}-b"]
+            assert [r["events"] for r in a] == [r["events"] for r in b] == list(range(1, len(delivery.a) + 1))
+            assert _features(view, a[-1]) == _features(view, b[-1]), "the features are a function of the set of events"
+            sent = a[: delivery.written] + b[delivery.checkpoint :]  # before the failure, then the replay
+            batches = iter(delivery.batches)
+            while sent:
+                size = next(batches)
+                writer.write([FeatureRow(view.name, entity, r["latest_ms"] * 1000, _features(view, r), r["events"]) for r in sent[:size]])
+                sent = sent[size:]
+        names = [f"{view.name}:{name}" for name in view.feature_names]
+        online = store.get_online_features(names, [{view.entity_key: entity} for entity in entities]).to_dict()
+        for i, entity in enumerate(entities):
+            final = rows[f"{entity}-b"][-1]
+            assert {name: online[name][i] for name in view.feature_names} == _features(view, final), entity
+        assert reader.row_timestamps_us(view.name, entities) == [rows[f"{e}-b"][-1]["latest_ms"] * 1000 for e in entities]
+
+    check()
+
+
+def _features(view: ViewPlan, row: dict) -> dict:
+    return {name: row[name] for name in view.feature_names}
+
+
+def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
+    """What Feast's ``online_write_batch`` writes for a row, field by field and byte by byte, and one field more."""
+    from feast.infra.online_stores.helpers import get_online_store_from_config
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
+
+    store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    view = store.get_stream_feature_view("user_transaction_features")
+    features = {"txn_count_5m": 3, "amount_sum_1h": 12.5, "secs_since_prev_txn": None, "distinct_merchants_1h": 2}
+    values = {"txn_count_5m": Value(int64_val=3), "amount_sum_1h": Value(double_val=12.5), "secs_since_prev_txn": Value(),
+              "distinct_merchants_1h": Value(int64_val=2)}  # fmt: skip
+    at_us = START_MS * 1000 + 123
+    ours, feasts = f"hash-{RUN}-ours", f"hash-{RUN}-feast"
+    OnlineWriter(applied.feast_registry_path, applied.redis_connection).write([FeatureRow(view.name, ours, at_us, features, 7)])
+    key = EntityKey(join_keys=["user_id"], entity_values=[Value(string_val=feasts)])
+    at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=at_us)
+    get_online_store_from_config(store.config.online_store).online_write_batch(store.config, view, [(key, values, at, None)], None)
+
+    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+    client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
+    written = client.hgetall(reader._redis_key("user_id", ours))
+    assert written.pop(f"_order:{view.name}".encode()) == f"{at_us}:7".encode()
+    assert written == client.hgetall(reader._redis_key("user_id", feasts))
