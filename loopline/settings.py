@@ -45,7 +45,7 @@ def _comma_separated(value: Any) -> Any:
             return json.loads(value)
         addresses = [part.strip() for part in value.split(",") if part.strip()]
         if value.strip() and not addresses:
-            raise ValueError(f"{value!r} names no broker: give host:port[,host:port...], or leave it unset for the stack's own")
+            raise ValueError(f"{value!r} names no node: give host:port[,host:port...], or leave it unset for the stack's own")
         return addresses
     return value
 
@@ -99,7 +99,7 @@ class KafkaSettings(BaseModel):
 
 class RedisSettings(BaseModel):
     """Redis, the Feast online store: the stack's own server, or a Redis Cluster of the stack's own nodes
-    (``mode: cluster``, Feast's ``redis_type: redis_cluster``)."""
+    (``mode: cluster``, Feast's ``redis_type: redis_cluster``), or either elsewhere, named by its ``nodes``."""
 
     host: str = "127.0.0.1"
     port: int = Field(default=6379, ge=1, le=65535, description="The server's; in a cluster node i listens on port + i.")
@@ -113,12 +113,22 @@ class RedisSettings(BaseModel):
     cluster_node_timeout_ms: int = Field(
         default=5_000, ge=100, description="How long a master may not answer before the cluster fails it over to a replica."
     )
+    nodes: Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)] = Field(
+        default_factory=list,
+        description="host:port of a Redis elsewhere: a cluster's nodes, any that answer (a list, or comma-separated); "
+        "empty: the stack's own (host, port).",
+    )
 
     @property
     def node_ports(self) -> list[int]:
         """The client port of each of the stack's nodes: one server, or every master and replica of the cluster."""
         nodes = self.cluster_masters * (1 + self.cluster_replicas) if self.mode == "cluster" else 1
         return [self.port + i for i in range(nodes)]
+
+    @property
+    def addresses(self) -> list[str]:
+        """host:port of every node the clients start from: ``nodes``, else the stack's own."""
+        return self.nodes or [f"{self.host}:{port}" for port in self.node_ports]
 
 
 class PrometheusSettings(BaseModel):
@@ -522,7 +532,7 @@ class Settings(BaseSettings):
             options.append(f"password={self.redis.password.get_secret_value()}")
         if self.redis.ssl:
             options.append("ssl=true")
-        return ",".join([*(f"{self.redis.host}:{port}" for port in self.redis.node_ports), *options])
+        return ",".join([*self.redis.addresses, *options])
 
     @property
     def redis_cluster(self) -> bool:

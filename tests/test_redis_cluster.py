@@ -146,6 +146,20 @@ def test_fast_read_across_views_equals_feast_on_the_cluster(cluster_settings: Se
     assert got["txn_count_5m"] == [3, 5] and got["merchant_amount_mean_1h"] == [12.5, None]
 
 
+def test_an_external_cluster_named_by_one_of_its_nodes_is_read_whole(cluster_settings: Settings, written: list[str]) -> None:
+    """redis.nodes as a chart gives it (one address in front of the cluster; here a replica's): the clients learn every
+    master from it, and the stack's host and port (a port nothing listens on) are not used."""
+    external = cluster_settings.model_copy(update={"redis": cluster_settings.redis.model_copy(update={
+        "nodes": [f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"], "port": 1})})  # fmt: skip
+    assert external.redis_connection == f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"
+    store = feature_store(external.feast_registry_path, external.redis_connection, redis_cluster=True)
+    reader = OnlineReader(external.feast_registry_path, external.redis_connection, redis_cluster=True)
+    features, rows = [f"{USER_VIEW}:txn_count_5m"], [{"user_id": user} for user in written]
+    got = reader.get_online_features(features, rows)
+    assert got == store.get_online_features(features, rows).to_dict() and got["txn_count_5m"] == list(range(64))
+    assert len(_masters_of(_client(cluster_settings), [reader._redis_key("user_id", u) for u in written])) == 3
+
+
 def test_the_result_cache_keeps_scores_on_every_master(cluster_settings: Settings) -> None:
     keys = [ResultCache.key("model", "1", [float(i)]) for i in range(30)]
 

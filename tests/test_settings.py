@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -107,7 +108,34 @@ def test_a_kafka_cluster_is_named_by_a_list_of_brokers(monkeypatch: pytest.Monke
 
 def test_a_broker_list_naming_no_broker_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LOOPLINE_KAFKA__BOOTSTRAP_SERVERS", ",,,")
-    with pytest.raises(ValueError, match="names no broker"):
+    with pytest.raises(ValueError, match="names no node"):
+        Settings()
+
+
+@pytest.mark.parametrize("value", ["r1:6379, r2:6380", '["r1:6379", "r2:6380"]'])
+def test_an_external_redis_cluster_is_named_by_its_nodes(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    """redis.nodes, not the stack's port + i (which behind one Service names addresses that do not exist), reach the
+    connection string Feast and every Loopline Redis client parse their nodes from."""
+    from feast.infra.online_stores.redis import RedisOnlineStore
+
+    from feature_store.config import feast_config
+
+    monkeypatch.setenv("LOOPLINE_REDIS__NODES", value)
+    monkeypatch.setenv("LOOPLINE_REDIS__MODE", "cluster")
+    monkeypatch.setenv("LOOPLINE_REDIS__PASSWORD", "p4ss")
+    settings = Settings()
+    assert settings.redis.nodes == ["r1:6379", "r2:6380"] and settings.redis_cluster
+    assert settings.redis_connection == "r1:6379,r2:6380,password=p4ss"
+    config = feast_config(None, settings.redis_connection, redis_cluster=settings.redis_cluster)
+    assert (config.online_store.connection_string, config.online_store.redis_type) == (settings.redis_connection, "redis_cluster")
+    nodes, params = RedisOnlineStore._parse_connection_string(config.online_store.connection_string)
+    assert [(n["host"], int(n["port"])) for n in nodes] == [("r1", 6379), ("r2", 6380)] and params["password"] == "p4ss"
+    child = {n: v for n, v in settings_environment(settings).items() if n.startswith("LOOPLINE_REDIS")}
+    assert json.loads(child["LOOPLINE_REDIS__NODES"]) == ["r1:6379", "r2:6380"]
+    monkeypatch.delenv("LOOPLINE_REDIS__NODES")
+    assert Settings().redis_connection.split(",")[:6] == [f"127.0.0.1:{6379 + i}" for i in range(6)], "the stack's own"
+    monkeypatch.setenv("LOOPLINE_REDIS__NODES", ", ,")
+    with pytest.raises(ValueError, match="names no node"):
         Settings()
 
 

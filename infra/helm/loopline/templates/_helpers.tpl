@@ -47,9 +47,9 @@ app.kubernetes.io/component: {{ .component }}
 {{/* loopline.yaml: what the chart wires (addresses, paths, ports), with `settings` merged over it. */}}
 {{- define "loopline.settings" -}}
 {{- $shared := .Values.shared.mountPath -}}
-{{- $redis := dict "host" .Values.redis.host "port" .Values.redis.port "mode" .Values.redis.mode "ssl" .Values.redis.ssl -}}
+{{- $redis := dict "nodes" (required "redis.nodes names the Redis (host:port each)" .Values.redis.nodes) "mode" .Values.redis.mode "ssl" .Values.redis.ssl -}}
 {{- if .Values.redis.inChart.enabled -}}
-{{- $redis = dict "host" (printf "%s-redis" (include "loopline.name" .)) "port" 6379 "mode" "standalone" "ssl" false -}}
+{{- $redis = dict "nodes" (list (printf "%s-redis:6379" (include "loopline.name" .))) "mode" "standalone" "ssl" false -}}
 {{- end -}}
 {{- $wired := dict
   "home" "/tmp/loopline"
