@@ -39,9 +39,11 @@ from loopline.tables import (
     stack_table,
     topics_table,
 )
+from offline_training.kubernetes_api import KubernetesError
 from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
 from offline_training.rendezvous import NodeGroupError
+from offline_training.trainjob import TrainJobTemplateError
 from schemas.compatibility import CompatibilityError, check_registered_schemas, register_schemas
 from streams.feature_plan import PlanError
 from streams.job_archives import JobArchiveError
@@ -75,7 +77,7 @@ console = Console()
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
     ReleaseError, SnapshotError, TrainingError, NodeGroupError, UnknownSettingError, JobArchiveError, ValidationError,
-    urllib.error.URLError, RedisClusterException,
+    urllib.error.URLError, RedisClusterException, KubernetesError, TrainJobTemplateError,
 )  # fmt: skip
 
 
@@ -654,7 +656,7 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
     Prometheus, every retrain.poll_s; when its quality falls or an alert fires, print why (notify) or also snapshot,
     train, evaluate and release the new version as a canary (retrain): retrain.mode for quality, retrain.alert_mode for
     alerts."""
-    from loopline.retraining import trigger_step
+    from loopline.retraining import TrainJobStarted, trigger_step
 
     config = settings()
     if config.retrain.mode == config.retrain.alert_mode == "off":
@@ -671,7 +673,11 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
         decision, outcome = trigger_step(config)
         verdict = f"[red]fire[/red] ({config.retrain.mode_for(decision.causes)})" if decision.fire else "quiet"
         console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
-        if outcome is not None:
+        if isinstance(outcome, TrainJobStarted):
+            job = outcome.trainjob
+            console.print(f"TrainJob {job.namespace}/{job.name} {'created' if job.created else 'already created'} on snapshot "
+                          f"{outcome.snapshot_id}: `kubectl get trainjob {job.name}` follows it", highlight=False)  # fmt: skip
+        elif outcome is not None:
             _print_outcome(outcome, config.retrain.canary_percent)
         if once:
             return

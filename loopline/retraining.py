@@ -24,6 +24,7 @@ from streams.topics import read_topic
 
 if TYPE_CHECKING:
     from offline_training.candidate import CandidateReport, ProdModel
+    from offline_training.kubernetes_api import Created, KubernetesApi
 
 #: The model's inputs when a snapshot is backfilled (no logged prediction names them): the demo model's.
 BACKFILL_INPUTS = (
@@ -224,18 +225,49 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
     return dataclasses.replace(decision, reason=decision.reason + unread)
 
 
-def trigger_step(settings: Settings) -> tuple[TriggerDecision, RetrainOutcome | None]:
+@dataclass(frozen=True)
+class TrainJobStarted:
+    """A retrain handed to Kubernetes (``retrain.launcher: trainjob``): the TrainJob training on ``snapshot_id``, whose
+    node 0 judges, registers and releases the model as `loopline train --canary` does."""
+
+    snapshot_id: str
+    trainjob: Created
+
+
+def start_retrain_trainjob(
+    settings: Settings, snapshot_id: str, fired_ms: int, reason: str, kubernetes: KubernetesApi | None = None
+) -> TrainJobStarted:  # fmt: skip
+    """Create the TrainJob of the firing at ``fired_ms`` on ``snapshot_id`` from ``retrain.trainjob_template``, through
+    ``kubernetes`` (default: the pod's own API server, as its service account); a retry of the same firing finds the
+    TrainJob its first attempt created."""
+    from offline_training.kubernetes_api import KubernetesApi
+    from offline_training.trainjob import load_template, start_retrain
+
+    options = settings.retrain
+    template = load_template(options.trainjob_template)
+    created = start_retrain(kubernetes or KubernetesApi.in_cluster(), template, snapshot_id=snapshot_id, fired_ms=fired_ms,
+                            canary_percent=options.canary_percent, reason=reason)  # fmt: skip
+    return TrainJobStarted(snapshot_id, created)
+
+
+def trigger_step(
+    settings: Settings, kubernetes: KubernetesApi | None = None
+) -> tuple[TriggerDecision, RetrainOutcome | TrainJobStarted | None]:  # fmt: skip
     """One look of `loopline retrain watch`: the verdict and, when it fires with a cause whose mode is ``retrain``, the
-    retraining it ran.
+    retraining it ran (``retrain.launcher: local``) or the TrainJob it created for it (``trainjob``; through
+    ``kubernetes``, default the pod's API server), on a snapshot of the served model's examples either way.
 
     A firing is recorded on the registered model before anything runs (in ``notify`` mode too), so the cooldown holds
     even if the retraining fails or the watcher restarts."""
     decision = check_trigger(settings)
     if not decision.fire:
         return decision, None
-    name = settings.serving.model_name
-    model_release(settings).client.set_registered_model_tag(name, LAST_FIRED_TAG, str(int(time.time() * 1000)))
+    name, fired_ms = settings.serving.model_name, int(time.time() * 1000)
+    model_release(settings).client.set_registered_model_tag(name, LAST_FIRED_TAG, str(fired_ms))
     if settings.retrain.mode_for(decision.causes) != "retrain":
         return decision, None
+    if settings.retrain.launcher == "trainjob":
+        snapshot_id = create_snapshot(settings, None, None, model_name=name).snapshot_id
+        return decision, start_retrain_trainjob(settings, snapshot_id, fired_ms, decision.reason, kubernetes)
     outcome = retrain(settings, canary_percent=settings.retrain.canary_percent, actor=TRIGGER_ACTOR, reason=decision.reason)
     return decision, outcome

@@ -354,6 +354,18 @@ class RetrainSettings(BaseModel):
     canary_percent: float = Field(default=5.0, ge=0, le=100, description="% of requests the trigger's version takes; 0: none.")
     owner: str = Field(default_factory=os_user, min_length=1,
                        description="Who answers for the models trained here (their cards' owner); default: the OS user training.")  # fmt: skip
+    launcher: Literal["local", "trainjob"] = Field(default="local", description=(
+        "How the trigger's retrain trains: local, in its own process (torchrun); trainjob, a Kubeflow TrainJob it creates "
+        "through the Kubernetes API as its pod's service account (the chart's retrain trigger)."))  # fmt: skip
+    trainjob_template: Path | None = Field(default=None, description=(
+        "The TrainJob a retrain starts from (the chart's retrain-trainjob ConfigMap, mounted); needed by launcher trainjob."))  # fmt: skip
+
+    @model_validator(mode="after")
+    def _launcher_has_its_template(self) -> RetrainSettings:
+        if self.launcher == "trainjob" and self.trainjob_template is None:
+            raise ValueError("retrain.launcher trainjob needs retrain.trainjob_template: the TrainJob the chart renders "
+                             "for the trigger (its ConfigMap, mounted in the trigger's pod)")  # fmt: skip
+        return self
 
     def trigger_policy(self) -> TriggerPolicy:
         """The trigger's policy these settings declare."""

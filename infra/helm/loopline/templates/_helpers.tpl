@@ -67,6 +67,7 @@ app.kubernetes.io/component: {{ .component }}
   "model_registry" (dict "tracking_uri" .Values.modelRegistry.trackingUri "artifact_location" .Values.modelRegistry.artifactLocation)
   "prometheus" (dict "host" .Values.prometheus.host "port" .Values.prometheus.port)
   "dashboard" (dict "host" "0.0.0.0" "port" .Values.dashboard.port)
+  "retrain" (dict "trainjob_template" (include "loopline.trainJobTemplatePath" .))
 -}}
 {{- mustMergeOverwrite $wired (deepCopy .Values.settings) | toYaml -}}
 {{- end -}}
@@ -124,4 +125,46 @@ capabilities: {drop: [ALL]}
 {{/* Annotations that roll a pod when its settings change. */}}
 {{- define "loopline.podAnnotations" -}}
 checksum/settings: {{ include "loopline.settings" . | sha256sum }}
+{{- end -}}
+
+{{/* Where the retrain trigger reads the TrainJob a retrain starts from (its ConfigMap, mounted): retrain.trainjob_template. */}}
+{{- define "loopline.trainJobTemplatePath" -}}
+/etc/loopline/retrain/trainjob.yaml
+{{- end -}}
+
+{{/*
+The one TrainJob definition: the chart's own (training.job, on its snapshot, priority "training") and the template the
+retrain trigger creates its TrainJobs from (no snapshot: offline_training/trainjob.py sets it, the name and the canary;
+priority "retrain"). Call with (dict "root" $ "name" NAME "snapshot" ID-or-"" "priority" "training"|"retrain").
+*/}}
+{{- define "loopline.trainJob" -}}
+{{- $training := .root.Values.training }}
+{{- $gpus := int $training.job.gpus }}
+{{- $resources := deepCopy $training.job.resources }}
+{{- if $gpus }}
+{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) $resources.limits) }}
+{{- $_ := set $resources "requests" (merge (dict "nvidia.com/gpu" $gpus) $resources.requests) }}
+{{- end -}}
+apiVersion: trainer.kubeflow.org/v1alpha1
+kind: TrainJob
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "loopline.labels" (dict "root" .root "component" "training") | nindent 4 }}
+    {{- if $training.kueue.enabled }}
+    kueue.x-k8s.io/queue-name: {{ $training.kueue.localQueue }}
+    kueue.x-k8s.io/priority-class: loopline-{{ .priority }}
+    {{- end }}
+spec:
+  runtimeRef: {name: {{ $training.runtime.name }}}
+  trainer:
+    image: {{ include "loopline.image" (dict "root" .root "image" .root.Values.images.trainer) }}
+    numNodes: {{ $training.job.numNodes }}
+    numProcPerNode: {{ $training.job.processesPerNode }}
+    env:
+      {{- with .snapshot }}
+      - {name: TRAIN_SNAPSHOT, value: {{ . | quote }}}
+      {{- end }}
+      - {name: LOOPLINE_FEEDBACK__TRAIN_PROCESSES, value: {{ $training.job.processesPerNode | quote }}}
+    resourcesPerNode: {{- toYaml $resources | nindent 6 }}
 {{- end -}}
