@@ -1,11 +1,13 @@
 """The images of `make images` against the real local stack (marker ``images``; `make test-images` builds them first):
 the CPU scorer image, run with `podman run --network host`, serves a real ONNX model with features from the session's
-Redis and logs its prediction to Kafka; the Flink image's entry point submits the feature job to a session cluster
-(`loopline flink up`, on this host), where it reaches RUNNING.
+Redis and logs its prediction to Kafka; the Flink image runs the Helm chart's features FlinkDeployment as the Flink
+operator runs an application cluster (a JobManager container in application mode and a TaskManager container), and the
+job it starts writes the features of the events published to the session's Redis.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -20,17 +22,21 @@ import pytest
 import requests
 
 from conftest import REPO, LogReader, score_request
+from feature_store.online_read import OnlineReader
 from feature_store.online_write import FeatureRow, OnlineWriter
-from infra.flink_cluster import cancel_job, list_jobs
+from infra.flink_cluster import list_jobs, rest_get
+from infra.helm_chart import render
 from infra.images.catalog import image_tags
 from infra.images.engine import Podman
 from infra.service import free_ports, wait_until
-from loopline.components import flink_session
-from loopline.settings import FlinkSettings, Settings, settings_environment
+from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
-from schemas.records import PredictionRecord
-from schemas.topics import PREDICTIONS
-from streams.job_archives import cache_dir
+from schemas.records import PredictionRecord, TransactionEvent
+from schemas.topics import DAY_MS, PREDICTIONS, TopicSpec
+from schemas.validation import encode
+from streams.producer import EventProducer
+from streams.synthetic import Emitted
+from streams.topics import apply_topics
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(600)]
 
@@ -115,33 +121,140 @@ def test_the_scorer_image_scores_with_the_stacks_features(podman: Podman, applie
     assert user_id == "10001", "the scorer runs as its own non-root user"
 
 
-def test_the_flink_images_entry_point_submits_a_job_that_runs(podman: Podman, applied: Settings) -> None:
-    rest, rpc = free_ports(2)
-    on_cluster = applied.model_copy(update={"flink": FlinkSettings(rest_port=rest, rpc_port=rpc)})
-    session = flink_session(on_cluster, taskmanagers=1, slots=2)
-    jobmanager = session.address
-    environments = set(cache_dir().glob("loopline-job-env-*.zip"))
-    session.up()
+def _chart_file_volumes(objects: list[dict], pod: dict, container: dict, root: Path, claim: Path) -> list[str]:
+    """``--volume`` for each of ``container``'s mounts as its pod would have them: a ConfigMap's or Secret's keys
+    written as files under ``root`` (read-only), the claim at ``claim``; an emptyDir is the container's own folder."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    options = []
+    for mount in container["volumeMounts"]:
+        volume = volumes[mount["name"]]
+        if "persistentVolumeClaim" in volume:
+            options.append(f"--volume={claim}:{mount['mountPath']}")
+        elif "configMap" in volume or "secret" in volume:
+            kind, name = ("ConfigMap", volume["configMap"]["name"]) if "configMap" in volume else ("Secret", volume["secret"]["secretName"])
+            folder = root / mount["name"]
+            folder.mkdir(parents=True)
+            for key, content in _chart_data(objects, kind, name).items():
+                (folder / key).write_text(content)
+                (folder / key).chmod(0o644)
+            options.append(f"--volume={folder}:{mount['mountPath']}:ro")
+    return options
+
+
+def _chart_data(objects: list[dict], kind: str, name: str) -> dict[str, str]:
+    """The entries of the chart's ConfigMap or Secret ``name`` as text."""
+    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    data = {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()} if kind == "Secret" else dict(obj.get("data", {}))
+    return data | obj.get("stringData", {})
+
+
+def _chart_environment(objects: list[dict], container: dict) -> list[str]:
+    """``--env`` for each of ``container``'s variables: a value, or a Secret's or ConfigMap's key (an optional key the
+    object lacks leaves its variable out, as the kubelet does)."""
+    env = {}
+    for variable in container["env"]:
+        if "value" in variable:
+            env[variable["name"]] = variable["value"]
+            continue
+        ((source, ref),) = variable["valueFrom"].items()
+        data = _chart_data(objects, "Secret" if source == "secretKeyRef" else "ConfigMap", ref["name"])
+        if ref["key"] in data or not ref.get("optional"):
+            env[variable["name"]] = data[ref["key"]]
+    return [f"--env={name}={value}" for name, value in env.items()]
+
+
+def _flink_properties(spec: dict, **options: object) -> str:
+    """FLINK_PROPERTIES for one process of the FlinkDeployment ``spec`` on this host: its ``flinkConfiguration`` (less
+    Kubernetes HA: there is no API server here), what the operator derives from the spec for a standalone application
+    cluster (its FlinkConfigBuilder: memory, parallelism, the job's jar as ``pipeline.jars`` and, as a ``file://`` URI,
+    ``pipeline.classpaths``, without which the JobManager cannot load PyFlink's operators), and ``options`` (keys with
+    ``_`` for ``.``: addresses and ports)."""
+    jar = spec["job"]["jarURI"]
+    conf = {k: v for k, v in spec["flinkConfiguration"].items() if not k.startswith("high-availability.")}
+    conf |= {"jobmanager.memory.process.size": spec["jobManager"]["resource"]["memory"],
+             "taskmanager.memory.process.size": spec["taskManager"]["resource"]["memory"],
+             "parallelism.default": spec["job"]["parallelism"], "execution.target": "remote", "pipeline.jars": jar,
+             "pipeline.classpaths": "file://" + jar.removeprefix("local://"),
+             **{k.replace("_", "."): v for k, v in options.items()}}  # fmt: skip
+    return "".join(f"{key}: {value}\n" for key, value in conf.items())
+
+
+def _job_runs_on(address: str, taskmanagers: int) -> bool:
+    """Whether the cluster at ``address`` runs one job, every task of it RUNNING, on its ``taskmanagers``."""
     try:
-        home, cache = on_cluster.home.absolute(), cache_dir().parents[1]
-        # The stack's state and the job environment cache are the host root's folders, mounted where the host has them.
-        options = ["--user=0:0", f"--volume={home}:{home}", f"--volume={cache}:{cache}", f"--env=XDG_CACHE_HOME={cache}",
-                   *_loopline_environment(on_cluster, "LOOPLINE_JARS_DIR")]  # fmt: skip
-        submit = ["loopline", "stream", "submit", "--jobmanager", jobmanager, "--no-restore"]
-        image = TAGS["loopline-flink"]
-        with container(podman, image, options, submit) as name:
-            assert wait_until(lambda: _exited(podman, name), 400, 1), "the submission did not end"
-            logs = podman.run("logs", name)
-            output = logs.stdout + logs.stderr
-            assert _exit_code(podman, name) == 0, output[-3000:]
-        job_id = output.rsplit("job ", 1)[1].split()[0]
-        assert wait_until(lambda: {j["id"]: j["state"] for j in list_jobs(jobmanager)}.get(job_id) == "RUNNING", 180, 1), \
-            list_jobs(jobmanager)  # fmt: skip
-        assert set(cache_dir().glob("loopline-job-env-*.zip")) == environments, \
-            "the image's Python environment is the venv's: the job environment built from it is the one cached here"  # fmt: skip
-        cancel_job(jobmanager, job_id)
-    finally:
-        session.down()
+        jobs = list_jobs(address)
+        if [j["state"] for j in jobs] != ["RUNNING"]:
+            return False
+        vertices = rest_get(address, f"/jobs/{jobs[0]['id']}")["vertices"]
+        used = [tm for tm in rest_get(address, "/taskmanagers")["taskmanagers"] if tm["freeSlots"] < tm["slotsNumber"]]
+    except OSError:
+        return False
+    return all(v["status"] == "RUNNING" for v in vertices) and len(used) == taskmanagers
+
+
+def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does(podman: Podman, applied: Settings,
+                                                                                   tmp_path: Path) -> None:  # fmt: skip
+    """The chart's features FlinkDeployment, run from the image as the Flink operator runs an application cluster in
+    standalone mode (``standalone-job --job-classname <entryClass> <job.args>`` and ``taskmanager``, each container
+    with the pod template's env and mounts), on this host's network against the session's Kafka and Redis: the job
+    reaches RUNNING on the image's own TaskManager and writes the features of the events published to Redis."""
+    run = uuid.uuid4().hex[:8]
+    source = TopicSpec(f"test.images.events.{run}", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
+    objects = render(overrides={
+        "kafka.strimzi": "false", "kafka.bootstrapServers": f"{{{applied.kafka.bootstrap}}}", "redis.mode": "standalone",
+        "redis.nodes": f"{{{','.join(applied.redis.addresses)}}}", "settings.stream.source_topic": source.name,
+        "settings.stream.group_id": f"images-{run}",
+    })  # fmt: skip
+    (deployment,) = [o for o in objects if o["kind"] == "FlinkDeployment" and o["metadata"]["name"] == "loopline-feature-job"]
+    spec, job = deployment["spec"], deployment["spec"]["job"]
+    pod = spec["podTemplate"]["spec"]
+    (main,) = pod["containers"]
+    # The claim: the Feast registry where the chart's settings say (the apply Job writes it there), writable by Flink.
+    claim = tmp_path / "shared"
+    (claim / "feast").mkdir(parents=True)
+    shutil.copy(applied.feast_registry_path, claim / "feast" / "registry.db")
+    for path in [claim, *claim.rglob("*")]:
+        path.chmod(0o777)
+    pod_options = [*_chart_environment(objects, main), *_chart_file_volumes(objects, pod, main, tmp_path / "volumes", claim)]
+
+    user, amounts = f"image-{run}", [20.0, 35.5, 4.5]
+    apply_topics(applied.kafka.bootstrap, [source])
+    events = [TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=int(time.time() * 1000) + i,
+                               user_id=user, merchant_id=f"m{i}", amount=amount, currency="EUR", merchant_category="grocery",
+                               channel="pos", country="DE") for i, amount in enumerate(amounts)]  # fmt: skip
+    EventProducer(applied.kafka.bootstrap).publish([Emitted(source.name, user, encode(e), e.event_time_ms, e) for e in events])
+
+    rpc, rest, blob, tm_rpc, tm_data, jm_metrics, tm_metrics = free_ports(7)
+    address = f"127.0.0.1:{rest}"
+    cluster = {"jobmanager_rpc_address": "127.0.0.1", "jobmanager_rpc_port": rpc}
+    jobmanager = _flink_properties(spec, **cluster, rest_address="127.0.0.1", rest_port=rest, blob_server_port=blob,
+                                   metrics_reporter_prom_port=jm_metrics)  # fmt: skip
+    taskmanager = _flink_properties(spec, **cluster, taskmanager_host="127.0.0.1", taskmanager_rpc_port=tm_rpc,
+                                    taskmanager_data_port=tm_data, metrics_reporter_prom_port=tm_metrics)  # fmt: skip
+    image = TAGS["loopline-flink"]
+    assert spec["image"].endswith(image), "the chart runs the catalog's Flink image"
+    application = ["standalone-job", "--job-classname", job["entryClass"], *job["args"]]
+    with (container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={jobmanager}"], application) as jm,
+          container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={taskmanager}"], ["taskmanager"]) as tm):
+        logs = lambda: _logs(podman, jm, tm)  # noqa: E731
+        assert wait_until(lambda: _job_runs_on(address, 1) or _exited(podman, jm), 300, 1) and not _exited(podman, jm), logs()
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+
+        def features() -> dict:
+            read = reader.get_online_features([f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h"], [{"user_id": user}])
+            return {name: values[0] for name, values in read.items() if name != "user_id"}
+
+        assert wait_until(lambda: features()["txn_count_5m"] == len(amounts), 180, 0.5), logs()
+        assert features() == {"txn_count_5m": len(amounts), "amount_sum_1h": sum(amounts)}
+
+
+def _logs(podman: Podman, *names: str) -> str:
+    """The end of each container's output less Java's stack frames (a failed job's Python traceback stays in view),
+    for a failure's message."""
+    outputs = {name: podman.run("logs", name) for name in names}
+    kept = {name: "\n".join(line for line in (out.stdout + out.stderr).splitlines() if not line.lstrip().startswith(("at ", "... ")))
+            for name, out in outputs.items()}  # fmt: skip
+    return "\n".join(f"--- {name}:\n{text[-5000:]}" for name, text in kept.items())
 
 
 def _state(podman: Podman, name: str) -> dict:
@@ -150,7 +263,3 @@ def _state(podman: Podman, name: str) -> dict:
 
 def _exited(podman: Podman, name: str) -> bool:
     return _state(podman, name)["Status"] == "exited"
-
-
-def _exit_code(podman: Podman, name: str) -> int:
-    return int(_state(podman, name)["ExitCode"])
