@@ -10,8 +10,9 @@ Python runs only where the contracts and Feast are needed, on Arrow batches of r
 the per-event state work runs in the JVM operators of ``streams/jvm`` (see ``streams/operators_jar.py``).
 Kafka offsets and all state are checkpointed together, and a Python step finishes its batch before a
 checkpoint completes, so every row before the checkpoint is written. A restarted job resumes from
-the last checkpoint and recomputes identical rows for replayed events, which the online store
-skips as not newer.
+the last checkpoint; the online store orders an entity's rows by its latest event time, then the
+events absorbed (``feature_store/online_write.py``), so whatever order the replay interleaves the
+partitions in, the store ends with the row of every event, never with one written before the failure.
 """
 
 from __future__ import annotations
