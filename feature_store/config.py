@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 
 REPO_PATH = Path(__file__).with_name("repo")
+#: The folder holding this package. Feast names each definition file's module by its path under the working
+#: directory, so this package's repo is parsed from here, its files this package's modules (feature_store.repo.*),
+#: wherever Loopline runs: an image's working directory is nowhere above its site-packages.
+PACKAGES_ROOT = Path(__file__).resolve().parents[1]
 
 
 def declared_feast_registry(repo_path: Path = REPO_PATH) -> Path:
@@ -68,23 +73,30 @@ def apply_definitions(
 
     Returns the names of the feature views applied.
     """
-    from feast.repo_operations import parse_repo
-
     store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
-    contents = parse_repo(repo_path)
+    contents = _parse_repo(repo_path)
     views = [*contents.feature_views, *contents.stream_feature_views]
     store.apply([*contents.entities, *contents.data_sources, *views])
     return sorted(view.name for view in views)
+
+
+def _parse_repo(repo_path: Path):
+    """Feast's parse of the repo's definition files (``feast.repo_operations.parse_repo``), run from ``PACKAGES_ROOT``
+    for this package's repo (from the working directory for another)."""
+    from feast.repo_operations import parse_repo
+
+    repo_path = repo_path.resolve()
+    with contextlib.chdir(PACKAGES_ROOT if repo_path.is_relative_to(PACKAGES_ROOT) else Path.cwd()):
+        return parse_repo(repo_path)
 
 
 def repo_stream_views(repo_path: Path = REPO_PATH) -> list:
     """The repo's stream feature views as `feast apply` registers them (join keys inferred from their entities),
     without a registry or an online store: for compiling the streaming plan offline (benchmarks)."""
     from feast.field import Field
-    from feast.repo_operations import parse_repo
     from feast.types import String
 
-    contents = parse_repo(repo_path)
+    contents = _parse_repo(repo_path)
     join_keys = {entity.name: entity.join_key for entity in contents.entities}
     views = list(contents.stream_feature_views)
     for view in views:

@@ -153,11 +153,17 @@ def submit_job(command: list[str], address: str) -> str:
     """Run ``command``, a detached ``flink run`` to the cluster at ``address`` (REST host:port), and return the id of
     the job it submitted; StackError with the end of its output when it failed or named no job."""
     result = subprocess.run(command, capture_output=True, text=True)
-    submitted = re.search(r"JobID ([0-9a-f]{32})", result.stdout)
-    if result.returncode != 0 or not submitted:
+    job_id = submitted_job_id(result.stdout)
+    if result.returncode != 0 or not job_id:
         last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
         raise StackError(f"`flink run` failed: {last}", f"check the cluster at {address} and its logs")
-    return submitted.group(1)
+    return job_id
+
+
+def submitted_job_id(output: str) -> str | None:
+    """The id of the job a detached ``flink run`` says it submitted, in its output; None when it names none."""
+    submitted = re.search(r"JobID ([0-9a-f]{32})", output)
+    return submitted.group(1) if submitted else None
 
 
 def list_jobs(address: str) -> list[dict]:

@@ -4,15 +4,17 @@ prints it).
 
 The job's settings are read where it runs, from the pod's environment (``LOOPLINE_CONFIG`` and ``LOOPLINE_*``, the
 Secrets' passwords among them) like every other Loopline process's, so a FlinkDeployment's arguments carry no address
-and no secret; the jars are the image's (``streams/flink_submit.FlinkImage``). The job module then runs exactly as
-under a shipped ``flink run``, given the settings as JSON.
+and no secret; the jars are the image's (``streams/flink_submit.FlinkImage``, in the lib of its ``FLINK_HOME``, which
+every Flink image sets). The job module then runs exactly as under a shipped ``flink run``, given the settings as JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import runpy
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -27,12 +29,14 @@ JOINER = "joiner"
 
 def job_arguments(job: str, parallelism: int, image: FlinkImage | None = None) -> tuple[str, list[str]]:
     """The module of ``job`` and the arguments its ``__main__`` takes, from the settings in force here, at ``parallelism``
-    (the submission's: a FlinkDeployment's ``job.parallelism``), with the jars of ``image`` (default: the image's layout)."""
+    (the submission's: a FlinkDeployment's ``job.parallelism``), with the jars of ``image`` (default: the image's layout,
+    Flink where its ``FLINK_HOME`` says)."""
     from loopline.components import job_settings, joiner_settings
     from loopline.settings import Settings
     from streams.flink_submit import FlinkImage
 
-    settings, image = Settings(), image or FlinkImage()
+    settings = Settings()
+    image = image or FlinkImage(flink_home=Path(os.environ.get("FLINK_HOME", FlinkImage.flink_home)))
     # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
     if job == FEATURE_JOB:
         features = dataclasses.replace(job_settings(settings, image), metrics_port=None, parallelism=parallelism)
