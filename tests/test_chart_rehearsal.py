@@ -1,7 +1,7 @@
 """The Helm chart's workloads rehearsed on this machine against the session's stack (issue 17, part 4): the chart is
 rendered once with values that name the stack (its Kafka, Redis, Prometheus, free ports), and each workload's
 container runs here as a process (``infra/chart_rehearsal.py``) with its command, args, env, Secret and ConfigMap
-values and mounted files as rendered. The one translation is the layout of paths (``LAYOUT`` below and each pod's
+values and mounted files as rendered. The one translation is the layout of paths (``_layout`` below and each pod's
 volumes), so a typo in the chart fails here:
 
 - the apply hook Job exits 0, the Feast registry it wrote lists Loopline's views, the topics are on the stack's Kafka;
