@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
+import threading
 import time
 import urllib.error
 from datetime import UTC
@@ -669,7 +671,10 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
     if config.retrain.alert_mode != "off" and unknown:
         raise typer.BadParameter(f"retrain.alerts names no rule under infra/prometheus/: {', '.join(unknown)} "
                                  f"(the rules' alerts: {', '.join(sorted(alert_names()))})")  # fmt: skip
-    while True:
+    # SIGTERM (a pod's stop) ends the watch between looks, never inside one (a retraining or a TrainJob's creation).
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    while not stop.is_set():
         decision, outcome = trigger_step(config)
         verdict = f"[red]fire[/red] ({config.retrain.mode_for(decision.causes)})" if decision.fire else "quiet"
         console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
@@ -681,7 +686,7 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
             _print_outcome(outcome, config.retrain.canary_percent)
         if once:
             return
-        time.sleep(config.retrain.poll_s)
+        stop.wait(config.retrain.poll_s)
 
 
 @app.command("monitor")
@@ -691,12 +696,13 @@ def monitor() -> None:
     from prometheus_client import start_http_server
 
     from feedback_loop.monitor_metrics import MonitorMetrics
-    from loopline.monitoring import build_monitor
+    from loopline.monitoring import build_monitor, wait_for_reference
 
     config = settings()
     metrics = MonitorMetrics()
-    monitor = build_monitor(config, metrics)
     start_http_server(config.monitor.metrics_port, addr=config.serving.host, registry=metrics.collector_registry)
+    wait_for_reference(config, lambda err: console.print(f"monitor: waiting for a reference snapshot: {err}"))
+    monitor = build_monitor(config, metrics)
     console.print(f"monitor: skew against snapshot {monitor.window.reference_id}, metrics on "
                   f"http://{config.serving.host}:{config.monitor.metrics_port}/metrics")  # fmt: skip
     monitor.run()

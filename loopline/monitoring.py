@@ -44,6 +44,22 @@ def reference_snapshot(settings: Settings) -> References:
     return manifest.snapshot_id, manifest.reference
 
 
+def wait_for_reference(settings: Settings, waiting: Callable[[StackError], None]) -> References:
+    """The reference snapshot, once there is one: until prod names a version trained on a snapshot (or the settings name
+    one), ``waiting`` is told why (each new reason once) and the registry is asked again every
+    ``monitor.check_interval_s``. A monitor installed before the first model (a fresh Helm release) waits, up and
+    scraped, instead of exiting."""
+    reason = None
+    while True:
+        try:
+            return reference_snapshot(settings)
+        except StackError as err:
+            if str(err) != reason:
+                reason = str(err)
+                waiting(err)
+        time.sleep(settings.monitor.check_interval_s)
+
+
 def model_versions(settings: Settings) -> dict:
     """The served model's registered versions, newest first: aliases, training snapshot, registration time."""
     from offline_training.candidate import SNAPSHOT_TAG
