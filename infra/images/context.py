@@ -51,8 +51,8 @@ def build_wheel(repo: Path, out_dir: Path) -> Path:
 def stage_context(context: Path, *, repo: Path, flink_home: Path, jars: Sequence[Path],
                   requirements: Mapping[str, Sequence[str]]) -> Path:  # fmt: skip
     """Fill ``context`` for the Dockerfiles of ``infra/images``: ``wheel/``, ``requirements/<set>.txt`` (one pinned
-    requirement a line), ``jars/``, ``flink-dist/`` (linked, not copied, from ``flink_home``) and the Flink base's
-    entry point. Returns ``context``."""
+    requirement a line), ``jars/``, ``flink-dist/`` (linked, not copied, from ``flink_home``), the Flink base's
+    entry point and the images' requirements installer (``pip-install.sh``). Returns ``context``."""
     build_wheel(repo, context / "wheel")
     listed = context / "requirements"
     shutil.rmtree(listed, ignore_errors=True)
@@ -61,7 +61,8 @@ def stage_context(context: Path, *, repo: Path, flink_home: Path, jars: Sequence
         (listed / f"{name}.txt").write_text("".join(f"{line}\n" for line in pinned))
     _link_tree({jar.name: jar for jar in jars}, context / "jars")
     _link_tree({part: flink_home / part for part in FLINK_DIST_PARTS}, context / "flink-dist")
-    shutil.copy2(IMAGES_DIR / "docker-entrypoint.sh", context / "docker-entrypoint.sh")
+    for script in ("docker-entrypoint.sh", "pip-install.sh"):
+        shutil.copy2(IMAGES_DIR / script, context / script)
     return context
 
 

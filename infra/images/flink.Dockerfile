@@ -14,11 +14,13 @@ RUN python3.11 -m venv /opt/loopline/venv && install -d -o flink -g flink /var/l
 ENV PATH=/opt/loopline/venv/bin:/opt/flink/bin:$PATH VIRTUAL_ENV=/opt/loopline/venv LOOPLINE_HOME=/var/lib/loopline \
     LOOPLINE_JARS_DIR=/opt/loopline/jars
 
-# Dependencies before code: this layer is rebuilt only when the pinned set changes. The CA bundle reaches pip as a
-# build secret, never a layer.
+# Dependencies before code: this layer is rebuilt only when the pinned set changes, from the wheelhouse every image
+# build shares (pip-install.sh). The CA bundle reaches pip as a build secret, never a layer.
 COPY requirements/core.txt /opt/loopline/requirements.txt
-RUN --mount=type=secret,id=cabundle --mount=type=cache,id=loopline-pip,target=/root/.cache/pip \
-    PIP_CERT=/run/secrets/cabundle pip install --no-deps --disable-pip-version-check -q -r /opt/loopline/requirements.txt \
+COPY pip-install.sh /opt/loopline/pip-install.sh
+RUN --mount=type=secret,id=cabundle --mount=type=cache,id=loopline-wheels,target=/var/cache/loopline-wheels,sharing=locked \
+    PIP_CERT=/run/secrets/cabundle PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    sh /opt/loopline/pip-install.sh /var/cache/loopline-wheels /opt/loopline/requirements.txt \
     && pyflink=$(python -c 'import pyflink, os; print(os.path.dirname(pyflink.__file__))') \
     && for part in bin conf lib log opt plugins; do rm -rf "$pyflink/$part" && ln -s "/opt/flink/$part" "$pyflink/$part"; done
 

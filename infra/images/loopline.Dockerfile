@@ -1,7 +1,8 @@
 # Loopline's Python images, one stage each over one venv: the scorer (`--target scorer`, CPU or CUDA by its
 # requirements), the trainer (`--target trainer`) and the monitor + dashboard (`--target ops`). Non-root (uid 10001);
 # the entry point is the `loopline` command.
-#   REQUIREMENTS   requirements/<this>.txt: every distribution pinned (`--no-deps`: nothing is resolved again)
+#   REQUIREMENTS   requirements/<this>.txt: every distribution pinned (`--no-deps`: nothing is resolved again), installed
+#                  by pip-install.sh from the wheelhouse every image build shares (a cache mount)
 #   EXTRA          packages installed on top, resolved within those pins (the CUDA scorer's onnxruntime-gpu: its
 #                  requirements leave out the CPU onnxruntime, which writes the same `onnxruntime` package)
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -13,10 +14,10 @@ ENV PATH=/opt/loopline/venv/bin:$PATH VIRTUAL_ENV=/opt/loopline/venv LOOPLINE_HO
 ARG REQUIREMENTS=core
 ARG EXTRA=""
 COPY requirements/${REQUIREMENTS}.txt /opt/loopline/requirements.txt
-RUN --mount=type=secret,id=cabundle --mount=type=cache,id=loopline-pip,target=/root/.cache/pip \
-    export PIP_CERT=/run/secrets/cabundle PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    && pip install --no-deps -q -r /opt/loopline/requirements.txt \
-    && if [ -n "$EXTRA" ]; then pip install -q -c /opt/loopline/requirements.txt $EXTRA; fi
+COPY pip-install.sh /opt/loopline/pip-install.sh
+RUN --mount=type=secret,id=cabundle --mount=type=cache,id=loopline-wheels,target=/var/cache/loopline-wheels,sharing=locked \
+    PIP_CERT=/run/secrets/cabundle PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    sh /opt/loopline/pip-install.sh /var/cache/loopline-wheels /opt/loopline/requirements.txt $EXTRA
 
 COPY wheel/ /tmp/wheel/
 RUN pip install --no-deps --no-cache-dir --disable-pip-version-check -q /tmp/wheel/*.whl && rm -rf /tmp/wheel
