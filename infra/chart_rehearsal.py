@@ -77,9 +77,9 @@ def _data(obj: dict) -> dict[str, str]:
     return decoded | obj.get("stringData", {})
 
 
-def _environment(objects: list[dict], container: dict, pod_name: str) -> dict[str, str]:
-    """The container's ``env``: values, Secret and ConfigMap keys (an optional missing key leaves its variable out),
-    and the pod's name."""
+def pod_environment(objects: list[dict], container: dict, pod_name: str) -> dict[str, str]:
+    """The container's ``env`` as the kubelet gives it, from the rendered ``objects``: values, Secret and ConfigMap
+    keys (an optional missing key leaves its variable out), and the pod's name."""
     env = {}
     for variable in container.get("env", []):
         if "value" in variable:
@@ -100,8 +100,9 @@ def _environment(objects: list[dict], container: dict, pod_name: str) -> dict[st
     return env
 
 
-def _volume_files(objects: list[dict], pod: dict, container: dict) -> dict[str, dict[str, str]]:
-    """The files of each ConfigMap or Secret volume the container mounts, by mountPath (items, if listed, pick keys)."""
+def volume_files(objects: list[dict], pod: dict, container: dict) -> dict[str, dict[str, str]]:
+    """The files of each ConfigMap or Secret volume the container mounts, by mountPath (items, if listed, pick keys),
+    from the rendered ``objects``."""
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     files: dict[str, dict[str, str]] = {}
     for mount in container.get("volumeMounts", []):
@@ -226,11 +227,11 @@ def lay_out(objects: list[dict], kind: str, name: str, layout: Layout, pod_dir: 
     pod_layout = layout.with_paths(paths)
     for folder in paths.values():
         folder.mkdir(parents=True, exist_ok=True)
-    for mount_path, files in _volume_files(objects, pod, container).items():
+    for mount_path, files in volume_files(objects, pod, container).items():
         for file_name, content in files.items():
             (paths[mount_path] / file_name).write_text(pod_layout.local(content))
     image = image_environment(obj["spec"]["image"] if kind == "FlinkDeployment" else container["image"])
-    env = {k: pod_layout.local(v) for k, v in {**image, **_environment(objects, container, f"{name}-rehearsal")}.items()}
+    env = {k: pod_layout.local(v) for k, v in {**image, **pod_environment(objects, container, f"{name}-rehearsal")}.items()}
     argv = obj["spec"]["job"]["args"] if kind == "FlinkDeployment" else [*container.get("command", []), *container.get("args", [])]
     probes = {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container}
     ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}

@@ -7,7 +7,6 @@ job it starts writes the features of the events published to the session's Redis
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import requests
 from conftest import REPO, LogReader, score_request
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import FeatureRow, OnlineWriter
+from infra.chart_rehearsal import pod_environment, volume_files
 from infra.flink_cluster import list_jobs, rest_get
 from infra.helm_chart import render
 from infra.images.catalog import image_tags
@@ -121,46 +121,20 @@ def test_the_scorer_image_scores_with_the_stacks_features(podman: Podman, applie
     assert user_id == "10001", "the scorer runs as its own non-root user"
 
 
-def _chart_file_volumes(objects: list[dict], pod: dict, container: dict, root: Path, claim: Path) -> list[str]:
-    """``--volume`` for each of ``container``'s mounts as its pod would have them: a ConfigMap's or Secret's keys
-    written as files under ``root`` (read-only), the claim at ``claim``; an emptyDir is the container's own folder."""
-    volumes = {v["name"]: v for v in pod["volumes"]}
-    options = []
-    for mount in container["volumeMounts"]:
-        volume = volumes[mount["name"]]
-        if "persistentVolumeClaim" in volume:
-            options.append(f"--volume={claim}:{mount['mountPath']}")
-        elif "configMap" in volume or "secret" in volume:
-            kind, name = ("ConfigMap", volume["configMap"]["name"]) if "configMap" in volume else ("Secret", volume["secret"]["secretName"])
-            folder = root / mount["name"]
-            folder.mkdir(parents=True)
-            for key, content in _chart_data(objects, kind, name).items():
-                (folder / key).write_text(content)
-                (folder / key).chmod(0o644)
-            options.append(f"--volume={folder}:{mount['mountPath']}:ro")
-    return options
-
-
-def _chart_data(objects: list[dict], kind: str, name: str) -> dict[str, str]:
-    """The entries of the chart's ConfigMap or Secret ``name`` as text."""
-    (obj,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    data = {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()} if kind == "Secret" else dict(obj.get("data", {}))
-    return data | obj.get("stringData", {})
-
-
-def _chart_environment(objects: list[dict], container: dict) -> list[str]:
-    """``--env`` for each of ``container``'s variables: a value, or a Secret's or ConfigMap's key (an optional key the
-    object lacks leaves its variable out, as the kubelet does)."""
-    env = {}
-    for variable in container["env"]:
-        if "value" in variable:
-            env[variable["name"]] = variable["value"]
-            continue
-        ((source, ref),) = variable["valueFrom"].items()
-        data = _chart_data(objects, "Secret" if source == "secretKeyRef" else "ConfigMap", ref["name"])
-        if ref["key"] in data or not ref.get("optional"):
-            env[variable["name"]] = data[ref["key"]]
-    return [f"--env={name}={value}" for name, value in env.items()]
+def _pod_options(objects: list[dict], pod: dict, container: dict, name: str, files_dir: Path, claim: Path) -> list[str]:
+    """``--env`` and ``--volume`` options that give a container of the image what the kubelet gives ``container`` of
+    ``pod``: its environment, its ConfigMap and Secret files (written under ``files_dir``, mounted read-only) and the
+    claim at ``claim`` (an emptyDir is the container's own folder)."""
+    options = [f"--env={key}={value}" for key, value in pod_environment(objects, container, name).items()]
+    for index, (mount_path, files) in enumerate(volume_files(objects, pod, container).items()):
+        folder = files_dir / str(index)
+        folder.mkdir(parents=True)
+        for file_name, content in files.items():
+            (folder / file_name).write_text(content)
+            (folder / file_name).chmod(0o644)
+        options.append(f"--volume={folder}:{mount_path}:ro")
+    claims = {v["name"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+    return options + [f"--volume={claim}:{m['mountPath']}" for m in container["volumeMounts"] if m["name"] in claims]
 
 
 def _flink_properties(spec: dict, **options: object) -> str:
@@ -215,7 +189,7 @@ def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does
     shutil.copy(applied.feast_registry_path, claim / "feast" / "registry.db")
     for path in [claim, *claim.rglob("*")]:
         path.chmod(0o777)
-    pod_options = [*_chart_environment(objects, main), *_chart_file_volumes(objects, pod, main, tmp_path / "volumes", claim)]
+    pod_options = _pod_options(objects, pod, main, deployment["metadata"]["name"], tmp_path / "files", claim)
 
     user, amounts = f"image-{run}", [20.0, 35.5, 4.5]
     apply_topics(applied.kafka.bootstrap, [source])
