@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os
+import re
 from importlib.metadata import version
 from pathlib import Path
 
@@ -153,6 +154,27 @@ def test_every_long_running_container_has_probes_and_resources(rendered: dict[st
             assert obj["spec"]["jobManager"]["resource"] and obj["spec"]["taskManager"]["resource"]
         if obj["kind"] == "TrainJob":
             assert obj["spec"]["trainer"]["resourcesPerNode"]["limits"]
+
+
+def _image_user(image: str) -> int:
+    """The uid the image runs as: its Dockerfile's user (the Flink image's comes from its base, Flink's flink user)."""
+    dockerfile = "flink-base.Dockerfile" if "loopline-flink" in image else "loopline.Dockerfile"
+    (uid,) = re.findall(r"useradd [^\n]*--uid (\d+)", (REPO / "infra" / "images" / dockerfile).read_text())
+    return int(uid)
+
+
+def test_every_pod_runs_as_its_images_user(rendered: dict[str, list[dict]]) -> None:
+    """A pod run as another uid than its image's cannot write what the image owns (Flink's log/ under /opt/flink)."""
+    checked = set()
+    for values, obj in _all(rendered):
+        for pod in _pod_specs(obj):
+            # A FlinkDeployment's pod template names no image: the operator runs the deployment's own.
+            images = {c.get("image") or obj["spec"]["image"] for c in pod["containers"]}
+            users = {_image_user(image) for image in images if "redis" not in image}
+            where = f"{values}: {obj['kind']}/{obj['metadata']['name']}"
+            assert users <= {pod["securityContext"]["runAsUser"]}, f"{where} runs as {pod['securityContext']['runAsUser']}, its images as {users}"
+            checked |= users
+    assert checked == {9999, 10001}
 
 
 def test_gpu_values_request_gpus_where_they_run(rendered: dict[str, list[dict]]) -> None:

@@ -72,11 +72,13 @@ app.kubernetes.io/component: {{ .component }}
 {{- mustMergeOverwrite $wired (deepCopy .Values.settings) | toYaml -}}
 {{- end -}}
 
-{{/* The pod's security: a non-root user (the images' uid 10001), no privilege, the runtime's seccomp profile. */}}
+{{/* The pod's security: a non-root user (the Loopline images' uid 10001, or the context's "uid": the Flink image's
+flink user), the shared volume's group 10001 in every pod, no privilege, the runtime's seccomp profile. */}}
 {{- define "loopline.podSecurityContext" -}}
+{{- $uid := get . "uid" | default 10001 }}
 runAsNonRoot: true
-runAsUser: 10001
-runAsGroup: 10001
+runAsUser: {{ $uid }}
+runAsGroup: {{ $uid }}
 fsGroup: 10001
 seccompProfile: {type: RuntimeDefault}
 {{- end -}}
