@@ -14,6 +14,9 @@ import requests
 from confluent_kafka import Consumer, TopicPartition
 
 from feature_store.config import apply_definitions
+from infra.errors import StackError
+from infra.helm_chart import render
+from infra.helm_tool import helm_binary
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import apply_loopline_topics, build_stack, private_stack_settings
@@ -31,6 +34,10 @@ REPO = Path(__file__).resolve().parents[1]
 JUNK_KEY = b"junk"
 #: The jar cache is shared with `make setup`, so tests do not fetch from Maven Central again.
 JARS_DIR = REPO / ".loopline" / "jars"
+#: The CRDs the chart's custom resources are validated against (the shared folder beside the repository).
+CRDS = REPO.parent / "shared" / "crds"
+#: The chart's values sets: its small default, and production layered over it.
+CHART_VALUES = {"default": ["values.yaml"], "production": ["values.yaml", "values-production.yaml"]}
 
 
 class LogReader:
@@ -89,6 +96,21 @@ def stack(settings: Settings) -> Iterator[LocalStack]:
 def bootstrap(stack: LocalStack, settings: Settings) -> str:
     return settings.kafka.bootstrap
 
+
+
+@pytest.fixture(scope="session")
+def helm() -> Path:
+    """The pinned helm, from the tools folder of Settings().home (where `loopline stack setup` builds it) or PATH."""
+    try:
+        return helm_binary(Settings().home.absolute() / "tools")
+    except StackError as err:
+        pytest.skip(f"no helm to render the chart with: {err}")
+
+
+@pytest.fixture(scope="session")
+def rendered(helm: Path) -> dict[str, list[dict]]:
+    """The chart rendered once per values set of ``CHART_VALUES`` (shared: a test copies an object it changes)."""
+    return {name: render(files, helm=helm) for name, files in CHART_VALUES.items()}
 
 
 @pytest.fixture(scope="session")

@@ -35,10 +35,8 @@ from conftest import LogReader, score_request, start_group_at_end
 from feature_store.config import feature_store
 from feature_store.online_write import FeatureRow, OnlineWriter
 from infra.chart_rehearsal import Layout, PodProcess, RehearsalError, flink_job_argv, lay_out
-from infra.errors import StackError
 from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, submitted_job_id
 from infra.helm_chart import render
-from infra.helm_tool import helm_binary
 from infra.jars import flink_connector_jar
 from infra.service import free_ports, wait_until
 from loopline.components import feature_operators_jar, flink_session, joiner_operators_jar
@@ -76,14 +74,6 @@ def _flink_image_home(folder: Path, settings: Settings) -> Path:
         (folder / "lib" / jar.name).unlink(missing_ok=True)
         (folder / "lib" / jar.name).symlink_to(jar)
     return folder
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary(Settings().home.absolute() / "tools")
-    except StackError as err:
-        pytest.skip(f"no helm to render the chart with: {err}")
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import requests
 
-from conftest import REPO, LogReader, score_request
+from conftest import LogReader, score_request
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import FeatureRow, OnlineWriter
 from infra.chart_rehearsal import pod_environment, volume_files
@@ -53,7 +53,8 @@ def podman() -> Podman:
     """Podman with the project's engine configuration; the scorer and Flink images built (else a skip says how)."""
     if shutil.which("podman") is None:
         pytest.skip("podman is not installed: `make test-images` installs it and builds the images")
-    engine = Podman(REPO / ".loopline" / "containers")
+    # The engine configuration `make images` (loopline/images.py) writes: under the settings' home.
+    engine = Podman(Settings().home.absolute() / "containers")
     engine.configure()
     missing = [TAGS[key] for key in ("loopline-scorer-cpu", "loopline-flink") if not engine.exists(TAGS[key])]
     if missing:
@@ -166,7 +167,7 @@ def _job_runs_on(address: str, taskmanagers: int) -> bool:
     return all(v["status"] == "RUNNING" for v in vertices) and len(used) == taskmanagers
 
 
-def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does(podman: Podman, applied: Settings,
+def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does(podman: Podman, applied: Settings, helm: Path,
                                                                                    tmp_path: Path) -> None:  # fmt: skip
     """The chart's features FlinkDeployment, run from the image as the Flink operator runs an application cluster in
     standalone mode (``standalone-job --job-classname <entryClass> <job.args>`` and ``taskmanager``, each container
@@ -178,7 +179,7 @@ def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does
         "kafka.strimzi": "false", "kafka.bootstrapServers": f"{{{applied.kafka.bootstrap}}}", "redis.mode": "standalone",
         "redis.nodes": f"{{{','.join(applied.redis.addresses)}}}", "settings.stream.source_topic": source.name,
         "settings.stream.group_id": f"images-{run}",
-    })  # fmt: skip
+    }, helm=helm)  # fmt: skip
     (deployment,) = [o for o in objects if o["kind"] == "FlinkDeployment" and o["metadata"]["name"] == "loopline-feature-job"]
     spec, job = deployment["spec"], deployment["spec"]["job"]
     pod = spec["podTemplate"]["spec"]

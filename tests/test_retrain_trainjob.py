@@ -11,6 +11,7 @@ trigger's whole look (the examples topic, the registry, the snapshot, then the T
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -29,10 +30,8 @@ import pytest
 import yaml
 from confluent_kafka import Producer
 
+from conftest import CRDS
 from infra.crd_schema import CrdValidators
-from infra.errors import StackError
-from infra.helm_chart import render
-from infra.helm_tool import helm_binary
 from loopline.components import model_release
 from loopline.retraining import TrainJobStarted, start_retrain_trainjob, trigger_step
 from loopline.settings import RetrainSettings, ServingSettings, Settings
@@ -44,20 +43,10 @@ from schemas.topics import TopicSpec
 from schemas.validation import encode
 from streams.topics import apply_topics
 
-CRDS = Path(__file__).resolve().parents[1].parent / "shared" / "crds"
 NAMESPACE = "ml-prod"
 TOKEN = "sa-token-1"
 FIRED_MS = 1_790_000_000_000
 _COLLECTION = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/?]+)(?P<item>/[^?]+)?")
-
-
-@pytest.fixture(scope="module")
-def rendered() -> dict[str, list[dict]]:
-    try:
-        helm = helm_binary(Settings().home.absolute() / "tools")
-    except StackError as err:
-        pytest.skip(f"no helm to render the chart with: {err}")
-    return {"default": render(["values.yaml"], helm=helm), "production": render(["values.yaml", "values-production.yaml"], helm=helm)}
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +202,7 @@ def test_the_triggers_trainjob_is_the_charts_own_on_the_snapshot_with_the_retrai
     assert (_env(job)[SNAPSHOT_ENV], _env(job)[CANARY_ENV]) == ("9f3a7c", "5")
     labels = job["metadata"]["labels"]
     assert labels["kueue.x-k8s.io/queue-name"] == _one(production, "LocalQueue")["metadata"]["name"]
-    scheduled = _one(production, "TrainJob")
+    scheduled = copy.deepcopy(_one(production, "TrainJob"))  # the session's render: changed below
     priorities = {o["metadata"]["name"]: o["value"] for o in production if o["kind"] == "WorkloadPriorityClass"}
     assert priorities[labels["kueue.x-k8s.io/priority-class"]] > priorities[scheduled["metadata"]["labels"]["kueue.x-k8s.io/priority-class"]]
     # One definition: the scheduled TrainJob's image, nodes, processes and GPUs; only what the firing decides differs.
