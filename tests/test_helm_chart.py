@@ -1,12 +1,12 @@
 """The Helm chart (infra/helm/loopline), offline: helm lint and template for each values file, every core object
 through kubernetes-validate (strict) for Kubernetes 1.30 and 1.35, every custom resource against the pinned CRDs
 (../shared/crds, strict about unknown fields), and the chart's promises: probes and resources, pinned images,
-selectors that select, every topic and alert rule, the FlinkDeployments' args as --print-command prints them."""
+selectors that select, every topic and alert rule (and the scrape jobs the rules select), drains that PDBs allow,
+the FlinkDeployments' args as --print-command prints them, the settings' defaults where the chart repeats them."""
 
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import re
 from importlib.metadata import version
@@ -17,25 +17,25 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from conftest import CHART_VALUES, CRDS
 from feedback_loop.joiner_settings import JoinerSettings
+from infra.chart_rehearsal import pod_environment
 from infra.crd_schema import CrdValidators
-from infra.errors import StackError
 from infra.helm_chart import CHART, lint, render
-from infra.helm_tool import helm_binary
+from infra.images.catalog import image_tags
 from infra.jars import flink_connector_jar
 from infra.prometheus_server import stack_rule_files
 from loopline.chart_files import stale_files
 from loopline.cli import app
 from loopline.components import feature_operators_jar, joiner_operators_jar
 from loopline.flink_image_job import FEATURE_JOB, JOINER, job_arguments
-from loopline.settings import Settings
+from loopline.settings import MonitorSettings, ServingSettings, Settings
 from schemas.topics import TOPICS
 from streams.flink_submit import PYTHON_DRIVER, FlinkImage
 from streams.job_settings import JobSettings
 
 REPO = Path(__file__).resolve().parents[1]
-CRDS = REPO.parent / "shared" / "crds"
-VALUES = {"default": ["values.yaml"], "production": ["values.yaml", "values-production.yaml"]}
+VALUES = CHART_VALUES
 #: Every kind issue 17 names, which the production values must render.
 PRODUCTION_KINDS = {
     "Kafka", "KafkaNodePool", "KafkaTopic", "FlinkDeployment", "Deployment", "Service", "HorizontalPodAutoscaler",
@@ -43,23 +43,7 @@ PRODUCTION_KINDS = {
     "TrainJob", "ClusterTrainingRuntime", "ResourceFlavor", "ClusterQueue", "LocalQueue", "ServiceAccount", "Role",
     "RoleBinding", "Secret",
 }  # fmt: skip
-#: Kinds whose schema no pinned CRD holds (Kueue's WorkloadPriorityClass): not validated, said so in the chart.
-UNVALIDATED = {("kueue.x-k8s.io/v1beta2", "WorkloadPriorityClass")}
 WORKLOADS = {"Deployment", "StatefulSet"}
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    try:
-        return helm_binary(Settings().home.absolute() / "tools")
-    except StackError as err:
-        pytest.skip(f"no helm to render the chart with: {err}")
-
-
-@pytest.fixture(scope="module")
-def rendered(helm: Path) -> dict[str, list[dict]]:
-    """The chart rendered once per values set."""
-    return {name: render(files, helm=helm) for name, files in VALUES.items()}
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +55,13 @@ def crds() -> CrdValidators:
 
 def _all(rendered: dict[str, list[dict]]) -> list[tuple[str, dict]]:
     return [(name, obj) for name, objects in rendered.items() for obj in objects]
+
+
+def _is_core(obj: dict) -> bool:
+    """Whether Kubernetes itself serves the object's kind: its API group is none (v1), unqualified (apps, batch)
+    or under k8s.io (rbac.authorization.k8s.io); an operator's custom resources are in their own domains."""
+    group = obj["apiVersion"].rpartition("/")[0]
+    return "." not in group or group.endswith(".k8s.io")
 
 
 def _pod_specs(obj: dict) -> list[dict]:
@@ -104,10 +95,10 @@ def test_production_renders_every_kind(rendered: dict[str, list[dict]]) -> None:
 
 
 @pytest.mark.parametrize("kubernetes", ["1.30", "1.35"])
-def test_core_objects_validate_strictly(rendered: dict[str, list[dict]], crds: CrdValidators, kubernetes: str) -> None:
+def test_core_objects_validate_strictly(rendered: dict[str, list[dict]], kubernetes: str) -> None:
     checked = 0
     for values, obj in _all(rendered):
-        if crds.knows(obj) or (obj["apiVersion"], obj["kind"]) in UNVALIDATED:
+        if not _is_core(obj):
             continue
         try:
             kubernetes_validate.validate(obj, kubernetes, strict=True)
@@ -196,10 +187,6 @@ def test_images_are_pinned(rendered: dict[str, list[dict]]) -> None:
 
 
 def test_image_tags_are_the_catalogs() -> None:
-    if importlib.util.find_spec("infra.images.catalog") is None:
-        pytest.skip("infra/images/catalog.py (the images' tags) is not there yet")
-    from infra.images.catalog import image_tags
-
     images = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
     keys = {"flink": "loopline-flink", "scorer": "loopline-scorer-cpu", "scorerGpu": "loopline-scorer-cuda",
             "trainer": "loopline-trainer", "ops": "loopline-ops"}  # fmt: skip
@@ -253,6 +240,71 @@ def test_every_alert_rule_is_in_the_chart(rendered: dict[str, list[dict]]) -> No
         assert rule["spec"]["groups"] == groups, values
 
 
+def _monitor_jobs(objects: list[dict]) -> set[str]:
+    """The job label each rendered monitor's endpoints give their targets (a relabeling that sets it)."""
+    endpoints = [e for o in objects if o["kind"] in {"ServiceMonitor", "PodMonitor"}
+                 for e in o["spec"].get("endpoints", []) + o["spec"].get("podMetricsEndpoints", [])]  # fmt: skip
+    return {r["replacement"] for e in endpoints for r in e.get("relabelings", []) if r.get("targetLabel") == "job"}
+
+
+def test_every_job_a_rule_selects_is_a_monitors(rendered: dict[str, list[dict]]) -> None:
+    """An up{job="X"} alert with no target of job X can never fire."""
+    for values, objects in rendered.items():
+        (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
+        selected = {job for group in rule["spec"]["groups"] for r in group["rules"] for job in re.findall(r'job="([^"]+)"', r["expr"])}
+        assert selected >= {"loopline-feature-job", "loopline-monitor"}
+        assert selected <= _monitor_jobs(objects), f"{values}: no monitor scrapes {sorted(selected - _monitor_jobs(objects))}"
+
+
+def _replicas(objects: list[dict], deployment: str) -> int:
+    """The fewest replicas a Deployment runs: its autoscaler's minimum, else its own count."""
+    scalers = [o["spec"] for o in objects if o["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"}
+               and o["spec"]["scaleTargetRef"]["name"] == deployment]  # fmt: skip
+    if scalers:
+        return scalers[0].get("minReplicas", scalers[0].get("minReplicaCount"))
+    return next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == deployment)["spec"]["replicas"]
+
+
+def test_no_disruption_budget_blocks_a_node_drain(rendered: dict[str, list[dict]]) -> None:
+    """A PDB whose minAvailable is its workload's replicas (1 of 1) lets no pod be evicted, so no node drains."""
+    budgets = [(values, o) for values, o in _all(rendered) if o["kind"] == "PodDisruptionBudget"]
+    assert {values for values, _ in budgets} == set(VALUES)
+    for values, budget in budgets:
+        spec, name = budget["spec"], budget["metadata"]["name"]
+        assert ("minAvailable" in spec) != ("maxUnavailable" in spec), f"{values}: {name}"
+        assert spec.get("maxUnavailable", 1) >= 1 and spec.get("minAvailable", 0) < _replicas(rendered[values], name), f"{values}: {name}: {spec}"
+    production = {o["metadata"]["name"]: o["spec"] for values, o in budgets if values == "production"}
+    assert production["loopline-scorer"]["minAvailable"] == 2
+
+
+def test_the_training_runtime_runs_on_the_training_nodes(rendered: dict[str, list[dict]]) -> None:
+    values = yaml.safe_load((CHART / "values-production.yaml").read_text())["training"]
+    (runtime,) = [o for o in rendered["production"] if o["kind"] == "ClusterTrainingRuntime"]
+    (pod,) = _pod_specs(runtime)
+    assert (pod["nodeSelector"], pod["tolerations"]) == (values["nodeSelector"], values["tolerations"])
+
+
+def test_the_settings_hooks_are_reapplied_at_rollback(rendered: dict[str, list[dict]]) -> None:
+    hooks = [o for o in rendered["default"] if o["kind"] in {"ConfigMap", "Secret"} and o["metadata"]["name"] in {"loopline-settings", "loopline-secrets"}]
+    assert len(hooks) == 2
+    for hook in hooks:
+        assert set(hook["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade", "pre-rollback"}
+
+
+def test_what_the_chart_repeats_is_the_settings_defaults(rendered: dict[str, list[dict]], helm: Path) -> None:
+    """Where the chart falls back to a setting's default (no `settings:` naming it), it is Loopline's default."""
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in rendered["production"]}
+    keda = objects["ScaledObject", "loopline-scorer-kafka"]["spec"]["triggers"][0]["metadata"]
+    assert keda["consumerGroup"] == ServingSettings().kafka_group_id
+    (monitor,) = objects["Deployment", "loopline-monitor"]["spec"]["template"]["spec"]["containers"]
+    assert monitor["ports"] == [{"name": "http", "containerPort": MonitorSettings().metrics_port}]
+    for door in ("loopline-scorer", "loopline-scorer-kafka"):
+        assert objects["Deployment", door]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > ServingSettings().shutdown_timeout_s
+    longer = render(overrides={"settings.serving.shutdown_timeout_s": 100}, helm=helm)
+    scorer = next(o for o in longer if o["kind"] == "Deployment" and o["metadata"]["name"] == "loopline-scorer")
+    assert scorer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 100
+
+
 def test_generated_chart_files_are_current() -> None:
     assert stale_files() == [], "run `python -m loopline.chart_files`"
 
@@ -274,12 +326,16 @@ def test_flink_deployments_run_what_print_command_prints(rendered: dict[str, lis
 
 
 def _pod_settings(rendered: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process's settings made a pod's: the chart's settings file, and no other LOOPLINE_* variable."""
+    """This process's settings made the scorer pod's: the chart's settings file and the pod's environment (the
+    Secret's values), and no other LOOPLINE_* variable."""
     (config,) = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "loopline-settings"]
     path = tmp_path / "loopline.yaml"
     path.write_text(config["data"]["loopline.yaml"])
     for name in [n for n in os.environ if n.startswith("LOOPLINE_")]:
         monkeypatch.delenv(name)
+    (scorer,) = [o for o in rendered if o["kind"] == "Deployment" and o["metadata"]["name"] == "loopline-scorer"]
+    for name, value in pod_environment(rendered, scorer["spec"]["template"]["spec"]["containers"][0], "scorer-0").items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("LOOPLINE_CONFIG", str(path))
 
 
@@ -291,6 +347,9 @@ def test_the_settings_the_pods_read_are_valid(rendered: dict[str, list[dict]], v
     assert settings.serving.host == "0.0.0.0" and settings.kafka.bootstrap.endswith(":9092")
     assert settings.kafka.replication_factor == (3 if values == "production" else 1)
     assert settings.checkpoint_dir.endswith("/checkpoints/features")
+    # The Redis is the Secret's (redis-nodes), not the settings file's.
+    assert "nodes" not in yaml.safe_load(Path(os.environ["LOOPLINE_CONFIG"]).read_text())["redis"]
+    assert settings.redis.nodes == yaml.safe_load((CHART / "values.yaml").read_text())["redis"]["nodes"]
 
 
 def test_the_image_entry_runs_the_job_with_the_pods_settings(rendered: dict[str, list[dict]], tmp_path: Path,
@@ -310,6 +369,6 @@ def test_the_image_entry_runs_the_job_with_the_pods_settings(rendered: dict[str,
     job = JobSettings.from_json(features)
     assert (module, job.parallelism, job.metrics_port, source_topic) == ("streams.feature_job", 6, None, "")
     assert (job.connector_jar, job.operators_jar) == (image.lib / jars["connector"].name, image.lib / jars["features"].name)
-    assert "password=from-the-secret" in job.redis_connection and job.checkpoint_dir == "s3://loopline-flink/state/checkpoints/features"
+    assert "password=from-the-secret" in job.redis_connection and job.checkpoint_dir == "file:///var/lib/loopline/flink/checkpoints/features"
     module, (joiner,) = job_arguments(JOINER, 2, image)
     assert (module, JoinerSettings.from_json(joiner).operators_jar) == ("feedback_loop.joiner_job", image.lib / jars["joiner"].name)

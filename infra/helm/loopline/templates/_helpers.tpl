@@ -47,9 +47,10 @@ app.kubernetes.io/component: {{ .component }}
 {{/* loopline.yaml: what the chart wires (addresses, paths, ports), with `settings` merged over it. */}}
 {{- define "loopline.settings" -}}
 {{- $shared := .Values.shared.mountPath -}}
-{{- $redis := dict "nodes" (required "redis.nodes names the Redis (host:port each)" .Values.redis.nodes) "mode" .Values.redis.mode "ssl" .Values.redis.ssl -}}
+{{- /* Its nodes come from the Secret (loopline.redisNodes). */ -}}
+{{- $redis := dict "mode" .Values.redis.mode "ssl" .Values.redis.ssl -}}
 {{- if .Values.redis.inChart.enabled -}}
-{{- $redis = dict "nodes" (list (printf "%s-redis:6379" (include "loopline.name" .))) "mode" "standalone" "ssl" false -}}
+{{- $redis = dict "mode" "standalone" "ssl" false -}}
 {{- end -}}
 {{- $wired := dict
   "home" "/tmp/loopline"
@@ -70,6 +71,16 @@ app.kubernetes.io/component: {{ .component }}
   "retrain" (dict "trainjob_template" (include "loopline.trainJobTemplatePath" .))
 -}}
 {{- mustMergeOverwrite $wired (deepCopy .Values.settings) | toYaml -}}
+{{- end -}}
+
+{{/* The Redis the pods connect to, host:port comma-separated (the Secret's redis-nodes): redis.nodes, or the
+in-chart Redis's Service. */}}
+{{- define "loopline.redisNodes" -}}
+{{- if .Values.redis.inChart.enabled -}}
+{{- printf "%s-redis:6379" (include "loopline.name" .) -}}
+{{- else -}}
+{{- .Values.redis.nodes | default list | join "," -}}
+{{- end -}}
 {{- end -}}
 
 {{/* The pod's security: a non-root user (the Loopline images' uid 10001, or the context's "uid": the Flink image's
@@ -93,6 +104,8 @@ capabilities: {drop: [ALL]}
 {{- define "loopline.env" -}}
 - name: LOOPLINE_CONFIG
   value: /etc/loopline/config/loopline.yaml
+- name: LOOPLINE_REDIS__NODES
+  valueFrom: {secretKeyRef: {name: {{ include "loopline.secretName" . }}, key: redis-nodes, optional: true}}
 - name: LOOPLINE_REDIS__PASSWORD
   valueFrom: {secretKeyRef: {name: {{ include "loopline.secretName" . }}, key: redis-password, optional: true}}
 - name: LOOPLINE_KAFKA__CLIENT_CONFIG
@@ -124,9 +137,9 @@ capabilities: {drop: [ALL]}
 {{- end }}
 {{- end -}}
 
-{{/* Annotations that roll a pod when its settings change. */}}
+{{/* Annotations that roll a pod when its settings change (the Redis it connects to among them). */}}
 {{- define "loopline.podAnnotations" -}}
-checksum/settings: {{ include "loopline.settings" . | sha256sum }}
+checksum/settings: {{ printf "%s\n%s" (include "loopline.settings" .) (include "loopline.redisNodes" .) | sha256sum }}
 {{- end -}}
 
 {{/* Where the retrain trigger reads the TrainJob a retrain starts from (its ConfigMap, mounted): retrain.trainjob_template. */}}
@@ -140,13 +153,7 @@ retrain trigger creates its TrainJobs from (no snapshot: offline_training/trainj
 priority "retrain"). Call with (dict "root" $ "name" NAME "snapshot" ID-or-"" "priority" "training"|"retrain").
 */}}
 {{- define "loopline.trainJob" -}}
-{{- $training := .root.Values.training }}
-{{- $gpus := int $training.job.gpus }}
-{{- $resources := deepCopy $training.job.resources }}
-{{- if $gpus }}
-{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) $resources.limits) }}
-{{- $_ := set $resources "requests" (merge (dict "nvidia.com/gpu" $gpus) $resources.requests) }}
-{{- end -}}
+{{- $training := .root.Values.training -}}
 apiVersion: trainer.kubeflow.org/v1alpha1
 kind: TrainJob
 metadata:
@@ -168,5 +175,17 @@ spec:
       - {name: TRAIN_SNAPSHOT, value: {{ . | quote }}}
       {{- end }}
       - {name: LOOPLINE_FEEDBACK__TRAIN_PROCESSES, value: {{ $training.job.processesPerNode | quote }}}
-    resourcesPerNode: {{- toYaml $resources | nindent 6 }}
+    resourcesPerNode: {{- include "loopline.gpuResources" (dict "resources" $training.job.resources "gpus" $training.job.gpus) | nindent 6 }}
+{{- end -}}
+
+{{/* A container's resources with "gpus" NVIDIA GPUs added to its requests and limits (none: as given), as YAML:
+(dict "resources" RESOURCES "gpus" N). */}}
+{{- define "loopline.gpuResources" -}}
+{{- $resources := deepCopy .resources }}
+{{- $gpus := int .gpus }}
+{{- if $gpus }}
+{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) $resources.limits) }}
+{{- $_ := set $resources "requests" (merge (dict "nvidia.com/gpu" $gpus) $resources.requests) }}
+{{- end }}
+{{- toYaml $resources }}
 {{- end -}}
