@@ -176,7 +176,7 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
     figures = {}
     for count in (1, 64):
         rows = [{"user_id": u} for u in users[:count]]
-        keys = [reader._redis_key("user_id", u) for u in users[:count]]
+        keys = [reader.layout.redis_key("user_id", u) for u in users[:count]]
 
         def raw(keys=keys) -> None:
             pipe = client.pipeline(transaction=False)

@@ -4,7 +4,8 @@ It returns exactly what Feast's ``get_online_features(...).to_dict()`` returns f
 (values, ``None`` for a missing entity or feature; like Feast's, rows past the view's TTL are
 still returned), with one pipelined
 round trip for all entities and views and no per-call registry work: the Redis keys and hashed
-field names are computed once, when the reader is built from the registry.
+field names are computed once, when the reader is built from the registry (``feature_store/online_layout.py``,
+the layout the writer uses too).
 
 On a Redis Cluster (the Feast config's ``redis_type: redis_cluster``) the same pipeline is redis-py's cluster
 pipeline: Feast's layout keeps all of an entity's views in one hash under one key, so every command names a single
@@ -16,25 +17,16 @@ on defaults) until the cluster has failed it over to its replica and the client 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
+from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
 _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
 _DOUBLE = struct.Struct("<d")
-_KEY_CACHE_SIZE = 100_000
-
-
-@dataclass(frozen=True)
-class _ViewLayout:
-    join_key: str
-    timestamp_field: bytes
-    fields: dict[str, bytes]  # feature name -> hashed Redis field
 
 
 class OnlineReader:
@@ -51,34 +43,18 @@ class OnlineReader:
     ) -> None:
         """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes); ``redis_cluster``: the
         connection names a Redis Cluster's nodes."""
-        from feast.infra.key_encoding_utils import serialize_entity_key
-        from feast.infra.online_stores.helpers import _mmh3
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
         from feast.protos.feast.types.Value_pb2 import Value
 
         store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
-        self._project = store.config.project.encode()
-        self._key_version = store.config.entity_key_serialization_version
-        self._serialize, self._entity_key, self._value = serialize_entity_key, EntityKey, Value
+        self._value = Value
         views = [*store.list_feature_views(), *store.list_stream_feature_views()]
         #: The default each feature declares ("view:feature" -> value or None), for callers that fall back.
         self.defaults = {f"{view.name}:{f.name}": declared_default(f) for view in views for f in feature_fields(view)}
-        self._views = {
-            view.name: _ViewLayout(
-                join_key=view.entity_columns[0].name,
-                timestamp_field=f"_ts:{view.name}".encode(),
-                fields={f.name: _mmh3(f"{view.name}:{f.name}") for f in feature_fields(view)},
-            )
-            for view in views
-        }
+        #: Where each view's rows are in Redis (the writer's layout too).
+        self.layout = OnlineLayout(store.config, views)
+        self._views, self._redis_key = self.layout.views, self.layout.redis_key
         online_store = store.config.online_store
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
-        # Serialising an entity key costs ~10 µs; hot entities are read again and again.
-        self._redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(self._build_redis_key)
-
-    def _build_redis_key(self, join_key: str, value: str) -> bytes:
-        key = self._entity_key(join_keys=[join_key], entity_values=[self._value(string_val=value)])
-        return self._serialize(key, entity_key_serialization_version=self._key_version) + self._project
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""

@@ -11,7 +11,8 @@ of the key's slot in a Redis Cluster); the rows of a batch go in one pipelined r
 The hash is Feast's own: its key, its hashed feature fields with serialized Value protos, and ``_ts:<view>`` the
 event time as a protobuf Timestamp, so Feast's ``get_online_features`` reads the rows as it reads its own writes.
 Beside them one field, ``_order:<view>``, holds ``<event time µs>:<events>``, the tie-break of rows of one event
-time. A row written by Feast itself (no such field) is replaced only by a row of a later event time.
+time. A row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and
+fields come from ``feature_store/online_layout.py``, the layout the reader uses too.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
+from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
 
 #: Feast value-proto field for each feature dtype Loopline declares.
@@ -84,14 +86,6 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
     return list(newest.values())
 
 
-@dataclass(frozen=True)
-class _ViewLayout:
-    join_key: str
-    timestamp_field: str
-    order_field: str
-    fields: dict[str, tuple[bytes, str]]  # feature name -> (hashed Redis field, Value proto field)
-
-
 class OnlineWriter:
     """Writes FeatureRows of the registry's views to the online store configured in the repo."""
 
@@ -100,29 +94,20 @@ class OnlineWriter:
     ) -> None:
         """``redis_cluster``: the connection names a Redis Cluster's nodes (each entity's row is one hash, so each
         write names one key and goes to the master of its slot)."""
-        from feast.infra.online_stores.helpers import _mmh3, get_online_store_from_config
-        from feast.infra.online_stores.redis import _versioned_fv_name
+        from feast.infra.online_stores.helpers import get_online_store_from_config
 
         store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
         self._config = store.config
         self._online_store = get_online_store_from_config(store.config.online_store)
         self._views = {view.name: view for view in store.list_stream_feature_views()}
-        self._layouts = {}
-        for name, view in self._views.items():
-            stored = _versioned_fv_name(view, store.config)
-            fields = {f.name: (_mmh3(f"{stored}:{f.name}"), _VALUE_FIELDS[f.dtype.to_value_type().name]) for f in feature_fields(view)}
-            self._layouts[name] = _ViewLayout(view.entity_columns[0].name, f"_ts:{stored}", f"_order:{stored}", fields)
+        #: Where each view's rows are in Redis (the reader's layout too).
+        self.layout = OnlineLayout(store.config, self._views.values())
+        #: Each view's Value proto field of each feature.
+        self._kinds = {name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
+                       for name, view in self._views.items()}  # fmt: skip
         online_store = store.config.online_store
         self._ttl_s = online_store.key_ttl_seconds or 0
         self._redis = redis_client(online_store.connection_string, cluster=online_store.redis_type == "redis_cluster")
-
-    def _redis_key(self, layout: _ViewLayout, entity: str) -> bytes:
-        from feast.infra.online_stores.helpers import _redis_key
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
-        from feast.protos.feast.types.Value_pb2 import Value
-
-        key = EntityKey(join_keys=[layout.join_key], entity_values=[Value(string_val=entity)])
-        return _redis_key(self._config.project, key, entity_key_serialization_version=self._config.entity_key_serialization_version)
 
     def write(self, rows: list[FeatureRow]) -> int:
         """Write the newest row of each entity where it is newer than the stored one; return how many rows were sent."""
@@ -132,15 +117,14 @@ class OnlineWriter:
         newest = latest_per_entity(rows)
         pipe = self._redis.pipeline(transaction=False)
         for row in newest:
-            layout = self._layouts[row.view]
+            layout, kinds = self.layout.views[row.view], self._kinds[row.view]
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)
             values = []
             for name, value in row.features.items():
-                field, kind = layout.fields[name]
-                values += [field, (Value() if value is None else Value(**{kind: value})).SerializeToString()]
+                values += [layout.fields[name], (Value() if value is None else Value(**{kinds[name]: value})).SerializeToString()]
             # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
-            pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self._redis_key(layout, row.entity), layout.timestamp_field,
+            pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_key, row.entity), layout.timestamp_field,
                                  stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
                                  row.events, self._ttl_s, *values)  # fmt: skip
         pipe.execute()

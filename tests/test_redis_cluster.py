@@ -131,7 +131,7 @@ def test_fast_read_equals_feast_on_the_cluster(cluster_settings: Settings, writt
     got = reader.get_online_features(features, rows)
     assert got == store.get_online_features(features, rows).to_dict()
     if count == 64:
-        keys = [reader._redis_key("user_id", u) for u in users]
+        keys = [reader.layout.redis_key("user_id", u) for u in users]
         assert len(_masters_of(_client(cluster_settings), keys)) == 3, "one read spans every master"
         assert got["txn_count_5m"][:-1] == list(range(1, 64)) and got["txn_count_5m"][-1] is None
 
@@ -157,7 +157,7 @@ def test_an_external_cluster_named_by_one_of_its_nodes_is_read_whole(cluster_set
     features, rows = [f"{USER_VIEW}:txn_count_5m"], [{"user_id": user} for user in written]
     got = reader.get_online_features(features, rows)
     assert got == store.get_online_features(features, rows).to_dict() and got["txn_count_5m"] == list(range(64))
-    assert len(_masters_of(_client(cluster_settings), [reader._redis_key("user_id", u) for u in written])) == 3
+    assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key("user_id", u) for u in written])) == 3
 
 
 def test_the_result_cache_keeps_scores_on_every_master(cluster_settings: Settings) -> None:
@@ -215,7 +215,7 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
         keys = list(expected[view.name][view.entity_key])
         features, rows = [f"{view.name}:{f}" for f in view.feature_names], [{view.entity_key: k} for k in keys]
         assert reader.get_online_features(features, rows) == store.get_online_features(features, rows).to_dict()
-        assert len(_masters_of(_client(cluster_settings), [reader._redis_key(view.entity_key, k) for k in keys])) == 3
+        assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key(view.entity_key, k) for k in keys])) == 3
 
 
 @dataclass(frozen=True)
@@ -262,10 +262,10 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
     users = [f"failover-u{i}" for i in range(300)]
     start_us = int(time.time() * 1e6)
     writer.write([_user_row(user, start_us, 1) for user in users])
-    victim_key = reader._redis_key("user_id", users[0])
+    victim_key = reader.layout.redis_key("user_id", users[0])
     victim = next(node for node in cluster.nodes if node.port == client.get_node_from_key(victim_key).port)
     replica = next(node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == victim.port)
-    on_victim = [u for u in users if client.get_node_from_key(reader._redis_key("user_id", u)).port == victim.port]
+    on_victim = [u for u in users if client.get_node_from_key(reader.layout.redis_key("user_id", u)).port == victim.port]
 
     fetcher = FeatureFetcher(reader, [f"{USER_VIEW}:txn_count_5m"], budget_s=BUDGET_S)
     stop, answers = threading.Event(), []

@@ -166,6 +166,6 @@ def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
 
     reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
-    written = client.hgetall(reader._redis_key("user_id", ours))
+    written = client.hgetall(reader.layout.redis_key("user_id", ours))
     assert written.pop(f"_order:{view.name}".encode()) == f"{at_us}:7".encode()
-    assert written == client.hgetall(reader._redis_key("user_id", feasts))
+    assert written == client.hgetall(reader.layout.redis_key("user_id", feasts))

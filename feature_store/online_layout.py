@@ -1,0 +1,66 @@
+"""Where Feast's Redis online store keeps a view's rows: the one place the reader and the writer take it from.
+
+An entity's row of every view lives in one hash, keyed by the serialized entity key and the project; a view's
+features are hashed fields (murmur3 of ``<stored name>:<feature>``), its event time is ``_ts:<stored name>``, and
+Loopline's writer adds ``_order:<stored name>``. The stored name is Feast's own (``_versioned_fv_name``): the view's
+name, with its version when the registry turns on online feature view versioning, so both paths address the fields
+Feast's ``get_online_features`` reads whatever that setting is. Everything is computed once, when the layout is
+built; a hot path only looks it up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+from feature_store.config import feature_fields
+
+if TYPE_CHECKING:
+    from feast import FeatureView
+    from feast.repo_config import RepoConfig
+
+_KEY_CACHE_SIZE = 100_000
+
+
+@dataclass(frozen=True)
+class ViewLayout:
+    """One view's place in an entity's hash."""
+
+    join_key: str
+    timestamp_field: bytes
+    order_field: bytes
+    fields: dict[str, bytes]  # feature name -> hashed Redis field
+
+
+class OnlineLayout:
+    """The Redis keys and hash fields of ``views`` under the Feast repo config ``config``."""
+
+    def __init__(self, config: RepoConfig, views: Iterable[FeatureView]) -> None:
+        """``config``: the store's ``RepoConfig``; ``views``: its feature views and stream feature views."""
+        from feast.infra.key_encoding_utils import serialize_entity_key
+        from feast.infra.online_stores.helpers import _mmh3
+        from feast.infra.online_stores.redis import _versioned_fv_name
+        from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+        from feast.protos.feast.types.Value_pb2 import Value
+
+        self.views: dict[str, ViewLayout] = {}
+        for view in views:
+            stored = _versioned_fv_name(view, config)
+            self.views[view.name] = ViewLayout(
+                join_key=view.entity_columns[0].name,
+                timestamp_field=f"_ts:{stored}".encode(),
+                order_field=f"_order:{stored}".encode(),
+                fields={f.name: _mmh3(f"{stored}:{f.name}") for f in feature_fields(view)},
+            )
+        project, version = config.project.encode(), config.entity_key_serialization_version
+
+        def build_key(join_key: str, entity: str) -> bytes:
+            key = EntityKey(join_keys=[join_key], entity_values=[Value(string_val=entity)])
+            return serialize_entity_key(key, entity_key_serialization_version=version) + project
+
+        #: ``redis_key(join_key, entity)``: the key of the hash of the entity whose ``join_key`` is ``entity`` (Feast's
+        #: ``_redis_key``). Cached, and called without a wrapper: serialising an entity key costs ~10 µs, and hot
+        #: entities are read and written again and again.
+        self.redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(build_key)
