@@ -4,9 +4,12 @@ The real ``SlidingWindows`` operator (PyFlink's mini-cluster, in this process) c
 multiset of its events delivered in two orders: A, and B, which shares A's first ``c`` events (the checkpoint a job
 restores) and delivers the rest in another order (the replay, its partitions interleaved anew). A's rows up to its
 ``p``-th event (``p >= c``: written before the failure), then B's rows after the checkpoint, go through the real
-``OnlineWriter`` into Redis in random batches; Feast then reads the row of the whole multiset, stamped with its latest
-event time. The hash the writer leaves is the one Feast's own store writes, plus the order field. Real Flink, Redis
-and Feast.
+``OnlineWriter`` into Redis in random batches. Then rows arrive late, each of which the writer must reject: some of
+A's rows again (rows of fewer events), and a row of the latest event time with one event fewer. The same late rows go
+to a twin of each entity whose row Feast's own ``online_write_batch`` wrote (no order field: only a later event time
+replaces it). Feast then reads the row of the whole multiset for both, stamped with its latest event time, and the
+order field is still the whole multiset's (absent on the twin). The hash the writer leaves is the one Feast's own
+store writes, plus the order field. Real Flink, Redis and Feast.
 """
 
 from __future__ import annotations
@@ -40,13 +43,14 @@ RUN = uuid.uuid4().hex[:6]
 @dataclass(frozen=True)
 class Delivery:
     """One entity's events (dicts of ``COLUMNS``) in order A and order B, A's checkpoint ``c`` and written prefix ``p``,
-    and the sizes of the write batches of each order's rows."""
+    the sizes of the write batches of each order's rows, and which of A's rows arrive again after the replay."""
 
     a: list[dict]
     b: list[dict]
     checkpoint: int
     written: int
     batches: list[int]
+    late: list[int]
 
 
 @st.composite
@@ -64,7 +68,8 @@ def _deliveries(draw: st.DrawFn, entity_key: str) -> Delivery:
     written = draw(st.integers(checkpoint, len(a)))
     b = a[:checkpoint] + draw(st.permutations(a[checkpoint:]))
     batches = draw(st.lists(st.integers(1, 5), min_size=2 * len(a), max_size=2 * len(a)))
-    return Delivery(a, b, checkpoint, written, batches)
+    late = draw(st.lists(st.integers(0, len(a) - 1), min_size=1, max_size=5))
+    return Delivery(a, b, checkpoint, written, batches, late)
 
 
 def _event(entity_key: str, entity: str, number: int, fields: dict) -> tuple:
@@ -107,10 +112,16 @@ def windows(applied: Settings, tmp_path_factory: pytest.TempPathFactory):
 def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
     applied: Settings, plan: FeaturePlan, windows, view_name: str
 ) -> None:  # fmt: skip
+    from feast.infra.online_stores.helpers import get_online_store_from_config
+
     view = next(v for v in plan.views if v.name == view_name)
     writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection)
     store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    feast_store = get_online_store_from_config(store.config.online_store)
+    feast_view = store.get_stream_feature_view(view.name)
     reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+    client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
+    layout = reader.layout.views[view.name]
     examples = iter(range(1_000))
 
     @hypothesis_settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -122,7 +133,10 @@ def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
                   for entity, delivery in zip(entities, deliveries, strict=True)
                   for order, ordered in (("a", delivery.a), ("b", delivery.b)) for n, fields in enumerate(ordered)]  # fmt: skip
         rows = windows(view, events)
-        for entity, delivery in zip(entities, deliveries, strict=True):
+        twins = [f"{entity}-feast" for entity in entities]
+        feast_store.online_write_batch(store.config, feast_view, [_feast_row(view, feast_view, twin, rows[f"{entity}-b"][-1])
+                                                                  for entity, twin in zip(entities, twins, strict=True)], None)  # fmt: skip
+        for entity, twin, delivery in zip(entities, twins, deliveries, strict=True):
             a, b = rows[f"{entity}-a"], rows[f"{entity}-b"]
             assert [r["events"] for r in a] == [r["events"] for r in b] == list(range(1, len(delivery.a) + 1))
             assert _features(view, a[-1]) == _features(view, b[-1]), "the features are a function of the set of events"
@@ -130,20 +144,44 @@ def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
             batches = iter(delivery.batches)
             while sent:
                 size = next(batches)
-                writer.write([FeatureRow(view.name, entity, r["latest_ms"] * 1000, _features(view, r), r["events"]) for r in sent[:size]])
+                writer.write([_row(view, entity, r) for r in sent[:size]])
                 sent = sent[size:]
+            final = b[-1]
+            late = [_row(view, "", a[i]) for i in delivery.late]  # rows of fewer events, or A's last again
+            late.append(FeatureRow(view.name, "", final["latest_ms"] * 1000, _features(view, a[0]), final["events"] - 1))
+            for row in late:  # one write each: a batch would keep only its newest row of an entity
+                for target in (entity, twin):
+                    writer.write([dataclasses.replace(row, entity=target)])
         names = [f"{view.name}:{name}" for name in view.feature_names]
-        online = store.get_online_features(names, [{view.entity_key: entity} for entity in entities]).to_dict()
-        for i, entity in enumerate(entities):
-            final = rows[f"{entity}-b"][-1]
+        finals = [rows[f"{entity}-b"][-1] for entity in entities] * 2
+        online = store.get_online_features(names, [{view.entity_key: e} for e in entities + twins]).to_dict()
+        for i, (entity, final) in enumerate(zip(entities + twins, finals, strict=True)):
             assert {name: online[name][i] for name in view.feature_names} == _features(view, final), entity
-        assert reader.row_timestamps_us(view.name, entities) == [rows[f"{e}-b"][-1]["latest_ms"] * 1000 for e in entities]
+        assert reader.row_timestamps_us(view.name, entities + twins) == [final["latest_ms"] * 1000 for final in finals]
+        orders = [client.hget(reader.layout.redis_key(view.entity_key, e), layout.order_field) for e in entities + twins]
+        assert orders == [f"{f['latest_ms'] * 1000}:{f['events']}".encode() for f in finals[: len(entities)]] + [None] * len(twins)
 
     check()
 
 
 def _features(view: ViewPlan, row: dict) -> dict:
     return {name: row[name] for name in view.feature_names}
+
+
+def _row(view: ViewPlan, entity: str, row: dict) -> FeatureRow:
+    return FeatureRow(view.name, entity, row["latest_ms"] * 1000, _features(view, row), row["events"])
+
+
+def _feast_row(view: ViewPlan, feast_view, entity: str, row: dict) -> tuple:
+    """The window operator's ``row`` of ``entity`` as Feast's ``online_write_batch`` takes it."""
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import Value
+    from feast.type_map import python_values_to_proto_values
+
+    key = EntityKey(join_keys=[view.entity_key], entity_values=[Value(string_val=entity)])
+    types = {f.name: f.dtype.to_value_type() for f in feast_view.features}
+    values = {name: python_values_to_proto_values([value], types[name])[0] for name, value in _features(view, row).items()}
+    return key, values, datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=row["latest_ms"]), None
 
 
 def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
