@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from confluent_kafka import KafkaException
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 from redis.exceptions import RedisClusterException
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -88,10 +88,23 @@ def settings(**overrides: Any) -> Settings:
     return Settings(**overrides)
 
 
+#: What in a kafka.client_config key marks its value a secret (librdkafka's sasl.password, ssl.key.password, ...;
+#: pydantic-settings spells a key from the environment with "_" for ".").
+_SECRET_KEY_PARTS = ("password", "secret", "token", "sasl.jaas.config")
+
+
+def _masked_client_config(client_config: dict[str, str]) -> dict[str, str]:
+    """``kafka.client_config`` as ``loopline config`` prints it: secret-looking values masked as SecretStr settings are."""
+    return {key: str(SecretStr(value)) if any(part in key.lower().replace("_", ".") for part in _SECRET_KEY_PARTS) else value
+            for key, value in client_config.items()}  # fmt: skip
+
+
 @app.command("config")
 def show_config() -> None:
-    """Print the settings in force (override with LOOPLINE_* variables or a loopline.yaml)."""
-    console.print_json(settings().model_dump_json())
+    """Print the settings in force (override with LOOPLINE_* variables or a loopline.yaml); secrets masked."""
+    shown = settings().model_dump(mode="json")
+    shown["kafka"]["client_config"] = _masked_client_config(shown["kafka"]["client_config"])
+    console.print_json(json.dumps(shown))
 
 
 @stack_app.command("setup")

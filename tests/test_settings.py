@@ -157,3 +157,31 @@ def test_the_stack_shape_is_remembered_beneath_explicit_settings(monkeypatch: py
     monkeypatch.delenv("LOOPLINE_KAFKA__BROKERS")
     forget_stack_shape(tmp_path)
     assert Settings().kafka.brokers == 1
+
+
+def test_loopline_config_masks_the_secrets_in_the_kafka_client_config(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from loopline.cli import app
+
+    config = tmp_path / "loopline.yaml"
+    config.write_text(
+        "kafka:\n  client_config:\n    security.protocol: SASL_SSL\n    sasl.username: loopline\n    sasl.password: s3cret-pw\n"
+        "    ssl.key.password: k3y-pw\n    sasl.oauthbearer.client.secret: 0auth-secret\n"
+        "    sasl.jaas.config: 'org.apache.kafka.common.security.plain.PlainLoginModule required password=\"j4as\";'\n"
+    )
+    monkeypatch.setenv("LOOPLINE_CONFIG", str(config))
+    monkeypatch.setenv("LOOPLINE_KAFKA__CLIENT_CONFIG__SASL_OAUTHBEARER_TOKEN", "t0ken-env")
+    monkeypatch.setenv("LOOPLINE_REDIS__PASSWORD", "redis-pw")
+    result = CliRunner().invoke(app, ["config"])
+    assert result.exit_code == 0, result.output
+    for secret in ("s3cret-pw", "k3y-pw", "0auth-secret", "j4as", "t0ken-env", "redis-pw"):
+        assert secret not in result.output
+    shown = json.loads(result.output)
+    masked = "**********"
+    assert shown["kafka"]["client_config"] == {
+        "security.protocol": "SASL_SSL", "sasl.username": "loopline", "sasl.password": masked, "ssl.key.password": masked,
+        "sasl.oauthbearer.client.secret": masked, "sasl.jaas.config": masked, "sasl_oauthbearer_token": masked,
+    }  # fmt: skip
+    assert shown["redis"]["password"] == masked
+    assert Settings().kafka.client_config["sasl.password"] == "s3cret-pw", "only the printout is masked"
