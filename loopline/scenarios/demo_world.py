@@ -95,6 +95,10 @@ class DemoWorld:
             if self._stop.is_set():
                 return
             self.stream_time_ms = emitted.emit_at_ms
+            # Decide history or live when the record is due, not when the producer asks for the next one (it asks a
+            # record ahead, then waits for its time): a transaction due after go_live() is scored.
+            if (due_s := emitted.emit_at_ms / 1000 - time.time()) > 0 and self._stop.wait(due_s):
+                return
             if not self._live.is_set():
                 # History: the transactions only (no broken records, no labels: nothing scored them).
                 if isinstance(emitted.record, TransactionEvent):
