@@ -5,7 +5,7 @@ settings), where they restore from, and stopping them with a savepoint (`stream 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_savepoint, submit_job
@@ -50,43 +50,52 @@ def _restore_point(checkpoint_dir: str, from_savepoint: str | None, restore: boo
     return from_savepoint or (latest_checkpoint(checkpoint_dir) if restore else None)
 
 
+def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_command: str, jobmanager: str, parallelism: int,
+                from_savepoint: str | None, restore: bool, image: FlinkImage | None,
+                shipped: Callable[[int, str | None], list[str]]) -> Submission:  # fmt: skip
+    """A job's submission at ``parallelism``: run by a Loopline Flink image's entry as ``entry`` with ``image``, else
+    ``shipped(parallelism, restore_from)``, the `flink run` that ships its code and environment."""
+    restore_from = _restore_point(checkpoint_dir, from_savepoint, restore and image is None)
+    if image is not None:
+        command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [entry, str(parallelism)], image, parallelism=parallelism,
+                                    from_savepoint=restore_from)  # fmt: skip
+    else:
+        command = shipped(parallelism, restore_from)
+    return Submission(command, restore_from, checkpoint_dir, settings.kafka.bootstrap, dict(settings.kafka.client_config),
+                      f"{fresh_command} --jobmanager {jobmanager} --no-restore")  # fmt: skip
+
+
 def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
                            restore: bool, image: FlinkImage | None = None) -> Submission:  # fmt: skip
     """The submission of the feature job to the cluster at ``jobmanager``: shipping its code and environment, or with
     ``image`` run by a Loopline Flink image's entry (``loopline/flink_image_job.py``), which reads the settings where
     it runs."""
-    parallelism = parallelism or settings.stream.parallelism
-    restore_from = _restore_point(settings.checkpoint_dir, from_savepoint, restore and image is None)
-    if image is not None:
-        command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [FEATURE_JOB, str(parallelism)], image, parallelism=parallelism,
-                                    from_savepoint=restore_from)  # fmt: skip
-    else:
+
+    def shipped(parallelism: int, restore_from: str | None) -> list[str]:
         from streams.feature_job import submit_command
 
         # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
         job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism)
-        command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, settings.stream.source_topic,
-                                 job_archives(settings), restore_from)  # fmt: skip
-    return Submission(command, restore_from, settings.checkpoint_dir, settings.kafka.bootstrap, dict(settings.kafka.client_config),
-                      f"loopline stream submit --jobmanager {jobmanager} --no-restore")  # fmt: skip
+        return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, settings.stream.source_topic,
+                              job_archives(settings), restore_from)  # fmt: skip
+
+    return _submission(settings, FEATURE_JOB, settings.checkpoint_dir, "loopline stream submit", jobmanager,
+                       parallelism or settings.stream.parallelism, from_savepoint, restore, image, shipped)  # fmt: skip
 
 
 def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
                       restore: bool, image: FlinkImage | None = None) -> Submission:  # fmt: skip
     """The submission of the feedback joiner to the cluster at ``jobmanager``: shipping its code and environment, or
     with ``image`` run by a Loopline Flink image's entry."""
-    parallelism = parallelism or settings.feedback.parallelism
-    restore_from = _restore_point(settings.feedback_checkpoint_dir, from_savepoint, restore and image is None)
-    if image is not None:
-        command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [JOINER, str(parallelism)], image, parallelism=parallelism,
-                                    from_savepoint=restore_from)  # fmt: skip
-    else:
+
+    def shipped(parallelism: int, restore_from: str | None) -> list[str]:
         from feedback_loop.joiner_job import submit_command
 
         job = dataclasses.replace(joiner_settings(settings), metrics_port=None, parallelism=parallelism)
-        command = submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
-    return Submission(command, restore_from, settings.feedback_checkpoint_dir, settings.kafka.bootstrap,
-                      dict(settings.kafka.client_config), f"loopline feedback join --jobmanager {jobmanager} --no-restore")  # fmt: skip
+        return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
+
+    return _submission(settings, JOINER, settings.feedback_checkpoint_dir, "loopline feedback join", jobmanager,
+                       parallelism or settings.feedback.parallelism, from_savepoint, restore, image, shipped)  # fmt: skip
 
 
 def running_jobs(jobmanager: str, name: str) -> list[str]:
