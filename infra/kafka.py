@@ -23,6 +23,18 @@ _TRANSACTIONS_TOOL = "org.apache.kafka.tools.TransactionsCommand"
 _LOG4J_CONFIG = Path(__file__).with_name("kafka-log4j2.properties")
 
 
+def parse_hanging_transactions(output: str) -> list[tuple[str, int, int]]:
+    """(topic, partition, start offset) of each row of ``kafka-transactions.sh find-hanging``'s table: a header row
+    (Topic, Partition, ProducerId, ProducerEpoch, CoordinatorEpoch, StartOffset, ...) then one row per hanging
+    transaction, its cells separated by tabs and padded with spaces to the column's width."""
+    rows = [[cell.strip() for cell in line.split("\t")] for line in output.splitlines() if "\t" in line]
+    header = next((i for i, row in enumerate(rows) if row[:3] == ["Topic", "Partition", "ProducerId"]), None)
+    if header is None:
+        return []
+    start = rows[header].index("StartOffset")
+    return [(row[0], int(row[1]), int(row[start])) for row in rows[header + 1 :] if len(row) > start]
+
+
 class KafkaBroker(ManagedService):
     """Apache Kafka, storage formatted on first start; its data survives stop/start.
 
@@ -186,11 +198,7 @@ class KafkaBroker(ManagedService):
         """
         output = self._run_tool(_TRANSACTIONS_TOOL, "--bootstrap-server", self.address, "find-hanging",
                                 "--broker-id", str(self.node_id), "--max-transaction-timeout", str(older_than_min))  # fmt: skip
-        lines = output.splitlines()
-        header = next((i for i, line in enumerate(lines) if line.startswith("Topic\tPartition\tProducerId")), len(lines))
-        # One tab-separated row per hanging transaction: topic, partition, producer id and epoch, coordinator epoch, start offset, ...
-        rows = [line.split("\t") for line in lines[header + 1 :] if line.strip()]
-        return [(row[0], int(row[1]), int(row[5])) for row in rows]
+        return parse_hanging_transactions(output)
 
     def abort_transaction(self, topic: str, partition: int, start_offset: int) -> None:
         """Abort the transaction open on ``topic``-``partition`` since ``start_offset`` (``kafka-transactions.sh abort``):

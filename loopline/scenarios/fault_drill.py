@@ -45,6 +45,7 @@ from confluent_kafka import Consumer
 
 from infra.kafka import KafkaBroker
 from infra.kafka_cluster import KafkaCluster
+from infra.kafka_janitor import ABORTED as JANITOR_ABORTED
 from infra.netns import NetworkNamespaces
 from infra.service import free_port, wait_until
 from loopline.components import build_stack, feature_plan, synthetic_config
@@ -136,6 +137,8 @@ class DrillReport:
     not_live: list[str]
     seconds: float
     budget_s: float
+    #: Transactions a lone broker's crash left hanging that its janitor aborted (``infra/kafka_janitor.py``).
+    hanging_transactions_aborted: int = 0
 
     def http_during_redis_outage(self) -> list[HttpAnswer]:
         """HTTP requests sent while Redis was down."""
@@ -171,6 +174,7 @@ class DrillReport:
             **{f"{kind}_recovery_s": each(kind, "recovered_s") for kind in kinds},
             **{f"{kind}_stall_s": each(kind, "stall_s") for kind in kinds},
             **{f"{kind}_full_isr_s": each(kind, "full_isr_s") for kind in kinds if kind in BROKER_FAULTS},
+            "hanging_transactions_aborted": self.hanging_transactions_aborted,
             "not_live": self.not_live,
             "drill_s": round(self.seconds, 1),
         }
@@ -389,8 +393,11 @@ class FaultDrill:
 
         return time.monotonic() - began if wait_until(visible, timeout_s, 0.2) else None
 
-    def _recovery(self, kind: str, restarted_s: float, timeout_s: float = 90.0) -> float | None:
-        """Seconds from ``restarted_s`` until the killed part works again."""
+    def _recovery(self, kind: str, restarted_s: float) -> float | None:
+        """Seconds from ``restarted_s`` until the killed part works again; None if not within 90 s, or 180 s for a
+        broker: a lone broker's crash may leave transactions hanging, which its janitor aborts once they are a
+        minute old (``infra/kafka_janitor.py``)."""
+        timeout_s = 180.0 if kind in BROKER_FAULTS else 90.0
         if kind == "feature_job":
             probe = self._probe_features(timeout_s)
             return None if probe is None else self._now() - restarted_s
@@ -438,6 +445,12 @@ class FaultDrill:
         else:
             processes[kind].restart()
         return killed, restarting - killed, self._now()
+
+    def _janitor_aborts(self) -> int:
+        """How many hanging transactions the brokers' janitors aborted (each abort is one line of the broker's log)."""
+        lines = (line for node in self.kafka.nodes if node.log_file.exists()
+                 for line in node.log_file.read_text(errors="replace").splitlines())  # fmt: skip
+        return sum(line.startswith(JANITOR_ABORTED) for line in lines)
 
     def _full_isr(self, kind: str, restarted_s: float, timeout_s: float = 120.0) -> float | None:
         """Seconds from ``restarted_s`` until every partition has all its replicas in sync (Kafka faults on a
@@ -511,7 +524,8 @@ class FaultDrill:
             return DrillReport(faults, sent[0], lost, duplicated, http_lost, http_duplicated, examples_lost, examples_duplicated,
                                open_transactions,
                                mismatches, compared, list(self._http), redis_outages,
-                               not_live, self._now(), settings.serving.feature_budget_ms / 1000)  # fmt: skip
+                               not_live, self._now(), settings.serving.feature_budget_ms / 1000,
+                               self._janitor_aborts())  # fmt: skip
         finally:
             self._stop.set()
             for process in processes.values():
