@@ -32,7 +32,9 @@ def parse_hanging_transactions(output: str) -> list[tuple[str, int, int]]:
     if header is None:
         return []
     start = rows[header].index("StartOffset")
-    return [(row[0], int(row[1]), int(row[start])) for row in rows[header + 1 :] if len(row) > start]
+    # A row that is not the table's (a log line with a tab in it) is no transaction to abort.
+    return [(row[0], int(row[1]), int(row[start])) for row in rows[header + 1 :]
+            if len(row) > start and row[1].isdigit() and row[start].isdigit()]  # fmt: skip
 
 
 class KafkaBroker(ManagedService):
@@ -175,7 +177,7 @@ class KafkaBroker(ManagedService):
 
     def start(self) -> bool:
         """Start the broker unless it runs (see ``ManagedService.start``). After a restart over existing data, a
-        watcher process (``infra/kafka_janitor.py``) aborts, for two minutes, transactions the crash left hanging."""
+        watcher process (``infra/kafka_janitor.py``) aborts, for three minutes, transactions the crash left hanging."""
         restarting = (self.data_dir / "meta.properties").exists() and self.pid() is None
         started = super().start()
         # A cluster's other nodes write the markers a restarted node missed (its test shows none hang).

@@ -64,11 +64,12 @@ def start_scorer(settings: Settings, doors: list[str], log_file: Path, **extra_e
     return start_loopline(settings, ["serve", *doors], log_file, **extra_env)
 
 
-def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    """Stop a process started here and everything it started (a Flink job's JVM and Python workers)."""
+def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:
+    """Stop a process started here and everything it started (a Flink job's JVM and Python workers); TimeoutExpired
+    if it has not ended within ``timeout_s``."""
     with contextlib.suppress(ProcessLookupError):  # it has ended already
         os.killpg(process.pid, sig)
-    process.wait(30)
+    process.wait(timeout_s)
 
 
 def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, timeout_s: float) -> None:

@@ -26,3 +26,4 @@ def test_each_row_of_the_padded_table_is_a_hanging_transaction() -> None:
 def test_a_table_without_rows_or_without_a_header_is_nothing_hanging() -> None:
     assert parse_hanging_transactions(_HEADER + "\n") == []
     assert parse_hanging_transactions("Failed to describe producers: timed out\n") == []
+    assert parse_hanging_transactions(_FOUND + "\nWARN\tsomething else\tx\ty\tz\tw\n") == parse_hanging_transactions(_FOUND)

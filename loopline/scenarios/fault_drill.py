@@ -198,8 +198,13 @@ class _Process:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def stop(self) -> None:
-        stop_process_group(self.process)
+    def stop(self, timeout_s: float) -> None:
+        """SIGTERM, waited for ``timeout_s`` (beyond a scorer's own bound, ``serving.shutdown_timeout_s``, after which
+        it exits at once), then SIGKILL: the drill's figures are in by now, and no process of it outlives it."""
+        try:
+            stop_process_group(self.process, timeout_s=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
 
 
 class _suppress_lookup:
@@ -446,11 +451,20 @@ class FaultDrill:
             processes[kind].restart()
         return killed, restarting - killed, self._now()
 
-    def _janitor_aborts(self) -> int:
-        """How many hanging transactions the brokers' janitors aborted (each abort is one line of the broker's log)."""
-        lines = (line for node in self.kafka.nodes if node.log_file.exists()
-                 for line in node.log_file.read_text(errors="replace").splitlines())  # fmt: skip
-        return sum(line.startswith(JANITOR_ABORTED) for line in lines)
+    def _log_sizes(self) -> dict[Path, int]:
+        """Each broker log's size now: the drill counts only what its brokers write from here on."""
+        return {node.log_file: node.log_file.stat().st_size if node.log_file.exists() else 0 for node in self.kafka.nodes}
+
+    def _janitor_aborts(self, since: dict[Path, int]) -> int:
+        """How many hanging transactions the brokers' janitors aborted since ``since`` (one broker log line each)."""
+        count = 0
+        for log_file, offset in since.items():
+            if not log_file.exists():
+                continue
+            with log_file.open("rb") as log:
+                log.seek(offset)
+                count += sum(line.startswith(JANITOR_ABORTED.encode()) for line in log)
+        return count
 
     def _full_isr(self, kind: str, restarted_s: float, timeout_s: float = 120.0) -> float | None:
         """Seconds from ``restarted_s`` until every partition has all its replicas in sync (Kafka faults on a
@@ -473,6 +487,7 @@ class FaultDrill:
         model = write_linear_model(self.folder / "drill.onnx", _INPUTS, np.array([0.2, 0.001, 0.004]), -3.0)
         kafka_port, http_port = free_port(), free_port()
         group = f"{self.run_id}-scorer"
+        logs_at_start = self._log_sizes()
         self.say("starting the feature job and two scorers (Kafka door; HTTP door)")
         processes = {
             "feature_job": _Process("feature_job", lambda: start_feature_job(settings, self.folder / "feature-job.log")),
@@ -525,11 +540,11 @@ class FaultDrill:
                                open_transactions,
                                mismatches, compared, list(self._http), redis_outages,
                                not_live, self._now(), settings.serving.feature_budget_ms / 1000,
-                               self._janitor_aborts())  # fmt: skip
+                               self._janitor_aborts(logs_at_start))  # fmt: skip
         finally:
             self._stop.set()
             for process in processes.values():
-                process.stop()
+                process.stop(settings.serving.shutdown_timeout_s + 15.0)
 
     @staticmethod
     def _exactly_once(expected: set[str], arrived: Callable[[], Iterable[str]], timeout_s: float, grace_s: float) -> tuple[int, int]:
