@@ -6,13 +6,13 @@ BIN := $(VENV)/bin
 DEMO_SECONDS ?= 300
 export DEMO_SECONDS
 
-.PHONY: setup demo test images test-images down status clean
+.PHONY: setup demo test images test-images gpu-bundle down status clean
 
 # The virtual environment is rebuilt when pyproject.toml changes.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,train]'
+	$(BIN)/pip install -q -e '.[cpu,test,train]'
 	touch $@
 
 # Python packages, Debian packages (redis-server, kcat; as root) and the pinned Maven jars.
@@ -36,6 +36,11 @@ images: setup
 # The image tests (marker images): the scorer image against the local stack, the Flink image against a session cluster.
 test-images: images
 	$(BIN)/pytest -q -m images
+
+# The wheels the GPU check needs that the GPU machine's image lacks, for its Python (GPU_PYTHON_VERSION, default 3.12),
+# into .loopline/gpu-bundle: carried there, infra/gpu_check.sh installs them with no network.
+gpu-bundle: setup
+	PYTHON=$(BIN)/python infra/gpu_bundle.sh
 
 down:
 	$(BIN)/loopline stack down

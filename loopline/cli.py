@@ -614,7 +614,8 @@ def snapshot_diff(
 def train(
     snapshot: Annotated[str, typer.Option(help="The snapshot id to train on.")],
     resume: Annotated[bool, typer.Option(help="Continue the last run on this snapshot from its newest checkpoint.")] = False,
-    processes: Annotated[int | None, typer.Option(help="Training processes (default feedback.train_processes).")] = None,
+    processes: Annotated[int | None, typer.Option(help="Training processes per node (default feedback.train_processes; "
+                                                       "unset: one per visible GPU, else 2).")] = None,
     quantize: Annotated[bool | None, typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
     canary: Annotated[float | None, typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
     owner: Annotated[str | None, typer.Option(help="Who answers for the model, on its card (default retrain.owner).")] = None,
@@ -743,6 +744,12 @@ def plan_gpu(
     hidden: Annotated[int, typer.Option(help="A transformer's hidden size.")] = 0,
     heads: Annotated[int, typer.Option(help="A transformer's attention heads.")] = 0,
     vocab: Annotated[int, typer.Option(help="A transformer's vocabulary.")] = 32_000,
+    kv_heads: Annotated[int | None, typer.Option(help="Key/value heads (grouped-query attention; 1: multi-query), dividing "
+                                                      "--heads; the KV cache shrinks by heads / kv-heads. Default: --heads.")] = None,
+    intermediate: Annotated[int | None, typer.Option(help="The MLP's inner width. Default: 4 x --hidden.")] = None,
+    gated_mlp: Annotated[bool, typer.Option(help="A gated MLP (SwiGLU, as Llama): three projections, not two.")] = False,
+    tied_embeddings: Annotated[bool, typer.Option("--tied-embeddings/--untied-embeddings",
+                                                  help="The LM head shares the embedding matrix (GPT-2) or has its own (Llama).")] = True,
     precision: Annotated[str, typer.Option(help="Training precision: fp32, bf16 or fp16 (mixed).")] = "bf16",
     serve_precision: Annotated[str, typer.Option(help="Serving precision: fp32, fp16, bf16 or int8.")] = "fp16",
     batch: Annotated[int, typer.Option(help="Training micro-batch per GPU (sequences or rows).")] = 8,
@@ -757,7 +764,11 @@ def plan_gpu(
     if widths:
         shape = ModelShape.mlp(tuple(int(w) for w in widths.split(",")))
     elif layers and hidden and heads:
-        shape = ModelShape.transformer(layers, hidden, heads, vocab)
+        try:
+            shape = ModelShape.transformer(layers, hidden, heads, vocab, kv_heads=kv_heads, intermediate=intermediate,
+                                           gated_mlp=gated_mlp, tied_embeddings=tied_embeddings)  # fmt: skip
+        except ValueError as err:
+            raise typer.BadParameter(str(err)) from err
     else:
         raise typer.BadParameter("give --widths for an MLP, or --layers, --hidden and --heads for a transformer")
     console.print(f"{shape.kind}: {shape.parameters / 1e6:,.1f} M parameters; training in {precision} with Adam, micro-batch {batch}")

@@ -50,14 +50,15 @@ def engine(settings: Settings) -> Podman:
 
 def requirement_sets(python_full_version: str = PYTHON_FULL_VERSION) -> dict[str, list[str]]:
     """The pinned requirement sets the Dockerfiles install (Loopline itself comes as its wheel, PyFlink's jars as the
-    Flink image's distribution): ``core`` (the scorer, the monitor and the Flink image), ``cuda`` (core without the CPU
-    onnxruntime: onnxruntime-gpu replaces it) and ``train`` (core with the train extra: torch, DeepSpeed)."""
+    Flink image's distribution): ``core`` (the scorer, the monitor and the Flink image: with the cpu extra's
+    onnxruntime), ``cuda`` (Loopline's core dependencies alone: the image adds onnxruntime-gpu, which writes the same
+    ``onnxruntime`` package) and ``train`` (core with the train extra: torch, DeepSpeed)."""
 
-    def pinned(root: str, *excluded: str) -> list[str]:
-        lines = pinned_requirements(python_full_version, [root], ["apache-flink-libraries", *excluded])
+    def pinned(root: str) -> list[str]:
+        lines = pinned_requirements(python_full_version, [root], ["apache-flink-libraries"])
         return [line for line in lines if not line.startswith("loopline==")]
 
-    return {"core": pinned("loopline"), "cuda": pinned("loopline", "onnxruntime"), "train": pinned("loopline[train]")}
+    return {"core": pinned("loopline[cpu]"), "cuda": pinned("loopline"), "train": pinned("loopline[cpu,train]")}
 
 
 def build_images(settings: Settings, keys: list[str]) -> list[Built]:

@@ -75,7 +75,7 @@ def train_on_snapshot(
     default), the run's folder ``<feedback.train_dir>/<snapshot id>``; the path of its metrics (holdout AUC, log loss,
     Brier, samples/s). Without ``resume`` node 0 replaces an earlier run's folder. ``on_start`` gets the launcher process
     as it starts (see ``launch_training``)."""
-    from offline_training.launch import launch_training
+    from offline_training.launch import default_processes, launch_training
     from offline_training.rendezvous import NodeGroup
 
     nodes = NodeGroup(nnodes=nnodes, node_rank=node_rank, rdzv=rdzv, max_restarts=settings.feedback.train_max_restarts)
@@ -83,8 +83,9 @@ def train_on_snapshot(
     out = run_folder(settings, manifest.snapshot_id)
     if not resume and node_rank == 0 and out.exists():
         shutil.rmtree(out)
+    processes = processes or settings.feedback.train_processes or default_processes()
     launch_training(
-        folder, settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes or settings.feedback.train_processes,
+        folder, settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes,
         resume=resume, tracking_uri=settings.tracking_uri, echo=echo, niceness=settings.feedback.train_niceness, on_start=on_start,
         nodes=nodes,
     )  # fmt: skip

@@ -283,7 +283,9 @@ class FeedbackSettings(BaseModel):
     metrics_port: int | None = Field(default=9250, ge=0, le=65535, description="The joiner's Prometheus metrics; 0 or null: off.")
     snapshots: str | None = Field(default=None, description="Where snapshots go: a path or fsspec URL; default <home>/snapshots.")
     train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default offline_training/configs/fraud_mlp.yaml.")
-    train_processes: int = Field(default=2, ge=1, description="Training processes (torchrun --nproc_per_node).")
+    train_processes: int | None = Field(default=None, ge=1, description="Training processes per node (torchrun "
+                                        "--nproc_per_node); default one per visible GPU (CUDA_VISIBLE_DEVICES, else "
+                                        "nvidia-smi -L), else 2 on a CPU.")  # fmt: skip
     train_niceness: int = Field(default=0, ge=0, le=19, description="The training processes' CPU niceness (nice -n): raise it "
                                 "where training shares a machine with serving, so serving gets the cores first.")
     train_dir: Annotated[Path | None, BeforeValidator(_mounted_path)] = Field(

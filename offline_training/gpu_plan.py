@@ -8,14 +8,20 @@ parameters:
 
     stage 0: (2 + 2 + K)Ψ      stage 1: (2 + 2)Ψ + KΨ/N      stage 2: 2Ψ + (2 + K)Ψ/N      stage 3: (2 + 2 + K)Ψ/N
 
-(the paper's example, Ψ = 7.5 B on 64 GPUs: 120, 31.4, 16.6 and 1.9 GB). In fp32, parameters and
+(the paper's example, Ψ = 7.5 B on 64 GPUs: 120, 31.4, 16.6 and 1.9 GB). DeepSpeed's mixed-precision
+optimizers also keep an fp32 copy of the gradients they step with, partitioned as the optimizer state
+is, so its K is 16 (``training_memory``'s ``master_gradients``). In fp32, parameters and
 gradients take 4 bytes each and Adam keeps K = 8 (momentum and variance). Activations come on
 top, per GPU: for a transformer layer ``s·b·h·(34 + 5·a·s/h)`` bytes at 16 bits without recomputation,
 ``2·s·b·h`` with full activation checkpointing (Korthikanti et al., 2022); for an MLP the inputs each
 layer keeps for its backward pass.
 
 Serving memory: the parameters at the serving precision, plus for LLMs the KV cache,
-``2 × layers × hidden × max length × bytes × batch``.
+``2 × layers × kv_heads × head_dim × max length × bytes × batch`` (keys and values; head_dim = hidden / heads).
+With grouped-query attention (GQA, Ainslie et al., 2023) several query heads share one key/value head, so
+kv_heads < heads shrinks the cache by heads / kv_heads; multi-query attention is kv_heads = 1, and
+kv_heads = heads (multi-head attention) gives ``2 × layers × hidden × ...``. The activation formula above
+is the multi-head, 4h-MLP layer's; for GQA or other MLP widths it stays an estimate.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A model's size: ``parameters``, and what its activations depend on.
+    """A model's size: ``parameters``, and what its activations and KV cache depend on.
 
-    An MLP gives its layer widths (``widths``, input first); a transformer its ``layers``, ``hidden``
-    size, attention ``heads`` and ``vocab``. ``parameters`` is computed from the shape when not given.
+    An MLP gives its layer widths (``widths``, input first); a transformer (built by ``transformer``) its
+    ``layers``, ``hidden`` size, attention ``heads``, key/value heads (``kv_heads``), MLP width (``intermediate``),
+    whether the MLP is gated (``gated_mlp``), whether the LM head shares the embedding (``tied_embeddings``) and
+    ``vocab``. ``parameters`` is computed from the shape when not given.
     """
 
     kind: str
@@ -48,6 +56,15 @@ class ModelShape:
     hidden: int = 0
     heads: int = 0
     vocab: int = 0
+    kv_heads: int = 0
+    intermediate: int = 0
+    gated_mlp: bool = False
+    tied_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        """The width of one attention head: the hidden size split evenly over the query heads."""
+        return self.hidden // self.heads if self.heads else 0
 
     @classmethod
     def mlp(cls, widths: tuple[int, ...]) -> ModelShape:
@@ -56,10 +73,41 @@ class ModelShape:
         return cls("mlp", float(parameters), widths=widths)
 
     @classmethod
-    def transformer(cls, layers: int, hidden: int, heads: int, vocab: int) -> ModelShape:
-        """A decoder-only transformer: 12·h² per layer (attention 4h², MLP 8h²) plus the embeddings."""
-        return cls("transformer", float(12 * layers * hidden**2 + vocab * hidden), layers=layers, hidden=hidden, heads=heads,
-                   vocab=vocab)  # fmt: skip
+    def transformer(
+        cls, layers: int, hidden: int, heads: int, vocab: int, *, kv_heads: int | None = None, intermediate: int | None = None,
+        gated_mlp: bool = False, tied_embeddings: bool = True,
+    ) -> ModelShape:  # fmt: skip
+        """A decoder-only transformer; ``kv_heads`` defaults to ``heads`` (multi-head attention), ``intermediate``
+        to 4·hidden, which with an ungated MLP and tied embeddings is GPT's 12·h² per layer plus V·h.
+
+        Per layer: the q and o projections 2·h², k and v 2·h·kv_heads·head_dim, the MLP 2·h·intermediate (3 when
+        gated, as SwiGLU's gate, up and down projections); then the embeddings V·h, twice with a separate LM head.
+        Norms and biases are left out: under 0.1 % of a billion-parameter model. Raises ValueError for a shape
+        attention cannot split."""
+        kv_heads = heads if kv_heads is None else kv_heads
+        intermediate = 4 * hidden if intermediate is None else intermediate
+        _check_transformer(layers, hidden, heads, vocab, kv_heads, intermediate)
+        head_dim = hidden // heads
+        attention = 2 * hidden**2 + 2 * hidden * kv_heads * head_dim
+        mlp = (3 if gated_mlp else 2) * hidden * intermediate
+        embeddings = (1 if tied_embeddings else 2) * vocab * hidden
+        return cls("transformer", float(layers * (attention + mlp) + embeddings), layers=layers, hidden=hidden, heads=heads,
+                   vocab=vocab, kv_heads=kv_heads, intermediate=intermediate, gated_mlp=gated_mlp,
+                   tied_embeddings=tied_embeddings)  # fmt: skip
+
+
+def _check_transformer(layers: int, hidden: int, heads: int, vocab: int, kv_heads: int, intermediate: int) -> None:
+    """Reject a shape whose attention cannot be split: the heads must share the hidden size evenly, and each key/value
+    head must serve the same number of query heads; a zero or negative size would give a meaningless estimate."""
+    sizes = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "kv_heads": kv_heads,
+             "intermediate": intermediate}  # fmt: skip
+    for name, value in sizes.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be positive, not {value}")
+    if hidden % heads:
+        raise ValueError(f"heads ({heads}) must divide hidden ({hidden})")
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads ({kv_heads}) must divide heads ({heads})")
 
 
 @dataclass(frozen=True)
@@ -77,17 +125,22 @@ class TrainingMemory:
 
 
 def training_memory(
-    shape: ModelShape, precision: str, zero_stage: int, gpus: int, batch_per_gpu: int, seq_len: int = 1, recompute: bool = False
-) -> TrainingMemory:
+    shape: ModelShape, precision: str, zero_stage: int, gpus: int, batch_per_gpu: int, seq_len: int = 1, recompute: bool = False,
+    master_gradients: bool = True,
+) -> TrainingMemory:  # fmt: skip
     """Per-GPU training memory of ``shape`` with Adam, at ``precision`` (mixed for 16-bit), ZeRO ``zero_stage`` over
-    ``gpus``; ``recompute``: activation checkpointing (each layer keeps only its input)."""
+    ``gpus``; ``recompute``: activation checkpointing (each layer keeps only its input).
+
+    ``master_gradients``: in 16-bit training DeepSpeed steps the optimizer on an fp32 copy of the gradients, 4Ψ
+    partitioned as the optimizer state is, which the paper's K = 12 leaves out (DeepSpeed's own
+    ``estimate_zero2_model_states_mem_needs`` counts it: 2Ψ + 18Ψ/N at stage 2); False gives the paper's figures."""
     if zero_stage not in (0, 1, 2, 3):
         raise ValueError(f"ZeRO stage must be 0 to 3, not {zero_stage}")
     if precision not in ("fp32", "bf16", "fp16"):
         raise ValueError(f"training precision must be fp32, bf16 or fp16, not {precision}")
     psi = shape.parameters
     weight = PRECISION_BYTES[precision]
-    k = 8 if precision == "fp32" else 12
+    k = 8 if precision == "fp32" else 12 + (4 if master_gradients else 0)
     params, grads, optimizer = weight * psi, weight * psi, k * psi
     if zero_stage >= 1:
         optimizer /= gpus
@@ -111,7 +164,9 @@ def activation_bytes(shape: ModelShape, precision: str, batch: int, seq_len: int
 def inference_memory(shape: ModelShape, precision: str, batch: int = 1, max_len: int = 0) -> tuple[float, float]:
     """(parameter bytes, KV-cache bytes) to serve ``shape`` at ``precision``; the KV cache only for transformers."""
     weight = PRECISION_BYTES[precision]
-    kv_cache = 2 * shape.layers * shape.hidden * max_len * weight * batch if shape.kind == "transformer" else 0.0
+    # A key and a value vector per layer, key/value head and token: GQA's shared heads are what shrink it.
+    per_token = 2 * shape.layers * shape.kv_heads * shape.head_dim * weight
+    kv_cache = per_token * max_len * batch if shape.kind == "transformer" else 0.0
     return shape.parameters * weight, kv_cache
 
 

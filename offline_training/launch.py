@@ -35,6 +35,12 @@ LATEST, LATEST_UNIVERSAL = "latest", "latest_universal"
 UNIVERSAL_SUFFIX = "_universal"
 #: The lines of output a TrainingError carries.
 TAIL_LINES = 40
+#: Training processes per node on a machine without a visible GPU.
+CPU_PROCESSES = 2
+#: cuBLAS's workspace configuration under ``torch.use_deterministic_algorithms(True)`` (offline_training/train.py): with
+#: CUDA 10.2 or later, cuBLAS is deterministic only with a fixed workspace (``:4096:8`` or ``:16:8``), set before its
+#: first call; without it, deterministic mode raises at the first matmul on a GPU. On the CPU it is ignored.
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 
 
 class TrainingError(RuntimeError):
@@ -89,8 +95,37 @@ def convert_to_universal(checkpoints: Path, workers: int = 1) -> str:
     return universal
 
 
+def visible_gpus() -> int:
+    """How many GPUs this process may use, without starting CUDA (no torch): as many as ``CUDA_VISIBLE_DEVICES`` lists
+    when it is set (empty or ``-1``: none; CUDA stops at the first entry that is not a device), else the lines of
+    ``nvidia-smi -L`` where it runs, else 0."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        count = 0
+        for entry in (item.strip() for item in listed.split(",")):
+            if not entry or entry.startswith("-"):
+                break
+            count += 1
+        return count
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return 0
+    try:
+        result = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(line.startswith("GPU ") for line in result.stdout.splitlines()) if result.returncode == 0 else 0
+
+
+def default_processes() -> int:
+    """Training processes per node when none are asked for (``feedback.train_processes`` unset): one per visible GPU
+    (NCCL wants one rank per device), else :data:`CPU_PROCESSES` on the CPU."""
+    return visible_gpus() or CPU_PROCESSES
+
+
 def _worker_env() -> dict[str, str]:
-    """The launcher's and workers' environment: DeepSpeed on the CPU where there is no CUDA; one math thread each."""
+    """The launcher's and workers' environment: DeepSpeed on the CPU where there is no CUDA; one math thread each; cuBLAS
+    deterministic (:data:`CUBLAS_WORKSPACE_CONFIG`, in the workers' environment before anything imports torch)."""
     import torch
 
     env = dict(os.environ)
@@ -98,6 +133,7 @@ def _worker_env() -> dict[str, str]:
         env.setdefault("DS_ACCELERATOR", "cpu")
     # Processes, not threads, are the parallelism; a fixed thread count also keeps reductions reproducible.
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     # The workers' store is their own, not the rendezvous': torchrun's shared one breaks restarts (pytorch#135712).
     # Measured here: a node that rejoined after a kill waited for a key its round never set, until both timed out.
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")

@@ -46,8 +46,10 @@ class FraudMLP(nn.Module):
         self.layers = nn.Sequential(*layers)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Logits ``[batch]`` of raw ``[batch, n]`` rows (training uses them with a logit loss)."""
-        standard = torch.nan_to_num((features - self.mean) / self.std, nan=0.0)
+        """Logits ``[batch]`` of raw ``[batch, n]`` rows (training uses them with a logit loss), computed in the rows'
+        precision: bf16 training feeds bf16 rows to bf16 weights, while the standardisation buffers stay fp32
+        (DeepSpeed casts a module's parameters, not its buffers)."""
+        standard = torch.nan_to_num((features - self.mean) / self.std, nan=0.0).to(features.dtype)
         return self.layers(standard).squeeze(-1)
 
     def predict_proba(self, features: torch.Tensor) -> torch.Tensor:

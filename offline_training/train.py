@@ -36,6 +36,7 @@ metrics, snapshot id, code version; a resumed run continues its MLflow run) and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -63,7 +64,7 @@ from tqdm import tqdm
 
 from offline_training.evaluation import classification_metrics
 from offline_training.export import export_onnx, verify_onnx
-from offline_training.launch import CHECKPOINTS, LATEST, checkpoint_world_size, latest_tag
+from offline_training.launch import CHECKPOINTS, CUBLAS_WORKSPACE_CONFIG, LATEST, checkpoint_world_size, latest_tag
 from offline_training.model import FraudMLP, fit_standardisation, state_fingerprint
 from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
 from offline_training.training_data import Snapshot, load_snapshot
@@ -207,6 +208,10 @@ def _resume_when_restarted(args: argparse.Namespace) -> argparse.Namespace:
 def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
     """The DeepSpeed engine over a freshly seeded model, standardised on the training split."""
     torch.manual_seed(config.seed)
+    # On CUDA, deterministic mode raises at the first cuBLAS matmul unless cuBLAS has a fixed workspace, which it reads
+    # from the environment at its first call. The launcher sets it for its workers; this covers a process started
+    # otherwise (the deepspeed launcher, by hand). Nothing before this point has called cuBLAS.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", CUBLAS_WORKSPACE_CONFIG)
     torch.use_deterministic_algorithms(True)
     # Deterministic mode also fills every torch.empty with NaN; ZeRO allocates its (large) gradient buckets
     # that way each step, which made a step ~400x slower. Nothing reads those buffers before writing them.
@@ -315,9 +320,10 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
             bar.update(1)
             if index + 1 == batches:
                 totals = _fold(loss, engine.device)
+                # Every rank scores the holdout: under ZeRO 3 a forward pass gathers the parameters from all of them.
+                with torch.no_grad():
+                    scores = engine.module.predict_proba(holdout).float().cpu().numpy()
                 if rank == 0:
-                    with torch.no_grad():
-                        scores = engine.module.predict_proba(holdout).float().cpu().numpy()
                     metrics = {"train_loss": float(totals[0] / totals[1])} | {
                         f"holdout_{name}": value for name, value in classification_metrics(scores, snapshot.holdout_y).items()
                     }
@@ -334,21 +340,32 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
     bar.close()
     seconds = time.perf_counter() - started
     memory = _training_memory(before_model, engine.device)  # before rank 0 exports: ONNX export is not training
+    with _full_parameters(engine):
+        state = {name: tensor.detach().float().cpu() for name, tensor in engine.module.state_dict().items()}
     if rank == 0:
         _write_outputs(
-            engine.module, snapshot, config, args.out, world, seconds, rows_trained * world, engine.global_steps, tracking,
+            state, snapshot, config, args.out, world, seconds, rows_trained * world, engine.global_steps, tracking,
             memory,
         )
     dist.barrier()
 
 
+def _full_parameters(engine):
+    """A context in which every rank holds the module's whole parameters: ZeRO stage 3 keeps only each rank's
+    partition, and gathering them is a collective every rank enters (the other stages keep them whole)."""
+    if engine.zero_optimization_stage() == 3:
+        return deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
+    return contextlib.nullcontext()
+
+
 def _write_outputs(
-    module: FraudMLP, snapshot: Snapshot, config: TrainConfig, out: Path, world: int, seconds: float,
+    state: dict[str, torch.Tensor], snapshot: Snapshot, config: TrainConfig, out: Path, world: int, seconds: float,
     rows_trained: int, global_steps: int, tracking: Tracking, memory: dict[str, int],
 ) -> None:  # fmt: skip
-    """Write ``model.pt``, ``model.onnx`` (verified against torch on the holdout) and ``metrics.json``."""
+    """Write the trained weights ``state`` (float32, on the CPU) as ``model.pt``, ``model.onnx`` (verified against
+    torch on the holdout) and ``metrics.json``."""
     model = FraudMLP(snapshot.inputs, config.hidden, np.zeros(len(snapshot.inputs)), np.ones(len(snapshot.inputs)))
-    model.load_state_dict({name: tensor.detach().float().cpu() for name, tensor in module.state_dict().items()})
+    model.load_state_dict(state)
     model.eval()
     torch.save(model.state_dict(), out / "model.pt")
     onnx_path = export_onnx(model, snapshot.inputs, out / "model.onnx")

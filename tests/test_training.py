@@ -151,6 +151,22 @@ def killed_run(workspace) -> Path:
     return out
 
 
+def test_zero_stage_3_trains_the_weights_of_stage_2(workspace, full_run):
+    """ZeRO 3 (``infra/deepspeed/zero3.json``) keeps each rank's partition of the parameters only: the epoch-end holdout and the written model gather
+    them, a collective every rank enters (rank 0 alone would wait for the others on GPUs)."""
+    from offline_training.launch import launch_training
+
+    config = workspace / "zero3.yaml"
+    config.write_text(json.dumps({**CONFIG, "ds_config": "infra/deepspeed/zero3.json"}))
+    out = workspace / "zero3"
+    launch_training(workspace / "snapshot", config, out)
+    expected, stage3 = _weights(full_run), _weights(out)
+    assert expected.keys() == stage3.keys()
+    for name in expected:  # the same data, seed, world size and reductions (gloo): bit for bit
+        assert np.array_equal(stage3[name].numpy(), expected[name].numpy()), name
+    assert json.loads((out / "metrics.json").read_text())["onnx_max_abs_diff"] <= 1e-5
+
+
 def test_killed_and_resumed_run_ends_with_the_uninterrupted_weights(workspace, full_run, killed_run):
     from offline_training.launch import latest_tag, launch_training
 
@@ -375,3 +391,21 @@ def test_config_files_are_valid():
     assert ds_config["zero_optimization"]["stage"] == 1
     zero2 = deepspeed_config(TrainConfig(ds_config=Path("infra/deepspeed/zero2.json")))
     assert zero2["zero_optimization"]["stage"] == 2 and not zero2["bf16"]["enabled"]
+
+
+def test_bf16_weights_score_bf16_rows_with_the_fp32_standardisation():
+    """DeepSpeed's bf16 casts a module's parameters, not its buffers: the model must still score bf16 rows (the GPU
+    check's bf16 runs; found rehearsing them on this CPU, where they first raised a dtype mismatch)."""
+    import torch
+
+    from offline_training.model import FraudMLP
+
+    rows = torch.from_numpy(np.random.default_rng(0).normal(100, 30, (16, len(FEATURES))).astype(np.float32))
+    model = FraudMLP(FEATURES, CONFIG["hidden"], np.full(len(FEATURES), 100.0), np.full(len(FEATURES), 30.0))
+    expected = model(rows)
+    for parameter in model.parameters():
+        parameter.data = parameter.data.to(torch.bfloat16)
+    assert model.mean.dtype == torch.float32
+    scored = model(rows.to(torch.bfloat16))
+    assert scored.dtype == torch.bfloat16
+    assert torch.allclose(scored.float(), expected, atol=0.1)
