@@ -30,6 +30,9 @@ LABELS = TopicSpec(f"test.fb.labels.{RUN}", LabelEvent, key="event_id", partitio
 EXAMPLES = TopicSpec(f"test.fb.examples.{RUN}", TrainingExample, key="event_id", partitions=3, retention_ms=DAY_MS)
 DEAD = TopicSpec(f"test.fb.dlq.{RUN}", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=DAY_MS)
 HORIZON_S = 20
+#: Examples commit with each checkpoint: 5 s keeps a batch of them in an open transaction for seconds, long enough for
+#: the crash below to find one (at 1 s the last batch's window, a few hundred ms, was missed once in CI).
+CHECKPOINT_MS = 5_000
 T0 = int(time.time() * 1000) - 600_000
 
 
@@ -89,7 +92,7 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
         "LOOPLINE_FEEDBACK__PREDICTIONS_TOPIC": PREDICTIONS.name, "LOOPLINE_FEEDBACK__LABELS_TOPIC": LABELS.name,
         "LOOPLINE_FEEDBACK__EXAMPLES_TOPIC": EXAMPLES.name, "LOOPLINE_FEEDBACK__DEAD_LETTER_TOPIC": DEAD.name,
         "LOOPLINE_FEEDBACK__GROUP_ID": f"fb-{RUN}", "LOOPLINE_FEEDBACK__HORIZON_S": str(HORIZON_S),
-        "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": "1000",
+        "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": str(CHECKPOINT_MS),
     }  # fmt: skip
 
     def examples() -> list[TrainingExample]:
@@ -110,7 +113,7 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
     joiner = start_joiner(applied, tmp_path / "joiner.log", **env)  # resumes from its checkpoint
     try:
         assert wait_until(lambda: len(examples()) >= len(expected), 180, 0.5), f"{len(examples())} of {len(expected)}"
-        time.sleep(2)  # a stray duplicate, if the design allowed one, would show now
+        time.sleep(CHECKPOINT_MS / 1000 + 1)  # a stray duplicate, if the design allowed one, would show now
         logged = examples()
     finally:
         stop_process_group(joiner)
