@@ -42,12 +42,15 @@ def test_history_goes_at_once_unscored_then_live_transactions_are_each_scored_on
     assert stats.delivered[TRANSACTIONS.name] == len(transactions)
 
     history = [(sent, t) for sent, t in transactions if t.event_time_ms < world.published_from_ms]
-    assert 0.6 * RATE * HISTORY_S < len(history) < 1.4 * RATE * HISTORY_S, len(history)
+    # The stream's bursts (4x its base rate, 2-10 s long) make 30 s of history vary widely (4,539 seen in CI, 1.5x
+    # RATE * HISTORY_S): the bounds lie below a world with no burst (0.77x) and above one all burst (3.1x).
+    assert 0.5 * RATE * HISTORY_S < len(history) < 4 * RATE * HISTORY_S, len(history)
     assert min(t.event_time_ms for _, t in history) >= world.history_from_ms - 600_000, "late events reach back at most 10 min"
     assert max(sent for sent, _ in history) - world.published_from_ms < 5_000, "the history went out at once"
 
     scored = Counter(r.event_id for _, r in requests)
     assert scored and max(scored.values()) == 1, "every scored transaction scored once"
+    assert sum(t.event_id not in scored for _, t in transactions) == world.history_published, "the unscored are the history"
     by_id = {t.event_id: (sent, t) for sent, t in transactions}
     assert set(scored) <= set(by_id), "every request names a transaction of this world"
     assert all(by_id[event][0] >= world.live_since_ms - 50 for event in scored), "nothing of the history was scored"

@@ -33,7 +33,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
     local = stack_settings(home)
     with NetworkNamespaces(BROKERS) as network:
         kafka = KafkaCluster(BROKERS, network.addresses, 9092, 9093, local.resolved_data_dir, JARS_DIR, local.run_dir,
-                             local.resolved_logs_dir, launchers=[network.command(i, []) for i in range(BROKERS)])  # fmt: skip
+                             local.resolved_logs_dir, local.kafka.heap_mb, local.kafka.start_timeout_s,
+                             launchers=[network.command(i, []) for i in range(BROKERS)])  # fmt: skip
         cluster_kafka = {"bootstrap_servers": kafka.bootstrap.split(","), "replication_factor": 3, "min_insync_replicas": 2}
         settings = local.model_copy(update={"kafka": type(local.kafka).model_validate({**local.kafka.model_dump(), **cluster_kafka})})
         redis = build_stack(settings).redis

@@ -542,6 +542,9 @@ class FaultDrill:
                                not_live, self._now(), settings.serving.feature_budget_ms / 1000,
                                self._janitor_aborts(logs_at_start))  # fmt: skip
         finally:
+            # A drill that raised mid-way stops its load too: left running, its clients kept calling the cluster's
+            # addresses for the rest of the suite (seen in CI, answered by the next module's services there).
+            self._load_done.set()
             self._stop.set()
             for process in processes.values():
                 process.stop(settings.serving.shutdown_timeout_s + 15.0)
