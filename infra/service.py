@@ -41,14 +41,38 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
-    """``count`` different TCP ports on ``host`` nothing listens on right now: all held open until all are chosen, so
-    the kernel cannot hand out one of them twice (one private stack's Kafka once got the same port for its broker and
-    its controller)."""
-    sockets = [socket.socket() for _ in range(count)]
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (Linux's ip_local_port_range)."""
     try:
-        for sock in sockets:
-            sock.bind((host, 0))
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+#: Private stacks' ports start here and stay below the ephemeral range.
+_LOWEST_PORT = 10_000
+
+
+def free_ports(count: int, host: str = "127.0.0.1", attempts: int = 1_000) -> list[int]:
+    """``count`` different TCP ports on ``host`` nothing listens on right now, below the range the kernel picks
+    outgoing connections' ports from: a port of the ephemeral range, free when chosen, was taken by some client's
+    connection while its broker was down for a restart (CI: "Address already in use" on `stack up` after a wipe).
+    All are held open until all are chosen, so none is handed out twice."""
+    rng, top = random.Random(), _ephemeral_low()
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(attempts):
+            if len(sockets) == count:
+                break
+            sock = socket.socket()
+            try:
+                sock.bind((host, rng.randrange(_LOWEST_PORT, top)))
+            except OSError:
+                sock.close()
+                continue
+            sockets.append(sock)
+        if len(sockets) < count:
+            raise StackError(f"no {count} free ports on {host} below {top}", "stop what holds them, or try again")
         return [sock.getsockname()[1] for sock in sockets]
     finally:
         for sock in sockets:
@@ -60,7 +84,7 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 200) ->
     ``base + i``); StackError after ``attempts`` tries."""
     rng = random.Random()
     for _ in range(attempts):
-        base = rng.randrange(20_000, 60_000 - count)
+        base = rng.randrange(_LOWEST_PORT, _ephemeral_low() - count)
         sockets = []
         try:
             for port in range(base, base + count):

@@ -82,7 +82,10 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
     features = {f"{VIEW}:txn_count_5m": 4, f"{VIEW}:amount_sum_1h": 310.5, f"{VIEW}:secs_since_prev_txn": 42.0}
     _write_user(applied, applied.redis_connection, user, features)
     log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
-    with serving_doors(applied, build_scorer(applied, model_path), kafka=True) as (url, grpc_address):
+    # The three doors must score alike, so none may fall back to defaults: a budget no read misses (CI once saw the
+    # Kafka door's read take over the default 20 ms on the loaded machine). The budget itself: the test below.
+    roomy = applied.model_copy(update={"serving": applied.serving.model_copy(update={"feature_budget_ms": 2_000.0})})
+    with serving_doors(roomy, build_scorer(roomy, model_path), kafka=True) as (url, grpc_address):
         assert requests.get(f"{url}/v1/models/ready", timeout=5).json()["ready"] is True
         assert requests.get(f"{url}/v1/models/status", timeout=5).json()["models"]["prod"]["provider"] == "CPUExecutionProvider"
 
@@ -224,5 +227,6 @@ def test_overload_fails_fast_with_a_clear_error_and_nothing_hangs(applied: Setti
     refused = [(body, took) for status, body, took in replies if status == 503]
     assert {status for status, _, _ in replies} == {200, 503}, "a burst beyond the queue: some scored, some refused"
     assert all(body["error"] == "overloaded" and "queue full" in body["reason"] for body, _ in refused)
-    assert max(took for _, took in refused) < 2.0, "a refusal does not wait for the queue"
+    # Not the queue's wait (a refusal comes at once) but 48 clients' turns on a loaded machine: 2.2 s seen in CI.
+    assert max(took for _, took in refused) < 5.0, "a refusal does not wait for the queue"
     assert f'loopline_scoring_requests_total{{door="http",status="503"}} {float(len(refused))}' in metrics
