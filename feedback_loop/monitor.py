@@ -5,7 +5,9 @@
   Kafka: a restarted monitor recovers its window from the changelog. It runs at least once, not under faust's
   exactly-once guarantee, whose transactional producer crashed under the demo's load ("Can't send messages while
   not in transaction" after its buffer filled); a record re-read after a restart is not counted twice, since each
-  bucket keeps the last offset it counted.
+  bucket keeps the last offset it counted. A request logged twice (an at-least-once scorer that crashed scores again
+  what it had not committed, ``online/kafka_door_at_least_once.py``) is counted once, by its request id
+  (``request_dedup.py``).
 * A record that does not decode, or that the window cannot count (``feature_log.py`` says which: a string where a
   number goes, ±Infinity or an integer beyond a double, an empty feature vector), is counted in
   ``loopline_monitor_bad_records_total`` by reason and left out of the window and the consistency sample; the agent
@@ -39,6 +41,7 @@ from feedback_loop.drift import SkewThresholds
 from feedback_loop.feature_log import FeatureLogWindow
 from feedback_loop.monitor_metrics import CONTRACT_VIOLATION, MonitorMetrics
 from feedback_loop.reference import FeatureReference
+from feedback_loop.request_dedup import RecentRequests
 from schemas.records import PredictionRecord
 from schemas.validation import ContractViolation, decode
 
@@ -95,6 +98,7 @@ class Monitor:
         reference_id, reference = references()
         self.window = FeatureLogWindow(self.table, reference_id, reference, config.bucket_ms, config.window_ms)
         self.sampled: deque[PredictionRecord] = deque(maxlen=config.max_sampled)
+        self.recent = RecentRequests()
         self._evicted_at: dict[int, float] = {}
         topic = self.app.topic(config.predictions_topic, key_serializer="raw", value_serializer="raw")
         self.app.agent(topic, name="feature-log")(self._count)
@@ -116,6 +120,9 @@ class Monitor:
             problem = self.window.problem(record)
             if problem is not None:
                 self.metrics.bad_records.labels(problem).inc()
+                continue
+            if not self.recent.first_time(record.request_id):
+                self.metrics.duplicates.inc()
                 continue
             if self.window.add([record], event.message.partition, event.message.offset):
                 self.metrics.records.inc()

@@ -56,6 +56,8 @@ class MonitorMetrics:
         self.comparisons = Counter("loopline_feature_consistency_comparisons_total", "Replayed comparisons by outcome.",
                                    ["feature", "outcome"], registry=r)  # fmt: skip
         self.records = Counter("loopline_monitor_records_total", "Predictions the monitor counted.", registry=r)
+        self.duplicates = Counter("loopline_monitor_duplicate_records_total", "Predictions of a request already counted "
+                                  "(scored again after an at-least-once scorer's crash), not counted again.", registry=r)  # fmt: skip
         self.bad_records = Counter("loopline_monitor_bad_records_total", "Records on the predictions topic the monitor could not "
                                    f"count, by reason ({', '.join(BAD_RECORD_REASONS)}).", ["reason"], registry=r)  # fmt: skip
         for reason in BAD_RECORD_REASONS:  # at 0 from the start, so a rate() over it has a series before the first bad one

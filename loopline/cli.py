@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import os
 import signal
 import sys
 import threading
@@ -394,10 +396,15 @@ def produce(
 def serve(
     model: Annotated[Path | None, typer.Option(help="Serve this ONNX file (default: the model registry's prod/canary).")] = None,
     http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
-    kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once.")] = False,
+    kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once (or at least once: "
+                                        "serving.kafka_delivery).")] = False,
     grpc: Annotated[bool, typer.Option(help="loopline.scoring.v1.Scorer/Score (schemas/scoring.proto).")] = False,
+    workers: Annotated[int | None, typer.Option(min=1, help="Processes sharing the ports (default: serving.workers, "
+                                                "else one per core).")] = None,
+    worker_index: Annotated[int | None, typer.Option(hidden=True, help="Set by the supervisor for each worker.")] = None,
 ) -> None:
     """Serve the scorer through its front doors until interrupted, hot-swapping the model registry's versions."""
+    from loopline.serve_workers import WorkerSupervisor
     from loopline.serving import serve as run
 
     config = settings()
@@ -410,9 +417,19 @@ def serve(
     serving = config.serving
     where = {"http": f"http://{serving.host}:{serving.http_port}", "grpc": f"grpc {serving.host}:{serving.grpc_port}",
              "kafka": "Kafka scoring.requests"}  # fmt: skip
+    count = workers or serving.workers or len(os.sched_getaffinity(0))
+    if worker_index is not None:
+        run(config, path, doors, worker=(worker_index, count))
+        return
     source = path or f"{serving.model_name}@prod/canary from {config.tracking_uri}"
-    console.print(f"scoring with {source} on {', '.join(where[d] for d in sorted(doors))}")
-    run(config, path, doors)
+    console.print(f"scoring with {source} on {', '.join(where[d] for d in sorted(doors))}, {count} worker{'s' * (count > 1)}")
+    if count == 1:
+        run(config, path, doors)
+        return
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    arguments = [*(["--model", str(path)] if path is not None else []),
+                 *(f"--{'' if chosen else 'no-'}{door}" for door, chosen in (("http", http), ("kafka", kafka), ("grpc", grpc)))]  # fmt: skip
+    raise typer.Exit(WorkerSupervisor(config, arguments, count).run())
 
 
 ModelNameOption = Annotated[str | None, typer.Option(help="Registered model name (default: serving.model_name).")]

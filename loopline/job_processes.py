@@ -60,8 +60,11 @@ def start_joiner(settings: Settings, log_file: Path, restore: bool = True, nicen
 
 
 def start_scorer(settings: Settings, doors: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
-    """Start `loopline serve` with ``doors`` (e.g. ``["--http", "--kafka"]``, and ``--model PATH``)."""
-    return start_loopline(settings, ["serve", *doors], log_file, **extra_env)
+    """Start `loopline serve` with ``doors`` (e.g. ``["--http", "--kafka"]``, and ``--model PATH``): one worker
+    unless ``settings`` or ``LOOPLINE_SERVING__WORKERS`` say otherwise, since the demo, the drill and the tests
+    run the scorer on cores the whole stack shares."""
+    workers = {"LOOPLINE_SERVING__WORKERS": str(settings.serving.workers or 1)}
+    return start_loopline(settings, ["serve", *doors], log_file, **(workers | extra_env))
 
 
 def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> None:

@@ -14,6 +14,8 @@ from collections.abc import Awaitable, Callable, Collection, Iterator
 from pathlib import Path
 from signal import SIGINT, SIGTERM
 
+import uvloop
+
 from loopline.settings import Settings
 from online.batcher import BatchingKnobs
 from online.doors import FrontDoor, serve_doors, stalled_doors
@@ -28,6 +30,8 @@ from online.vllm_runtime import VllmModel
 from schemas.model_registry import PROD_ALIAS
 
 log = logging.getLogger(__name__)
+#: One of several worker processes sharing the ports: (its index from 0, how many there are).
+Worker = tuple[int, int]
 
 
 def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
@@ -83,16 +87,18 @@ async def serve_when_warm(scorer: Scorer, model: VllmModel, stop: asyncio.Event,
         return
 
 
-def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -> None:
+def serve(settings: Settings, model_path: Path | None, doors: Collection[str], worker: Worker | None = None) -> None:
     """Serve through ``doors`` ("http", "kafka", "grpc") until SIGINT or SIGTERM: the file ``model_path`` when
     given, else the LLM of ``serving.llm`` when set, else the model registry's ``prod`` (and ``canary``)
-    versions of the settings' model, hot-swapped.
+    versions of the settings' model, hot-swapped. ``worker``: (index, count) when this process is one of
+    several sharing the ports (``loopline/serve_workers.py``).
 
     The first signal stops the doors cleanly (the Kafka door commits what it scored and leaves its
     group); if that takes longer than ``serving.shutdown_timeout_s``, or a second signal comes, the
     process exits at once (the deadline runs on a thread of its own, whatever the event loop does).
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    who = "" if worker is None else f"worker {worker[0]} "
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {who}%(name)s %(message)s")
     scorer = build_scorer(settings, model_path)
     if model_path is not None:
         install_models = None
@@ -110,9 +116,11 @@ def serve(settings: Settings, model_path: Path | None, doors: Collection[str]) -
     async def until_signalled() -> None:
         stop = asyncio.Event()
         _watch_signals(asyncio.get_running_loop(), stop, settings.serving.shutdown_timeout_s)
-        await run_doors(settings, scorer, doors, stop, install_models)
+        await run_doors(settings, scorer, doors, stop, install_models, worker)
 
-    asyncio.run(until_signalled())
+    # uvloop: the event loop every request's I/O and wake-ups go through, in C (uvicorn's own choice when installed).
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(until_signalled())
 
 
 def _watch_signals(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, timeout_s: float) -> None:
@@ -160,21 +168,36 @@ def doors_in_thread(
         loop.close()
 
 
-def front_doors(settings: Settings, scorer: Scorer, doors: Collection[str], prediction_log: PredictionLog | None) -> list[FrontDoor]:
-    """The doors named in ``doors`` ("http", "kafka", "grpc"), configured from ``settings``."""
+def front_doors(
+    settings: Settings, scorer: Scorer, doors: Collection[str], prediction_log: PredictionLog | None, worker: Worker | None = None
+) -> list[FrontDoor]:
+    """The doors named in ``doors`` ("http", "kafka", "grpc"), configured from ``settings``; those of one of
+    several workers when ``worker`` is given."""
     from online.grpc_door import GrpcDoor
     from online.http_app import HttpDoor, create_app
     from online.kafka_door import KafkaScoringDoor
+    from online.kafka_door_at_least_once import AtLeastOnceKafkaDoor
+    from online.worker_peers import WorkerPeers
     from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
     serving = settings.serving
     limits = RequestLimits(**serving.limits.model_dump())
+    # Each worker's transactions are its own: a restarted worker fences only its own predecessor.
+    member = serving.instance if worker is None else f"{serving.instance}-{worker[0]}"
+    peers = None if worker is None else WorkerPeers(f"{serving.host}:{serving.http_port}", *worker)
     built: list[FrontDoor] = []
-    if "kafka" in doors:
+    if "kafka" in doors and serving.kafka_delivery == "at_least_once":
+        built.append(AtLeastOnceKafkaDoor(
+            scorer, bootstrap_servers=settings.kafka.bootstrap, group_id=serving.kafka_group_id,
+            requests_topic=SCORE_REQUESTS.name, predictions_topic=PREDICTIONS.name, dead_letter_topic=DEAD_LETTERS.name,
+            client_config=settings.kafka.client_config, limits=limits, commit_interval_s=serving.kafka_commit_interval_ms / 1000,
+            broker_timeout_s=serving.kafka_broker_timeout_s,
+        ))  # fmt: skip
+    elif "kafka" in doors:
         built.append(KafkaScoringDoor(
             scorer, bootstrap_servers=settings.kafka.bootstrap, group_id=serving.kafka_group_id,
             requests_topic=SCORE_REQUESTS.name, predictions_topic=PREDICTIONS.name, dead_letter_topic=DEAD_LETTERS.name,
-            transactional_id=f"{serving.kafka_group_id}-{serving.instance}", client_config=settings.kafka.client_config,
+            transactional_id=f"{serving.kafka_group_id}-{member}", client_config=settings.kafka.client_config,
             limits=limits, broker_timeout_s=serving.kafka_broker_timeout_s,
         ))  # fmt: skip
     if "grpc" in doors:
@@ -183,9 +206,9 @@ def front_doors(settings: Settings, scorer: Scorer, doors: Collection[str], pred
     if "http" in doors:
         app = create_app(
             scorer, prediction_log, limits=limits, auth_token=settings.auth_token,
-            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s),
+            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s), peers=peers,
         )  # fmt: skip
-        built.append(HttpDoor(app, serving.host, serving.http_port))
+        built.append(HttpDoor(app, serving.host, serving.http_port, peers))
     return built
 
 
@@ -195,9 +218,11 @@ async def run_doors(
     doors: Collection[str],
     stop: asyncio.Event,
     install_models: Callable[[asyncio.Event], Awaitable[None]] | None = None,
+    worker: Worker | None = None,
 ) -> None:
     """Serve ``scorer`` through ``doors`` on this event loop until ``stop`` is set or a door fails;
-    ``install_models(stop)``, when given, runs meanwhile (the model registry watcher, a vLLM warm-up).
+    ``install_models(stop)``, when given, runs meanwhile (the model registry watcher, a vLLM warm-up);
+    ``worker``: (index, count) of one of several workers sharing the ports.
 
     All doors share the loop, hence one dynamic batcher per model: requests from every door batch together.
     Afterwards the scorer finishes its requests in flight and the prediction log delivers what it holds.
@@ -213,7 +238,7 @@ async def run_doors(
             ack_timeout_s=serving.prediction_log_ack_timeout_s, client_config=settings.kafka.client_config,
         )  # fmt: skip
     try:
-        built = front_doors(settings, scorer, doors, prediction_log)
+        built = front_doors(settings, scorer, doors, prediction_log, worker)
         await serve_doors(built, stop, beside=[install_models(stop)] if install_models else [])
     finally:
         await scorer.close()

@@ -258,8 +258,19 @@ class ServingSettings(BaseModel):
     stall_after_s: float = Field(default=60.0, gt=0, description="A door holding work this long without progress fails liveness.")
     shutdown_timeout_s: float = Field(default=30.0, gt=0, description="After SIGTERM, exit by force after this long.")
     kafka_broker_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of each broker call of the Kafka door.")
+    kafka_delivery: Literal["exactly_once", "at_least_once"] = Field(
+        default="exactly_once",
+        description="The Kafka door: exactly_once (each batch's predictions and offsets in one transaction: hundreds of ms) "
+        "or at_least_once (each prediction sent at once, offsets committed past acknowledged ones: tens of ms; a crash may "
+        "score a request twice, and readers count it once by request id).",
+    )
+    kafka_commit_interval_ms: float = Field(default=100.0, gt=0, description="at_least_once: how often offsets are committed "
+                                            "(a crash scores again at most what was acknowledged since).")
     kafka_group_id: str = "loopline-scorer"
-    instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance>.")
+    instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance> "
+                          "(<group>-<instance>-<worker> for each of several workers).")
+    workers: int | None = Field(default=None, ge=1, description="Scorer processes sharing the HTTP and gRPC ports (loopline "
+                                "serve --workers); default one per core this process may run on.")
 
 
 def _mounted_path(value: Any) -> Any:

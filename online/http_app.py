@@ -10,6 +10,10 @@
   work without finishing any for longer than ``stall_after_s`` (an orchestrator's liveness probe
   restarts such a process). ``GET /metrics``: Prometheus.
 
+Run as one of several workers sharing the port (``peers``, ``online/worker_peers.py``), the probes and
+``/metrics`` answer for every worker: ready only while all are, live unless any has a stalled door, the
+metrics of all combined.
+
 With ``auth_token`` set, score and model-status requests need ``Authorization: Bearer <token>``;
 health and metrics stay open for probes and scrapers. One log line per request (request id,
 latency, status); the full trace only for a fault of the scorer.
@@ -22,6 +26,7 @@ import contextlib
 import hmac
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 
@@ -31,9 +36,12 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from online.errors import PayloadTooLarge, ScoringError, Unauthenticated
+from online.metrics_merge import merge_expositions
 from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
+from online.worker_peers import WorkerPeers, decode_stalled, encode_stalled
+from schemas.validation import encode
 
 log = logging.getLogger(__name__)
 
@@ -70,10 +78,12 @@ def create_app(
     limits: RequestLimits = RequestLimits(),
     auth_token: str | None = None,
     stalled_doors: Callable[[], dict[str, float]] = dict,
+    peers: WorkerPeers | None = None,
 ) -> FastAPI:
     """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given.
 
-    ``stalled_doors()`` names each door that holds work without progress, with for how many seconds.
+    ``stalled_doors()`` names each door that holds work without progress, with for how many seconds. With
+    ``peers`` the probes and metrics speak for every worker (``app.state.peer_answers`` are this one's answers).
     """
     app = FastAPI(title="Loopline scorer")
     requests = scorer.metrics.requests
@@ -87,9 +97,7 @@ def create_app(
             request = parse_request(await _body(http_request, limits.max_body_bytes), limits)
             request_id = request.request_id
             record = await scorer.score(request)
-            if prediction_log is not None:
-                await prediction_log.append(record)
-            status, body = 200, record.model_dump_json()
+            status, body = 200, encode(record) if prediction_log is None else await prediction_log.append(record)
         except ScoringError as err:
             if err.http_status >= 500 and not err.retriable:
                 log.exception("request %s failed", request_id)
@@ -119,18 +127,39 @@ def create_app(
             return JSONResponse(err.answer(), status_code=err.http_status)
         return JSONResponse({"alive": True, "models": models(), "canary_share": scorer.canary_share})
 
+    async def own_metrics() -> bytes:
+        return generate_latest(scorer.metrics.collector_registry)
+
+    async def own_ready() -> bytes:
+        return b"1" if scorer.ready else b"0"
+
+    async def own_stalled() -> bytes:
+        return encode_stalled(stalled_doors())
+
+    app.state.peer_answers = {"metrics": own_metrics, "ready": own_ready, "stalled": own_stalled}
+
     @app.get("/v1/models/ready")
     async def ready() -> Response:
-        return JSONResponse({"ready": scorer.ready}, status_code=200 if scorer.ready else 503)
+        ready = scorer.ready
+        if ready and peers is not None:
+            ready = all(answer == b"1" for answer in await peers.ask_siblings("ready"))
+        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     @app.get("/v1/health/live")
     async def live() -> Response:
         stalled = stalled_doors()
+        if peers is not None:
+            for door, seconds in decode_stalled(await peers.ask_siblings("stalled")).items():
+                stalled[door] = max(seconds, stalled.get(door, 0.0))
         return JSONResponse({"live": not stalled, "stalled_s": stalled}, status_code=503 if stalled else 200)
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(scorer.metrics.collector_registry), media_type=CONTENT_TYPE_LATEST)
+        text = await own_metrics()
+        if peers is not None:
+            siblings = [answer.decode() for answer in await peers.ask_siblings("metrics") if answer]
+            text = merge_expositions([text.decode(), *siblings])
+        return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
 
@@ -143,12 +172,13 @@ class _Server(uvicorn.Server):
 
 
 class HttpDoor:
-    """The HTTP door: ``app`` served on ``host:port`` by uvicorn."""
+    """The HTTP door: ``app`` served on ``host:port`` by uvicorn; one of several workers on that port when
+    ``peers`` is given (the port bound with SO_REUSEPORT, the siblings answered while it runs)."""
 
     name = "http"
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        self.app, self.host, self.port = app, host, port
+    def __init__(self, app: FastAPI, host: str, port: int, peers: WorkerPeers | None = None) -> None:
+        self.app, self.host, self.port, self.peers = app, host, port, peers
 
     def stalled_s(self) -> float:
         """Never stalled: each request is answered or times out on its own."""
@@ -157,9 +187,31 @@ class HttpDoor:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set (or the server fails to start, e.g. its port is taken)."""
         server = _Server(uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning"))
-        serving = asyncio.ensure_future(server.serve())
-        stopped = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        server.should_exit = True
-        await serving
+        sockets = None
+        if self.peers is not None:
+            await self.peers.start(self.app.state.peer_answers)
+            sockets = [_shared_socket(self.host, self.port)]
+        try:
+            serving = asyncio.ensure_future(server.serve(sockets))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            server.should_exit = True
+            await serving
+        finally:
+            if self.peers is not None:
+                await self.peers.close()
+
+
+def _shared_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` that the other workers bind too (the kernel spreads connections)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock

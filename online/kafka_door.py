@@ -109,43 +109,6 @@ class KafkaScoringDoor:
         """Seconds this door has held polled requests without committing any."""
         return self._progress.stalled_s()
 
-    # Scoring (on the event loop) -----------------------------------------------------------------
-
-    async def _score_one(self, message: Message) -> Output:
-        """The record to log for one request: its prediction, or a dead letter saying why not."""
-        began = time.perf_counter()
-        request_id = "-"
-        try:
-            request = parse_request(message.value() or b"", self.limits)
-            request_id = request.request_id
-            while True:
-                try:
-                    record = await self.scorer.score(request)
-                    break
-                except ScoringError as err:
-                    if not err.retriable:
-                        raise
-                    await asyncio.sleep(0.005)  # busy or not ready: the batch is ours to finish, wait for room
-        except Exception as err:
-            reason, field = (err.reason, err.field) if isinstance(err, ScoringError) else ("scoring_failed", None)
-            where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
-            if not isinstance(err, ScoringError) or err.http_status >= 500:
-                log.exception("request %s at %s failed", request_id, where)
-            self.scorer.metrics.requests.labels(DOOR, reason).inc()
-            log.info("request %s %.2f ms dead-lettered (%s) from %s", request_id, (time.perf_counter() - began) * 1000, reason, where)
-            return self.dead_letter_topic, self._dead_letter(message, reason, str(err), field), message.topic()
-        self.scorer.metrics.requests.labels(DOOR, "200").inc()
-        log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
-        return self.predictions_topic, encode(record), request.request_id
-
-    @staticmethod
-    def _dead_letter(message: Message, reason: str, error: str, field: str | None) -> bytes:
-        return encode(DeadLetterRecord.for_payload(
-            reason=reason, error=error, error_field=field, source_topic=message.topic(),
-            source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
-            payload=message.value(), consumer=CONSUMER_NAME,
-        ))  # fmt: skip
-
     # Broker calls (on the door's threads) ---------------------------------------------------------
 
     def _retrying(self, call: Callable[..., T], *args) -> T:
@@ -174,25 +137,10 @@ class KafkaScoringDoor:
         return None
 
     def _take(self) -> tuple[list[Message], object, bool]:
-        """Wait (briefly) for a request, then take what else has already arrived, up to max_poll_records;
-        with the consumer group's metadata as of this poll (a transaction for a batch polled in an older
-        generation is refused by the broker), and whether work is waiting that this poll did not return."""
-        first = self._consumer.poll(0.1)
-        messages = [] if first is None else [first, *self._consumer.consume(self.max_poll_records - 1, 0)]
-        messages = [m for m in messages if m.error() is None]
-        return messages, self._consumer.consumer_group_metadata(), not messages and self._work_waiting()
-
-    def _work_waiting(self) -> bool:
-        """Whether an assigned partition has requests this member has not consumed, or a position it cannot
-        tell (its committed offset not fetched): from what the client already knows, no broker call."""
-        assigned = self._consumer.assignment()
-        if not assigned:
-            return False
-        for position in self._consumer.position(assigned):
-            _, high = self._consumer.get_watermark_offsets(position, cached=True)
-            if position.offset < 0 or (high >= 0 and high > position.offset):
-                return True
-        return False
+        """:func:`take`, with the consumer group's metadata as of this poll (a transaction for a batch polled in
+        an older generation is refused by the broker)."""
+        messages, waiting = take(self._consumer, self.max_poll_records)
+        return messages, self._consumer.consumer_group_metadata(), waiting
 
     @staticmethod
     def _new_committer() -> ThreadPoolExecutor:
@@ -311,7 +259,10 @@ class KafkaScoringDoor:
                 self._progress.holding()
                 outputs = []
                 for start in range(0, len(messages), self.max_in_flight):
-                    outputs += await asyncio.gather(*(self._score_one(m) for m in messages[start : start + self.max_in_flight]))
+                    outputs += await asyncio.gather(*(
+                        score_message(self.scorer, m, self.limits, self.predictions_topic, self.dead_letter_topic)
+                        for m in messages[start : start + self.max_in_flight]
+                    ))  # fmt: skip
                 if not await self._settle():
                     continue  # the previous batch was rewound; this one comes again after it
                 self._committing = self._committer.submit(
@@ -324,3 +275,65 @@ class KafkaScoringDoor:
             await loop.run_in_executor(self._poller, self._consumer.close)
             self._poller.shutdown(wait=False)
             self._committer.shutdown(wait=False)
+
+
+# Shared with the at-least-once door (online/kafka_door_at_least_once.py) --------------------------
+
+
+async def score_message(scorer: Scorer, message: Message, limits: RequestLimits, predictions_topic: str, dead_letter_topic: str) -> Output:
+    """The record to log for one request: its prediction, or a dead letter saying why not. A scorer merely
+    busy or not ready is waited out: the batch is the door's to finish."""
+    began = time.perf_counter()
+    request_id = "-"
+    try:
+        request = parse_request(message.value() or b"", limits)
+        request_id = request.request_id
+        while True:
+            try:
+                record = await scorer.score(request)
+                break
+            except ScoringError as err:
+                if not err.retriable:
+                    raise
+                await asyncio.sleep(0.005)
+    except Exception as err:
+        reason, field = (err.reason, err.field) if isinstance(err, ScoringError) else ("scoring_failed", None)
+        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+        if not isinstance(err, ScoringError) or err.http_status >= 500:
+            log.exception("request %s at %s failed", request_id, where)
+        scorer.metrics.requests.labels(DOOR, reason).inc()
+        log.info("request %s %.2f ms dead-lettered (%s) from %s", request_id, (time.perf_counter() - began) * 1000, reason, where)
+        return dead_letter_topic, _dead_letter(message, reason, str(err), field), message.topic()
+    scorer.metrics.requests.labels(DOOR, "200").inc()
+    log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
+    return predictions_topic, encode(record), request.request_id
+
+
+def _dead_letter(message: Message, reason: str, error: str, field: str | None) -> bytes:
+    return encode(DeadLetterRecord.for_payload(
+        reason=reason, error=error, error_field=field, source_topic=message.topic(),
+        source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
+        payload=message.value(), consumer=CONSUMER_NAME,
+    ))  # fmt: skip
+
+
+def take(consumer: Consumer, max_records: int) -> tuple[list[Message], bool]:
+    """Wait (briefly) for a request, then take what else has already arrived, up to ``max_records``; and whether
+    work is waiting that this poll did not return."""
+    first = consumer.poll(0.1)
+    messages = [] if first is None else [first, *consumer.consume(max_records - 1, 0)]
+    messages = [m for m in messages if m.error() is None]
+    return messages, not messages and _work_waiting(consumer)
+
+
+def _work_waiting(consumer: Consumer) -> bool:
+    """Whether an assigned partition has requests this member has not consumed, or a position it cannot tell (its
+    committed offset not fetched): from what the client already knows, no broker call."""
+    assigned = consumer.assignment()
+    if not assigned:
+        return False
+    for position in consumer.position(assigned):
+        _, high = consumer.get_watermark_offsets(position, cached=True)
+        if position.offset < 0 or (high >= 0 and high > position.offset):
+            return True
+    return False

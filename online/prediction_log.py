@@ -76,23 +76,26 @@ class PredictionLog:
         if future is not None:
             future.get_loop().call_soon_threadsafe(_settle, future, err)
 
-    async def append(self, record: PredictionRecord) -> None:
-        """Log ``record``: in ack mode, return once the broker has it. Overloaded when the producer's queue
-        is full; PredictionLogUnavailable when the broker does not acknowledge in time (ack mode)."""
+    async def append(self, record: PredictionRecord) -> bytes:
+        """Log ``record``: in ack mode, return once the broker has it. The record as logged (its JSON, which an
+        HTTP door answers with: serialised once). Overloaded when the producer's queue is full;
+        PredictionLogUnavailable when the broker does not acknowledge in time (ack mode)."""
         future = asyncio.get_running_loop().create_future() if self.mode == "ack" else None
+        payload = encode(record)
         try:
             self._producer.produce(
-                self.topic, encode(record), record.request_id, on_delivery=lambda err, msg: self._delivered(future, err, msg)
+                self.topic, payload, record.request_id, on_delivery=lambda err, msg: self._delivered(future, err, msg)
             )
         except BufferError:
             raise Overloaded("the prediction log's queue is full (is Kafka reachable?); retry later") from None
         if future is None:
-            return
+            return payload
         try:
             async with asyncio.timeout(self.ack_timeout_s):
                 await future
         except TimeoutError:
             raise PredictionLogUnavailable(f"Kafka did not acknowledge the prediction within {self.ack_timeout_s:g} s") from None
+        return payload
 
     def close(self, timeout_s: float = 10.0) -> int:
         """Deliver what is queued (waiting at most ``timeout_s``); the number of records left undelivered."""

@@ -34,7 +34,7 @@ DEFAULT_ROW = [0.0, 0.0, -1.0]
 WEIGHTS = {"a": (np.array([0.3, 0.002, -0.01, 0.004]), -2.0), "b": (np.array([0.1, 0.001, 0.02, -0.003]), 0.5)}
 
 
-def _expected(kind: str, amount: float) -> float:
+def expected_score(kind: str, amount: float) -> float:
     weights, bias = WEIGHTS[kind]
     z = np.dot(np.array(DEFAULT_ROW + [amount], dtype=np.float32), weights.astype(np.float32)) + np.float32(bias)
     return float(1 / (1 + np.exp(-z)))
@@ -99,7 +99,7 @@ def test_hot_swap_under_load_fails_nothing_and_switches_once(registered) -> None
     responses = [r for out in results for r in out]
     assert [r for r in responses if r[0] != 200] == [], "no request fails during the swap"
     for _, version, score, amount in responses:
-        assert score == pytest.approx(_expected(versions[version], amount), rel=1e-5), f"scored by v{version}'s model"
+        assert score == pytest.approx(expected_score(versions[version], amount), rel=1e-5), f"scored by v{version}'s model"
     for out in results:  # each client sees v1, then v2 for good: one switch, no flapping
         seen = [version for _, version, _, _ in out]
         switch = seen.index(v2)
@@ -128,7 +128,7 @@ def test_canary_takes_its_share_by_request_id_and_ends(registered) -> None:
             routed = canary if routes_to_canary(request["request_id"], 0.3) else prod
             assert reply["model_version"] == routed
             kind = "b" if routed == canary else "a"
-            assert reply["score"] == pytest.approx(_expected(kind, request["request_fields"]["amount"]), rel=1e-5)
+            assert reply["score"] == pytest.approx(expected_score(kind, request["request_fields"]["amount"]), rel=1e-5)
         assert 0.2 < sum(r["model_version"] == canary for r in replies) / len(replies) < 0.4
 
         release.end_canary(name)
@@ -161,4 +161,4 @@ def test_tampered_or_unloadable_versions_are_refused_and_the_old_one_keeps_servi
         assert wait_until(lambda: _metric(url, invalid) == 1, 30, 0.05), "an unloadable version was not refused"
         assert _serving_version(url) == good
         reply = requests.post(f"{url}/v1/score", json=score_request(USER, 42.0), timeout=5).json()
-        assert reply["model_version"] == good and reply["score"] == pytest.approx(_expected("a", 42.0), rel=1e-5)
+        assert reply["model_version"] == good and reply["score"] == pytest.approx(expected_score("a", 42.0), rel=1e-5)

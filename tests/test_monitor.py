@@ -3,6 +3,7 @@ measures each feature's skew against a snapshot's reference, exports it to Prome
 its changelog after a SIGKILL, counting nothing twice. Records it cannot count (undecodable, or contract-valid but
 odd: a string where a number goes, ±Infinity, an integer beyond a double, no features) are bad records by reason;
 odd ones it can count (a boolean, a number beyond float32, NaN, an unknown feature, a version never seen) count.
+A request logged twice (as an at-least-once scorer that crashed logs it) is counted once.
 
 Predictions are produced transactionally, as the scorer's Kafka door writes them, under a model version of this
 test's own (other tests write scoring.predictions too); one aborted transaction must never be counted.
@@ -97,6 +98,16 @@ def _bad_records(url: str) -> dict[str, float]:
             if s.name == "loopline_monitor_bad_records_total"}  # fmt: skip
 
 
+def _duplicates(url: str) -> float | None:
+    """Records of a request already counted (None while the monitor is not answering)."""
+    try:
+        text = requests.get(url, timeout=2).text
+    except requests.ConnectionError:
+        return None
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "loopline_monitor_duplicate_records_total")  # fmt: skip
+
+
 def _metrics(url: str, version: str) -> dict[str, dict[str, float]]:
     """{metric name: {feature: value}} of this version's series (empty while the monitor is not answering)."""
     try:
@@ -163,6 +174,10 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
         producer.produce(PREDICTIONS.name, encode(record), record.request_id)
         if i < len(junk):
             producer.produce(PREDICTIONS.name, junk[i][0], JUNK_KEY)
+    # An at-least-once scorer that crashed logs some requests twice: a second record of the same request id, later.
+    repeated = goods[:5]
+    for record in repeated:
+        producer.produce(PREDICTIONS.name, encode(record.model_copy(update={"scored_at_ms": record.scored_at_ms + 7})), record.request_id)
     assert producer.flush(30) == 0
     producer.commit_transaction()
     healthy_rows = 12 * BATCH + len(goods)
@@ -170,10 +185,11 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     want_odd = float(sum(r is None for _, r in junk))
 
     def settled() -> bool:
-        return rows() == healthy_rows and rows(odd_version) == want_odd and _bad_records(url) == want_bad
+        return (rows() == healthy_rows and rows(odd_version) == want_odd and _bad_records(url) == want_bad
+                and _duplicates(url) == len(repeated))  # fmt: skip
 
     assert wait_until(settled, 120, 0.2), (f"window rows {rows()}, odd {rows(odd_version)}, bad {_bad_records(url)}; "
-                                           f"log:\n{log.read_text()[-3000:]}")  # fmt: skip
+                                           f"duplicates {_duplicates(url)}; log:\n{log.read_text()[-3000:]}")  # fmt: skip
     # Nothing the agent met crashed it: faust would restart it, losing what of the batch it held, and log the crash.
     assert "Crashed" not in log.read_text() and "Traceback" not in log.read_text(), log.read_text()[-3000:]
     healthy = _metrics(url, version)

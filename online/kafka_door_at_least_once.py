@@ -1,0 +1,206 @@
+"""The Kafka front door at least once (``serving.kafka_delivery: at_least_once``): tens of milliseconds, not hundreds.
+
+The exactly-once door (``online/kafka_door.py``) holds each request's prediction until its batch's transaction
+commits. This one sends each prediction as soon as it is scored, through an idempotent producer (no duplicate
+from the producer's own retries), and commits a partition's offset only past requests whose records the broker
+has acknowledged, every ``commit_interval_s``. So nothing is lost: a request is either acknowledged or consumed
+again. What a crash can do is score a request twice (those acknowledged since the last commit); every reader
+downstream counts a request once by its request id (the joiner joins it once, the monitor counts it once).
+
+A record Kafka refuses for good (after the producer's own retries) is sent again; while the broker is away the
+door stops taking requests once ``max_unacknowledged`` are waiting. Before this member gives up partitions in a
+rebalance it waits for their acknowledgements and commits them, so the next owner starts past them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from online.doors import Progress
+from online.kafka_door import DOOR, Output, score_message, take
+from online.request_limits import RequestLimits
+from online.scorer import Scorer
+
+log = logging.getLogger(__name__)
+Partition = tuple[str, int]
+
+
+class Acknowledgements:
+    """Per partition, the offsets taken whose records the broker has not acknowledged yet, and how far is safe
+    to commit: up to the oldest such offset, or past the last one taken. Thread-safe (acknowledgements arrive
+    on the producer's thread)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[Partition, set[int]] = {}
+        self._next: dict[Partition, int] = {}
+
+    def taken(self, partition: Partition, offset: int) -> None:
+        with self._lock:
+            self._pending.setdefault(partition, set()).add(offset)
+            self._next[partition] = max(self._next.get(partition, 0), offset + 1)
+
+    def acknowledged(self, partition: Partition, offset: int) -> None:
+        with self._lock:
+            self._pending.get(partition, set()).discard(offset)
+
+    @property
+    def waiting(self) -> int:
+        """Records sent and not acknowledged yet."""
+        with self._lock:
+            return sum(map(len, self._pending.values()))
+
+    def committable(self, partitions: list[Partition] | None = None) -> list[TopicPartition]:
+        """The offsets safe to commit, of ``partitions`` (default: every one taken from)."""
+        with self._lock:
+            chosen = self._next if partitions is None else [p for p in partitions if p in self._next]
+            return [TopicPartition(topic, number, min(self._pending[(topic, number)], default=self._next[(topic, number)]))
+                    for topic, number in chosen]  # fmt: skip
+
+    def forget(self, partitions: list[Partition]) -> None:
+        """Partitions this member no longer owns."""
+        with self._lock:
+            for partition in partitions:
+                self._pending.pop(partition, None)
+                self._next.pop(partition, None)
+
+
+class AtLeastOnceKafkaDoor:
+    """Consumes score requests as one member of ``group_id`` and logs at least one record for each, at once."""
+
+    name = DOOR
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        *,
+        bootstrap_servers: str,
+        group_id: str,
+        requests_topic: str,
+        predictions_topic: str,
+        dead_letter_topic: str,
+        client_config: Mapping[str, str] | None = None,
+        limits: RequestLimits = RequestLimits(),
+        max_poll_records: int = 256,
+        max_in_flight: int = 64,
+        commit_interval_s: float = 0.1,
+        max_unacknowledged: int = 10_000,
+        broker_timeout_s: float = 10.0,
+    ) -> None:
+        self.scorer, self.limits = scorer, limits
+        self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
+        self.max_poll_records, self.max_in_flight = max_poll_records, max_in_flight
+        self.commit_interval_s, self.max_unacknowledged, self.broker_timeout_s = commit_interval_s, max_unacknowledged, broker_timeout_s
+        client = {"socket.nagle.disable": True, **(client_config or {}), "bootstrap.servers": bootstrap_servers}
+        self._consumer = Consumer({
+            "session.timeout.ms": 10_000,
+            **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        })  # fmt: skip
+        # Each record goes within a millisecond: the latency is the point of this mode.
+        self._producer = Producer({**client, "enable.idempotence": True, "linger.ms": 1, "compression.type": "lz4"})
+        self._acks = Acknowledgements()
+        self._consumer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
+        self._stopping = threading.Event()
+        self._progress = Progress()
+
+    def stalled_s(self) -> float:
+        """Seconds this door has held requests without any of their records being acknowledged."""
+        return self._progress.stalled_s()
+
+    # The producer's side (its own thread) ----------------------------------------------------------
+
+    def _send(self, output: Output, partition: Partition, offset: int) -> None:
+        topic, value, key = output
+        while True:
+            try:
+                self._producer.produce(topic, value, key, on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset))
+                return
+            except BufferError:  # the broker is slow: wait for room
+                self._producer.poll(0.05)
+
+    def _delivered(self, err: KafkaError | None, output: Output, partition: Partition, offset: int) -> None:
+        if err is None:
+            self._acks.acknowledged(partition, offset)
+            self._progress.progressed(still_holding=self._acks.waiting > 0)
+            return
+        log.warning("Kafka refused the record of %s[%d]@%d (%s); sending it again", *partition, offset, err.str())
+        self._send(output, partition, offset)
+
+    def _serve_acknowledgements(self) -> None:
+        while not self._stopping.is_set():
+            self._producer.poll(0.05)
+
+    # The consumer's side (its own thread) ----------------------------------------------------------
+
+    def _commit(self, partitions: list[Partition] | None = None, wait: bool = False) -> None:
+        offsets = self._acks.committable(partitions)
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=offsets, asynchronous=not wait)
+        except KafkaException as exc:  # e.g. a rebalance under way: the next commit covers these offsets too
+            log.warning("Kafka commit: %s", exc.args[0].str())
+
+    def _on_revoke(self, _consumer: Consumer, revoked: list[TopicPartition]) -> None:
+        """Before partitions move: their records acknowledged, their offsets committed."""
+        partitions = [(p.topic, p.partition) for p in revoked]
+        left = self._producer.flush(self.broker_timeout_s)
+        if left:
+            log.error("%d records not acknowledged before a rebalance: their requests will be scored again", left)
+        self._commit(partitions, wait=True)
+        self._acks.forget(partitions)
+
+    # The loop ------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume, score and log until ``stop`` is set; joins the group once a model is ready."""
+        loop = asyncio.get_running_loop()
+        acknowledging = threading.Thread(target=self._serve_acknowledgements, name="kafka-acks", daemon=True)
+        acknowledging.start()
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            ready = asyncio.ensure_future(self.scorer.wait_ready())
+            await asyncio.wait([ready, stopping], return_when=asyncio.FIRST_COMPLETED)
+            ready.cancel()
+            self._consumer.subscribe([self.requests_topic], on_revoke=self._on_revoke)
+            committed_at = time.monotonic()
+            while not stop.is_set():
+                if self._acks.waiting >= self.max_unacknowledged:  # the broker is away: take no more for now
+                    self._progress.holding()
+                    await asyncio.sleep(0.05)
+                    continue
+                messages, waiting = await loop.run_in_executor(self._consumer_thread, take, self._consumer, self.max_poll_records)
+                if messages:
+                    self._progress.holding()
+                    for message in messages:
+                        self._acks.taken((message.topic(), message.partition()), message.offset())
+                    for start in range(0, len(messages), self.max_in_flight):
+                        chunk = messages[start : start + self.max_in_flight]
+                        outputs = await asyncio.gather(*(
+                            score_message(self.scorer, m, self.limits, self.predictions_topic, self.dead_letter_topic) for m in chunk
+                        ))  # fmt: skip
+                        for message, output in zip(chunk, outputs, strict=True):
+                            self._send(output, (message.topic(), message.partition()), message.offset())
+                elif waiting:
+                    self._progress.holding()
+                elif not self._acks.waiting:
+                    self._progress.progressed(still_holding=False)
+                if time.monotonic() - committed_at >= self.commit_interval_s:
+                    committed_at = time.monotonic()
+                    await loop.run_in_executor(self._consumer_thread, self._commit)
+        finally:
+            stopping.cancel()
+            left = await loop.run_in_executor(self._consumer_thread, self._producer.flush, self.broker_timeout_s)
+            if left:
+                log.error("%d records not acknowledged at shutdown: their requests will be scored again", left)
+            self._stopping.set()
+            await loop.run_in_executor(self._consumer_thread, lambda: (self._commit(wait=True), self._consumer.close()))
+            self._consumer_thread.shutdown(wait=False)
