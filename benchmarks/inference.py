@@ -397,9 +397,10 @@ def _prediction_log_cost(figures: dict, rates: list[float]) -> dict:
 
 
 async def measure_doors(settings: Settings, model_path: Path, doors: set[str], rates: list[float], seconds: float, workers: int) -> dict:
-    """A fresh `loopline serve` process per prediction-log mode: HTTP at each rate in each; Kafka (one group
-    member) at each rate in the default mode's process (its door logs in its own transactions, whatever the
-    mode). Every process serves the same doors, so that only the prediction log differs between the HTTP runs."""
+    """A fresh `loopline serve` (``workers`` processes) per prediction-log mode: HTTP at each rate in each; the Kafka
+    door exactly once at each rate in the default mode's scorer (its door logs in its own transactions, whatever the
+    mode), and at least once in a scorer of its own. The HTTP scorers serve the same doors, so that only the
+    prediction log differs between the HTTP runs."""
     import aiohttp
 
     figures: dict = {}
@@ -443,8 +444,9 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
         rate = f"{KAFKA_GOAL_RATE:.0f}"
         figures[f"kafka_exactly_once_{rate}_p99_ms"] = figures.get(f"kafka_{rate}_p99_ms")
         for mode, goal_ms in KAFKA_GOAL_P99_MS.items():
-            p99 = figures.get(f"kafka_{mode}_{rate}_p99_ms")
-            figures[f"goal_kafka_{mode}_p99_{goal_ms:.0f}ms_met"] = p99 is not None and p99 <= goal_ms
+            # Held like the other goals: enough answered, few on defaults, and the p99.
+            measured = f"kafka_{rate}" if mode == "exactly_once" else f"kafka_{mode}_{rate}"
+            figures[f"goal_kafka_{mode}_p99_{goal_ms:.0f}ms_met"] = _held(figures, measured, goal_ms)
     return figures
 
 

@@ -59,6 +59,8 @@ def free_ports(count: int, host: str = "127.0.0.1", attempts: int = 1_000) -> li
     connection while its broker was down for a restart (CI: "Address already in use" on `stack up` after a wipe).
     All are held open until all are chosen, so none is handed out twice."""
     rng, top = random.Random(), _ephemeral_low()
+    if top - _LOWEST_PORT < 1_000:  # no room below the ephemeral range on this machine: any free port
+        top = 0
     sockets: list[socket.socket] = []
     try:
         for _ in range(attempts):
@@ -66,7 +68,7 @@ def free_ports(count: int, host: str = "127.0.0.1", attempts: int = 1_000) -> li
                 break
             sock = socket.socket()
             try:
-                sock.bind((host, rng.randrange(_LOWEST_PORT, top)))
+                sock.bind((host, rng.randrange(_LOWEST_PORT, top) if top else 0))
             except OSError:
                 sock.close()
                 continue

@@ -43,7 +43,7 @@ class WorkerSupervisor:
     def __init__(self, settings: Settings, arguments: Sequence[str], count: int) -> None:
         self.settings, self.arguments, self.count = settings, list(arguments), count
         self._workers: dict[int, tuple[subprocess.Popen, float]] = {}
-        self._signals: list[int] = []
+        self._signal: int | None = None
         self._signalled = threading.Event()
 
     def _start(self, index: int) -> None:
@@ -53,10 +53,12 @@ class WorkerSupervisor:
         # worker once, passed on by the supervisor, not a second time directly, which would make it exit at once.
         process = subprocess.Popen(command, env=settings_environment(self.settings), preexec_fn=_die_with_parent, process_group=0)
         self._workers[index] = (process, time.monotonic())
+        if self._signal is not None:  # the signal came while it was being started: it stops with the others
+            process.send_signal(self._signal)
         log.info("worker %d of %d started (pid %d)", index, self.count, process.pid)
 
-    def _on_signal(self, number: int, _frame) -> None:
-        self._signals.append(number)
+    def _on_signal(self, number: int, _frame: object) -> None:
+        self._signal = number
         for process, _ in self._workers.values():
             if process.poll() is None:
                 process.send_signal(number)
@@ -99,4 +101,5 @@ class WorkerSupervisor:
                 statuses.append(process.wait())
         if failed is not None:
             return failed
-        return next((status for status in statuses if status != 0), 0)
+        status = next((status for status in statuses if status != 0), 0)
+        return 128 - status if status < 0 else status  # killed by signal N: the shell's 128 + N

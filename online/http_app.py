@@ -188,10 +188,10 @@ class HttpDoor:
         """Serve until ``stop`` is set (or the server fails to start, e.g. its port is taken)."""
         server = _Server(uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning"))
         sockets = None
-        if self.peers is not None:
-            await self.peers.start(self.app.state.peer_answers)
-            sockets = [_shared_socket(self.host, self.port)]
         try:
+            if self.peers is not None:
+                await self.peers.start(self.app.state.peer_answers)
+                sockets = [_shared_socket(self.host, self.port)]
             serving = asyncio.ensure_future(server.serve(sockets))
             stopped = asyncio.ensure_future(stop.wait())
             await asyncio.wait([serving, stopped], return_when=asyncio.FIRST_COMPLETED)

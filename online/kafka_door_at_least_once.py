@@ -115,7 +115,7 @@ class AtLeastOnceKafkaDoor:
         """Seconds this door has held requests without any of their records being acknowledged."""
         return self._progress.stalled_s()
 
-    # The producer's side (its own thread) ----------------------------------------------------------
+    # The producer's side (sends on the event loop, acknowledgements on the producer's thread) -------------
 
     def _send(self, output: Output, partition: Partition, offset: int) -> None:
         topic, value, key = output
