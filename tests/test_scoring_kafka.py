@@ -98,7 +98,9 @@ def _through_a_crash(
     emitted.append(Emitted(SCORE_REQUESTS.name, no_amount.request_id, encode(no_amount), now, no_amount))
     EventProducer(bootstrap).publish(emitted)
 
-    predictions = LogReader(bootstrap, PREDICTIONS.name)
+    # From the end: this batch's predictions only come once the scorer below starts, and reading every earlier test's
+    # first would let a fast (at-least-once) scorer finish the batch before the kill.
+    predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
     ours = lambda: [p for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
     group = f"scorer-{batch}"
     scorer = _serve(applied, model, group, tmp_path / "scorer.log", delivery=delivery)

@@ -191,7 +191,7 @@ def test_kafka_workers_share_the_group_and_score_each_request_once(applied: Sett
     start_group_at_end(bootstrap, group, SCORE_REQUESTS.name)
     process = start_scorer(applied, ["--no-http", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__WORKERS=str(WORKERS),
                            LOOPLINE_SERVING__KAFKA_GROUP_ID=group)  # fmt: skip
-    predictions = LogReader(bootstrap, PREDICTIONS.name)
+    predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
     admin = AdminClient({"bootstrap.servers": bootstrap})
 
     def members_with_partitions() -> int:
