@@ -84,14 +84,7 @@ class KafkaScoringDoor:
         self.max_in_flight = max_in_flight
         self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
         self.limits, self.max_poll_records, self.broker_timeout_s = limits, max_poll_records, broker_timeout_s
-        # Transactions are a chain of small requests: Nagle's algorithm would hold each for the previous one's ACK.
-        client = {"socket.nagle.disable": True, **(client_config or {}), "bootstrap.servers": bootstrap_servers}
-        self._consumer_config = {
-            # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
-            "session.timeout.ms": 10_000,
-            **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        }  # fmt: skip
+        client, self._consumer_config = door_clients(bootstrap_servers, client_config, group_id)
         self._consumer = Consumer(self._consumer_config)
         # A producer re-created with the same transactional id fences off its predecessor's open transaction.
         self._producer_config = {**client, "transactional.id": transactional_id}
@@ -278,6 +271,19 @@ class KafkaScoringDoor:
 
 
 # Shared with the at-least-once door (online/kafka_door_at_least_once.py) --------------------------
+
+
+def door_clients(bootstrap_servers: str, client_config: Mapping[str, str] | None, group_id: str) -> tuple[dict, dict]:
+    """(the settings every client of a Kafka door shares, its request consumer's settings as a member of ``group_id``)."""
+    # A door's broker calls are chains of small requests: Nagle's algorithm would hold each for the previous one's ACK.
+    client = {"socket.nagle.disable": True, **(client_config or {}), "bootstrap.servers": bootstrap_servers}
+    consumer = {
+        # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
+        "session.timeout.ms": 10_000,
+        **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+    }  # fmt: skip
+    return client, consumer
 
 
 async def score_message(scorer: Scorer, message: Message, limits: RequestLimits, predictions_topic: str, dead_letter_topic: str) -> Output:

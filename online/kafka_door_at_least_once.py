@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from online.doors import Progress
-from online.kafka_door import DOOR, Output, score_message, take
+from online.kafka_door import DOOR, Output, door_clients, score_message, take
 from online.request_limits import RequestLimits
 from online.scorer import Scorer
 
@@ -98,12 +98,8 @@ class AtLeastOnceKafkaDoor:
         self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
         self.max_poll_records, self.max_in_flight = max_poll_records, max_in_flight
         self.commit_interval_s, self.max_unacknowledged, self.broker_timeout_s = commit_interval_s, max_unacknowledged, broker_timeout_s
-        client = {"socket.nagle.disable": True, **(client_config or {}), "bootstrap.servers": bootstrap_servers}
-        self._consumer = Consumer({
-            "session.timeout.ms": 10_000,
-            **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-        })  # fmt: skip
+        client, consumer = door_clients(bootstrap_servers, client_config, group_id)
+        self._consumer = Consumer(consumer)
         # Each record goes within a millisecond: the latency is the point of this mode.
         self._producer = Producer({**client, "enable.idempotence": True, "linger.ms": 1, "compression.type": "lz4"})
         self._acks = Acknowledgements()
