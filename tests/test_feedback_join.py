@@ -33,6 +33,10 @@ HORIZON_S = 20
 #: Examples commit with each checkpoint: 5 s keeps a batch of them in an open transaction for seconds, long enough for
 #: the crash below to find one (at 1 s the last batch's window, a few hundred ms, was missed once in CI).
 CHECKPOINT_MS = 5_000
+#: Within a labels partition the labels below come up to HORIZON_S + 13 s out of order (an after-the-horizon label, then
+#: a label that precedes its prediction a few events on). The joiner is told so: at its 5 s default, a watermark rebuilt
+#: from the records read after a restore could pass an event's horizon before its label, read a moment later, was seen.
+OUT_OF_ORDER_S = HORIZON_S + 20
 T0 = int(time.time() * 1000) - 600_000
 
 
@@ -93,6 +97,7 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
         "LOOPLINE_FEEDBACK__EXAMPLES_TOPIC": EXAMPLES.name, "LOOPLINE_FEEDBACK__DEAD_LETTER_TOPIC": DEAD.name,
         "LOOPLINE_FEEDBACK__GROUP_ID": f"fb-{RUN}", "LOOPLINE_FEEDBACK__HORIZON_S": str(HORIZON_S),
         "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": str(CHECKPOINT_MS),
+        "LOOPLINE_FEEDBACK__OUT_OF_ORDERNESS_MS": str(OUT_OF_ORDER_S * 1000),
     }  # fmt: skip
 
     def examples() -> list[TrainingExample]:
