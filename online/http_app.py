@@ -1,4 +1,4 @@
-"""The HTTP front door (FastAPI): a thin adapter over the scorer core.
+"""The HTTP front door (FastAPI; the score route on bare ASGI in front of it): a thin adapter over the scorer core.
 
 * ``POST /v1/score``: a ScoreRequest in, a PredictionRecord out. A request the scorer cannot take
   gets its ``ScoringError``'s status (``online/errors.py``): 422 names the request field at fault,
@@ -28,14 +28,15 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, generate_latest
 
-from online.errors import PayloadTooLarge, ScoringError, Unauthenticated
+from online.asgi_route import ClientDisconnected, RouteInFront
+from online.errors import ScoringError, Unauthenticated
 from online.metrics_merge import merge_expositions
 from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, parse_request
@@ -44,20 +45,6 @@ from online.worker_peers import WorkerPeers, decode_stalled, encode_stalled
 from schemas.validation import encode
 
 log = logging.getLogger(__name__)
-
-
-async def _body(http_request: Request, limit: int) -> bytes:
-    """The request body, read no further than ``limit`` bytes (PayloadTooLarge beyond)."""
-    declared = http_request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request of {int(declared):,} bytes; the limit is {limit:,}")
-    chunks, size = [], 0
-    async for chunk in http_request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request of more than {limit:,} bytes; the limit is {limit:,}")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def bearer_check(token: str | None) -> Callable[[str | None], None]:
@@ -79,7 +66,7 @@ def create_app(
     auth_token: str | None = None,
     stalled_doors: Callable[[], dict[str, float]] = dict,
     peers: WorkerPeers | None = None,
-) -> FastAPI:
+) -> RouteInFront:
     """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given.
 
     ``stalled_doors()`` names each door that holds work without progress, with for how many seconds. With
@@ -88,30 +75,33 @@ def create_app(
     app = FastAPI(title="Loopline scorer")
     requests = scorer.metrics.requests
     authorize = bearer_check(auth_token)
+    counted: dict[int, Counter] = {}  # a metric child per status, looked up once
 
-    async def score(http_request: Request) -> Response:
+    async def score(headers: dict[bytes, bytes], body: Callable[[int], Awaitable[bytes]]) -> tuple[int, bytes]:
         began = time.perf_counter()
         request_id = "-"
         try:
-            authorize(http_request.headers.get("authorization"))
-            request = parse_request(await _body(http_request, limits.max_body_bytes), limits)
+            authorization = headers.get(b"authorization")
+            authorize(None if authorization is None else authorization.decode("latin-1"))
+            request = parse_request(await body(limits.max_body_bytes), limits)
             request_id = request.request_id
             record = await scorer.score(request)
-            status, body = 200, encode(record) if prediction_log is None else await prediction_log.append(record)
+            status, answer = 200, encode(record) if prediction_log is None else await prediction_log.append(record)
+        except ClientDisconnected:
+            log.info("a client went away before its request's body was in")
+            raise
         except ScoringError as err:
             if err.http_status >= 500 and not err.retriable:
                 log.exception("request %s failed", request_id)
-            status, body = err.http_status, json.dumps(err.answer())
+            status, answer = err.http_status, json.dumps(err.answer()).encode()
         except Exception:
             log.exception("request %s failed", request_id)
-            status, body = 500, json.dumps({"error": "internal error", "request_id": request_id})
-        requests.labels("http", str(status)).inc()
+            status, answer = 500, json.dumps({"error": "internal error", "request_id": request_id}).encode()
+        if status not in counted:
+            counted[status] = requests.labels("http", str(status))
+        counted[status].inc()
         log.info("request %s %.2f ms %d", request_id, (time.perf_counter() - began) * 1000, status)
-        return Response(body, status_code=status, media_type="application/json")
-
-    # The hot path is a plain Starlette route: it reads and writes JSON itself (pydantic, one pass),
-    # so FastAPI's per-request dependency and response handling would be pure overhead.
-    app.add_route("/v1/score", score, methods=["POST"])
+        return status, answer
 
     def models() -> dict:
         return {
@@ -161,7 +151,8 @@ def create_app(
             text = merge_expositions([text.decode(), *siblings])
         return Response(text, media_type=CONTENT_TYPE_LATEST)
 
-    return app
+    # The hot path on the bare ASGI interface (online/asgi_route.py): FastAPI serves the rest.
+    return RouteInFront(app, "POST", "/v1/score", score)
 
 
 class _Server(uvicorn.Server):
@@ -177,7 +168,7 @@ class HttpDoor:
 
     name = "http"
 
-    def __init__(self, app: FastAPI, host: str, port: int, peers: WorkerPeers | None = None) -> None:
+    def __init__(self, app: RouteInFront, host: str, port: int, peers: WorkerPeers | None = None) -> None:
         self.app, self.host, self.port, self.peers = app, host, port, peers
 
     def stalled_s(self) -> float:

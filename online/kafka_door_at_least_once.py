@@ -7,8 +7,9 @@ has acknowledged, every ``commit_interval_s``. So nothing is lost: a request is 
 again. What a crash can do is score a request twice (those acknowledged since the last commit); every reader
 downstream counts a request once by its request id (the joiner joins it once, the monitor counts it once).
 
-A record Kafka refuses for good (after the producer's own retries) is sent again; while the broker is away the
-door stops taking requests once ``max_unacknowledged`` are waiting. Before this member gives up partitions in a
+A record Kafka refuses for good (after the producer's own retries) is sent again; a record the producer has no
+room for waits off the event loop until it has. While the broker is away the door stops taking requests once
+``max_unacknowledged`` are waiting. Before this member gives up partitions in a
 rebalance it waits for their acknowledgements and commits them, so the next owner starts past them.
 """
 
@@ -18,6 +19,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
@@ -103,6 +105,8 @@ class AtLeastOnceKafkaDoor:
         # Each record goes within a millisecond: the latency is the point of this mode.
         self._producer = Producer({**client, "enable.idempotence": True, "linger.ms": 1, "compression.type": "lz4"})
         self._acks = Acknowledgements()
+        # Only this door's acknowledging thread takes from the left; appends come from the event loop and that thread.
+        self._unsent: deque[tuple[Output, Partition, int]] = deque()
         self._consumer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
         self._stopping = threading.Event()
         self._progress = Progress()
@@ -114,13 +118,18 @@ class AtLeastOnceKafkaDoor:
     # The producer's side (sends on the event loop, acknowledgements on the producer's thread) -------------
 
     def _send(self, output: Output, partition: Partition, offset: int) -> None:
+        """Hand a record to the producer, without waiting: one it has no room for (the broker is slow) waits in
+        ``_unsent``, behind any already there, for the acknowledging thread to hand over."""
+        if self._unsent or not self._produce(output, partition, offset):
+            self._unsent.append((output, partition, offset))
+
+    def _produce(self, output: Output, partition: Partition, offset: int) -> bool:
         topic, value, key = output
-        while True:
-            try:
-                self._producer.produce(topic, value, key, on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset))
-                return
-            except BufferError:  # the broker is slow: wait for room
-                self._producer.poll(0.05)
+        try:
+            self._producer.produce(topic, value, key, on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset))
+        except BufferError:
+            return False
+        return True
 
     def _delivered(self, err: KafkaError | None, output: Output, partition: Partition, offset: int) -> None:
         if err is None:
@@ -128,11 +137,13 @@ class AtLeastOnceKafkaDoor:
             self._progress.progressed(still_holding=self._acks.waiting > 0)
             return
         log.warning("Kafka refused the record of %s[%d]@%d (%s); sending it again", *partition, offset, err.str())
-        self._send(output, partition, offset)
+        self._unsent.append((output, partition, offset))
 
     def _serve_acknowledgements(self) -> None:
         while not self._stopping.is_set():
             self._producer.poll(0.05)
+            while self._unsent and self._produce(*self._unsent[0]):
+                self._unsent.popleft()
 
     # The consumer's side (its own thread) ----------------------------------------------------------
 
@@ -148,7 +159,7 @@ class AtLeastOnceKafkaDoor:
     def _on_revoke(self, _consumer: Consumer, revoked: list[TopicPartition]) -> None:
         """Before partitions move: their records acknowledged, their offsets committed."""
         partitions = [(p.topic, p.partition) for p in revoked]
-        left = self._producer.flush(self.broker_timeout_s)
+        left = self._producer.flush(self.broker_timeout_s) + len(self._unsent)
         if left:
             log.error("%d records not acknowledged before a rebalance: their requests will be scored again", left)
         self._commit(partitions, wait=True)
@@ -195,6 +206,7 @@ class AtLeastOnceKafkaDoor:
         finally:
             stopping.cancel()
             left = await loop.run_in_executor(self._consumer_thread, self._producer.flush, self.broker_timeout_s)
+            left += len(self._unsent)
             if left:
                 log.error("%d records not acknowledged at shutdown: their requests will be scored again", left)
             self._stopping.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, values
 
@@ -21,6 +22,15 @@ _MODEL_LATENCY_BUCKETS = tuple(round(m * 10.0**e, 9) for e in range(-4, 1) for m
 STAGES = ("feature_fetch", "queue_wait", "inference", "total")
 #: Why a registered model version was refused: its artifact is not the one registered, or it is no loadable model.
 REFUSAL_REASONS = ("artifact", "invalid_model")
+
+
+@dataclass(frozen=True)
+class VersionMetrics:
+    """What one model version under one alias counts: requests scored (ok), failed (error), their latency."""
+
+    ok: Counter
+    error: Counter
+    latency: Histogram
 
 
 class ScorerMetrics:
@@ -79,6 +89,19 @@ class ScorerMetrics:
         )  # fmt: skip
         for reason in REFUSAL_REASONS:  # from 0, so the first refusal is an increase an alert rule can see
             self.model_refusals.labels(reason)
+        # Children looked up once: a labels() call per request and metric was a tenth of a score request's own CPU.
+        self.stages = {stage: self.stage_seconds.labels(stage) for stage in STAGES}
+        self._versions: dict[tuple[str, str], VersionMetrics] = {}
+
+    def version(self, alias: str, version: str) -> VersionMetrics:
+        """The per-version metrics of ``version`` serving under ``alias`` (until the next ``start_comparison``)."""
+        found = self._versions.get((alias, version))
+        if found is None:
+            found = self._versions[(alias, version)] = VersionMetrics(
+                ok=self.model_requests.labels(alias, version, "ok"), error=self.model_requests.labels(alias, version, "error"),
+                latency=self.model_latency.labels(alias, version),
+            )  # fmt: skip
+        return found
 
     def observe_batch(self, size: int, queue_left: int) -> None:
         """A batch of ``size`` started with ``queue_left`` requests still waiting."""
@@ -93,6 +116,7 @@ class ScorerMetrics:
             warnings.simplefilter("ignore", UserWarning)
             self.model_requests.clear()
             self.model_latency.clear()
+            self._versions = {}
 
     def model_removed(self, alias: str) -> None:
         """Nothing serves under ``alias`` any more."""

@@ -187,7 +187,7 @@ class Scorer:
         began = time.perf_counter()
         lane = self._route(request)
         request_inputs = self._request_inputs(lane.model, request)
-        outcome = self.metrics.model_requests.labels(lane.alias, lane.model.version, "error")
+        counted = self.metrics.version(lane.alias, lane.model.version)
         lane.enter()
         try:
             fetched = await lane.fetcher.fetch(request.entity_keys)
@@ -196,22 +196,22 @@ class Scorer:
             score, queue_wait_s, inference_s = await self._infer(lane, row)
         except ScoringError as err:
             if not err.retriable:
-                outcome.inc()
+                counted.error.inc()
             raise
         except Exception:
-            outcome.inc()
+            counted.error.inc()
             raise
         finally:
             lane.leave()
         if not math.isfinite(score):
-            outcome.inc()
+            counted.error.inc()
             raise ScoringFailed(f"model {lane.model.name} v{lane.model.version} gave score {score} for inputs {used}")
         total = time.perf_counter() - began
-        self.metrics.model_requests.labels(lane.alias, lane.model.version, "ok").inc()
-        self.metrics.model_latency.labels(lane.alias, lane.model.version).observe(total)
+        counted.ok.inc()
+        counted.latency.observe(total)
         stages = {"feature_fetch": fetched_at - began, "queue_wait": queue_wait_s, "inference": inference_s, "total": total}
         for stage, seconds in stages.items():
-            self.metrics.stage_seconds.labels(stage).observe(seconds)
+            self.metrics.stages[stage].observe(seconds)
         self.metrics.features.inc(len(lane.fetcher.features))
         self.metrics.defaulted_features.inc(len(fetched.defaulted))
         if fetched.fallback is not None:

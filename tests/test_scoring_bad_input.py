@@ -1,6 +1,7 @@
 """Nothing a client sends stops a door: bad requests get clear answers on HTTP, gRPC and Kafka alike.
 
-One `loopline serve --http --grpc --kafka` process (real Kafka, Redis, Feast, an ONNX model) takes
+One `loopline serve --http --grpc --kafka` process (real Kafka, Redis, Feast, an ONNX model; once with one worker
+and the exactly-once Kafka door, once with two workers and the at-least-once door) takes
 hand-picked bad requests and Hypothesis-generated ones (structured requests with hostile values,
 and raw bytes) through all three doors. Afterwards the process is alive, a valid request scores
 through every door, every Kafka record got exactly one outcome (a prediction or a dead letter
@@ -55,8 +56,14 @@ class Served:
         return self.process.poll() is None
 
 
-@pytest.fixture(scope="module")
-def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+#: The scorer's shapes: the default one, and two workers behind the ports with the at-least-once Kafka door (no crash
+#: here, so each record still has exactly one outcome).
+SHAPES = {"one-worker-exactly-once": ("1", "exactly_once"), "two-workers-at-least-once": ("2", "at_least_once")}
+
+
+@pytest.fixture(scope="module", params=list(SHAPES))
+def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Served]:
+    workers, delivery = SHAPES[request.param]
     folder = tmp_path_factory.mktemp("bad-input")
     model = write_linear_model(folder / "model.onnx", INPUTS, np.array([0.2, 0.01]), -1.5)
     group = f"bad-input-{uuid.uuid4().hex[:8]}"
@@ -66,6 +73,7 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
     process = start_scorer(
         applied, ["--http", "--grpc", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
         LOOPLINE_SERVING__HTTP_PORT=str(http_port), LOOPLINE_SERVING__GRPC_PORT=str(grpc_port), LOOPLINE_SERVING__INSTANCE=group,
+        LOOPLINE_SERVING__WORKERS=workers, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery,
     )  # fmt: skip
     served = Served(process, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", log)
 

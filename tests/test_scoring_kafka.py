@@ -36,9 +36,11 @@ WEIGHTS, BIAS = np.array([0.2, 0.01]), -1.5
 REQUESTS = 20_000  # several seconds of scoring, so the kill lands mid-stream
 
 
-def _serve(settings: Settings, model: Path, group: str, log: Path, instance: str = "0", delivery: str = "exactly_once") -> subprocess.Popen:
+def _serve(
+    settings: Settings, model: Path, group: str, log: Path, instance: str = "0", delivery: str = "exactly_once", **env: str
+) -> subprocess.Popen:
     return start_scorer(settings, ["--no-http", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-                        LOOPLINE_SERVING__INSTANCE=instance, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery)  # fmt: skip
+                        LOOPLINE_SERVING__INSTANCE=instance, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery, **env)  # fmt: skip
 
 
 def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
@@ -78,6 +80,15 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
     assert b"request " in logs["a"].read_bytes() and b"request " in logs["b"].read_bytes(), "both members scored"
 
 
+def _requests(batch: str, count: int) -> list[ScoreRequest]:
+    now = int(time.time() * 1000)
+    return [
+        ScoreRequest(schema_version=1, request_id=f"{batch}-{i}", entity_keys={"user_id": f"kafka-nobody-{i % 50}"},
+                     request_fields={"amount": float(i % 100)}, requested_at_ms=now)  # fmt: skip
+        for i in range(count)
+    ]
+
+
 def _through_a_crash(
     applied: Settings, bootstrap: str, tmp_path: Path, delivery: str
 ) -> tuple[str, list[ScoreRequest], list[PredictionRecord], int]:
@@ -86,12 +97,8 @@ def _through_a_crash(
     how many predictions were readable at the kill)."""
     model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
     batch = uuid.uuid4().hex[:8]
-    now = int(time.time() * 1000)
-    requests = [
-        ScoreRequest(schema_version=1, request_id=f"{batch}-{i}", entity_keys={"user_id": f"kafka-nobody-{i % 50}"},
-                     request_fields={"amount": float(i % 100)}, requested_at_ms=now)  # fmt: skip
-        for i in range(REQUESTS)
-    ]
+    requests = _requests(batch, REQUESTS)
+    now = requests[0].requested_at_ms
     emitted = [Emitted(SCORE_REQUESTS.name, r.request_id, encode(r), now, r) for r in requests]
     emitted.append(Emitted(SCORE_REQUESTS.name, f"{batch}-bad", b'{"schema_version": 1, "request_id": "x"}', now, None))
     no_amount = requests[0].model_copy(update={"request_id": f"{batch}-no-amount", "request_fields": {}})
@@ -162,3 +169,28 @@ def test_at_least_once_loses_nothing_through_a_crash_and_scores_again_only_the_u
     for request in requests[:100]:
         expected = 1 / (1 + np.exp(-(np.float32(request.request_fields["amount"]) * np.float32(0.01) + np.float32(BIAS))))
         assert by_id[request.request_id].score == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_at_least_once_waits_off_the_loop_for_room_in_a_full_producer_and_loses_nothing(
+    applied: Settings, bootstrap: str, tmp_path: Path
+) -> None:
+    """A producer queue of three records (a broker slower than the door): most sends find no room, wait for the
+    acknowledging thread to hand them over, and every request still has its one prediction."""
+    model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
+    batch = uuid.uuid4().hex[:8]
+    requests = _requests(batch, 3_000)
+    predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
+    scorer = _serve(applied, model, f"scorer-{batch}", tmp_path / "scorer.log", delivery="at_least_once",
+                    LOOPLINE_KAFKA__CLIENT_CONFIG='{"queue.buffering.max.messages": "3"}')  # fmt: skip
+    try:
+        EventProducer(bootstrap).publish([Emitted(SCORE_REQUESTS.name, r.request_id, encode(r), r.requested_at_ms, r) for r in requests])
+        ours = lambda: [p.request_id for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
+        assert wait_until(lambda: len(set(ours())) >= len(requests) or scorer.poll() is not None, 120, 0.2), f"{len(ours())} logged"
+        time.sleep(1)  # a duplicate, if a send were repeated, would show now
+        counts = Counter(ours())
+    finally:
+        scorer.send_signal(signal.SIGTERM)
+        scorer.wait(10)
+        predictions.close()
+    assert set(counts) == {r.request_id for r in requests} and max(counts.values()) == 1, "each request once"
+    assert "sending it again" not in (tmp_path / "scorer.log").read_text(), "no record was refused"
