@@ -32,13 +32,13 @@ class RouteInFront:
     """``handler`` answers ``method path``; ``app`` answers every other request. Other methods on ``path``
     get 405 naming the allowed one, as a router would answer."""
 
-    def __init__(self, app: Any, method: str, path: str, handler: Handler) -> None:
+    def __init__(self, app: ASGIApp, method: str, path: str, handler: Handler) -> None:
         self.app, self.method, self.path, self.handler = app, method, path, handler
 
     @property
     def state(self) -> Any:
         """The app's state (``app.state``), as if this were the app."""
-        return self.app.state
+        return self.app.state  # type: ignore[attr-defined]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != self.path:

@@ -1,4 +1,4 @@
-"""The Kafka front door at least once (``serving.kafka_delivery: at_least_once``): tens of milliseconds, not hundreds.
+"""The Kafka front door at least once (``serving.kafka_delivery: at_least_once``): each prediction out once scored.
 
 The exactly-once door (``online/kafka_door.py``) holds each request's prediction until its batch's transaction
 commits. This one sends each prediction as soon as it is scored, through an idempotent producer (no duplicate
@@ -9,8 +9,9 @@ downstream counts a request once by its request id (the joiner joins it once, th
 
 A record Kafka refuses for good (after the producer's own retries) is sent again; a record the producer has no
 room for waits off the event loop until it has. While the broker is away the door stops taking requests once
-``max_unacknowledged`` are waiting. Before this member gives up partitions in a
-rebalance it waits for their acknowledgements and commits them, so the next owner starts past them.
+``max_unacknowledged`` are waiting. Before this member gives up partitions in a rebalance it waits (up to
+``broker_timeout_s``) for every record sent to be acknowledged, those waiting for room too, and commits them, so
+the next owner starts past them. If the producer fails outright (a record it refuses to take), the door stops.
 """
 
 from __future__ import annotations
@@ -105,8 +106,10 @@ class AtLeastOnceKafkaDoor:
         # Each record goes within a millisecond: the latency is the point of this mode.
         self._producer = Producer({**client, "enable.idempotence": True, "linger.ms": 1, "compression.type": "lz4"})
         self._acks = Acknowledgements()
-        # Only this door's acknowledging thread takes from the left; appends come from the event loop and that thread.
+        # Only the acknowledging thread takes from the left (so no record is handed over twice or dropped); appends
+        # come from the event loop and from whichever thread serves a delivery report.
         self._unsent: deque[tuple[Output, Partition, int]] = deque()
+        self._producer_failed: Exception | None = None
         self._consumer_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
         self._stopping = threading.Event()
         self._progress = Progress()
@@ -115,7 +118,7 @@ class AtLeastOnceKafkaDoor:
         """Seconds this door has held requests without any of their records being acknowledged."""
         return self._progress.stalled_s()
 
-    # The producer's side (sends on the event loop, acknowledgements on the producer's thread) -------------
+    # The producer's side (sends from the event loop, deferred sends and acknowledgements on the acknowledging thread)
 
     def _send(self, output: Output, partition: Partition, offset: int) -> None:
         """Hand a record to the producer, without waiting: one it has no room for (the broker is slow) waits in
@@ -140,10 +143,22 @@ class AtLeastOnceKafkaDoor:
         self._unsent.append((output, partition, offset))
 
     def _serve_acknowledgements(self) -> None:
-        while not self._stopping.is_set():
-            self._producer.poll(0.05)
-            while self._unsent and self._produce(*self._unsent[0]):
-                self._unsent.popleft()
+        try:
+            while not self._stopping.is_set():
+                self._producer.poll(0.05)
+                while self._unsent and self._produce(*self._unsent[0]):
+                    self._unsent.popleft()
+        except Exception as exc:  # a record the producer refuses outright, a fatal producer error: the door stops on it
+            log.exception("the at-least-once door's producer failed")
+            self._producer_failed = exc
+
+    def _drain(self, timeout_s: float) -> int:
+        """Wait until every record sent, those waiting for room too, is acknowledged, or ``timeout_s`` has passed; how
+        many are not (the acknowledging thread must still run, to hand over those waiting)."""
+        deadline = time.monotonic() + timeout_s
+        while (self._unsent or len(self._producer)) and time.monotonic() < deadline and self._producer_failed is None:
+            self._producer.flush(0.1)
+        return len(self._unsent) + len(self._producer)
 
     # The consumer's side (its own thread) ----------------------------------------------------------
 
@@ -159,7 +174,7 @@ class AtLeastOnceKafkaDoor:
     def _on_revoke(self, _consumer: Consumer, revoked: list[TopicPartition]) -> None:
         """Before partitions move: their records acknowledged, their offsets committed."""
         partitions = [(p.topic, p.partition) for p in revoked]
-        left = self._producer.flush(self.broker_timeout_s) + len(self._unsent)
+        left = self._drain(self.broker_timeout_s)
         if left:
             log.error("%d records not acknowledged before a rebalance: their requests will be scored again", left)
         self._commit(partitions, wait=True)
@@ -180,6 +195,8 @@ class AtLeastOnceKafkaDoor:
             self._consumer.subscribe([self.requests_topic], on_revoke=self._on_revoke)
             committed_at = time.monotonic()
             while not stop.is_set():
+                if self._producer_failed is not None:
+                    raise RuntimeError("the at-least-once door's producer failed") from self._producer_failed
                 if self._acks.waiting >= self.max_unacknowledged:  # the broker is away: take no more for now
                     self._progress.holding()
                     await asyncio.sleep(0.05)
@@ -205,10 +222,9 @@ class AtLeastOnceKafkaDoor:
                     await loop.run_in_executor(self._consumer_thread, self._commit)
         finally:
             stopping.cancel()
-            left = await loop.run_in_executor(self._consumer_thread, self._producer.flush, self.broker_timeout_s)
-            left += len(self._unsent)
+            left = await loop.run_in_executor(self._consumer_thread, self._drain, self.broker_timeout_s)
             if left:
                 log.error("%d records not acknowledged at shutdown: their requests will be scored again", left)
-            self._stopping.set()
             await loop.run_in_executor(self._consumer_thread, lambda: (self._commit(wait=True), self._consumer.close()))
+            self._stopping.set()
             self._consumer_thread.shutdown(wait=False)

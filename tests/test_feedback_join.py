@@ -34,8 +34,10 @@ HORIZON_S = 20
 #: the crash below to find one (at 1 s the last batch's window, a few hundred ms, was missed once in CI).
 CHECKPOINT_MS = 5_000
 #: Within a labels partition the labels below come up to HORIZON_S + 13 s out of order (an after-the-horizon label, then
-#: a label that precedes its prediction a few events on). The joiner is told so: at its 5 s default, a watermark rebuilt
-#: from the records read after a restore could pass an event's horizon before its label, read a moment later, was seen.
+#: a label that precedes its prediction a few events on). The joiner is told so, with room to spare: at its 5 s
+#: default, a watermark rebuilt from the records read after a restore could pass an event's horizon before its label,
+#: read a moment later, was seen. (The tails below are placed this far further on, so they still move the watermark
+#: past every horizon they are meant to.)
 OUT_OF_ORDER_S = HORIZON_S + 20
 T0 = int(time.time() * 1000) - 600_000
 
@@ -87,7 +89,8 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
             send(LABELS, f"tail-{partition}", encode(_label(f"tail-l-{tail_at}-{partition}", False, tail_at)), tail_at, partition)
         assert producer.flush(30) == 0
 
-    first_tail, last_tail = T0 + 200 * 50 + 3 * horizon_ms, T0 + 400 * 50 + 6 * horizon_ms
+    late_ms = OUT_OF_ORDER_S * 1000
+    first_tail, last_tail = T0 + 200 * 50 + 3 * horizon_ms + late_ms, T0 + 400 * 50 + 6 * horizon_ms + 2 * late_ms
     send(PREDICTIONS, "bad", b"{not json", T0)
     send(PREDICTIONS, "no-event", encode(_prediction("x", "no-event", T0).model_copy(update={"event_id": None})), T0)
     publish(range(0, 200), first_tail)

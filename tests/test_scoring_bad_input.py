@@ -89,6 +89,8 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory, request:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0, "SIGTERM stops the scorer cleanly"
+    # A worker of two that died would be started again behind the supervisor, unseen by the requests.
+    assert "starting it again" not in log.read_text(), f"a worker died; see {log}"
 
 
 def _post(served: Served, body: bytes) -> requests.Response:
