@@ -225,6 +225,8 @@ class AtLeastOnceKafkaDoor:
             left = await loop.run_in_executor(self._consumer_thread, self._drain, self.broker_timeout_s)
             if left:
                 log.error("%d records not acknowledged at shutdown: their requests will be scored again", left)
-            await loop.run_in_executor(self._consumer_thread, lambda: (self._commit(wait=True), self._consumer.close()))
-            self._stopping.set()
-            self._consumer_thread.shutdown(wait=False)
+            try:
+                await loop.run_in_executor(self._consumer_thread, lambda: (self._commit(wait=True), self._consumer.close()))
+            finally:
+                self._stopping.set()
+                self._consumer_thread.shutdown(wait=False)
