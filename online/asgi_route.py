@@ -47,19 +47,20 @@ class RouteInFront:
         if scope["method"] != self.method:
             await answer(send, 405, b'{"detail":"Method Not Allowed"}', [(b"allow", self.method.encode())])
             return
+        headers = dict(scope["headers"])
         try:
-            status, body = await self.handler(dict(scope["headers"]), lambda limit: read_body(receive, scope, limit))
+            status, body = await self.handler(headers, lambda limit: read_body(receive, headers, limit))
         except ClientDisconnected:
             return
         await answer(send, status, body)
 
 
-async def read_body(receive: Receive, scope: Scope, limit: int) -> bytes:
+async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:
     """The request's body, read no further than ``limit`` bytes (PayloadTooLarge beyond, before reading a body
-    whose declared length is over it)."""
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > limit:
-            raise PayloadTooLarge(f"request of {int(value):,} bytes; the limit is {limit:,}")
+    whose declared length, in ``headers``, is over it)."""
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request of {int(declared):,} bytes; the limit is {limit:,}")
     chunks, size = [], 0
     while True:
         message = await receive()
