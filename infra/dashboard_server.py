@@ -1,5 +1,6 @@
 """The skew alert dashboard's server (`loopline dashboard`): the page under ``infra/dashboard/`` (uPlot vendored from
-npm, no CDN), Prometheus' HTTP API passed through on the same origin, and the model versions from a callable."""
+npm, no CDN), Prometheus' HTTP API passed through on the same origin, the model versions from a callable, and the
+scorer's newest request traces from Jaeger's query API."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from infra.jaeger import trace_summaries
+
 #: The page and its scripts.
 PAGE_DIR = Path(__file__).parent / "dashboard"
 #: The Prometheus API endpoints the page reads; nothing else is passed through.
 PROMETHEUS_ENDPOINTS = frozenset({"query", "query_range", "alerts", "rules"})
 
 
-def dashboard_app(prometheus_url: str, models: Callable[[], dict], timeout_s: float = 5.0) -> FastAPI:
-    """The dashboard over the Prometheus at ``prometheus_url``; ``models()`` gives the model's versions and aliases."""
+def dashboard_app(prometheus_url: str, models: Callable[[], dict], jaeger_url: str | None = None, trace_service: str = "",
+                  timeout_s: float = 5.0) -> FastAPI:  # fmt: skip
+    """The dashboard over the Prometheus at ``prometheus_url``; ``models()`` gives the model's versions and aliases;
+    the traces of ``trace_service`` come from the Jaeger at ``jaeger_url`` (none listed without one)."""
     app = FastAPI(title="Loopline dashboard", docs_url=None, redoc_url=None)
     app.mount("/static", StaticFiles(directory=PAGE_DIR), name="static")
 
@@ -39,6 +44,15 @@ def dashboard_app(prometheus_url: str, models: Callable[[], dict], timeout_s: fl
         if reply.status_code != 200:
             raise HTTPException(502, f"Prometheus answered {reply.status_code}: {reply.text[:200]}")
         return reply.json()
+
+    @app.get("/api/traces")
+    def traces() -> dict:
+        if jaeger_url is None:
+            return {"jaeger": None, "traces": []}
+        try:
+            return {"jaeger": jaeger_url, "traces": trace_summaries(jaeger_url, trace_service)}
+        except (requests.RequestException, ValueError, KeyError) as err:
+            raise HTTPException(502, f"Jaeger at {jaeger_url} does not answer: {err}") from err
 
     @app.get("/api/models")
     def model_versions() -> dict:

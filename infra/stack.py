@@ -1,4 +1,4 @@
-"""The local stack as a whole: set up, bring up, stop and report on Kafka, Redis and Flink."""
+"""The local stack as a whole: set up, bring up, stop and report on Kafka, Redis, Prometheus, Jaeger and Flink."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.flink import FlinkRuntime
+from infra.jaeger import JaegerServer, ensure_jaeger
 from infra.jars import ensure_jars
 from infra.kafka_cluster import KafkaCluster
 from infra.prometheus_server import PrometheusServer
@@ -27,14 +28,16 @@ class StartReport:
 
 
 class LocalStack:
-    """Kafka (KRaft, one node or a cluster), Redis (one server or a Redis Cluster) and Prometheus as managed processes,
-    and the embedded Flink runtime; the Flink jobs' checkpoints under ``checkpoints_dir`` describe this stack's Kafka."""
+    """Kafka (KRaft, one node or a cluster), Redis (one server or a Redis Cluster), Prometheus and Jaeger as managed
+    processes, and the embedded Flink runtime; the Flink jobs' checkpoints under ``checkpoints_dir`` describe this
+    stack's Kafka."""
 
-    def __init__(self, kafka: KafkaCluster, redis: RedisServer | RedisCluster, prometheus: PrometheusServer, flink: FlinkRuntime,
-                 jars_dir: Path, checkpoints_dir: Path) -> None:  # fmt: skip
+    def __init__(self, kafka: KafkaCluster, redis: RedisServer | RedisCluster, prometheus: PrometheusServer, jaeger: JaegerServer,
+                 flink: FlinkRuntime, jars_dir: Path, checkpoints_dir: Path) -> None:  # fmt: skip
         self.kafka = kafka
         self.redis = redis
         self.prometheus = prometheus
+        self.jaeger = jaeger
         self.flink = flink
         self.jars_dir = jars_dir
         self.checkpoints_dir = checkpoints_dir
@@ -43,7 +46,7 @@ class LocalStack:
     def units(self) -> tuple:
         """What the stack starts, in order: each a service or a cluster of them (``start``, ``stop``, ``wipe``,
         ``nodes``)."""
-        return (self.kafka, self.redis, self.prometheus)
+        return (self.kafka, self.redis, self.prometheus, self.jaeger)
 
     @property
     def services(self) -> tuple[ManagedService, ...]:
@@ -51,10 +54,12 @@ class LocalStack:
         return tuple(node for unit in self.units for node in unit.nodes)
 
     def setup(self) -> list[str]:
-        """Install missing Debian packages and fetch missing jars; return what was added."""
+        """Install missing Debian packages, fetch missing jars and build Jaeger unless it is built; return what was
+        added."""
         installed = ensure_packages()
         fetched = ensure_jars(self.jars_dir)
-        return installed + [path.name for path in fetched]
+        built = ensure_jaeger(self.jars_dir)
+        return installed + [path.name for path in fetched] + ([f"jaeger {built.parent.name}"] if built else [])
 
     def up(self) -> list[StartReport]:
         """Start every service that is not running and wait until each answers. Idempotent."""

@@ -748,9 +748,10 @@ def dashboard() -> None:
     from loopline.monitoring import model_versions
 
     config = settings()
-    page = dashboard_app(f"http://{config.prometheus.host}:{config.prometheus.port}", lambda: model_versions(config))
+    page = dashboard_app(f"http://{config.prometheus.host}:{config.prometheus.port}", lambda: model_versions(config),
+                         config.jaeger.query_url, config.serving.tracing.service_name)  # fmt: skip
     console.print(f"dashboard: http://{config.dashboard.host}:{config.dashboard.port}/ (Prometheus at "
-                  f"http://{config.prometheus.host}:{config.prometheus.port})")  # fmt: skip
+                  f"http://{config.prometheus.host}:{config.prometheus.port}, Jaeger at {config.jaeger.query_url})")  # fmt: skip
     uvicorn.run(page, host=config.dashboard.host, port=config.dashboard.port, log_level="warning")
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from feedback_loop.joiner_settings import JoinerSettings
 from infra.flink import FlinkRuntime
+from infra.jaeger import JaegerServer, jaeger_binary
 from infra.jars import flink_connector_jar
 from infra.kafka_cluster import KafkaCluster
 from infra.prometheus_server import PrometheusServer
@@ -19,6 +20,7 @@ from infra.stack import LocalStack
 from loopline.settings import (
     FeatureStoreSettings,
     FeedbackSettings,
+    JaegerSettings,
     KafkaSettings,
     MonitorSettings,
     PrometheusSettings,
@@ -44,7 +46,7 @@ if TYPE_CHECKING:
 def private_stack_settings(home: Path, jars_dir: Path, kafka_brokers: int = 1) -> Settings:
     """Settings for a stack of its own under ``home``, Kafka (``kafka_brokers`` nodes, topics replicated on up to three
     of them), Redis, Prometheus and metrics on free ports (tests, benchmarks)."""
-    redis, prometheus, monitor, stream, feedback = free_ports(5)
+    redis, prometheus, monitor, stream, feedback, otlp, query, query_grpc, health = free_ports(9)
     # Node i listens on port + 2i and its controller on controller_port + 2i: one block of free ports for all.
     kafka = free_port_block(2 * kafka_brokers)
     replicas = min(kafka_brokers, 3)
@@ -55,6 +57,7 @@ def private_stack_settings(home: Path, jars_dir: Path, kafka_brokers: int = 1) -
                             min_insync_replicas=min(replicas, 2)),  # fmt: skip
         redis=RedisSettings(port=redis),
         prometheus=PrometheusSettings(port=prometheus),
+        jaeger=JaegerSettings(otlp_port=otlp, query_port=query, query_grpc_port=query_grpc, health_port=health),
         monitor=MonitorSettings(metrics_port=monitor),
         feature_store=FeatureStoreSettings(feast_registry_path=home / "feast" / "registry.db"),
         stream=StreamSettings(metrics_port=stream),
@@ -88,9 +91,12 @@ def build_stack(settings: Settings) -> LocalStack:
         scrape_interval_s=settings.prometheus.scrape_interval_s, data_dir=data, run_dir=run, log_dir=logs,
         start_timeout_s=settings.prometheus.start_timeout_s,
     )  # fmt: skip
+    jaeger = settings.jaeger
+    tracing = JaegerServer(jaeger_binary(jars), jaeger.host, jaeger.otlp_port, jaeger.query_port, jaeger.query_grpc_port,
+                           jaeger.health_port, jaeger.max_traces, data, run, logs, jaeger.start_timeout_s)  # fmt: skip
     # Every consumer group's checkpoints (<home>/checkpoints/<group>), the jobs' of earlier settings too.
     checkpoints = settings.checkpoints_root
-    return LocalStack(kafka, redis, prometheus, FlinkRuntime(jars), jars, checkpoints)
+    return LocalStack(kafka, redis, prometheus, tracing, FlinkRuntime(jars), jars, checkpoints)
 
 
 def redis_service(redis: RedisSettings, data: Path, run: Path, logs: Path) -> RedisServer | RedisCluster:

@@ -26,6 +26,7 @@ from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits
 from online.result_cache import ResultCache
 from online.scorer import Scorer
+from online.tracing import RequestTracer
 from online.vllm_runtime import VllmModel
 from schemas.model_registry import PROD_ALIAS
 
@@ -54,6 +55,17 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
         cache = ResultCache(settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s, redis_cluster=settings.redis_cluster)
     model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
     return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model, feature_batch_size=serving.feature_batch_size)
+
+
+def request_tracer(settings: Settings, worker: Worker | None = None) -> RequestTracer | None:
+    """The scorer's request tracer (None with tracing off), exporting to the settings' OTLP endpoint, else the
+    stack's Jaeger."""
+    tracing = settings.serving.tracing
+    if not tracing.enabled:
+        return None
+    attributes = {"service.instance.id": settings.serving.instance if worker is None else f"{settings.serving.instance}-{worker[0]}"}
+    return RequestTracer(tracing.otlp_endpoint or settings.jaeger.otlp_traces_url, service=tracing.service_name,
+                         sample_ratio=tracing.sample_ratio, slow_ms=tracing.slow_ms, attributes=attributes)  # fmt: skip
 
 
 def model_watcher(settings: Settings, scorer: Scorer) -> ModelWatcher:
@@ -169,13 +181,18 @@ def doors_in_thread(
 
 
 def front_doors(
-    settings: Settings, scorer: Scorer, doors: Collection[str], prediction_log: PredictionLog | None, worker: Worker | None = None
+    settings: Settings,
+    scorer: Scorer,
+    doors: Collection[str],
+    prediction_log: PredictionLog | None,
+    worker: Worker | None = None,
+    tracer: RequestTracer | None = None,
 ) -> list[FrontDoor]:
     """The doors named in ``doors`` ("http", "kafka", "grpc"), configured from ``settings``; those of one of
-    several workers when ``worker`` is given."""
+    several workers when ``worker`` is given; each traces its requests with ``tracer`` when given."""
     from online.grpc_door import GrpcDoor
     from online.http_app import HttpDoor, create_app
-    from online.kafka_door import KafkaScoringDoor
+    from online.kafka_door import KafkaScoringDoor, RequestScoring
     from online.kafka_door_at_least_once import AtLeastOnceKafkaDoor
     from online.worker_peers import WorkerPeers
     from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
@@ -186,27 +203,21 @@ def front_doors(
     member = serving.instance if worker is None else f"{serving.instance}-{worker[0]}"
     peers = None if worker is None else WorkerPeers(f"{serving.host}:{serving.http_port}", *worker)
     built: list[FrontDoor] = []
-    if "kafka" in doors and serving.kafka_delivery == "at_least_once":
-        built.append(AtLeastOnceKafkaDoor(
-            scorer, bootstrap_servers=settings.kafka.bootstrap, group_id=serving.kafka_group_id,
-            requests_topic=SCORE_REQUESTS.name, predictions_topic=PREDICTIONS.name, dead_letter_topic=DEAD_LETTERS.name,
-            client_config=settings.kafka.client_config, limits=limits, commit_interval_s=serving.kafka_commit_interval_ms / 1000,
-            broker_timeout_s=serving.kafka_broker_timeout_s,
-        ))  # fmt: skip
-    elif "kafka" in doors:
-        built.append(KafkaScoringDoor(
-            scorer, bootstrap_servers=settings.kafka.bootstrap, group_id=serving.kafka_group_id,
-            requests_topic=SCORE_REQUESTS.name, predictions_topic=PREDICTIONS.name, dead_letter_topic=DEAD_LETTERS.name,
-            transactional_id=f"{serving.kafka_group_id}-{member}", client_config=settings.kafka.client_config,
-            limits=limits, broker_timeout_s=serving.kafka_broker_timeout_s,
-        ))  # fmt: skip
+    if "kafka" in doors:
+        scoring = RequestScoring(scorer, SCORE_REQUESTS.name, PREDICTIONS.name, DEAD_LETTERS.name, limits, tracer=tracer)
+        kafka = {"bootstrap_servers": settings.kafka.bootstrap, "group_id": serving.kafka_group_id,
+                 "client_config": settings.kafka.client_config, "broker_timeout_s": serving.kafka_broker_timeout_s}  # fmt: skip
+        if serving.kafka_delivery == "at_least_once":
+            built.append(AtLeastOnceKafkaDoor(scoring, commit_interval_s=serving.kafka_commit_interval_ms / 1000, **kafka))
+        else:
+            built.append(KafkaScoringDoor(scoring, transactional_id=f"{serving.kafka_group_id}-{member}", **kafka))
     if "grpc" in doors:
         address = f"{serving.host}:{serving.grpc_port}"
-        built.append(GrpcDoor(scorer, address, prediction_log, limits=limits, auth_token=settings.auth_token))
+        built.append(GrpcDoor(scorer, address, prediction_log, limits=limits, auth_token=settings.auth_token, tracer=tracer))
     if "http" in doors:
         app = create_app(
             scorer, prediction_log, limits=limits, auth_token=settings.auth_token,
-            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s), peers=peers,
+            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s), peers=peers, tracer=tracer,
         )  # fmt: skip
         built.append(HttpDoor(app, serving.host, serving.http_port, peers))
     return built
@@ -237,10 +248,13 @@ async def run_doors(
             failures=scorer.metrics.prediction_log_failures, mode=serving.prediction_log,
             ack_timeout_s=serving.prediction_log_ack_timeout_s, client_config=settings.kafka.client_config,
         )  # fmt: skip
+    tracer = request_tracer(settings, worker)
     try:
-        built = front_doors(settings, scorer, doors, prediction_log, worker)
+        built = front_doors(settings, scorer, doors, prediction_log, worker, tracer)
         await serve_doors(built, stop, beside=[install_models(stop)] if install_models else [])
     finally:
         await scorer.close()
         if prediction_log is not None:
             await asyncio.to_thread(prediction_log.close)
+        if tracer is not None:
+            await asyncio.to_thread(tracer.close)

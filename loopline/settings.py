@@ -141,6 +141,39 @@ class PrometheusSettings(BaseModel):
     start_timeout_s: float = Field(default=30.0, gt=0)
 
 
+class JaegerSettings(BaseModel):
+    """The local Jaeger (its all-in-one binary, built from the Go module proxy by `loopline stack setup`): it stores the
+    scorer's request traces in memory and answers Jaeger's query API."""
+
+    host: str = "127.0.0.1"
+    otlp_port: int = Field(default=4318, ge=1, le=65535, description="Where it takes traces over OTLP/HTTP.")
+    query_port: int = Field(default=16686, ge=1, le=65535, description="Its query API (/api/traces).")
+    query_grpc_port: int = Field(default=16685, ge=1, le=65535)
+    health_port: int = Field(default=13133, ge=1, le=65535, description="Its health check (/status).")
+    max_traces: int = Field(default=100_000, ge=1, description="Traces it keeps in memory; the oldest go first.")
+    start_timeout_s: float = Field(default=30.0, gt=0)
+
+    @property
+    def otlp_traces_url(self) -> str:
+        return f"http://{self.host}:{self.otlp_port}/v1/traces"
+
+    @property
+    def query_url(self) -> str:
+        return f"http://{self.host}:{self.query_port}"
+
+
+class TracingSettings(BaseModel):
+    """Request traces of the scorer (OpenTelemetry: ``online/tracing.py``)."""
+
+    enabled: bool = Field(default=True, description="Off: no trace id, no span, nothing exported.")
+    otlp_endpoint: str | None = Field(default=None, description="An OTLP/HTTP traces URL; default the local stack's Jaeger.")
+    sample_ratio: float = Field(default=0.01, ge=0, le=1, description="The share of requests traced without a sampled "
+                                "caller (chosen by trace id); failed and slow requests are traced anyway.")  # fmt: skip
+    slow_ms: float = Field(default=50.0, gt=0, description="A request slower than this (the scorer's latency objective) "
+                           "is traced whatever the ratio.")  # fmt: skip
+    service_name: str = Field(default="loopline-scorer", description="The scorer's service.name in its traces.")
+
+
 class DashboardSettings(BaseModel):
     """The skew alert dashboard (`loopline dashboard`)."""
 
@@ -261,8 +294,8 @@ class ServingSettings(BaseModel):
     kafka_delivery: Literal["exactly_once", "at_least_once"] = Field(
         default="exactly_once",
         description="The Kafka door: exactly_once (each batch's predictions and offsets in one transaction: hundreds of ms) "
-        "or at_least_once (each prediction sent at once, offsets committed past acknowledged ones: tens of ms; a crash may "
-        "score a request twice, and readers count it once by request id).",
+        "or at_least_once (each prediction sent at once, offsets committed past acknowledged ones: a p50 of tens of ms; a "
+        "crash may score a request twice, and readers count it once by request id).",
     )
     kafka_commit_interval_ms: float = Field(default=100.0, gt=0, description="at_least_once: how often offsets are committed "
                                             "(a crash scores again at most what was acknowledged since).")
@@ -271,6 +304,7 @@ class ServingSettings(BaseModel):
                           "(<group>-<instance>-<worker> for each of several workers).")
     workers: int | None = Field(default=None, ge=1, description="Scorer processes sharing the HTTP and gRPC ports (loopline "
                                 "serve --workers); default one per core this process may run on.")
+    tracing: TracingSettings = TracingSettings()
 
 
 def _mounted_path(value: Any) -> Any:
@@ -445,6 +479,7 @@ class Settings(BaseSettings):
     kafka: KafkaSettings = KafkaSettings()
     redis: RedisSettings = RedisSettings()
     prometheus: PrometheusSettings = PrometheusSettings()
+    jaeger: JaegerSettings = JaegerSettings()
     producer: ProducerSettings = ProducerSettings()
     feature_store: FeatureStoreSettings = FeatureStoreSettings()
     stream: StreamSettings = StreamSettings()

@@ -18,8 +18,11 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: A route's handler: the request's headers (names lower-case, as ASGI gives them) and a reader of its
-#: body (at most a limit of bytes), to the status and JSON body of the answer.
-Handler = Callable[[dict[bytes, bytes], Callable[[int], Awaitable[bytes]]], Awaitable[tuple[int, bytes]]]
+#: body (at most a limit of bytes), to the status and JSON body of the answer, and what to call once it is sent
+#: (or None).
+Handler = Callable[
+    [dict[bytes, bytes], Callable[[int], Awaitable[bytes]]], Awaitable[tuple[int, bytes, Callable[[], None] | None]]
+]
 
 _JSON = (b"content-type", b"application/json")
 
@@ -49,10 +52,12 @@ class RouteInFront:
             return
         headers = dict(scope["headers"])
         try:
-            status, body = await self.handler(headers, lambda limit: read_body(receive, headers, limit))
+            status, body, answered = await self.handler(headers, lambda limit: read_body(receive, headers, limit))
         except ClientDisconnected:
             return
         await answer(send, status, body)
+        if answered is not None:
+            answered()
 
 
 async def read_body(receive: Receive, headers: dict[bytes, bytes], limit: int) -> bytes:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from feature_store.online_read import OnlineReader
-from online.batcher import DynamicBatcher
+from online.batcher import BatchTiming, DynamicBatcher
 
 log = logging.getLogger(__name__)
 #: At most one warning per this many seconds about reads that fell back for an unexpected error.
@@ -41,6 +41,9 @@ class FetchedFeatures:
     fallback: str | None = None
     #: Per feature view, the event time (ms) of the row the values came from (views with no row left out).
     row_times_ms: dict[str, int] = field(default_factory=dict)
+    #: The pipelined Redis read the request's entities went in (its wait, its length, how many entities it read), when
+    #: the request waited for it.
+    read: BatchTiming | None = None
 
 
 class FeatureFetcher:
@@ -86,12 +89,12 @@ class FeatureFetcher:
         began = time.perf_counter()
         try:
             async with asyncio.timeout(self.budget_s):  # unlike wait_for, no extra task per request
-                found, _ = await self._batcher.submit(read)
+                found, timing = await self._batcher.submit(read)
         except TimeoutError:
             finished_at = read.finished_at
             if finished_at is None or finished_at - began > self.budget_s:
                 return self._all_defaults("over_budget")
-            found = read.values
+            found, timing = read.values, None
         except Exception as err:  # Redis down, reads queue full: all degrade to the defaults
             self._warn(err)
             return self._all_defaults("unavailable")
@@ -102,7 +105,7 @@ class FeatureFetcher:
                 defaulted.append(ref)
             values[ref] = value
         row_times = {view: ms for view, ms in (read.row_times_ms or {}).items() if ms is not None}
-        return FetchedFeatures(values, defaulted, row_times_ms=row_times)
+        return FetchedFeatures(values, defaulted, row_times_ms=row_times, read=timing)
 
     def _warn(self, err: Exception) -> None:
         """Log a read that fell back for an error, at most once per ``_WARN_EVERY_S`` (an outage would

@@ -25,6 +25,7 @@ from online.http_app import bearer_check
 from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, check_limits
 from online.scorer import Scorer
+from online.tracing import RequestTracer
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.validation import ContractViolation, validate
@@ -80,11 +81,13 @@ def prediction_to_proto(record: PredictionRecord):
         requested_at_ms=record.requested_at_ms,
         scored_at_ms=record.scored_at_ms,
         event_id=record.event_id or "",
+        trace_id=record.trace_id or "",
     )
 
 
 class GrpcDoor:
-    """The gRPC door on ``address`` (host:port); each scored request is appended to ``prediction_log`` when given."""
+    """The gRPC door on ``address`` (host:port); each scored request is appended to ``prediction_log`` when given, and
+    traced by ``tracer`` when given (a caller's ``traceparent`` read from the call's metadata)."""
 
     name = "grpc"
 
@@ -96,9 +99,10 @@ class GrpcDoor:
         *,
         limits: RequestLimits = RequestLimits(),
         auth_token: str | None = None,
+        tracer: RequestTracer | None = None,
     ) -> None:
         self.scorer, self.address, self.prediction_log = scorer, address, prediction_log
-        self.limits, self.auth_token = limits, auth_token
+        self.limits, self.auth_token, self.tracer = limits, auth_token, tracer
 
     def stalled_s(self) -> float:
         """Never stalled: each call is answered or times out on its own."""
@@ -122,18 +126,31 @@ class GrpcDoor:
             await server.stop(grace=1.0)
 
     def _servicer(self, base: type):
-        scorer, prediction_log, limits = self.scorer, self.prediction_log, self.limits
+        scorer, prediction_log, limits, tracer = self.scorer, self.prediction_log, self.limits, self.tracer
         authorize = bearer_check(self.auth_token)
 
         class Servicer(base):
             async def Score(self, message, context):  # noqa: N802 - the proto's method name
                 began, code = time.perf_counter(), grpc.StatusCode.OK
+                metadata = dict(context.invocation_metadata())
+                trace = None if tracer is None else tracer.begin(metadata.get("traceparent"), began)
                 try:
-                    authorize(dict(context.invocation_metadata()).get("authorization"))
-                    record = await scorer.score(request_from_proto(message, limits))
+                    authorize(metadata.get("authorization"))
+                    request = request_from_proto(message, limits)
+                    if trace is not None:
+                        trace.stage("receive", began, time.perf_counter())
+                    record = await scorer.score(request, trace)
                     if prediction_log is not None:
-                        await prediction_log.append(record)
-                    return prediction_to_proto(record)
+                        logging_at = time.perf_counter()
+                        await prediction_log.append(record, None if trace is None else trace.traceparent())
+                        if trace is not None:
+                            trace.stage("log_prediction", logging_at, time.perf_counter(), kind="PRODUCER",
+                                        **{"messaging.destination.name": prediction_log.topic})  # fmt: skip
+                    answering_at = time.perf_counter()
+                    answer = prediction_to_proto(record)
+                    if trace is not None:
+                        trace.stage("respond", answering_at, time.perf_counter())
+                    return answer
                 except ScoringError as err:
                     code = getattr(grpc.StatusCode, err.grpc_code)
                     if code == grpc.StatusCode.INTERNAL:
@@ -145,7 +162,15 @@ class GrpcDoor:
                     await context.abort(code, "internal error")
                 finally:
                     scorer.metrics.requests.labels(DOOR, code.name).inc()
-                    log.info("request %s %.2f ms %s", message.request_id or "-", (time.perf_counter() - began) * 1000, code.name)
+                    ms = (time.perf_counter() - began) * 1000
+                    if trace is None:
+                        log.info("request %s %.2f ms %s", message.request_id or "-", ms, code.name)
+                    else:
+                        log.info("request %s %.2f ms %s trace %s", message.request_id or "-", ms, code.name, trace.trace_id_hex)
+                        tracer.finish(trace, f"{SERVICE}/Score", "SERVER", time.perf_counter(),
+                                      error=None if code == grpc.StatusCode.OK else code.name,
+                                      **{"loopline.request_id": message.request_id, "rpc.system": "grpc",
+                                         "rpc.grpc.status_code": code.value[0]})  # fmt: skip
 
         return Servicer()
 

@@ -16,7 +16,8 @@ metrics of all combined.
 
 With ``auth_token`` set, score and model-status requests need ``Authorization: Bearer <token>``;
 health and metrics stay open for probes and scrapers. One log line per request (request id,
-latency, status); the full trace only for a fault of the scorer.
+latency, status, and its trace id when requests are traced: ``online/tracing.py``, which also reads a
+caller's ``traceparent`` header); the full stack trace only for a fault of the scorer.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from online.metrics_merge import merge_expositions
 from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
+from online.tracing import RequestTrace, RequestTracer
 from online.worker_peers import WorkerPeers, decode_stalled, encode_stalled
 from schemas.validation import encode
 
@@ -66,8 +68,10 @@ def create_app(
     auth_token: str | None = None,
     stalled_doors: Callable[[], dict[str, float]] = dict,
     peers: WorkerPeers | None = None,
+    tracer: RequestTracer | None = None,
 ) -> RouteInFront:
-    """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given.
+    """The HTTP API of ``scorer``; each scored request is appended to ``prediction_log`` when given, and traced by
+    ``tracer`` when given.
 
     ``stalled_doors()`` names each door that holds work without progress, with for how many seconds. With
     ``peers`` the probes and metrics speak for every worker (``app.state.peer_answers`` are this one's answers).
@@ -77,16 +81,28 @@ def create_app(
     authorize = bearer_check(auth_token)
     counted: dict[int, Counter] = {}  # a metric child per status, looked up once
 
-    async def score(headers: dict[bytes, bytes], body: Callable[[int], Awaitable[bytes]]) -> tuple[int, bytes]:
+    async def score(headers: dict[bytes, bytes], body: Callable[[int], Awaitable[bytes]]) -> tuple[int, bytes, Callable[[], None] | None]:
         began = time.perf_counter()
         request_id = "-"
+        trace = None if tracer is None else tracer.begin(headers.get(b"traceparent"), began)
         try:
             authorization = headers.get(b"authorization")
             authorize(None if authorization is None else authorization.decode("latin-1"))
             request = parse_request(await body(limits.max_body_bytes), limits)
             request_id = request.request_id
-            record = await scorer.score(request)
-            status, answer = 200, encode(record) if prediction_log is None else await prediction_log.append(record)
+            if trace is not None:
+                trace.stage("receive", began, time.perf_counter())
+            record = await scorer.score(request, trace)
+            if prediction_log is None:
+                answer = encode(record)
+            elif trace is None:
+                answer = await prediction_log.append(record)
+            else:
+                logging_at = time.perf_counter()
+                answer = await prediction_log.append(record, trace.traceparent())
+                trace.stage("log_prediction", logging_at, time.perf_counter(), kind="PRODUCER",
+                            **{"messaging.destination.name": prediction_log.topic, "loopline.prediction_log": prediction_log.mode})  # fmt: skip
+            status = 200
         except ClientDisconnected:
             log.info("a client went away before its request's body was in")
             raise
@@ -100,8 +116,11 @@ def create_app(
         if status not in counted:
             counted[status] = requests.labels("http", str(status))
         counted[status].inc()
-        log.info("request %s %.2f ms %d", request_id, (time.perf_counter() - began) * 1000, status)
-        return status, answer
+        if trace is None:
+            log.info("request %s %.2f ms %d", request_id, (time.perf_counter() - began) * 1000, status)
+            return status, answer, None
+        log.info("request %s %.2f ms %d trace %s", request_id, (time.perf_counter() - began) * 1000, status, trace.trace_id_hex)
+        return status, answer, _finisher(tracer, trace, request_id, status, time.perf_counter())
 
     def models() -> dict:
         return {
@@ -153,6 +172,19 @@ def create_app(
 
     # The hot path on the bare ASGI interface (online/asgi_route.py): FastAPI serves the rest.
     return RouteInFront(app, "POST", "/v1/score", score)
+
+
+def _finisher(tracer: RequestTracer, trace: RequestTrace, request_id: str, status: int, answered_at: float) -> Callable[[], None]:
+    """What ends a request's trace once its answer is sent (the ``respond`` stage: from its answer being ready)."""
+
+    def finish() -> None:
+        sent_at = time.perf_counter()
+        trace.stage("respond", answered_at, sent_at)
+        tracer.finish(trace, "POST /v1/score", "SERVER", sent_at, error=None if status == 200 else str(status),
+                      **{"loopline.request_id": request_id, "http.request.method": "POST", "http.route": "/v1/score",
+                         "http.response.status_code": status})  # fmt: skip
+
+    return finish
 
 
 class _Server(uvicorn.Server):

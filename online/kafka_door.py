@@ -33,7 +33,8 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import NamedTuple, TypeVar
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
@@ -41,6 +42,7 @@ from online.doors import Progress
 from online.errors import ScoringError
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
+from online.tracing import RequestTrace, RequestTracer
 from schemas.records import DeadLetterRecord
 from schemas.validation import encode
 
@@ -52,8 +54,24 @@ _RETRY_PAUSE_S = 0.5
 #: A transaction not settled within this many broker timeouts is abandoned (its calls retry within that).
 _SETTLE_FACTOR = 1.5
 T = TypeVar("T")
-#: One output record: (topic, value, key).
-Output = tuple[str, bytes, str | None]
+
+
+class Output(NamedTuple):
+    """One record to log for a request: its prediction or its dead letter."""
+
+    topic: str
+    value: bytes
+    key: str | None
+    #: The request's trace, when traced: the record carries its ``traceparent``, and the trace ends once the record
+    #: is logged.
+    trace: RequestTrace | None = None
+    #: When the record was ready to log (perf_counter); why the request was dead-lettered, if it was.
+    made_at: float = 0.0
+    error: str | None = None
+
+    @property
+    def headers(self) -> list[tuple[str, str]] | None:
+        return None if self.trace is None else [("traceparent", self.trace.traceparent())]
 
 
 class KafkaScoringDoor:
@@ -63,27 +81,18 @@ class KafkaScoringDoor:
 
     def __init__(
         self,
-        scorer: Scorer,
+        scoring: RequestScoring,
         *,
         bootstrap_servers: str,
         group_id: str,
-        requests_topic: str,
-        predictions_topic: str,
-        dead_letter_topic: str,
         transactional_id: str,
         client_config: Mapping[str, str] | None = None,
-        limits: RequestLimits = RequestLimits(),
         max_poll_records: int = 256,
-        max_in_flight: int = 64,
         broker_timeout_s: float = 10.0,
     ) -> None:
-        """A polled batch (up to ``max_poll_records``, one transaction) is scored ``max_in_flight`` requests at a
-        time: each request's feature budget starts when it is submitted, so a whole batch submitted at once
-        would spend its budget waiting behind its own siblings' parsing."""
-        self.scorer = scorer
-        self.max_in_flight = max_in_flight
-        self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
-        self.limits, self.max_poll_records, self.broker_timeout_s = limits, max_poll_records, broker_timeout_s
+        """Consumes ``scoring.requests_topic``; a polled batch (up to ``max_poll_records``) is one transaction."""
+        self.scoring, self.scorer, self.requests_topic = scoring, scoring.scorer, scoring.requests_topic
+        self.max_poll_records, self.broker_timeout_s = max_poll_records, broker_timeout_s
         client, self._consumer_config = door_clients(bootstrap_servers, client_config, group_id)
         self._consumer = Consumer(self._consumer_config)
         # A producer re-created with the same transactional id fences off its predecessor's open transaction.
@@ -143,10 +152,10 @@ class KafkaScoringDoor:
         """Produce ``outputs`` and commit ``offsets`` in one transaction of ``producer``; False when it was aborted."""
         try:
             producer.begin_transaction()
-            for topic, value, key in outputs:
+            for output in outputs:
                 while True:
                     try:
-                        producer.produce(topic, value, key)
+                        producer.produce(output.topic, output.value, output.key, headers=output.headers)
                         break
                     except BufferError:  # the queue is full while the broker is slow: make room
                         producer.poll(0.1)
@@ -158,6 +167,7 @@ class KafkaScoringDoor:
             return False
         self._owed = False
         self._progress.progressed(still_holding=True)
+        self.scoring.logged(outputs, time.perf_counter(), "exactly_once")
         return True
 
     def _recover(self, producer: Producer, error: KafkaError) -> None:
@@ -250,12 +260,7 @@ class KafkaScoringDoor:
                         self._progress.progressed(still_holding=False)
                     continue
                 self._progress.holding()
-                outputs = []
-                for start in range(0, len(messages), self.max_in_flight):
-                    outputs += await asyncio.gather(*(
-                        score_message(self.scorer, m, self.limits, self.predictions_topic, self.dead_letter_topic)
-                        for m in messages[start : start + self.max_in_flight]
-                    ))  # fmt: skip
+                outputs = await self.scoring.outputs(messages)
                 if not await self._settle():
                     continue  # the previous batch was rewound; this one comes again after it
                 self._committing = self._committer.submit(
@@ -286,33 +291,90 @@ def door_clients(bootstrap_servers: str, client_config: Mapping[str, str] | None
     return client, consumer
 
 
-async def score_message(scorer: Scorer, message: Message, limits: RequestLimits, predictions_topic: str, dead_letter_topic: str) -> Output:
-    """The record to log for one request: its prediction, or a dead letter saying why not. A scorer merely
-    busy or not ready is waited out: the batch is the door's to finish."""
-    began = time.perf_counter()
-    request_id = "-"
-    try:
-        request = parse_request(message.value() or b"", limits)
-        request_id = request.request_id
-        while True:
-            try:
-                record = await scorer.score(request)
-                break
-            except ScoringError as err:
-                if not err.retriable:
-                    raise
-                await asyncio.sleep(0.005)
-    except Exception as err:
-        reason, field = (err.reason, err.field) if isinstance(err, ScoringError) else ("scoring_failed", None)
-        where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
-        if not isinstance(err, ScoringError) or err.http_status >= 500:
-            log.exception("request %s at %s failed", request_id, where)
-        scorer.metrics.requests.labels(DOOR, reason).inc()
-        log.info("request %s %.2f ms dead-lettered (%s) from %s", request_id, (time.perf_counter() - began) * 1000, reason, where)
-        return dead_letter_topic, _dead_letter(message, reason, str(err), field), message.topic()
-    scorer.metrics.requests.labels(DOOR, "200").inc()
-    log.info("request %s %.2f ms ok", request.request_id, (time.perf_counter() - began) * 1000)
-    return predictions_topic, encode(record), request.request_id
+@dataclass(frozen=True)
+class RequestScoring:
+    """How a Kafka door turns the requests it polled into the records it logs (both doors' common part).
+
+    A polled batch is scored ``max_in_flight`` requests at a time: each request's feature budget starts when it is
+    submitted, so a whole batch submitted at once would spend its budget waiting behind its own siblings' parsing.
+    """
+
+    scorer: Scorer
+    requests_topic: str
+    predictions_topic: str
+    dead_letter_topic: str
+    limits: RequestLimits = RequestLimits()
+    max_in_flight: int = 64
+    tracer: RequestTracer | None = None
+
+    async def outputs(self, messages: list[Message], on_chunk: Callable[[list[Message], list[Output]], None] | None = None) -> list[Output]:
+        """The record to log for each of ``messages``, in their order; ``on_chunk(messages, outputs)`` is given each
+        chunk's as soon as it is scored."""
+        outputs: list[Output] = []
+        for start in range(0, len(messages), self.max_in_flight):
+            chunk = messages[start : start + self.max_in_flight]
+            scored = await asyncio.gather(*(self.output(m) for m in chunk))
+            if on_chunk is not None:
+                on_chunk(chunk, scored)
+            outputs += scored
+        return outputs
+
+    async def output(self, message: Message) -> Output:
+        """The record to log for one request: its prediction, or a dead letter saying why not. A scorer merely
+        busy or not ready is waited out: the batch is the door's to finish."""
+        began = time.perf_counter()
+        request_id = "-"
+        trace = None if self.tracer is None else self.tracer.begin(_header(message, "traceparent"), began)
+        try:
+            request = parse_request(message.value() or b"", self.limits)
+            request_id = request.request_id
+            if trace is not None:
+                trace.stage("receive", began, time.perf_counter())
+            while True:
+                try:
+                    record = await self.scorer.score(request, trace)
+                    break
+                except ScoringError as err:
+                    if not err.retriable:
+                        raise
+                    await asyncio.sleep(0.005)
+        except Exception as err:
+            reason, field = (err.reason, err.field) if isinstance(err, ScoringError) else ("scoring_failed", None)
+            where = f"{message.topic()}[{message.partition()}]@{message.offset()}"
+            if not isinstance(err, ScoringError) or err.http_status >= 500:
+                log.exception("request %s at %s failed", request_id, where)
+            self.scorer.metrics.requests.labels(DOOR, reason).inc()
+            log.info("request %s %.2f ms dead-lettered (%s) from %s%s", request_id, (time.perf_counter() - began) * 1000, reason,
+                     where, _trace_note(trace))  # fmt: skip
+            value = _dead_letter(message, reason, str(err), field)
+            return Output(self.dead_letter_topic, value, message.topic(), trace, time.perf_counter(), reason)
+        self.scorer.metrics.requests.labels(DOOR, "200").inc()
+        log.info("request %s %.2f ms ok%s", request.request_id, (time.perf_counter() - began) * 1000, _trace_note(trace))
+        return Output(self.predictions_topic, encode(record), request.request_id, trace, time.perf_counter())
+
+    def logged(self, outputs: list[Output], at: float, delivery: str) -> None:
+        """``outputs`` are logged (acknowledged, or their transaction committed) as of ``at``: their traces end."""
+        if self.tracer is None:
+            return
+        for output in outputs:
+            if output.trace is not None:
+                output.trace.stage("log_prediction", output.made_at, at, kind="PRODUCER",
+                                   **{"messaging.destination.name": output.topic, "loopline.kafka_delivery": delivery})  # fmt: skip
+                self.tracer.finish(output.trace, f"score {self.requests_topic}", "CONSUMER", at, error=output.error,
+                                   **{"loopline.request_id": output.key or "-", "messaging.system": "kafka"})  # fmt: skip
+
+
+def _header(message: Message, name: str) -> bytes | None:
+    """The value of a record's header ``name`` (the last, if repeated), or None."""
+    found = None
+    for key, value in message.headers() or ():
+        if key == name:
+            found = value
+    return found
+
+
+def _trace_note(trace: RequestTrace | None) -> str:
+    return "" if trace is None else f" trace {trace.trace_id_hex}"
 
 
 def _dead_letter(message: Message, reason: str, error: str, field: str | None) -> bytes:

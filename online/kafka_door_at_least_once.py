@@ -24,12 +24,10 @@ from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from online.doors import Progress
-from online.kafka_door import DOOR, Output, door_clients, score_message, take
-from online.request_limits import RequestLimits
-from online.scorer import Scorer
+from online.kafka_door import DOOR, Output, RequestScoring, door_clients, take
 
 log = logging.getLogger(__name__)
 Partition = tuple[str, int]
@@ -82,24 +80,19 @@ class AtLeastOnceKafkaDoor:
 
     def __init__(
         self,
-        scorer: Scorer,
+        scoring: RequestScoring,
         *,
         bootstrap_servers: str,
         group_id: str,
-        requests_topic: str,
-        predictions_topic: str,
-        dead_letter_topic: str,
         client_config: Mapping[str, str] | None = None,
-        limits: RequestLimits = RequestLimits(),
         max_poll_records: int = 256,
-        max_in_flight: int = 64,
         commit_interval_s: float = 0.1,
         max_unacknowledged: int = 10_000,
         broker_timeout_s: float = 10.0,
     ) -> None:
-        self.scorer, self.limits = scorer, limits
-        self.requests_topic, self.predictions_topic, self.dead_letter_topic = requests_topic, predictions_topic, dead_letter_topic
-        self.max_poll_records, self.max_in_flight = max_poll_records, max_in_flight
+        """Consumes ``scoring.requests_topic``."""
+        self.scoring, self.scorer, self.requests_topic = scoring, scoring.scorer, scoring.requests_topic
+        self.max_poll_records = max_poll_records
         self.commit_interval_s, self.max_unacknowledged, self.broker_timeout_s = commit_interval_s, max_unacknowledged, broker_timeout_s
         client, consumer = door_clients(bootstrap_servers, client_config, group_id)
         self._consumer = Consumer(consumer)
@@ -126,10 +119,14 @@ class AtLeastOnceKafkaDoor:
         if self._unsent or not self._produce(output, partition, offset):
             self._unsent.append((output, partition, offset))
 
+    def _send_all(self, messages: list[Message], outputs: list[Output]) -> None:
+        for message, output in zip(messages, outputs, strict=True):
+            self._send(output, (message.topic(), message.partition()), message.offset())
+
     def _produce(self, output: Output, partition: Partition, offset: int) -> bool:
-        topic, value, key = output
         try:
-            self._producer.produce(topic, value, key, on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset))
+            self._producer.produce(output.topic, output.value, output.key, headers=output.headers,
+                                   on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset))  # fmt: skip
         except BufferError:
             return False
         return True
@@ -138,6 +135,8 @@ class AtLeastOnceKafkaDoor:
         if err is None:
             self._acks.acknowledged(partition, offset)
             self._progress.progressed(still_holding=self._acks.waiting > 0)
+            if output.trace is not None:
+                self.scoring.logged([output], time.perf_counter(), "at_least_once")
             return
         log.warning("Kafka refused the record of %s[%d]@%d (%s); sending it again", *partition, offset, err.str())
         self._unsent.append((output, partition, offset))
@@ -206,13 +205,7 @@ class AtLeastOnceKafkaDoor:
                     self._progress.holding()
                     for message in messages:
                         self._acks.taken((message.topic(), message.partition()), message.offset())
-                    for start in range(0, len(messages), self.max_in_flight):
-                        chunk = messages[start : start + self.max_in_flight]
-                        outputs = await asyncio.gather(*(
-                            score_message(self.scorer, m, self.limits, self.predictions_topic, self.dead_letter_topic) for m in chunk
-                        ))  # fmt: skip
-                        for message, output in zip(chunk, outputs, strict=True):
-                            self._send(output, (message.topic(), message.partition()), message.offset())
+                    await self.scoring.outputs(messages, on_chunk=self._send_all)
                 elif waiting:
                     self._progress.holding()
                 elif not self._acks.waiting:

@@ -76,15 +76,16 @@ class PredictionLog:
         if future is not None:
             future.get_loop().call_soon_threadsafe(_settle, future, err)
 
-    async def append(self, record: PredictionRecord) -> bytes:
-        """Log ``record``: in ack mode, return once the broker has it. The record as logged (its JSON, which an
-        HTTP door answers with: serialised once). Overloaded when the producer's queue is full;
-        PredictionLogUnavailable when the broker does not acknowledge in time (ack mode)."""
+    async def append(self, record: PredictionRecord, traceparent: str | None = None) -> bytes:
+        """Log ``record`` (with a ``traceparent`` header when given): in ack mode, return once the broker has it. The
+        record as logged (its JSON, which an HTTP door answers with: serialised once). Overloaded when the
+        producer's queue is full; PredictionLogUnavailable when the broker does not acknowledge in time (ack mode)."""
         future = asyncio.get_running_loop().create_future() if self.mode == "ack" else None
         payload = encode(record)
         try:
             self._producer.produce(
-                self.topic, payload, record.request_id, on_delivery=lambda err, msg: self._delivered(future, err, msg)
+                self.topic, payload, record.request_id, on_delivery=lambda err, msg: self._delivered(future, err, msg),
+                headers=None if traceparent is None else [("traceparent", traceparent)],
             )
         except BufferError:
             raise Overloaded("the prediction log's queue is full (is Kafka reachable?); retry later") from None

@@ -15,12 +15,13 @@ import time
 import numpy as np
 
 from feature_store.online_read import OnlineReader
-from online.batcher import BatchingKnobs
+from online.batcher import BatchingKnobs, BatchTiming
 from online.errors import InvalidRequest, ModelNotReady, ScoringError, ScoringFailed, UnknownModel
-from online.features import FeatureFetcher
+from online.features import FeatureFetcher, FetchedFeatures
 from online.metrics import ScorerMetrics
 from online.model_lane import ModelLane, ServedModel
 from online.result_cache import ResultCache
+from online.tracing import RequestTrace
 from schemas.model_contract import REQUEST_PREFIX
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord, ScoreRequest
@@ -163,22 +164,22 @@ class Scorer:
             row.append(math.nan if value is None or isinstance(value, str) else float(value))
         return row, used
 
-    async def _infer(self, lane: ModelLane, row: list[float]) -> tuple[float, float, float]:
-        """(score, queue wait s, inference s) for one input row, from the result cache when it has it."""
+    async def _infer(self, lane: ModelLane, row: list[float]) -> tuple[float, BatchTiming | None]:
+        """The score for one input row, and its wait and its batch's run (None: from the result cache)."""
         key = None
         if self.cache is not None:
             key = self.cache.key(lane.model.name, lane.model.version, row)
             cached = await self.cache.get(key)
             self.metrics.cache_requests.labels("miss" if cached is None else "hit").inc()
             if cached is not None:
-                return cached, 0.0, 0.0
+                return cached, None
         score, timing = await lane.infer(row)
         if key is not None:
             await self.cache.put(key, score)
-        return score, timing.queue_wait_s, timing.run_s
+        return score, timing
 
-    async def score(self, request: ScoreRequest) -> PredictionRecord:
-        """Score one request on the model its route names.
+    async def score(self, request: ScoreRequest, trace: RequestTrace | None = None) -> PredictionRecord:
+        """Score one request on the model its route names; its stages are recorded on ``trace`` when given.
 
         Raises a ScoringError (``online/errors.py``): ModelNotReady before a model is loaded,
         Overloaded when the batcher's queue is full, InvalidRequest or UnknownModel for a request the
@@ -193,7 +194,8 @@ class Scorer:
             fetched = await lane.fetcher.fetch(request.entity_keys)
             fetched_at = time.perf_counter()
             row, used = self._vector(lane.model, request_inputs, fetched.values)
-            score, queue_wait_s, inference_s = await self._infer(lane, row)
+            submitted_at = time.perf_counter()
+            score, timing = await self._infer(lane, row)
         except ScoringError as err:
             if not err.retriable:
                 counted.error.inc()
@@ -206,9 +208,11 @@ class Scorer:
         if not math.isfinite(score):
             counted.error.inc()
             raise ScoringFailed(f"model {lane.model.name} v{lane.model.version} gave score {score} for inputs {used}")
-        total = time.perf_counter() - began
+        scored_at = time.perf_counter()
+        total = scored_at - began
         counted.ok.inc()
         counted.latency.observe(total)
+        queue_wait_s, inference_s = (0.0, 0.0) if timing is None else (timing.queue_wait_s, timing.run_s)
         stages = {"feature_fetch": fetched_at - began, "queue_wait": queue_wait_s, "inference": inference_s, "total": total}
         for stage, seconds in stages.items():
             self.metrics.stages[stage].observe(seconds)
@@ -216,6 +220,8 @@ class Scorer:
         self.metrics.defaulted_features.inc(len(fetched.defaulted))
         if fetched.fallback is not None:
             self.metrics.feature_fallbacks.labels(fetched.fallback).inc()
+        if trace is not None:
+            self._trace_stages(trace, lane, fetched, began, fetched_at, submitted_at, scored_at, timing)
         return PredictionRecord(
             schema_version=PredictionRecord.SCHEMA_VERSION,
             request_id=request.request_id,
@@ -230,4 +236,23 @@ class Scorer:
             scored_at_ms=int(time.time() * 1000),
             event_id=request.event_id,
             feature_row_times_ms=fetched.row_times_ms,
+            trace_id=None if trace is None else trace.trace_id_hex,
         )
+
+    @staticmethod
+    def _trace_stages(trace: RequestTrace, lane: ModelLane, fetched: FetchedFeatures, began: float, fetched_at: float, submitted_at: float,
+                      scored_at: float, timing: BatchTiming | None) -> None:  # fmt: skip
+        """The scorer's stages of one request, on its trace: the batches' own timings place them exactly."""
+        trace.stage("feature_fetch", began, fetched_at, features=len(lane.fetcher.features), defaulted=len(fetched.defaulted),
+                    **({"fallback": fetched.fallback} if fetched.fallback else {}))  # fmt: skip
+        if fetched.read is not None:
+            read_at = began + fetched.read.queue_wait_s
+            trace.stage("redis round trip", read_at, read_at + fetched.read.run_s, part_of="feature_fetch", kind="CLIENT",
+                        **{"db.system": "redis", "loopline.entities_in_read": fetched.read.batch_size})  # fmt: skip
+        model = {"loopline.model": lane.model.name, "loopline.model_version": lane.model.version, "loopline.alias": lane.alias}
+        if timing is None:
+            trace.stage("inference", submitted_at, scored_at, **model, **{"loopline.result_cache": "hit"})
+            return
+        run_at = submitted_at + timing.queue_wait_s
+        trace.stage("queue_wait", submitted_at, run_at)
+        trace.stage("inference", run_at, run_at + timing.run_s, **model, **{"loopline.batch_size": timing.batch_size})

@@ -126,6 +126,8 @@ class PredictionRecord(Record):
         description="Per feature view, the event time of the online row the features were read from (views with a row): "
         "tells a lagging feature from a wrong one.",
     )
+    trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$",
+                                 description="The request's trace (W3C trace id), when the scorer traces requests.")  # fmt: skip
 
 
 class TrainingExample(Record):

@@ -4,6 +4,7 @@ and every other request passed to the app behind it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import httpx
 from fastapi import FastAPI
@@ -15,6 +16,8 @@ LIMIT = 100
 
 
 def _route() -> tuple[RouteInFront, list[bytes]]:
+    """The route, and the bodies it answered: each is recorded by the handler's call-when-sent, so only once its
+    answer went out."""
     api = FastAPI()
     api.state.marker = "behind"
     bodies: list[bytes] = []
@@ -23,13 +26,12 @@ def _route() -> tuple[RouteInFront, list[bytes]]:
     def other() -> dict:
         return {"served_by": "app"}
 
-    async def handler(headers: dict[bytes, bytes], body) -> tuple[int, bytes]:
+    async def handler(headers: dict[bytes, bytes], body) -> tuple[int, bytes, Callable[[], None] | None]:
         try:
             payload = await body(LIMIT)
         except PayloadTooLarge as err:
-            return 413, str(err).encode()
-        bodies.append(payload)
-        return 200, b'{"echo":"%s","auth":"%s"}' % (payload, headers.get(b"authorization", b"-"))
+            return 413, str(err).encode(), None
+        return 200, b'{"echo":"%s","auth":"%s"}' % (payload, headers.get(b"authorization", b"-")), lambda: bodies.append(payload)
 
     return RouteInFront(api, "POST", "/v1/score", handler), bodies
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,15 +22,18 @@ from prometheus_client import start_http_server
 from feedback_loop.drift import FeatureSkew, SkewThresholds
 from feedback_loop.monitor_metrics import MonitorMetrics
 from infra.dashboard_server import dashboard_app
+from infra.jaeger import trace_summaries
 from infra.service import free_port, wait_until
 from loopline.components import model_release
 from loopline.monitoring import model_versions
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
+from online.tracing import RequestTracer
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = REPO / ".loopline" / "test-artifacts"
 FEATURES = ["request:amount", "user_transaction_features:txn_count_1h", "request:channel"]
+TRACED_SERVICE = "dashboard-test-scorer"
 
 pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (make setup installs it)")
 
@@ -69,7 +73,7 @@ def dashboard(applied: Settings, stack, tmp_path: Path):
     name = applied.serving.model_name
     version = release.register(name, write_linear_model(tmp_path / "m.onnx", ["request:amount"], np.ones(1), 0.0))
     release.promote(name, version, "test", "the dashboard shows it as prod")
-    page = dashboard_app(stack.prometheus.address, lambda: model_versions(applied))
+    page = dashboard_app(stack.prometheus.address, lambda: model_versions(applied), stack.jaeger.address, TRACED_SERVICE)
     port = free_port()
     web = uvicorn.Server(uvicorn.Config(page, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=web.run, daemon=True)
@@ -88,6 +92,23 @@ def dashboard(applied: Settings, stack, tmp_path: Path):
         server.shutdown()
 
 
+def _export_a_trace(stack) -> str:
+    """A failed request's trace, exported through the scorer's tracer into the stack's Jaeger; its trace id once Jaeger
+    lists it."""
+    tracer = RequestTracer(f"http://{stack.jaeger.host}:{stack.jaeger.otlp_port}/v1/traces", service=TRACED_SERVICE,
+                           sample_ratio=0.0, slow_ms=1_000)  # fmt: skip
+    began = time.perf_counter()
+    trace = tracer.begin(None, began)
+    trace.stage("feature_fetch", began, began + 0.002)
+    trace.stage("redis round trip", began + 0.0005, began + 0.0015, part_of="feature_fetch", kind="CLIENT")
+    trace.stage("inference", began + 0.002, began + 0.004)
+    assert tracer.finish(trace, "POST /v1/score", "SERVER", began + 0.005, error="500", **{"loopline.request_id": "r-1"})
+    tracer.close()
+    assert wait_until(lambda: any(t["trace_id"] == trace.trace_id_hex for t in trace_summaries(stack.jaeger.address, TRACED_SERVICE)),
+                      20, 0.2)  # fmt: skip
+    return trace.trace_id_hex
+
+
 def _scraped(prometheus: str, feature: str, psi: float) -> bool:
     result = requests.get(f"{prometheus}/api/v1/query", params={"query": f'loopline_feature_psi{{feature="{feature}"}}'},
                           timeout=5).json()["data"]["result"]  # fmt: skip
@@ -99,6 +120,7 @@ def test_the_page_loads_clean_and_shows_an_injected_skew_as_alerting(dashboard, 
     publish({feature: 0.02 for feature in FEATURES})
     assert wait_until(lambda: _scraped(stack.prometheus.address, FEATURES[0], 0.02), 60, 0.5), "Prometheus never scraped the monitor"
 
+    trace_id = _export_a_trace(stack)
     quiet = _chromium(url, "--dump-dom")
     assert quiet.returncode == 0, quiet.stderr[-2000:]
     assert _console_errors(quiet.stderr) == [], _console_errors(quiet.stderr)
@@ -106,6 +128,9 @@ def test_the_page_loads_clean_and_shows_an_injected_skew_as_alerting(dashboard, 
     for feature in FEATURES:
         assert f'<tr class="ok" data-feature="{feature}" data-version="{version}">' in quiet.stdout, quiet.stdout[-3000:]
     assert f'<tr data-version="{version}">' in quiet.stdout  # the models panel lists the prod version
+    # The traces panel lists the trace Jaeger holds, failed, with its stages (the part of a stage drawn as such).
+    assert f'<tr data-trace="{trace_id}" class="alerting">' in quiet.stdout, quiet.stdout[-3000:]
+    assert '<div data-stage="inference">' in quiet.stdout and '<div data-stage="redis round trip" class="part">' in quiet.stdout
     # The pass-through: a query Prometheus refuses is the caller's fault (4xx, its reason); other endpoints are not passed.
     refused = requests.get(f"{url}api/prometheus/query", params={"query": "sum("}, timeout=10)
     assert refused.status_code == 400 and "parse error" in refused.json()["detail"], refused.text

@@ -34,7 +34,7 @@ PROBE = TopicSpec("test.persistence", TransactionEvent, key="user_id", partition
 def test_up_twice_is_a_no_op(stack: LocalStack) -> None:
     pids = {status.name: status.pid for status in stack.status()}
     reports = stack.up()
-    assert [report.started for report in reports] == [False, False, False]
+    assert [report.started for report in reports] == [False] * len(stack.services)
     assert {status.name: status.pid for status in stack.status()} == pids
     assert all(status.state == "ready" for status in stack.status())
 
@@ -91,9 +91,9 @@ def test_prometheus_scrapes_every_loopline_process_and_loads_the_alert_rules(sta
 def test_down_then_up_keeps_topics_and_data(scratch: tuple[LocalStack, Settings]) -> None:
     local, settings = scratch
     _write_probe_data(settings)
-    assert sorted(local.down()) == ["kafka", "prometheus", "redis"]
-    assert {s.name: s.state for s in local.status()[:3]} == {"kafka": "stopped", "redis": "stopped", "prometheus": "stopped"}
-    assert [report.started for report in local.up()] == [True, True, True]
+    assert sorted(local.down()) == ["jaeger", "kafka", "prometheus", "redis"]
+    assert {s.name: s.state for s in local.status()[:4]} == dict.fromkeys(["kafka", "redis", "prometheus", "jaeger"], "stopped")
+    assert [report.started for report in local.up()] == [True] * 4
     assert topic_sizes(settings.kafka.bootstrap, [PROBE.name]) == {PROBE.name: 10}
     assert redis.Redis(port=settings.redis.port).get("probe") == b"kept"
 

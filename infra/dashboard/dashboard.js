@@ -116,6 +116,49 @@ function renderModels(models) {
   }
 }
 
+function renderTraces(answer) {
+  const link = document.getElementById("jaeger");
+  if (answer.jaeger) link.href = `${answer.jaeger}/api/services`;
+  const body = document.querySelector("#traces tbody");
+  body.replaceChildren();
+  for (const trace of answer.traces) {
+    const row = body.insertRow();
+    row.dataset.trace = trace.trace_id;
+    if (trace.error) row.className = "alerting";
+    cell(row, new Date(trace.start_us / 1000).toLocaleTimeString());
+    const request = row.insertCell();
+    const open = document.createElement("a");
+    open.href = `${answer.jaeger}/api/traces/${trace.trace_id}`;
+    open.textContent = trace.request_id ?? trace.trace_id.slice(0, 16);
+    open.title = `trace ${trace.trace_id}`;
+    request.append(open);
+    cell(row, trace.operation);
+    cell(row, format(trace.duration_ms, 2));
+    cell(row, trace.error ? `failed (${trace.error})` : "ok", "state");
+    const waterfall = document.createElement("div");
+    waterfall.className = "waterfall";
+    for (const stage of trace.stages) {
+      const line = document.createElement("div");
+      line.dataset.stage = stage.name;
+      if (stage.depth > 1) line.className = "part";
+      const bar = document.createElement("span");
+      const scale = trace.duration_ms > 0 ? 100 / trace.duration_ms : 0;
+      bar.style.left = `${Math.min(100, stage.offset_ms * scale) * 0.6}%`;
+      bar.style.width = `${Math.min(100, stage.duration_ms * scale) * 0.6}%`;
+      const label = document.createElement("label");
+      label.textContent = `${stage.name} ${format(stage.duration_ms, 2)} ms`;
+      label.style.left = `calc(${Math.min(100, (stage.offset_ms + stage.duration_ms) * scale) * 0.6}% + 4px)`;
+      line.append(bar, label);
+      waterfall.append(line);
+    }
+    row.insertCell().append(waterfall);
+  }
+  if (!answer.traces.length) {
+    const why = answer.error ? `Jaeger unreachable: ${answer.error}` : answer.jaeger ? "no trace kept in the last hour" : "no Jaeger configured";
+    cell(body.insertRow(), why, "muted").colSpan = 6;
+  }
+}
+
 function drawChart(id, results, label, scale = 1) {
   const element = document.getElementById(id);
   if (!results.length) {
@@ -152,6 +195,7 @@ async function refresh() {
       instant("loopline_monitor_reference_info"), getJson("api/prometheus/alerts"),
       getJson("api/models").catch(() => ({ name: "registry unreachable", versions: [] })),
     ]);
+    renderTraces(await getJson("api/traces").catch((err) => ({ jaeger: null, traces: [], error: err.message })));
     const values = {
       psi: byLabels(psi, "feature", "model_version"), js: byLabels(js, "feature", "model_version"),
       linf: byLabels(linf, "feature", "model_version"), defaulted: byLabels(defaulted, "feature", "model_version"),
