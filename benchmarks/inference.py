@@ -28,7 +28,13 @@ within 50 ms.
    * Kafka: requests produced at each rate (with the ``ack`` process); latency from a request's
      scheduled send time, which it carries as ``requested_at_ms``, to its prediction being readable
      by a read_committed consumer (predictions and offsets are committed in one transaction per
-     polled batch).
+     polled batch); ``<door>_<rate>_scored_*`` is the part up to its scoring (``scored_at_ms``), the
+     rest is the way out. The requests go through one producer for all rounds, connected by the
+     warm-up round (a fresh one holds its first half second of records while it gets its id).
+   * Tracing's price: the default mode's HTTP rounds once more in a fresh scorer with
+     ``serving.tracing.enabled`` off; the difference in scorer CPU per request at the CPU goal's
+     rate against the default
+     (traces kept at ``serving.tracing.sample_ratio``, plus every failed or slow request).
    Per rate also the scorer's CPU time per request, its supervisor's and every worker's together
    (independent of how busy the shared machine is). Goals (issue 19): HTTP p99 <= 20 ms at 2,000
    requests/s with < 1 % on defaults, held; <= 0.3 ms of scorer CPU per HTTP request at 1,000/s;
@@ -60,7 +66,7 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
@@ -332,16 +338,31 @@ def _scheduled_requests(rate: float, run_id: str) -> Iterator[Emitted]:
         yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), due_ms, request)
 
 
-def _kafka_round(settings: Settings, rate: float, seconds: float) -> tuple[list[float], int, int, float]:
-    """Send requests at ``rate`` for ``seconds``; (ms from each request's due time to its prediction being
-    readable, how many of those were answered on defaults, requests sent, seconds taken)."""
+def _prediction_reader(settings: Settings) -> Consumer:
+    """A read_committed reader of the predictions topic, ready before a round's first request goes: assigned each
+    partition at its end (a group member would still be joining while the first predictions come), and fetching with
+    a short wait (librdkafka's 500 ms default showed in the tail), so that the reader adds as little as it can."""
+    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap, "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
+                       "enable.auto.commit": False, "isolation.level": "read_committed", "fetch.wait.max.ms": 10})  # fmt: skip
+    topic = PREDICTIONS.name
+    partitions = reader.list_topics(topic, timeout=10).topics[topic].partitions
+    ends = {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
+    reader.assign([TopicPartition(topic, p, end) for p, end in ends.items()])
+    return reader
+
+
+def _kafka_round(settings: Settings, producer: EventProducer, rate: float, seconds: float) -> tuple[list[float], list[float], int, int, float]:
+    """Send requests at ``rate`` for ``seconds`` through ``producer``; (ms from each request's due time to its prediction
+    being readable, ms from its due time to its scoring, how many were answered on defaults, requests sent, seconds taken).
+
+    ``producer`` is one already connected (it sent the warm-up round): a fresh one holds its first records until it has
+    its producer id, half a second here, which the requests' latencies would count as the scorer's.
+    """
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
-    received: dict[str, tuple[float, bool]] = {}
-    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap, "group.id": run_id,
-                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
-    reader.subscribe([PREDICTIONS.name])
+    received: dict[str, tuple[float, float, bool]] = {}
+    reader = _prediction_reader(settings)
     sent: list[int] = []
-    sending = threading.Thread(target=lambda: sent.append(EventProducer(settings.kafka.bootstrap).publish(
+    sending = threading.Thread(target=lambda: sent.append(producer.publish(
         _scheduled_requests(rate, run_id), rate_per_s=rate, duration_s=seconds).total))  # fmt: skip
     began = time.monotonic()
     sending.start()
@@ -352,25 +373,31 @@ def _kafka_round(settings: Settings, rate: float, seconds: float) -> tuple[list[
                 if message.error() is None and message.key().decode().startswith(run_id):
                     record = decode(PredictionRecord, message.value())
                     latency_ms = time.time() * 1000 - record.requested_at_ms
-                    received[record.request_id] = latency_ms, bool(record.defaulted_features)
+                    scored_ms = record.scored_at_ms - record.requested_at_ms
+                    received[record.request_id] = latency_ms, scored_ms, bool(record.defaulted_features)
     finally:
         reader.close()
         sending.join()
-    on_defaults = sum(defaulted for _, defaulted in received.values())
-    return [ms for ms, _ in received.values()], on_defaults, sent[0], time.monotonic() - began
+    on_defaults = sum(defaulted for *_, defaulted in received.values())
+    latencies, scored = ([row[n] for row in received.values()] for n in (0, 1))
+    return latencies, scored, on_defaults, sent[0], time.monotonic() - began
 
 
 async def measure_kafka(settings: Settings, server: subprocess.Popen, rates: list[float], seconds: float, door: str = "kafka") -> dict:
     """Score requests produced at each rate; latency from a request's due time to its prediction being
     readable (read_committed); figures named ``<door>_<rate>_...``."""
     figures: dict = {}
-    await asyncio.to_thread(_kafka_round, settings, rates[0], WARM_UP_S)
+    producer = EventProducer(settings.kafka.bootstrap)
+    await asyncio.to_thread(_kafka_round, settings, producer, rates[0], WARM_UP_S)
     for rate in rates:
         cpu_before = _cpu_s(server.pid)
         with console.status(f"{door}, {rate:.0f} requests/s"):
-            latencies, on_defaults, sent, elapsed = await asyncio.to_thread(_kafka_round, settings, rate, seconds)
+            latencies, scored, on_defaults, sent, elapsed = await asyncio.to_thread(_kafka_round, settings, producer, rate, seconds)
         prefix = f"{door}_{rate:.0f}"
         figures |= _rate_figures(prefix, sent, latencies, on_defaults, elapsed)
+        if scored:  # where the time went: before the scorer had scored it (the request's way in), or after (the way out)
+            figures[f"{prefix}_scored_p50_ms"] = round(statistics.median(scored), 2)
+            figures[f"{prefix}_scored_p99_ms"] = round(percentile(scored, 0.99), 2)
         cpu_s = _cpu_s(server.pid) - cpu_before
         figures[f"{prefix}_scorer_cpu_ms_per_request"] = round(cpu_s * 1000 / max(1, len(latencies)), 3)
     return figures
@@ -420,6 +447,15 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
                 figures |= await measure_kafka(settings, server, rates, seconds)
         finally:
             _stop(server)
+    if "http" in doors:  # what tracing costs: the default scorer's rounds once more, tracing off
+        server, url = _serve(settings, model_path, served, workers, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+                             LOOPLINE_SERVING__TRACING__ENABLED="false")  # fmt: skip
+        try:
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+                await _wait_ready(session, url, server)
+                figures |= await measure_http(session, server, url, rates, seconds, "http_untraced")
+        finally:
+            _stop(server)
     if "kafka" in doors:  # the at-least-once mode, in a process of its own (same group: it resumes where the last left off)
         server, url = _serve(settings, model_path, served, workers, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
                              LOOPLINE_SERVING__KAFKA_DELIVERY="at_least_once")  # fmt: skip
@@ -440,6 +476,11 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
         cpu = figures.get(f"http_{CPU_GOAL_RATE:.0f}_scorer_cpu_ms_per_request")
         figures["http_cpu_ms_per_request"] = cpu
         figures[f"goal_http_cpu_{CPU_GOAL_MS:g}ms_met"] = cpu is not None and cpu <= CPU_GOAL_MS
+        untraced = figures.get(f"http_untraced_{CPU_GOAL_RATE:.0f}_scorer_cpu_ms_per_request")
+        if cpu is not None and untraced is not None:
+            figures["tracing_cpu_ms_per_request"] = round(cpu - untraced, 3)
+            figures["tracing_cpu_share"] = _ratio(cpu - untraced, cpu)
+            figures["tracing_sample_ratio"] = settings.serving.tracing.sample_ratio
     if "kafka" in doors:
         rate = f"{KAFKA_GOAL_RATE:.0f}"
         figures[f"kafka_exactly_once_{rate}_p99_ms"] = figures.get(f"kafka_{rate}_p99_ms")
@@ -471,6 +512,9 @@ def _anchors(figures: dict) -> dict[str, str]:
     if "http_cpu_ms_per_request" in figures:
         met = figures[f"goal_http_cpu_{CPU_GOAL_MS:g}ms_met"]
         anchors["http_cpu_ms_per_request"] = f"at {CPU_GOAL_RATE:.0f}/s, {figures['workers']} workers: goal <= {CPU_GOAL_MS:g} ms — {verdict[met]}"
+    if "tracing_cpu_ms_per_request" in figures:
+        anchors["tracing_cpu_ms_per_request"] = (f"at {CPU_GOAL_RATE:.0f}/s: sampling {figures['tracing_sample_ratio']:.0%} (and every failed or slow request) "
+                                                 "minus tracing off, each in a fresh scorer")  # fmt: skip
     for mode, goal_ms in KAFKA_GOAL_P99_MS.items():
         name = f"kafka_{mode}_{KAFKA_GOAL_RATE:.0f}_p99_ms"
         if name in figures:

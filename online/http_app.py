@@ -116,11 +116,9 @@ def create_app(
         if status not in counted:
             counted[status] = requests.labels("http", str(status))
         counted[status].inc()
-        if trace is None:
-            log.info("request %s %.2f ms %d", request_id, (time.perf_counter() - began) * 1000, status)
-            return status, answer, None
-        log.info("request %s %.2f ms %d trace %s", request_id, (time.perf_counter() - began) * 1000, status, trace.trace_id_hex)
-        return status, answer, _finisher(tracer, trace, request_id, status, time.perf_counter())
+        traced = "" if trace is None else f" trace {trace.trace_id_hex}"
+        log.info("request %s %.2f ms %d%s", request_id, (time.perf_counter() - began) * 1000, status, traced)
+        return status, answer, None if trace is None else _finisher(tracer, trace, request_id, status, time.perf_counter())
 
     def models() -> dict:
         return {
@@ -188,10 +186,23 @@ def _finisher(tracer: RequestTracer, trace: RequestTrace, request_id: str, statu
 
 
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: the process's shutdown is the serving process's to run."""
+    """uvicorn without its own signal handling (the process's shutdown is the serving process's to run), and with a
+    moment between closing the listeners and closing idle connections."""
+
+    #: uvicorn closes every connection with no request under way at once; one accepted just before, whose request is
+    #: still in the socket buffer, would be closed unanswered. This long lets such requests be read first.
+    accepted_grace_s = 0.05
 
     def capture_signals(self):  # noqa: D102 - uvicorn's hook
         return contextlib.nullcontext()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:  # noqa: D102 - uvicorn's hook
+        for server in self.servers:
+            server.close()
+        for sock in sockets or []:
+            sock.close()
+        await asyncio.sleep(self.accepted_grace_s)
+        await super().shutdown(sockets)
 
 
 class HttpDoor:

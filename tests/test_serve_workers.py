@@ -153,7 +153,7 @@ def test_a_killed_worker_is_replaced_and_ready_waits_for_it(served: Served) -> N
 def test_sigterm_stops_every_worker_after_answering_what_it_took(served: Served) -> None:
     workers, outcomes, stop = served.workers(), [], threading.Event()
 
-    reset: list[str] = []
+    unread: list[str] = []  # requests whose connection was cut before a worker read them: their ids must not be logged
 
     def load() -> None:
         while not stop.is_set():
@@ -162,10 +162,15 @@ def test_sigterm_stops_every_worker_after_answering_what_it_took(served: Served)
                 outcomes.append(requests.post(f"{served.url}/v1/score", json=request, timeout=10).status_code)
             except requests.ConnectionError as err:
                 # Refused: no listener left. Reset: queued on a listener that closed before accepting it (the kernel
-                # resets what waits on a closing SO_REUSEPORT socket); such a request never reached a worker.
-                outcomes.append("refused" if "refused" in str(err).lower() else "reset" if "reset" in str(err).lower() else f"broken: {err}")
-                if outcomes[-1] == "reset":
-                    reset.append(request["request_id"])
+                # resets what waits on a closing SO_REUSEPORT socket). Closed: accepted by a worker that was stopping
+                # before the request arrived (uvicorn closes connections with no request under way). Either way the
+                # request is never read, which the log check below holds them to.
+                text = str(err).lower()
+                outcomes.append(next((kind for kind, sign in (("refused", "refused"), ("reset", "reset"),
+                                                              ("closed", "without response")) if sign in text),
+                                     f"broken: {err}"))  # fmt: skip
+                if outcomes[-1] in ("reset", "closed"):
+                    unread.append(request["request_id"])
 
     clients = [threading.Thread(target=load) for _ in range(4)]
     for client in clients:
@@ -179,9 +184,9 @@ def test_sigterm_stops_every_worker_after_answering_what_it_took(served: Served)
         for client in clients:
             client.join(15)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived its supervisor"
-    assert {o for o in outcomes if o not in ("refused", "reset")} == {200}, "every request a worker took was answered 200"
+    assert {o for o in outcomes if o not in ("refused", "reset", "closed")} == {200}, "every request a worker took was answered 200"
     log = served.log.read_text()
-    assert not [request_id for request_id in reset if request_id in log], "a request a worker took was cut off"
+    assert not [request_id for request_id in unread if request_id in log], "a request a worker took was cut off"
 
 
 def test_kafka_workers_share_the_group_and_score_each_request_once(applied: Settings, tmp_path: Path) -> None:

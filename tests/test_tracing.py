@@ -172,6 +172,15 @@ def test_grpc_and_kafka_requests_continue_their_callers_traces(traced) -> None:
     logged = _prediction_headers(settings, request["request_id"])
     assert logged == f"00-{trace_id}-{spans[f'score {SCORE_REQUESTS.name}']['spanID']}-01"
 
+    # Junk headers (bytes that are no text, a header with no value, repeats) are no traceparent: the request is scored,
+    # in a trace of its own.
+    request = score_request("trace-user", 5.0)
+    junk = [("traceparent", b"\xff\xfe00-\x00"), ("traceparent", None), ("\u00e9\u00e9", b"\x80"), ("traceparent", b"")]
+    producer.produce(SCORE_REQUESTS.name, encode(ScoreRequest.model_validate(request)), request["request_id"], headers=junk)
+    assert producer.flush(10) == 0
+    own = parse_traceparent(_prediction_headers(settings, request["request_id"]))
+    assert own is not None and f"{own.trace_id:032x}" != trace_id
+
 
 def test_the_share_kept_by_trace_id_is_the_ratio_and_a_caller_decides_for_its_own_requests() -> None:
     """The head decision alone, with nothing exported: (what ``begin`` says is sampled)."""
@@ -190,8 +199,8 @@ def test_the_share_kept_by_trace_id_is_the_ratio_and_a_caller_decides_for_its_ow
         tracer.close(0.1)
 
 
-@given(st.text(max_size=80))
-def test_any_traceparent_header_parses_or_is_ignored(value: str) -> None:
+@given(st.text(max_size=80) | st.binary(max_size=80))
+def test_any_traceparent_header_parses_or_is_ignored(value: str | bytes) -> None:
     parent = parse_traceparent(value)
     assert parent is None or (parent.trace_id and parent.span_id)
 
