@@ -79,24 +79,22 @@ def test_beyond_the_queue_size_requests_fail_fast_and_the_rest_complete() -> Non
     model = RecordingModel()
     model.gate.clear()  # the first batch blocks, so the queue fills behind it
 
-    async def run() -> tuple[list, list]:
+    async def run() -> list:
         batcher = DynamicBatcher(model, max_batch_size=1, max_queue_delay_s=0.0, max_queue_size=3)
         first = asyncio.ensure_future(batcher.submit(0))
         assert await asyncio.to_thread(model.entered.wait, 5), "the first batch never reached the model"
         queued = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 4)]
         await asyncio.sleep(0)
-        # Refused at once: while the model still holds its first batch (were it to wait for room, it would wait on the
-        # closed gate and time out here).
+        # Refused at once, while the model still holds its first batch: were it to wait for room, it would wait on the
+        # closed gate, and wait_for would raise TimeoutError rather than Overloaded.
         with pytest.raises(Overloaded, match="queue full"):
             await asyncio.wait_for(batcher.submit(99), 2)
-        done_when_refused = list(model.batches)
         model.gate.set()
         results = await asyncio.wait_for(asyncio.gather(first, *queued), 5)
         await batcher.close()
-        return results, done_when_refused
+        return results
 
-    results, done_when_refused = asyncio.run(run())
-    assert done_when_refused == [], "the overloaded request was refused before any batch finished"
+    results = asyncio.run(run())
     assert [result for result, _ in results] == [0, 2, 4, 6]
 
 
