@@ -31,10 +31,10 @@ within 50 ms.
      polled batch); ``<door>_<rate>_scored_*`` is the part up to its scoring (``scored_at_ms``), the
      rest is the way out. The requests go through one producer for all rounds, connected by the
      warm-up round (a fresh one holds its first half second of records while it gets its id).
-   * Tracing's price: the default mode's HTTP rounds up to the CPU goal's rate once more in a fresh scorer with
-     ``serving.tracing.enabled`` off; the difference in scorer CPU per request at the CPU goal's
-     rate against the default
-     (traces kept at ``serving.tracing.sample_ratio``, plus every failed or slow request).
+   * Tracing's price: the default mode's HTTP rounds up to the CPU goal's rate once more in a fresh
+     scorer with ``serving.tracing.enabled`` off; the difference in scorer CPU per request at that
+     rate against the default (traces kept at ``serving.tracing.sample_ratio``, plus every failed or
+     slow request).
    Per rate also the scorer's CPU time per request, its supervisor's and every worker's together
    (independent of how busy the shared machine is). Goals (issue 19): HTTP p99 <= 20 ms at 2,000
    requests/s with < 1 % on defaults, held; <= 0.3 ms of scorer CPU per HTTP request at 1,000/s;
@@ -422,8 +422,8 @@ def _prediction_log_cost(figures: dict, rates: list[float]) -> dict:
 async def measure_doors(settings: Settings, model_path: Path, doors: set[str], rates: list[float], seconds: float, workers: int) -> dict:
     """A fresh `loopline serve` (``workers`` processes) per prediction-log mode: HTTP at each rate in each; the Kafka
     door exactly once at each rate in the default mode's scorer (its door logs in its own transactions, whatever the
-    mode), and at least once in a scorer of its own. The HTTP scorers serve the same doors, so that only the
-    prediction log differs between the HTTP runs."""
+    mode), and at least once in a scorer of its own; the default mode's HTTP rounds once more with tracing off. The
+    HTTP scorers serve the same doors, so that only the prediction log (or tracing) differs between the HTTP runs."""
     import aiohttp
 
     figures: dict = {}
@@ -431,41 +431,32 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
     # One consumer group for all: a later process resumes where the earlier left off, instead of scoring
     # the Kafka rounds' requests again (a fresh group starts from the earliest offset) during its HTTP load.
     group = f"bench-{uuid.uuid4().hex[:8]}"
-    for log_mode in LOG_MODES if "http" in doors else LOG_MODES[:1]:
-        env = {"LOOPLINE_SERVING__PREDICTION_LOG": log_mode, "LOOPLINE_SERVING__KAFKA_GROUP_ID": group}
-        server, url = _serve(settings, model_path, served, workers, **env)
-        try:
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
-                await _wait_ready(session, url, server)
-                if "http" in doors:
-                    figures |= await measure_http(session, server, url, rates, seconds, _http_prefix(log_mode))
-            if "kafka" in doors and log_mode == LOG_MODES[0]:
-                figures |= await measure_kafka(settings, server, rates, seconds)
-        finally:
-            _stop(server)
+    # Each scorer process: its settings, the HTTP rounds' figure prefix and rates (None: no HTTP load), and the Kafka
+    # door measured in it (None: none).
+    runs: list[tuple[dict[str, str], str | None, list[float], str | None]] = [
+        ({"LOOPLINE_SERVING__PREDICTION_LOG": mode}, _http_prefix(mode) if "http" in doors else None, rates,
+         "kafka" if "kafka" in doors and mode == LOG_MODES[0] else None)
+        for mode in (LOG_MODES if "http" in doors else LOG_MODES[:1])
+    ]  # fmt: skip
     if "http" in doors:  # what tracing costs: the default scorer's rounds up to the CPU goal's rate once more, tracing off
-        server, url = _serve(settings, model_path, served, workers, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-                             LOOPLINE_SERVING__TRACING__ENABLED="false")  # fmt: skip
+        runs.append(({"LOOPLINE_SERVING__TRACING__ENABLED": "false"}, "http_untraced", [r for r in rates if r <= CPU_GOAL_RATE], None))
+    if "kafka" in doors:  # the at-least-once mode, in a process of its own (same group: it resumes where the last left off)
+        runs.append(({"LOOPLINE_SERVING__KAFKA_DELIVERY": "at_least_once"}, None, rates, "kafka_at_least_once"))
+    for env, http_prefix, http_rates, kafka_door in runs:
+        server, url = _serve(settings, model_path, served, workers, LOOPLINE_SERVING__KAFKA_GROUP_ID=group, **env)
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
                 await _wait_ready(session, url, server)
-                figures |= await measure_http(session, server, url, [r for r in rates if r <= CPU_GOAL_RATE], seconds, "http_untraced")
+                if http_prefix is not None:
+                    figures |= await measure_http(session, server, url, http_rates, seconds, http_prefix)
+            if kafka_door is not None:
+                figures |= await measure_kafka(settings, server, rates, seconds, kafka_door)
         finally:
             _stop(server)
-    if "kafka" in doors:  # the at-least-once mode, in a process of its own (same group: it resumes where the last left off)
-        server, url = _serve(settings, model_path, served, workers, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-                             LOOPLINE_SERVING__KAFKA_DELIVERY="at_least_once")  # fmt: skip
-        try:
-            async with aiohttp.ClientSession() as session:
-                await _wait_ready(session, url, server)
-            figures |= await measure_kafka(settings, server, rates, seconds, "kafka_at_least_once")
-        finally:
-            _stop(server)
+    figures["workers"] = workers
     if "http" in doors:
         figures |= _prediction_log_cost(figures, rates)
         figures[HTTP_GOAL] = _held(figures, f"http_{HTTP_GOAL_RATE:.0f}", HTTP_GOAL_P99_MS)
-    figures["workers"] = workers
-    if "http" in doors:
         cpu = figures.get(f"http_{CPU_GOAL_RATE:.0f}_scorer_cpu_ms_per_request")
         figures["http_cpu_ms_per_request"] = cpu
         figures[f"goal_http_cpu_{CPU_GOAL_MS:g}ms_met"] = cpu is not None and cpu <= CPU_GOAL_MS

@@ -25,7 +25,7 @@ from online.http_app import bearer_check
 from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, check_limits
 from online.scorer import Scorer
-from online.tracing import RequestTracer
+from online.tracing import RequestTracer, log_suffix
 from schemas.grpc_api import scoring_api
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.validation import ContractViolation, validate
@@ -163,10 +163,8 @@ class GrpcDoor:
                 finally:
                     scorer.metrics.requests.labels(DOOR, code.name).inc()
                     ms = (time.perf_counter() - began) * 1000
-                    if trace is None:
-                        log.info("request %s %.2f ms %s", message.request_id or "-", ms, code.name)
-                    else:
-                        log.info("request %s %.2f ms %s trace %s", message.request_id or "-", ms, code.name, trace.trace_id_hex)
+                    log.info("request %s %.2f ms %s%s", message.request_id or "-", ms, code.name, log_suffix(trace))
+                    if trace is not None:
                         tracer.finish(trace, f"{SERVICE}/Score", "SERVER", time.perf_counter(),
                                       error=None if code == grpc.StatusCode.OK else code.name,
                                       **{"loopline.request_id": message.request_id, "rpc.system": "grpc",

@@ -42,7 +42,7 @@ from online.metrics_merge import merge_expositions
 from online.prediction_log import PredictionLog
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
-from online.tracing import RequestTrace, RequestTracer
+from online.tracing import RequestTrace, RequestTracer, log_suffix
 from online.worker_peers import WorkerPeers, decode_stalled, encode_stalled
 from schemas.validation import encode
 
@@ -116,8 +116,7 @@ def create_app(
         if status not in counted:
             counted[status] = requests.labels("http", str(status))
         counted[status].inc()
-        traced = "" if trace is None else f" trace {trace.trace_id_hex}"
-        log.info("request %s %.2f ms %d%s", request_id, (time.perf_counter() - began) * 1000, status, traced)
+        log.info("request %s %.2f ms %d%s", request_id, (time.perf_counter() - began) * 1000, status, log_suffix(trace))
         return status, answer, None if trace is None else _finisher(tracer, trace, request_id, status, time.perf_counter())
 
     def models() -> dict:

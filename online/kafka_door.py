@@ -42,7 +42,7 @@ from online.doors import Progress
 from online.errors import ScoringError
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
-from online.tracing import RequestTrace, RequestTracer
+from online.tracing import RequestTrace, RequestTracer, log_suffix
 from schemas.records import DeadLetterRecord
 from schemas.validation import encode
 
@@ -345,11 +345,11 @@ class RequestScoring:
                 log.exception("request %s at %s failed", request_id, where)
             self.scorer.metrics.requests.labels(DOOR, reason).inc()
             log.info("request %s %.2f ms dead-lettered (%s) from %s%s", request_id, (time.perf_counter() - began) * 1000, reason,
-                     where, _trace_note(trace))  # fmt: skip
+                     where, log_suffix(trace))  # fmt: skip
             value = _dead_letter(message, reason, str(err), field)
             return Output(self.dead_letter_topic, value, message.topic(), trace, time.perf_counter(), reason)
         self.scorer.metrics.requests.labels(DOOR, "200").inc()
-        log.info("request %s %.2f ms ok%s", request.request_id, (time.perf_counter() - began) * 1000, _trace_note(trace))
+        log.info("request %s %.2f ms ok%s", request.request_id, (time.perf_counter() - began) * 1000, log_suffix(trace))
         return Output(self.predictions_topic, encode(record), request.request_id, trace, time.perf_counter())
 
     def logged(self, outputs: list[Output], at: float, delivery: str) -> None:
@@ -371,10 +371,6 @@ def _header(message: Message, name: str) -> bytes | None:
         if key == name:
             found = value
     return found
-
-
-def _trace_note(trace: RequestTrace | None) -> str:
-    return "" if trace is None else f" trace {trace.trace_id_hex}"
 
 
 def _dead_letter(message: Message, reason: str, error: str, field: str | None) -> bytes:

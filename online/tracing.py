@@ -58,6 +58,11 @@ def parse_traceparent(value: str | bytes | None) -> Parent | None:
     return Parent(trace_id, span_id, bool(int(flags_hex, 16) & _SAMPLED))
 
 
+def log_suffix(trace: RequestTrace | None) -> str:
+    """The end of a request's log line: `` trace <id>`` when the request is traced, else nothing."""
+    return "" if trace is None else f" trace {trace.trace_id_hex}"
+
+
 def _new_id(bits: int) -> int:
     return random.getrandbits(bits) or 1
 
