@@ -74,7 +74,7 @@ def test_a_node_killed_or_cut_off_under_load_loses_nothing(
     assert_the_drill_lost_nothing(report, BROKER_FAULTS)
     answered = sum(a.status == 200 for a in report.http_answers)
     assert answered > 100 and (report.http_predictions_lost, report.http_predictions_duplicated) == (0, 0), figures
-    assert (report.examples_lost, report.examples_duplicated) == (0, 0), "every labeled request has exactly one example"
+    assert (report.examples_lost, report.examples_duplicated) == (0, 0), f"every labeled request has exactly one example: {figures}"
     assert report.open_transactions == [], "no transaction left open"
     assert kafka.hanging_transactions() == []
     assert all(f.full_isr_s is not None for f in report.faults), f"every replica back in sync after each fault: {report.faults}"

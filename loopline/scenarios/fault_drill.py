@@ -35,7 +35,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +55,7 @@ from offline_training.onnx_models import write_linear_model
 from schemas.records import LabelEvent, ScoreRequest, TransactionEvent
 from schemas.topics import LABELS, PREDICTIONS, TOPICS, TRANSACTIONS
 from schemas.validation import encode
+from streams.flink_job import STALL_AFTER_S
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
 from streams.synthetic import Emitted, SyntheticStream, score_requests, synthetic_user_id
@@ -139,6 +140,9 @@ class DrillReport:
     budget_s: float
     #: Transactions a lone broker's crash left hanging that its janitor aborted (``infra/kafka_janitor.py``).
     hanging_transactions_aborted: int = 0
+    #: Per Flink job: its restarts (by Flink after a task failed, or by its watchdog after it stalled), so a drill that
+    #: lost something says whether a job stopped working on the way.
+    job_restarts: dict[str, int] = field(default_factory=dict)
 
     def http_during_redis_outage(self) -> list[HttpAnswer]:
         """HTTP requests sent while Redis was down."""
@@ -149,8 +153,8 @@ class DrillReport:
         outage = self.http_during_redis_outage()
         kinds = [kind for kind in (*FAULT_KINDS, "broker_cut") if any(f.kind == kind for f in self.faults)]
 
-        def each(kind: str, field: str) -> list[float | None]:
-            return [None if getattr(f, field) is None else round(getattr(f, field), 2) for f in self.faults if f.kind == kind]
+        def each(kind: str, attribute: str) -> list[float | None]:
+            return [None if getattr(f, attribute) is None else round(getattr(f, attribute), 2) for f in self.faults if f.kind == kind]
 
         return {
             "faults_injected": len(self.faults),
@@ -175,6 +179,7 @@ class DrillReport:
             **{f"{kind}_stall_s": each(kind, "stall_s") for kind in kinds},
             **{f"{kind}_full_isr_s": each(kind, "full_isr_s") for kind in kinds if kind in BROKER_FAULTS},
             "hanging_transactions_aborted": self.hanging_transactions_aborted,
+            **{f"{job.replace('-', '_')}_restarts": count for job, count in self.job_restarts.items()},
             "not_live": self.not_live,
             "drill_s": round(self.seconds, 1),
         }
@@ -466,6 +471,17 @@ class FaultDrill:
                 count += sum(line.startswith(JANITOR_ABORTED.encode()) for line in log)
         return count
 
+    def _job_restarts(self, log_stem: str) -> int:
+        """How often the Flink job logging to ``<log_stem>.log`` was restarted: by Flink (its mini-cluster's log says
+        RUNNING to RESTARTING) or by its watchdog (``streams/flink_job.run_job`` says so on the job's stderr)."""
+        logs = [self.folder / f"{log_stem}.log", *(self.folder / f"{log_stem}-flink").glob("*.log")]
+        markers = (b"switched from state RUNNING to RESTARTING", b"running it again from its newest checkpoint")
+        count = 0
+        for log_file in (path for path in logs if path.exists()):
+            with log_file.open("rb") as log:
+                count += sum(any(marker in line for marker in markers) for line in log)
+        return count
+
     def _full_isr(self, kind: str, restarted_s: float, timeout_s: float = 120.0) -> float | None:
         """Seconds from ``restarted_s`` until every partition has all its replicas in sync (Kafka faults on a
         cluster; None otherwise, or not within ``timeout_s``)."""
@@ -540,7 +556,8 @@ class FaultDrill:
                                open_transactions,
                                mismatches, compared, list(self._http), redis_outages,
                                not_live, self._now(), settings.serving.feature_budget_ms / 1000,
-                               self._janitor_aborts(logs_at_start))  # fmt: skip
+                               self._janitor_aborts(logs_at_start),
+                               {name: self._job_restarts(name) for name in ("feature-job", *(("joiner",) if self.joiner else ()))})  # fmt: skip
         finally:
             # A drill that raised mid-way stops its load too: left running, its clients kept calling the cluster's
             # addresses for the rest of the suite (seen in CI, answered by the next module's services there).
@@ -550,14 +567,23 @@ class FaultDrill:
                 process.stop(settings.serving.shutdown_timeout_s + 15.0)
 
     @staticmethod
-    def _exactly_once(expected: set[str], arrived: Callable[[], Iterable[str]], timeout_s: float, grace_s: float) -> tuple[int, int]:
+    def _exactly_once(expected: set[str], arrived: Callable[[], Iterable[str]], idle_s: float, grace_s: float) -> tuple[int, int]:
         """(lost, duplicated) of ``expected`` keys among those ``arrived()`` names, once every one has arrived (or
-        ``timeout_s`` passed) and ``grace_s`` more, in which a stray duplicate, if the design allowed one, would come."""
+        none more for ``idle_s``: a reader still catching up is not losing anything) and ``grace_s`` more, in which a
+        stray duplicate, if the design allowed one, would come."""
 
         def counts() -> Counter:
             return Counter(key for key in arrived() if key in expected)
 
-        wait_until(lambda: len(counts()) >= len(expected), timeout_s, 0.5)
+        progress = {"seen": -1, "at": time.monotonic()}
+
+        def all_arrived_or_idle() -> bool:
+            seen = len(counts())
+            if seen != progress["seen"]:
+                progress.update(seen=seen, at=time.monotonic())
+            return seen >= len(expected) or time.monotonic() - progress["at"] > idle_s
+
+        wait_until(all_arrived_or_idle, float("inf"), 0.5)
         time.sleep(grace_s)
         seen = counts()
         return len(expected) - len(seen), sum(n - 1 for n in seen.values())
@@ -569,10 +595,12 @@ class FaultDrill:
 
     def _count_examples(self, sent: int) -> tuple[int, int]:
         """(lost, duplicated) training examples of the drill's labeled Kafka requests, once the joiner has caught up:
-        its examples commit with its checkpoints, so a duplicate would come within one more interval."""
+        its examples commit with its checkpoints, so a duplicate would come within one more interval. A joiner left
+        doing nothing by a failed task restart is run again by its watchdog (``streams/flink_job.run_job``) within
+        STALL_AFTER_S: the wait for the next example outlasts that, its start and its replay."""
         expected = {f"{self._kafka_prefix}-{n}" for n in range(sent)}
         interval_s = self.settings.feedback.checkpoint_interval_ms / 1000
-        return self._exactly_once(expected, lambda: self._examples, 120.0, interval_s + 2.0)
+        return self._exactly_once(expected, lambda: self._examples, STALL_AFTER_S + 60.0, interval_s + 2.0)
 
     def _count_http_predictions(self) -> tuple[int, int]:
         """(lost, duplicated) predictions of HTTP requests answered 200 (each logged before its answer)."""
