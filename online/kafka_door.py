@@ -53,6 +53,12 @@ CONSUMER_NAME = f"loopline-scorer/{DOOR}"
 _RETRY_PAUSE_S = 0.5
 #: A transaction not settled within this many broker timeouts is abandoned (its calls retry within that).
 _SETTLE_FACTOR = 1.5
+#: A transaction begun just after the last one committed finds its markers still being written: the coordinator answers
+#: CONCURRENT_TRANSACTIONS and the client retries after ``retry.backoff.ms``, 100 ms by default in librdkafka, so every
+#: back-to-back transaction took ~110 ms here (``send_offsets_to_transaction`` alone ~108 ms). The Java client retries
+#: that answer after 20 ms (KAFKA-5477); so does the door: ~30 ms a transaction. The backoff still grows exponentially
+#: (``retry.backoff.max.ms``) when a broker is away. A client_config that sets it wins.
+TRANSACTION_RETRY_BACKOFF = {"retry.backoff.ms": 20}
 T = TypeVar("T")
 
 
@@ -96,7 +102,7 @@ class KafkaScoringDoor:
         client, self._consumer_config = door_clients(bootstrap_servers, client_config, group_id)
         self._consumer = Consumer(self._consumer_config)
         # A producer re-created with the same transactional id fences off its predecessor's open transaction.
-        self._producer_config = {**client, "transactional.id": transactional_id}
+        self._producer_config = {**TRANSACTION_RETRY_BACKOFF, **client, "transactional.id": transactional_id}
         self._producer: Producer | None = None
         self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
         self._committer = self._new_committer()
