@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from confluent_kafka import Consumer, TopicPartition
 
-from conftest import LogReader
+from conftest import LogReader, start_group_at_end
 from infra.service import wait_until
 from loopline.job_processes import start_scorer
 from loopline.settings import Settings
@@ -45,19 +44,6 @@ def _serve(
                         LOOPLINE_SERVING__INSTANCE=instance, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery, **env)  # fmt: skip
 
 
-def _group_starts_at_end(bootstrap: str, group: str) -> None:
-    """Commit ``group``'s offsets at the requests topic's end: its scorer takes this test's requests, not every earlier
-    test's too (a backlog that, on a slow machine, outlasts the test's wait)."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        partitions = consumer.list_topics(SCORE_REQUESTS.name, timeout=10).topics[SCORE_REQUESTS.name].partitions
-        ends = [TopicPartition(SCORE_REQUESTS.name, p, consumer.get_watermark_offsets(TopicPartition(SCORE_REQUESTS.name, p), 10)[1])
-                for p in partitions]  # fmt: skip
-        consumer.commit(offsets=ends, asynchronous=False)
-    finally:
-        consumer.close()
-
-
 def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
     model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
     batch, rate = uuid.uuid4().hex[:8], 1_000
@@ -69,7 +55,7 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
     predictions = LogReader(bootstrap, PREDICTIONS.name)
     ours = lambda: [p for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
     group, logs = f"scorer-{batch}", {name: tmp_path / f"scorer-{name}.log" for name in "ab"}
-    _group_starts_at_end(bootstrap, group)
+    start_group_at_end(bootstrap, group, SCORE_REQUESTS.name)
     first = _serve(applied, model, group, logs["a"], instance="a")
     second = None
     producing.start()
@@ -125,7 +111,7 @@ def _through_a_crash(
     no_amount = requests[0].model_copy(update={"request_id": f"{batch}-no-amount", "request_fields": {}})
     emitted.append(Emitted(SCORE_REQUESTS.name, no_amount.request_id, encode(no_amount), now, no_amount))
     group = f"scorer-{batch}"
-    _group_starts_at_end(bootstrap, group)
+    start_group_at_end(bootstrap, group, SCORE_REQUESTS.name)
     EventProducer(bootstrap).publish(emitted)
 
     # From the end: this batch's predictions only come once the scorer below starts, and reading every earlier test's
@@ -202,7 +188,7 @@ def test_at_least_once_waits_off_the_loop_for_room_in_a_full_producer_and_loses_
     batch = uuid.uuid4().hex[:8]
     requests = _requests(batch, 3_000)
     predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
-    _group_starts_at_end(bootstrap, f"scorer-{batch}")
+    start_group_at_end(bootstrap, f"scorer-{batch}", SCORE_REQUESTS.name)
     scorer = _serve(applied, model, f"scorer-{batch}", tmp_path / "scorer.log", delivery="at_least_once",
                     LOOPLINE_KAFKA__CLIENT_CONFIG='{"queue.buffering.max.messages": "3"}')  # fmt: skip
     try:
