@@ -20,6 +20,8 @@ _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
 #: A running job completes a checkpoint every interval (seconds); none for this long means its tasks are not running.
 #: Long enough for a Flink restart that backs off 10 s, a broker or Redis outage, and a slow mini-cluster start.
 STALL_AFTER_S = 180.0
+#: What the watchdog prints on the job's stderr each time it runs a stalled job again (the fault drill counts these).
+RERUN_NOTE = "running it again from its newest checkpoint"
 _WATCH_INTERVAL_S = 2.0
 
 
@@ -163,7 +165,7 @@ def run_job(
                     "the checkpoint cannot be restored", fresh_command,
                 ) from None
             stalled_from = restore_from if newest == restore_from else None
-            print(f"{name}: {err}; running it again from its newest checkpoint", file=sys.stderr, flush=True)
+            print(f"{name}: {err}; {RERUN_NOTE}", file=sys.stderr, flush=True)
             restore_from = newest
         except Py4JJavaError as err:
             if restore_from and "Cannot map checkpoint/savepoint state" in str(err):

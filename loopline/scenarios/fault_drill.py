@@ -55,7 +55,7 @@ from offline_training.onnx_models import write_linear_model
 from schemas.records import LabelEvent, ScoreRequest, TransactionEvent
 from schemas.topics import LABELS, PREDICTIONS, TOPICS, TRANSACTIONS
 from schemas.validation import encode
-from streams.flink_job import STALL_AFTER_S
+from streams.flink_job import RERUN_NOTE, STALL_AFTER_S
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
 from streams.synthetic import Emitted, SyntheticStream, score_requests, synthetic_user_id
@@ -474,9 +474,10 @@ class FaultDrill:
 
     def _job_restarts(self, log_stem: str) -> int:
         """How often the Flink job logging to ``<log_stem>.log`` was restarted: by Flink (its mini-cluster's log says
-        RUNNING to RESTARTING) or by its watchdog (``streams/flink_job.run_job`` says so on the job's stderr)."""
-        logs = [self.folder / f"{log_stem}.log", *(self.folder / f"{log_stem}-flink").glob("*.log")]
-        markers = (b"switched from state RUNNING to RESTARTING", b"running it again from its newest checkpoint")
+        RUNNING to RESTARTING) or by its watchdog (``streams/flink_job.run_job`` says so on the job's stderr). The
+        mini-cluster's log rolls to ``*.log.1`` and on each time the job's process starts again: those count too."""
+        logs = [self.folder / f"{log_stem}.log", *(self.folder / f"{log_stem}-flink").glob("*.log*")]
+        markers = (b"switched from state RUNNING to RESTARTING", RERUN_NOTE.encode())
         count = 0
         for log_file in (path for path in logs if path.exists()):
             with log_file.open("rb") as log:
