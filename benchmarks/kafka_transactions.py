@@ -3,8 +3,8 @@ against the door's.
 
 On a private stack (127.0.0.1 only), a transactional producer does what the door does for each polled batch
 (``online/kafka_door.py``): begin, produce a batch of prediction-sized records, send the consumer group's offsets,
-commit; the next transaction begins at once, as the door's does when requests keep coming. Two producers take turns,
-alike but for ``retry.backoff.ms``: librdkafka's default, and the door's ``TRANSACTION_RETRY_BACKOFF`` (a transaction
+commit; the next transaction begins at once, as the door's does when requests keep coming. Two producers take turns
+in rounds of 20 (so the first of each round follows the other producer's), alike but for ``retry.backoff.ms``: librdkafka's default, and the door's ``TRANSACTION_RETRY_BACKOFF`` (a transaction
 begun while the last one's markers are still being written is answered CONCURRENT_TRANSACTIONS and retried after that
 backoff). Figures: per setting, p50/p99 of the whole transaction and of ``send_offsets_to_transaction`` and
 ``commit_transaction``; the ratio of the default's p50 to the door's, computed here. Machine: the 2-core box this runs
@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
+from infra.service import wait_until  # noqa: E402
 from online.kafka_door import TRANSACTION_RETRY_BACKOFF, door_clients  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
 
@@ -46,8 +47,13 @@ def _assigned_consumer(client: dict, group_id: str) -> Consumer:
     are sent with."""
     consumer = Consumer({**client, "group.id": group_id, "enable.auto.commit": False})
     consumer.subscribe([SCORE_REQUESTS.name])
-    while not consumer.assignment():
-        consumer.poll(0.2)
+
+    def assigned() -> bool:
+        consumer.poll(0.2)  # the group's join happens inside poll
+        return bool(consumer.assignment())
+
+    if not wait_until(assigned, 60, 0.0):
+        raise RuntimeError(f"{group_id} was assigned no partition of {SCORE_REQUESTS.name} within 60 s")
     return consumer
 
 
@@ -87,7 +93,8 @@ def main() -> None:
         settings_by_name = {"librdkafka_default": {}, "door": TRANSACTION_RETRY_BACKOFF}
         producers = {}
         for name, extra in settings_by_name.items():
-            producer = Producer({**client, **extra, "transactional.id": f"txn-bench-{name}-{uuid.uuid4().hex[:8]}"})
+            # Built as the door builds its producer: the setting first, so a client_config would win in both alike.
+            producer = Producer({**extra, **client, "transactional.id": f"txn-bench-{name}-{uuid.uuid4().hex[:8]}"})
             producer.init_transactions(30)
             for n in range(WARM_UP):
                 _transaction(producer, consumer, n)

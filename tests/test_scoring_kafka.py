@@ -52,7 +52,8 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
     stream = itertools.takewhile(lambda _: not changed.is_set(), score_requests([f"kafka-nobody-{i}" for i in range(50)], rate, batch))
     sent: list[int] = []
     producing = threading.Thread(target=lambda: sent.append(EventProducer(bootstrap).publish(stream, rate_per_s=rate).total))
-    predictions = LogReader(bootstrap, PREDICTIONS.name)
+    # From the end: this test's predictions come only once its scorers start; earlier tests' need not be read.
+    predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
     ours = lambda: [p for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
     group, logs = f"scorer-{batch}", {name: tmp_path / f"scorer-{name}.log" for name in "ab"}
     start_group_at_end(bootstrap, group, SCORE_REQUESTS.name)
