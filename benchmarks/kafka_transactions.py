@@ -31,7 +31,8 @@ sys.path.insert(0, str(REPO))
 
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import wait_until  # noqa: E402
-from online.kafka_door import TRANSACTION_RETRY_BACKOFF, door_clients  # noqa: E402
+from online.kafka_scoring import door_clients  # noqa: E402
+from online.kafka_transactions import TRANSACTION_RETRY_BACKOFF  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
 
 console = Console()

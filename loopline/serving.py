@@ -192,8 +192,9 @@ def front_doors(
     several workers when ``worker`` is given; each traces its requests with ``tracer`` when given."""
     from online.grpc_door import GrpcDoor
     from online.http_app import HttpDoor, create_app
-    from online.kafka_door import KafkaScoringDoor, RequestScoring
+    from online.kafka_door import KafkaScoringDoor
     from online.kafka_door_at_least_once import AtLeastOnceKafkaDoor
+    from online.kafka_scoring import RequestScoring
     from online.worker_peers import WorkerPeers
     from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
@@ -206,9 +207,10 @@ def front_doors(
     if "kafka" in doors:
         scoring = RequestScoring(scorer, SCORE_REQUESTS.name, PREDICTIONS.name, DEAD_LETTERS.name, limits, tracer=tracer)
         kafka = {"bootstrap_servers": settings.kafka.bootstrap, "group_id": serving.kafka_group_id,
-                 "client_config": settings.kafka.client_config, "broker_timeout_s": serving.kafka_broker_timeout_s}  # fmt: skip
+                 "client_config": settings.kafka.client_config, "broker_timeout_s": serving.kafka_broker_timeout_s,
+                 "commit_interval_s": serving.kafka_commit_interval_ms / 1000}  # fmt: skip
         if serving.kafka_delivery == "at_least_once":
-            built.append(AtLeastOnceKafkaDoor(scoring, commit_interval_s=serving.kafka_commit_interval_ms / 1000, **kafka))
+            built.append(AtLeastOnceKafkaDoor(scoring, **kafka))
         else:
             built.append(KafkaScoringDoor(scoring, transactional_id=f"{serving.kafka_group_id}-{member}", **kafka))
     if "grpc" in doors:

@@ -293,12 +293,14 @@ class ServingSettings(BaseModel):
     kafka_broker_timeout_s: float = Field(default=10.0, gt=0, description="Timeout of each broker call of the Kafka door.")
     kafka_delivery: Literal["exactly_once", "at_least_once"] = Field(
         default="exactly_once",
-        description="The Kafka door: exactly_once (each batch's predictions and offsets in one transaction: hundreds of ms) "
-        "or at_least_once (each prediction sent at once, offsets committed past acknowledged ones: a p50 of tens of ms; a "
+        description="The Kafka door: exactly_once (predictions and offsets committed together in a transaction every "
+        "kafka_commit_interval_ms) or at_least_once (each prediction sent at once, offsets committed past acknowledged ones; a "
         "crash may score a request twice, and readers count it once by request id).",
     )
-    kafka_commit_interval_ms: float = Field(default=100.0, gt=0, description="at_least_once: how often offsets are committed "
-                                            "(a crash scores again at most what was acknowledged since).")
+    kafka_commit_interval_ms: float = Field(default=50.0, gt=0, description="How often the Kafka door commits. exactly_once: "
+                                            "a transaction commits this long after its first record (a request waits for it); "
+                                            "at_least_once: offsets past acknowledged records (a crash scores again at most "
+                                            "what was acknowledged since).")
     kafka_group_id: str = "loopline-scorer"
     instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance> "
                           "(<group>-<instance>-<worker> for each of several workers).")

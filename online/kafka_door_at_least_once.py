@@ -27,10 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from online.doors import Progress
-from online.kafka_door import DOOR, Output, RequestScoring, door_clients, take
+from online.kafka_scoring import DOOR, Output, Partition, RequestScoring, door_clients, take
 
 log = logging.getLogger(__name__)
-Partition = tuple[str, int]
 
 
 class Acknowledgements:

@@ -223,7 +223,7 @@ def test_kafka_workers_share_the_group_and_score_each_request_once(applied: Sett
     assert len(logged) == sent == len(set(logged)), f"{len(set(logged))} of {sent} requests, {len(logged)} records"
     text = log.read_text()
     for index in range(WORKERS):
-        assert re.search(rf"worker {index} online.kafka_door request {batch}-\d+ [\d.]+ ms ok", text), f"worker {index} scored none"
+        assert re.search(rf"worker {index} online.kafka_scoring request {batch}-\d+ [\d.]+ ms ok", text), f"worker {index} scored none"
 
 
 def test_workers_that_cannot_start_stop_everything(applied: Settings, tmp_path: Path) -> None:
