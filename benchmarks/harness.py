@@ -41,8 +41,21 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def machine_loop_ms(repeats: int = 5) -> float:
+    """The machine's speed now: ms for a fixed pure-Python loop (a million additions), the best of ``repeats``. The
+    shared machine's speed varies from day to day (twice as slow on some); this tells runs of different days apart."""
+    best = float("inf")
+    for _ in range(repeats):
+        began, total = time.perf_counter(), 0
+        for i in range(1_000_000):
+            total += i
+        best = min(best, time.perf_counter() - began)
+    return round(best * 1000, 1)
+
+
 def report(console: Console, title: str, quick: bool, figures: dict, anchors: dict[str, str], began: float) -> None:
-    """Print ``figures`` as a table with their anchors, then, as the last line, one JSON object of them all."""
+    """Print ``figures`` as a table with their anchors, then, as the last line, one JSON object of them all, with the
+    machine's cores and speed (:func:`machine_loop_ms`, timed once the benchmark's load has stopped)."""
     table = Table(title=f"{title} — {os.cpu_count()} cores, {'quick' if quick else 'full'} run")
     table.add_column("figure")
     table.add_column("value", justify="right")
@@ -50,4 +63,5 @@ def report(console: Console, title: str, quick: bool, figures: dict, anchors: di
     for name, value in figures.items():
         table.add_row(name, str(value), anchors.get(name, ""))
     console.print(table)
-    print(json.dumps({**figures, "cores": os.cpu_count(), "wall_s": round(time.monotonic() - began, 1)}))
+    wall_s = round(time.monotonic() - began, 1)
+    print(json.dumps({**figures, "cores": os.cpu_count(), "machine_loop_ms": machine_loop_ms(), "wall_s": wall_s}))

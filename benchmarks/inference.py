@@ -41,17 +41,24 @@ within 50 ms.
    the Kafka door p99 <= 200 ms at 1,000/s exactly once, <= 50 ms at least once
    (``serving.kafka_delivery``, measured in a scorer process of its own).
 
+3. ``--profile``, instead of the above: where the scorer's CPU goes. The default scorer (HTTP, ``--workers``
+   processes) under the HTTP load at the CPU goal's rate while py-spy samples every worker's Python stacks
+   (on CPU only; a native call counts to the Python frame that made it). Printed: the share of samples by the
+   innermost frame's package or module (its *self* time), and by each of Loopline's own files on the stack (its
+   *inclusive* time). py-spy's own sampling shares the cores, so the profile's run measures no latency.
+
 Every ratio and every goal's met / not met is computed here from this run's figures. The model is
 a seeded multi-layer perceptron (11 features + the amount -> 512 -> 512 -> 256 -> 1) written as
 ONNX. Machine: the 2-core box this runs on. The last line printed is one JSON object.
 
-    python benchmarks/inference.py [--quick] [--only core|http|kafka ...] [--workers N]
+    python benchmarks/inference.py [--quick] [--only core|http|kafka ...] [--workers N] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import gc
 import itertools
 import os
@@ -102,6 +109,8 @@ HTTP_GOAL = f"goal_http_p99_{HTTP_GOAL_P99_MS:.0f}ms_at_{HTTP_GOAL_RATE:.0f}_met
 CPU_GOAL_MS, CPU_GOAL_RATE = 0.3, 1000.0
 #: The Kafka door's goals at KAFKA_GOAL_RATE requests/s, p99 from the scheduled send to a readable prediction.
 KAFKA_GOAL_RATE, KAFKA_GOAL_P99_MS = 1000.0, {"exactly_once": 200.0, "at_least_once": 50.0}
+#: The exactly-once door's commit interval compared with the default's, at KAFKA_GOAL_RATE.
+SHORT_COMMIT_INTERVAL_MS = 5.0
 #: A rate is held when at least this share is answered, under this share on defaults, and p99 is within bound.
 HELD_ANSWERED, HELD_FALLBACKS, HELD_P99_MS = 0.99, 0.01, 50.0
 #: Entities per Redis round trip in both batching modes (the dynamic mode's batch), so only the model batch differs.
@@ -431,8 +440,8 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
     # One consumer group for all: a later process resumes where the earlier left off, instead of scoring
     # the Kafka rounds' requests again (a fresh group starts from the earliest offset) during its HTTP load.
     group = f"bench-{uuid.uuid4().hex[:8]}"
-    # Each scorer process: its settings, the HTTP rounds' figure prefix and rates (None: no HTTP load), and the Kafka
-    # door measured in it (None: none).
+    # Each scorer process: its settings, the HTTP rounds' figure prefix (None: no HTTP load), the rates of its rounds,
+    # and the Kafka door measured in it (None: none).
     runs: list[tuple[dict[str, str], str | None, list[float], str | None]] = [
         ({"LOOPLINE_SERVING__PREDICTION_LOG": mode}, _http_prefix(mode) if "http" in doors else None, rates,
          "kafka" if "kafka" in doors and mode == LOG_MODES[0] else None)
@@ -442,15 +451,19 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
         runs.append(({"LOOPLINE_SERVING__TRACING__ENABLED": "false"}, "http_untraced", [r for r in rates if r <= CPU_GOAL_RATE], None))
     if "kafka" in doors:  # the at-least-once mode, in a process of its own (same group: it resumes where the last left off)
         runs.append(({"LOOPLINE_SERVING__KAFKA_DELIVERY": "at_least_once"}, None, rates, "kafka_at_least_once"))
-    for env, http_prefix, http_rates, kafka_door in runs:
+        # What committing by time costs and saves: exactly once at the goal's rate with a commit interval as short as a
+        # poll (nearly a transaction per poll, as before commits went by time).
+        runs.append(({"LOOPLINE_SERVING__KAFKA_COMMIT_INTERVAL_MS": f"{SHORT_COMMIT_INTERVAL_MS:g}"}, None,
+                     [KAFKA_GOAL_RATE], f"kafka_commit_{SHORT_COMMIT_INTERVAL_MS:g}ms"))  # fmt: skip
+    for env, http_prefix, run_rates, kafka_door in runs:
         server, url = _serve(settings, model_path, served, workers, LOOPLINE_SERVING__KAFKA_GROUP_ID=group, **env)
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
                 await _wait_ready(session, url, server)
                 if http_prefix is not None:
-                    figures |= await measure_http(session, server, url, http_rates, seconds, http_prefix)
+                    figures |= await measure_http(session, server, url, run_rates, seconds, http_prefix)
             if kafka_door is not None:
-                figures |= await measure_kafka(settings, server, rates, seconds, kafka_door)
+                figures |= await measure_kafka(settings, server, run_rates, seconds, kafka_door)
         finally:
             _stop(server)
     figures["workers"] = workers
@@ -468,11 +481,67 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
     if "kafka" in doors:
         rate = f"{KAFKA_GOAL_RATE:.0f}"
         figures[f"kafka_exactly_once_{rate}_p99_ms"] = figures.get(f"kafka_{rate}_p99_ms")
+        figures["kafka_commit_interval_ms"] = settings.serving.kafka_commit_interval_ms
+        short = figures.get(f"kafka_commit_{SHORT_COMMIT_INTERVAL_MS:g}ms_{rate}_p99_ms")
+        figures["kafka_commit_default_over_short_p99"] = _ratio(figures.get(f"kafka_{rate}_p99_ms"), short)
         for mode, goal_ms in KAFKA_GOAL_P99_MS.items():
             # Held like the other goals: enough answered, few on defaults, and the p99.
             measured = f"kafka_{rate}" if mode == "exactly_once" else f"kafka_{mode}_{rate}"
             figures[f"goal_kafka_{mode}_p99_{goal_ms:.0f}ms_met"] = _held(figures, measured, goal_ms)
     return figures
+
+
+async def profile_scorer(settings: Settings, model_path: Path, seconds: float, workers: int) -> dict:
+    """py-spy's samples of the default scorer's workers under HTTP load at CPU_GOAL_RATE: the shares of
+    :func:`_profile_shares`, and the round's scorer CPU per request (sampling included) beside them."""
+    import aiohttp
+
+    raw = settings.home / "scorer-profile.txt"
+    server, url = _serve(settings, model_path, [], workers)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
+            await _wait_ready(session, url, server)
+            await measure_http(session, server, url, [CPU_GOAL_RATE], 1.0, "warm_up")  # connections opened, caches warm
+            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.pid),
+                                    "--subprocesses", "--nonblocking", "--rate", "250", "--format", "raw", "--output", str(raw),
+                                    "--duration", f"{seconds:.0f}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+            figures = await measure_http(session, server, url, [CPU_GOAL_RATE], seconds, "profiled_http")
+            if spy.wait(seconds + 30) != 0:
+                raise RuntimeError("py-spy failed (it needs ptrace: run as root or with CAP_SYS_PTRACE)")
+    finally:
+        _stop(server)
+    return figures | _profile_shares(raw.read_text())
+
+
+def _profile_shares(collapsed: str, top: int = 12) -> dict:
+    """From py-spy's collapsed stacks (``frame;frame;... count``, root first, each frame ``function (file:line)``):
+    ``profile_self_<area>_share`` for the ``top`` areas (a package or stdlib module) of the innermost frame, and
+    ``profile_in_<file>_share`` for the ``top`` files of this repository anywhere on the stack."""
+    own_folders = {path.name for path in REPO.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
+    self_samples: collections.Counter = collections.Counter()
+    inclusive: collections.Counter = collections.Counter()
+    total = 0
+    for line in collapsed.splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [frame.rpartition(" (")[2].rpartition(":")[0] for frame in stack.split(";")[1:]]  # [0]: the process
+        if not frames:
+            continue
+        n = int(count)
+        total += n
+        self_samples[_area(frames[-1], own_folders)] += n
+        for file in {f for f in frames if f.split("/", 1)[0] in own_folders}:
+            inclusive[file] += n
+    share = lambda n: round(n / max(1, total), 3)  # noqa: E731
+    key = lambda area: area.removesuffix(".py").replace("/", "_").replace(".", "_")  # noqa: E731
+    return ({"profile_samples": total}
+            | {f"profile_self_{key(area)}_share": share(n) for area, n in self_samples.most_common(top)}
+            | {f"profile_in_{key(file)}_share": share(n) for file, n in inclusive.most_common(top)})  # fmt: skip
+
+
+def _area(file: str, own_folders: set[str]) -> str:
+    """What a frame's ``file`` belongs to: this repository's file itself, else its package or stdlib module."""
+    head = file.split("/", 1)[0]
+    return file if head in own_folders else head.removesuffix(".py")
 
 
 def _anchors(figures: dict) -> dict[str, str]:
@@ -509,6 +578,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run (within a minute)")
     parser.add_argument("--only", choices=["core", "http", "kafka"], action="append", help="run only these parts")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="scorer processes (default: one per core)")
+    parser.add_argument("--profile", action="store_true", help="instead: where the scorer's CPU goes, sampled by py-spy")
     args = parser.parse_args()
     parts = set(args.only or ["core", "http", "kafka"])
     core_rates, door_rates, seconds = ([500.0, 2000.0, 4000.0], [1000.0, 2000.0], 1.0) if args.quick else (
@@ -526,6 +596,9 @@ def main() -> None:
             OnlineWriter(settings.feast_registry_path, settings.redis_connection).write(rows)
             model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
         figures: dict = {}
+        if args.profile:
+            figures |= asyncio.run(profile_scorer(settings, model_path, seconds, args.workers))
+            parts = set()
         if "core" in parts:
             figures |= asyncio.run(measure_core(settings, model_path, core_rates, seconds))
             figures["triton_gain_anchor"] = TRITON_GAIN

@@ -25,10 +25,11 @@ from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import apply_loopline_topics, build_stack
 from loopline.job_processes import start_scorer
-from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill
+from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill, job_restarts
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.topics import SCORE_REQUESTS
+from streams.flink_job import RERUN_NOTE
 from streams.producer import EventProducer
 from streams.synthetic import Emitted
 
@@ -90,6 +91,18 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
             server.kill()
     assert took_s < 10, f"SIGTERM took {took_s:.1f} s; the bound is serving.shutdown_timeout_s (5 s)"
     assert code in (0, 1), code
+
+
+def test_job_restarts_are_counted_in_the_jobs_log_and_every_rolled_mini_cluster_log(tmp_path: Path) -> None:
+    restarting = "Job features (abc) switched from state RUNNING to RESTARTING.\n"
+    (tmp_path / "feature-job.log").write_text(f"starting\nthe job stalled; {RERUN_NOTE}\nfeatures written\n")
+    flink = tmp_path / "feature-job-flink"
+    flink.mkdir()
+    (flink / "flink-minicluster.log").write_text(f"RUNNING\n{restarting}")
+    (flink / "flink-minicluster.log.1").write_text(f"{restarting}{restarting}Job features switched from state CREATED to RUNNING.\n")
+    (tmp_path / "joiner.log").write_text(restarting)  # another job's: not counted for the feature job
+    assert job_restarts(tmp_path, "feature-job") == 4
+    assert job_restarts(tmp_path, "missing-job") == 0
 
 
 def _status(url: str) -> int:

@@ -44,6 +44,8 @@ def _serve(
                         LOOPLINE_SERVING__INSTANCE=instance, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery, **env)  # fmt: skip
 
 
+# Its waits add up to 420 s: more than pytest's 300 s default, which would cut a slow but passing run.
+@pytest.mark.timeout(600)
 def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
     model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
     batch, rate = uuid.uuid4().hex[:8], 1_000
@@ -140,6 +142,7 @@ def _through_a_crash(
     return batch, requests, logged, seen_at_kill
 
 
+@pytest.mark.timeout(450)  # two scorer starts and _through_a_crash's 240 s of waits
 def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
     batch, requests, logged, _ = _through_a_crash(applied, bootstrap, tmp_path, "exactly_once")
     counts = Counter(p.request_id for p in logged)
@@ -164,6 +167,7 @@ def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstra
         dead.close()
 
 
+@pytest.mark.timeout(450)  # two scorer starts and _through_a_crash's 240 s of waits
 def test_at_least_once_loses_nothing_through_a_crash_and_scores_again_only_the_uncommitted(
     applied: Settings, bootstrap: str, tmp_path: Path
 ) -> None:

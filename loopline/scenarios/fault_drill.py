@@ -73,6 +73,22 @@ _INPUTS = [f"{_VIEW}:txn_count_5m", f"{_VIEW}:amount_sum_1h", "request:amount"]
 FETCH_SLACK_MS = 25.0
 #: An HTTP answer measured from the client: beyond this it would have hung, not merely waited for two busy cores.
 _HTTP_HANG_S = 1.0
+#: The longest a count waits for a reader still making progress: what has not arrived by then counts as lost.
+_COUNT_DEADLINE_S = 600.0
+
+
+def job_restarts(folder: Path, log_stem: str) -> int:
+    """How often the Flink job logging to ``folder/<log_stem>.log`` was restarted: by Flink (its mini-cluster's log, in
+    ``<log_stem>-flink/``, says RUNNING to RESTARTING) or by its watchdog (``streams/flink_job.run_job`` says so on the
+    job's stderr). The mini-cluster's log rolls to ``*.log.1`` and on each time the job's process starts again: those
+    count too."""
+    logs = [folder / f"{log_stem}.log", *(folder / f"{log_stem}-flink").glob("*.log*")]
+    markers = (b"switched from state RUNNING to RESTARTING", RERUN_NOTE.encode())
+    count = 0
+    for log_file in (path for path in logs if path.exists()):
+        with log_file.open("rb") as log:
+            count += sum(any(marker in line for marker in markers) for line in log)
+    return count
 
 
 @dataclass(frozen=True)
@@ -472,18 +488,6 @@ class FaultDrill:
                 count += sum(line.startswith(JANITOR_ABORTED.encode()) for line in log)
         return count
 
-    def _job_restarts(self, log_stem: str) -> int:
-        """How often the Flink job logging to ``<log_stem>.log`` was restarted: by Flink (its mini-cluster's log says
-        RUNNING to RESTARTING) or by its watchdog (``streams/flink_job.run_job`` says so on the job's stderr). The
-        mini-cluster's log rolls to ``*.log.1`` and on each time the job's process starts again: those count too."""
-        logs = [self.folder / f"{log_stem}.log", *(self.folder / f"{log_stem}-flink").glob("*.log*")]
-        markers = (b"switched from state RUNNING to RESTARTING", RERUN_NOTE.encode())
-        count = 0
-        for log_file in (path for path in logs if path.exists()):
-            with log_file.open("rb") as log:
-                count += sum(any(marker in line for marker in markers) for line in log)
-        return count
-
     def _full_isr(self, kind: str, restarted_s: float, timeout_s: float = 120.0) -> float | None:
         """Seconds from ``restarted_s`` until every partition has all its replicas in sync (Kafka faults on a
         cluster; None otherwise, or not within ``timeout_s``)."""
@@ -559,7 +563,7 @@ class FaultDrill:
                                mismatches, compared, list(self._http), redis_outages,
                                not_live, self._now(), settings.serving.feature_budget_ms / 1000,
                                self._janitor_aborts(logs_at_start),
-                               {name: self._job_restarts(name) for name in ("feature-job", *(("joiner",) if self.joiner else ()))})  # fmt: skip
+                               {name: job_restarts(self.folder, name) for name in ("feature-job", *(("joiner",) if self.joiner else ()))})  # fmt: skip
         finally:
             # A drill that raised mid-way stops its load too: left running, its clients kept calling the cluster's
             # addresses for the rest of the suite (seen in CI, answered by the next module's services there).
@@ -571,8 +575,9 @@ class FaultDrill:
     @staticmethod
     def _exactly_once(expected: set[str], arrived: Callable[[], Iterable[str]], idle_s: float, grace_s: float) -> tuple[int, int]:
         """(lost, duplicated) of ``expected`` keys among those ``arrived()`` names, once every one has arrived (or
-        none more for ``idle_s``: a reader still catching up is not losing anything) and ``grace_s`` more, in which a
-        stray duplicate, if the design allowed one, would come."""
+        none more for ``idle_s``: a reader still catching up is not losing anything; or, at the latest,
+        :data:`_COUNT_DEADLINE_S`) and ``grace_s`` more, in which a stray duplicate, if the design allowed one, would
+        come."""
 
         def counts() -> Counter:
             return Counter(key for key in arrived() if key in expected)
@@ -585,7 +590,7 @@ class FaultDrill:
                 progress.update(seen=seen, at=time.monotonic())
             return seen >= len(expected) or time.monotonic() - progress["at"] > idle_s
 
-        wait_until(all_arrived_or_idle, float("inf"), 0.5)
+        wait_until(all_arrived_or_idle, _COUNT_DEADLINE_S, 0.5)
         time.sleep(grace_s)
         seen = counts()
         return len(expected) - len(seen), sum(n - 1 for n in seen.values())
