@@ -42,7 +42,9 @@ within 50 ms.
    (``serving.kafka_delivery``, measured in a scorer process of its own).
 
 3. ``--profile``, instead of the above: where the scorer's CPU goes. The default scorer (HTTP, ``--workers``
-   processes) under the HTTP load at the CPU goal's rate while py-spy samples every worker's Python stacks
+   processes) under HTTP load at PROFILE_RATE, one the shared cores hold with py-spy beside (an overloaded scorer's
+   profile is of its overload: fallbacks, and a trace for every slow request), while py-spy samples every worker's
+   Python stacks
    (on CPU only; a native call counts to the Python frame that made it). Printed: the share of samples by the
    innermost frame's package or module (its *self* time), and by each of Loopline's own files on the stack (its
    *inclusive* time). py-spy's own sampling shares the cores, so the profile's run measures no latency.
@@ -109,6 +111,8 @@ HTTP_GOAL = f"goal_http_p99_{HTTP_GOAL_P99_MS:.0f}ms_at_{HTTP_GOAL_RATE:.0f}_met
 CPU_GOAL_MS, CPU_GOAL_RATE = 0.3, 1000.0
 #: The Kafka door's goals at KAFKA_GOAL_RATE requests/s, p99 from the scheduled send to a readable prediction.
 KAFKA_GOAL_RATE, KAFKA_GOAL_P99_MS = 1000.0, {"exactly_once": 200.0, "at_least_once": 50.0}
+#: The HTTP load under which --profile samples the scorer, and for how long (a full run's; --quick: its seconds).
+PROFILE_RATE, PROFILE_SECONDS = 250.0, 20.0
 #: The exactly-once door's commit interval compared with the default's, at KAFKA_GOAL_RATE.
 SHORT_COMMIT_INTERVAL_MS = 5.0
 #: A rate is held when at least this share is answered, under this share on defaults, and p99 is within bound.
@@ -492,8 +496,8 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
 
 
 async def profile_scorer(settings: Settings, model_path: Path, seconds: float, workers: int) -> dict:
-    """py-spy's samples of the default scorer's workers under HTTP load at CPU_GOAL_RATE: the shares of
-    :func:`_profile_shares`, and the round's scorer CPU per request (sampling included) beside them."""
+    """py-spy's samples of the default scorer's workers under HTTP load at PROFILE_RATE: the shares of
+    :func:`_profile_shares`, and the round's figures (its CPU per request includes py-spy's reads) beside them."""
     import aiohttp
 
     raw = settings.home / "scorer-profile.txt"
@@ -501,11 +505,11 @@ async def profile_scorer(settings: Settings, model_path: Path, seconds: float, w
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
             await _wait_ready(session, url, server)
-            await measure_http(session, server, url, [CPU_GOAL_RATE], 1.0, "warm_up")  # connections opened, caches warm
+            await measure_http(session, server, url, [PROFILE_RATE], 1.0, "warm_up")  # connections opened, caches warm
             spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.pid),
-                                    "--subprocesses", "--nonblocking", "--rate", "250", "--format", "raw", "--output", str(raw),
+                                    "--subprocesses", "--nonblocking", "--rate", "50", "--format", "raw", "--output", str(raw),
                                     "--duration", f"{seconds:.0f}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
-            figures = await measure_http(session, server, url, [CPU_GOAL_RATE], seconds, "profiled_http")
+            figures = await measure_http(session, server, url, [PROFILE_RATE], seconds, "profiled_http")
             if spy.wait(seconds + 30) != 0:
                 raise RuntimeError("py-spy failed (it needs ptrace: run as root or with CAP_SYS_PTRACE)")
     finally:
@@ -597,7 +601,7 @@ def main() -> None:
             model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
         figures: dict = {}
         if args.profile:
-            figures |= asyncio.run(profile_scorer(settings, model_path, seconds, args.workers))
+            figures |= asyncio.run(profile_scorer(settings, model_path, seconds if args.quick else PROFILE_SECONDS, args.workers))
             parts = set()
         if "core" in parts:
             figures |= asyncio.run(measure_core(settings, model_path, core_rates, seconds))
