@@ -1,8 +1,8 @@
 """What one exactly-once transaction of the Kafka door costs: back-to-back transactions, librdkafka's retry backoff
 against the door's.
 
-On a private stack (127.0.0.1 only), a transactional producer does what the door does for each polled batch
-(``online/kafka_door.py``): begin, produce a batch of prediction-sized records, send the consumer group's offsets,
+On a private stack (127.0.0.1 only), a transactional producer does what the door's writer does for each transaction
+(``online/kafka_transactions.py``): begin, produce a batch of prediction-sized records, send the consumer group's offsets,
 commit; the next transaction begins at once, as the door's does when requests keep coming. Two producers take turns
 in rounds of 20 (so the first of each round follows the other producer's), alike but for ``retry.backoff.ms``: librdkafka's default, and the door's ``TRANSACTION_RETRY_BACKOFF`` (a transaction
 begun while the last one's markers are still being written is answered CONCURRENT_TRANSACTIONS and retried after that

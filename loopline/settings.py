@@ -298,7 +298,7 @@ class ServingSettings(BaseModel):
         "crash may score a request twice, and readers count it once by request id).",
     )
     kafka_commit_interval_ms: float = Field(default=50.0, gt=0, description="How often the Kafka door commits. exactly_once: "
-                                            "a transaction commits this long after its first record (a request waits for it); "
+                                            "a transaction commits this long after its first scored chunk was handed over (a request waits for it); "
                                             "at_least_once: offsets past acknowledged records (a crash scores again at most "
                                             "what was acknowledged since).")
     kafka_group_id: str = "loopline-scorer"

@@ -52,7 +52,7 @@ class KafkaScoringDoor:
         max_transaction_records: int = 1000,
     ) -> None:
         """Consumes ``scoring.requests_topic`` up to ``max_poll_records`` a poll; a transaction commits
-        ``commit_interval_s`` after its first record, or at ``max_transaction_records``."""
+        ``commit_interval_s`` after its first scored chunk was handed over, or at ``max_transaction_records``."""
         self.scoring, self.scorer, self.requests_topic = scoring, scoring.scorer, scoring.requests_topic
         self.max_poll_records, self.broker_timeout_s = max_poll_records, broker_timeout_s
         client, self._consumer_config = door_clients(bootstrap_servers, client_config, group_id)
@@ -68,6 +68,9 @@ class KafkaScoringDoor:
         #: Requests of a transaction that did not commit are owed until a later one commits: an idle poll
         #: meanwhile is no progress (the consumer may be unable to fetch them again).
         self._owed = False
+        #: A polled batch is being scored (not all of it handed to the writer yet): a commit meanwhile still leaves
+        #: the door holding requests, so a batch whose scoring hangs shows as a stall.
+        self._scoring = False
 
     def stalled_s(self) -> float:
         """Seconds this door has held polled requests without committing any."""
@@ -76,7 +79,7 @@ class KafkaScoringDoor:
     def _committed(self, outputs: list[Output], at: float) -> None:
         """The writer committed ``outputs`` (on its thread)."""
         self._owed = False
-        self._progress.progressed(still_holding=self._writer.pending > 0)
+        self._progress.progressed(still_holding=self._scoring or self._writer.pending > 0)
         self.scoring.logged(outputs, at, "exactly_once")
 
     # Consumer calls (on the poller thread) --------------------------------------------------------
@@ -157,7 +160,11 @@ class KafkaScoringDoor:
                         self._progress.progressed(still_holding=False)
                     continue
                 self._progress.holding()
-                await self.scoring.outputs(messages, on_chunk=functools.partial(self._hand, group_metadata))
+                self._scoring = True
+                try:
+                    await self.scoring.outputs(messages, on_chunk=functools.partial(self._hand, group_metadata))
+                finally:
+                    self._scoring = False
                 while not stop.is_set() and not await on_poller(self._writer.wait_for_room, 0.5):
                     await on_poller(self._rewind_if_failed)
             await on_poller(self._writer.settle)

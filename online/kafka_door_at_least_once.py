@@ -85,7 +85,7 @@ class AtLeastOnceKafkaDoor:
         group_id: str,
         client_config: Mapping[str, str] | None = None,
         max_poll_records: int = 256,
-        commit_interval_s: float = 0.1,
+        commit_interval_s: float = 0.05,
         max_unacknowledged: int = 10_000,
         broker_timeout_s: float = 10.0,
     ) -> None:

@@ -11,9 +11,11 @@ polling again, and the broker writes one set of transaction markers per interval
 A transaction that fails is aborted (or its producer replaced, which fences it), and every chunk handed over since
 the last commit is dropped until the door has rewound its consumer to the committed offsets and called
 :meth:`TransactionWriter.reopen`: those requests are consumed again, and none is logged twice. A transaction that
-does not settle within its interval plus ``1.5 × broker_timeout_s`` (librdkafka's ``send_offsets_to_transaction``
-can block past its timeout when the group coordinator goes away: librdkafka issues 5456, 5511) is abandoned the
-same way: its producer is replaced, and its thread is left to return whenever it does.
+has not settled within its interval plus ``1.5 × broker_timeout_s`` of its beginning when the door next looks (after
+each poll, and every half second while it waits for room; librdkafka's ``send_offsets_to_transaction`` can block past
+its timeout when the group coordinator goes away: librdkafka issues 5456, 5511) is abandoned the same way: its
+producer is replaced, and its thread is left to return whenever it does. A writer thread that ended on an error that
+is not Kafka's is replaced when the door reopens.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from online.kafka_scoring import Output, Partition
 log = logging.getLogger(__name__)
 #: Pause between tries of a broker call that failed with a retriable error.
 _RETRY_PAUSE_S = 0.5
-#: A transaction not settled within its interval plus this many broker timeouts is abandoned (its calls retry
-#: within that).
+#: A transaction not settled within its interval plus this many broker timeouts is abandoned (a broker call that keeps
+#: its timeout fails within one; a second call retried after it may be cut short).
 _SETTLE_FACTOR = 1.5
 #: A transaction begun just after the last one committed finds its markers still being written: the coordinator answers
 #: CONCURRENT_TRANSACTIONS and the client retries after ``retry.backoff.ms``, 100 ms by default in librdkafka, so every
@@ -78,6 +80,7 @@ class TransactionWriter:
         self.broker_timeout_s, self._committed, self._stopping = broker_timeout_s, committed, stopping
         self._settle_s = interval_s + _SETTLE_FACTOR * broker_timeout_s
         self._changed = threading.Condition()
+        self._abandoning = threading.Lock()  # one abandon at a time: the poller and a rebalance's settle may both try
         # Guarded by _changed:
         self._queue: list[Chunk] = []
         self._pending = 0  # records handed over and neither committed nor dropped
@@ -103,25 +106,28 @@ class TransactionWriter:
     def start(self) -> bool:
         """Make the producer (fencing any predecessor's open transaction) and start writing; False if the door
         stopped before the broker answered. Blocks."""
-        producer = self._new_producer()
-        if producer is not None:
-            self._spawn(producer)
-        return producer is not None
+        return self._restart(self._generation_now())
 
     def hand(self, outputs: list[Output], offsets: dict[Partition, int], group_metadata: object) -> None:
         """Log ``outputs`` and commit ``offsets`` (the group's, as of ``group_metadata``) in a coming transaction;
         dropped if one has failed since the last :meth:`reopen`."""
         with self._changed:
-            if self._failed or not self._running:
+            if self._failed or not self._running:  # consumed again after the rewind (or by the next member)
                 return
             self._queue.append(Chunk(outputs, offsets, group_metadata, time.monotonic()))
             self._pending += len(outputs)
             self._changed.notify_all()
 
     def reopen(self) -> None:
-        """The door has rewound to the committed offsets: take chunks again."""
+        """The door has rewound to the committed offsets: take chunks again, with a new writer thread (and producer)
+        if the last one ended on an error. Blocks while a new producer starts."""
         with self._changed:
             self._failed = False
+            respawn = not self._running and not self._closing and not self._stopping.is_set()
+        if respawn:
+            with self._abandoning:  # an abandon may have started one meanwhile
+                if not self._running_now():
+                    self._restart(self._generation_now())
 
     def wait_for_room(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` until fewer than two transactions' worth of records are pending; whether so."""
@@ -158,28 +164,44 @@ class TransactionWriter:
 
     # The writer's thread -----------------------------------------------------------------------------
 
-    def _spawn(self, producer: Producer) -> None:
+    def _generation_now(self) -> int:
         with self._changed:
-            generation, self._running = self._generation, True
+            return self._generation
+
+    def _running_now(self) -> bool:
+        with self._changed:
+            return self._running
+
+    def _restart(self, generation: int) -> bool:
+        """A new producer and a writer thread of ``generation`` (unless a later abandon has moved on); whether one
+        started."""
+        producer = self._new_producer()
+        if producer is None:
+            return False
+        with self._changed:
+            if generation != self._generation:
+                return False
+            self._running = True
         threading.Thread(target=self._write, args=(producer, generation), name="kafka-txn", daemon=True).start()
+        return True
 
-    def _current(self, generation: int) -> bool:
-        with self._changed:
-            return generation == self._generation
-
-    def _write(self, producer: Producer | None, generation: int) -> None:
+    def _write(self, producer: Producer, generation: int) -> None:
         """Transactions, one after another, while there are chunks to log (and the door has not stopped)."""
+        current: Producer | None = producer
         try:
-            while producer is not None:
+            while current is not None:
                 with self._changed:
                     self._changed.wait_for(lambda: self._queue or self._closing or generation != self._generation)
                     if generation != self._generation or not self._queue:
                         break
-                producer = self._transact(producer, generation)
+                current = self._transact(current, generation)
         finally:
             with self._changed:
                 if generation == self._generation:
-                    if self._queue or self._open_since is not None:  # ended by an error mid-transaction
+                    # Ended by an error (mid-transaction, or before the door closed): drop what it held, so that the
+                    # door rewinds, and reopening starts a new thread.
+                    ended_early = not (self._closing or self._stopping.is_set())
+                    if self._queue or self._open_since is not None or ended_early:
                         self._failed, self._queue, self._pending, self._open_since = True, [], 0, None
                     self._running = False
                     self._changed.notify_all()
@@ -210,6 +232,11 @@ class TransactionWriter:
                     records += len(chunk.outputs)
                 if hurry or records >= self.max_records or time.monotonic() >= deadline:
                     break
+            if not included:  # the queue was dropped while this waited: nothing to commit
+                producer.abort_transaction(self.broker_timeout_s)
+                with self._changed:
+                    self._open_since = None
+                return producer if generation == self._generation else None
             offsets: dict[Partition, int] = {}
             for chunk in included:  # chunks come in poll order: a later one's offset is further on
                 offsets.update(chunk.offsets)
@@ -217,18 +244,23 @@ class TransactionWriter:
             self._retrying(producer.send_offsets_to_transaction, partitions, included[-1].group_metadata, self.broker_timeout_s)
             self._retrying(producer.commit_transaction, self.broker_timeout_s)
         except KafkaException as exc:
-            if not self._current(generation):
+            if not self._fail(generation, sum(len(chunk.outputs) for chunk in included)):
                 return None
-            self._fail(sum(len(chunk.outputs) for chunk in included))
             return self._recover(producer, exc.args[0])
-        if not self._current(generation):
-            return None
+        except Exception:  # not Kafka's (a bug): fail as if it were, with a new producer fencing this one's transaction
+            log.exception("Kafka transaction failed")
+            return self._new_producer() if self._fail(generation, sum(len(chunk.outputs) for chunk in included)) else None
         outputs = [output for chunk in included for output in chunk.outputs]
         with self._changed:
+            if generation != self._generation:  # abandoned meanwhile: its accounting was reset
+                return None
             self._pending -= len(outputs)
             self._open_since = None
             self._changed.notify_all()
-        self._committed(outputs, time.perf_counter())
+        try:
+            self._committed(outputs, time.perf_counter())
+        except Exception:  # the door's bookkeeping (metrics, traces) must not end the writer
+            log.exception("after a Kafka transaction committed")
         return producer
 
     @staticmethod
@@ -240,30 +272,34 @@ class TransactionWriter:
             except BufferError:  # the queue is full while the broker is slow: make room
                 producer.poll(0.1)
 
-    def _fail(self, included: int) -> None:
-        """A transaction of ``included`` records failed: drop it and everything queued behind it."""
+    def _fail(self, generation: int, included: int) -> bool:
+        """A transaction of ``included`` records failed: drop it and everything queued behind it; False (and nothing
+        dropped) if the thread of ``generation`` was abandoned meanwhile."""
         log.warning("Kafka transaction failed; its requests and those scored since will be consumed again")
         with self._changed:
+            if generation != self._generation:
+                return False
             self._failed = True
             self._pending -= included + sum(len(chunk.outputs) for chunk in self._queue)
             self._queue, self._open_since = [], None
             self._changed.notify_all()
+        return True
 
     def _abandon(self) -> None:
         """Give up on the writer's thread (blocked in librdkafka): fence its transaction with a new producer."""
-        log.error("Kafka transaction not settled after %.0f s (a broker call ignored its timeout); abandoning its producer, "
-                  "its requests will be consumed again", self._settle_s)  # fmt: skip
-        with self._changed:
-            self._generation += 1
-            self._failed, self._queue, self._pending, self._open_since, self._running = True, [], 0, None, False
-            self._changed.notify_all()
-        producer = self._new_producer()
-        if producer is not None:
-            self._spawn(producer)
+        with self._abandoning:
+            log.error("Kafka transaction not settled after %.0f s (a broker call ignored its timeout); abandoning its "
+                      "producer, its requests will be consumed again", self._settle_s)  # fmt: skip
+            with self._changed:
+                self._generation += 1
+                generation = self._generation
+                self._failed, self._queue, self._pending, self._open_since, self._running = True, [], 0, None, False
+                self._changed.notify_all()
+            self._restart(generation)
 
     # Broker calls ------------------------------------------------------------------------------------
 
-    def _retrying(self, call: Callable[..., T], *args) -> T:
+    def _retrying(self, call: Callable[..., T], *args: object) -> T:
         """``call(*args)``, tried again after each retriable error until it succeeds or the door stops."""
         while True:
             try:

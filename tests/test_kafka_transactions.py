@@ -39,6 +39,7 @@ class Writer:
 
     def __init__(self, bootstrap: str, interval_s: float, max_records: int = 1000) -> None:
         self.commits: list[tuple[list[str], float]] = []
+        self.raise_after_commit = False
         self.stopping = threading.Event()
         config = transactional_producer_config({"bootstrap.servers": bootstrap}, f"test-{uuid.uuid4()}")
         self.writer = TransactionWriter(config, interval_s=interval_s, max_records=max_records, broker_timeout_s=10,
@@ -47,6 +48,8 @@ class Writer:
 
     def _committed(self, outputs: list[Output], at: float) -> None:
         self.commits.append(([o.key for o in outputs], time.monotonic()))
+        if self.raise_after_commit:
+            raise RuntimeError("the door's bookkeeping failed")
 
     def hand(self, member: Member, request_ids: list[str], next_offset: int) -> None:
         outputs = [Output(PREDICTIONS.name, rid.encode(), rid) for rid in request_ids]
@@ -80,12 +83,14 @@ def test_chunks_handed_within_an_interval_commit_together_once_it_has_passed(boo
     try:
         handed = time.monotonic()
         writer.hand(member, first, 10)
-        time.sleep(0.2)  # the second chunk is scored later, within the first's interval
+        time.sleep(0.6)  # the second chunk is scored later, within the first's interval
         writer.hand(member, second, 15)
         assert wait_until(lambda: writer.commits, 30), "a commit"
         (keys, at), = writer.commits  # fmt: skip
         assert keys == first + second
         assert at - handed >= 1.0, "committed before its interval was over"
+        # The interval runs from the first chunk: counted from the second, the commit would come after 1.6 s.
+        assert at - handed < 1.5, f"committed {at - handed:.2f} s after the first chunk"
         assert wait_until(lambda: {v.decode() for v in reader.poll()} >= set(first + second), 30), "the records readable"
         assert member.committed(0) == 15
         assert writer.writer.pending == 0
@@ -101,7 +106,8 @@ def test_a_transaction_commits_early_at_its_record_limit_or_when_asked_to_settle
         writer.hand(member, _ids(2), 2)
         writer.hand(member, _ids(2), 4)
         assert wait_until(lambda: writer.commits, 30), "a commit at the record limit"
-        assert writer.commits[0][1] - handed < 30
+        keys, at = writer.commits[0]
+        assert len(keys) == 4 and at - handed < 10, "the record limit, not the 60 s interval, closed the transaction"
         later = _ids(1)
         writer.hand(member, later, 5)
         assert writer.writer.settle(), "settling did not commit"
@@ -140,3 +146,17 @@ def test_a_failed_transaction_drops_what_was_handed_until_the_door_reopens(boots
     finally:
         writer.close()
         reader.close()
+
+
+def test_the_writer_goes_on_after_its_commit_callback_raises(bootstrap: str, member: Member) -> None:
+    writer = Writer(bootstrap, interval_s=0.1)
+    writer.raise_after_commit = True
+    try:
+        writer.hand(member, first := _ids(1), 1)
+        assert wait_until(lambda: writer.commits, 30), "the first commit"
+        writer.hand(member, second := _ids(1), 2)
+        assert wait_until(lambda: len(writer.commits) == 2, 30), "no commit after the callback raised"
+        assert [keys for keys, _ in writer.commits] == [first, second]
+        assert not writer.writer.failed and member.committed(0) == 2
+    finally:
+        writer.close()

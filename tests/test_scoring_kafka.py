@@ -44,7 +44,7 @@ def _serve(
                         LOOPLINE_SERVING__INSTANCE=instance, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery, **env)  # fmt: skip
 
 
-# Its waits add up to 420 s: more than pytest's 300 s default, which would cut a slow but passing run.
+# Its waits add up to about 480 s: more than pytest's 300 s default, which would cut a slow but passing run.
 @pytest.mark.timeout(600)
 def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
     model = write_linear_model(tmp_path / "model.onnx", INPUTS, WEIGHTS, BIAS)
@@ -142,7 +142,7 @@ def _through_a_crash(
     return batch, requests, logged, seen_at_kill
 
 
-@pytest.mark.timeout(450)  # two scorer starts and _through_a_crash's 240 s of waits
+@pytest.mark.timeout(450)  # two scorer starts and about 300 s of waits (_through_a_crash's and the dead letters')
 def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstrap: str, tmp_path: Path) -> None:
     batch, requests, logged, _ = _through_a_crash(applied, bootstrap, tmp_path, "exactly_once")
     counts = Counter(p.request_id for p in logged)
@@ -167,7 +167,7 @@ def test_each_request_is_scored_once_through_a_crash(applied: Settings, bootstra
         dead.close()
 
 
-@pytest.mark.timeout(450)  # two scorer starts and _through_a_crash's 240 s of waits
+@pytest.mark.timeout(450)  # two scorer starts and about 270 s of waits
 def test_at_least_once_loses_nothing_through_a_crash_and_scores_again_only_the_uncommitted(
     applied: Settings, bootstrap: str, tmp_path: Path
 ) -> None:
@@ -175,7 +175,7 @@ def test_at_least_once_loses_nothing_through_a_crash_and_scores_again_only_the_u
     counts = Counter(p.request_id for p in logged)
     assert set(counts) == {r.request_id for r in requests}, "every request has a prediction"
     twice = sum(n - 1 for n in counts.values())
-    # Scored again: what was acknowledged in the last commit interval (100 ms) before the kill. A door that never
+    # Scored again: what was acknowledged in the last commit interval (50 ms) before the kill. A door that never
     # committed would score again all it had logged by then.
     assert twice < seen_at_kill / 2, f"{twice} duplicates of {seen_at_kill} logged at the kill"
     by_id = {p.request_id: p for p in logged}
