@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from feature_store.window_tiles import SCALE, AggregationSpec
 from schemas.topics import TopicSpec, topic_spec
 
 if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled here
@@ -22,8 +23,6 @@ if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled
 WINDOWED_FUNCTIONS = frozenset({"count", "sum", "mean", "max", "min", "count_distinct"})
 SUPPORTED_FUNCTIONS = WINDOWED_FUNCTIONS | {"time_since_previous"}
 _NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
-#: Sums are kept exact, as integers of 1/SCALE (the job and the recompute both round values to it).
-SCALE = 1_000_000
 #: The largest magnitude an aggregated value may have: its integer of 1/SCALE stays exact in a double
 #: (2**53), and over a thousand of them still sum within a 64-bit integer.
 MAX_EXACT_VALUE = 2**53 / SCALE
@@ -34,23 +33,6 @@ MAX_EVENT_TIME_MS = 9_000_000_000_000
 
 class PlanError(ValueError):
     """A feature view asks for something the streaming engine cannot compute."""
-
-
-@dataclass(frozen=True)
-class AggregationSpec:
-    """One feature: ``function`` of ``column`` over the last ``window_ms``, in steps of ``slide_ms``."""
-
-    name: str
-    function: str
-    column: str
-    window_ms: int | None
-    slide_ms: int | None
-
-    @property
-    def window_buckets(self) -> int:
-        """How many slide buckets the window spans."""
-        assert self.window_ms is not None and self.slide_ms is not None
-        return self.window_ms // self.slide_ms
 
 
 @dataclass(frozen=True)
