@@ -28,8 +28,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-import msgpack
-
 #: Sums are kept exact, as integers of 1/SCALE (every path rounds a value to it half to even, as ``round`` does).
 SCALE = 1_000_000
 #: Functions computed from tiles.
@@ -146,11 +144,15 @@ def window_value(tiles: Mapping[int, Tile], shape: TileShape, aggregation: Aggre
 def encode(tiles: Mapping[int, Tile]) -> bytes:
     """``tiles`` (of one shape) as stored: a MessagePack array of ``[index, count, totals, maxima, minima, distinct]``
     per tile, oldest first."""
+    import msgpack  # where tiles are stored or read: not the job's workers, whose environment lacks it (job_archives)
+
     return msgpack.packb([[index, tile.count, tile.totals, tile.maxima, tile.minima, [sorted(values, key=repr) for values in tile.distinct]]
                           for index, tile in sorted(tiles.items())])  # fmt: skip
 
 
 def decode(raw: bytes) -> dict[int, Tile]:
     """The tiles :func:`encode` wrote, by index."""
+    import msgpack
+
     return {index: Tile(count, totals, maxima, minima, [set(values) for values in distinct])
             for index, count, totals, maxima, minima, distinct in msgpack.unpackb(raw, strict_map_key=False)}  # fmt: skip
