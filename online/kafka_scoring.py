@@ -41,6 +41,7 @@ class Output(NamedTuple):
 
     @property
     def headers(self) -> list[tuple[str, str]] | None:
+        """The record's headers: the request's ``traceparent`` when it is traced."""
         return None if self.trace is None else [("traceparent", self.trace.traceparent())]
 
 
