@@ -10,12 +10,17 @@ from collections.abc import Iterator
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from conftest import LogReader
 from infra.service import wait_until
 from online.kafka_scoring import Output
 from online.kafka_transactions import TRANSACTION_RETRY_BACKOFF, TransactionWriter, transactional_producer_config
-from schemas.topics import PREDICTIONS, SCORE_REQUESTS
+from schemas.topics import SCORE_REQUESTS
+
+#: The writer's records go to a topic of this module's own: they are not predictions, and other tests decode every
+#: record of scoring.predictions.
+OUTPUT = f"test.kafka-transactions.{uuid.uuid4().hex[:8]}"
 
 
 class Member:
@@ -52,12 +57,20 @@ class Writer:
             raise RuntimeError("the door's bookkeeping failed")
 
     def hand(self, member: Member, request_ids: list[str], next_offset: int) -> None:
-        outputs = [Output(PREDICTIONS.name, rid.encode(), rid) for rid in request_ids]
+        outputs = [Output(OUTPUT, rid.encode(), rid) for rid in request_ids]
         self.writer.hand(outputs, {(SCORE_REQUESTS.name, 0): next_offset}, member.metadata())
 
     def close(self) -> None:
         self.stopping.set()
         self.writer.close()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def output_topic(bootstrap: str) -> Iterator[str]:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(OUTPUT, num_partitions=1, replication_factor=1)])[OUTPUT].result(30)
+    yield OUTPUT
+    admin.delete_topics([OUTPUT])[OUTPUT].result(30)
 
 
 @pytest.fixture
@@ -78,7 +91,7 @@ def test_the_producer_lowers_the_retry_backoff_unless_the_client_config_sets_it(
 
 
 def test_chunks_handed_within_an_interval_commit_together_once_it_has_passed(bootstrap: str, member: Member) -> None:
-    writer, reader = Writer(bootstrap, interval_s=1.0), LogReader(bootstrap, PREDICTIONS.name, from_end=True)
+    writer, reader = Writer(bootstrap, interval_s=1.0), LogReader(bootstrap, OUTPUT, from_end=True)
     first, second = _ids(2), _ids(3)
     try:
         handed = time.monotonic()
@@ -118,8 +131,9 @@ def test_a_transaction_commits_early_at_its_record_limit_or_when_asked_to_settle
 
 
 def test_a_failed_transaction_drops_what_was_handed_until_the_door_reopens(bootstrap: str) -> None:
-    writer, reader = Writer(bootstrap, interval_s=0.2), LogReader(bootstrap, PREDICTIONS.name, from_end=True)
+    writer, reader = Writer(bootstrap, interval_s=0.2), LogReader(bootstrap, OUTPUT, from_end=True)
     member = Member(bootstrap, f"txn-{uuid.uuid4()}")
+    other: Member | None = None
     try:
         writer.hand(member, committed := _ids(1), 1)
         assert wait_until(lambda: writer.commits, 30), "the first commit"
@@ -129,7 +143,7 @@ def test_a_failed_transaction_drops_what_was_handed_until_the_door_reopens(boots
         member.consumer.close()
         other = Member(bootstrap, member.group)
         lost = _ids(2)
-        writer.writer.hand([Output(PREDICTIONS.name, rid.encode(), rid) for rid in lost], {(SCORE_REQUESTS.name, 0): 3}, stale)
+        writer.writer.hand([Output(OUTPUT, rid.encode(), rid) for rid in lost], {(SCORE_REQUESTS.name, 0): 3}, stale)
         assert wait_until(lambda: writer.writer.failed, 60), "the transaction to fail"
         assert writer.writer.pending == 0
         writer.hand(other, dropped := _ids(1), 4)  # handed before the door rewound: dropped
@@ -142,10 +156,11 @@ def test_a_failed_transaction_drops_what_was_handed_until_the_door_reopens(boots
         readable = {v.decode() for v in reader.poll()}
         assert committed[0] in readable and not readable & set(lost + dropped)
         assert other.committed(0) == 4
-        other.consumer.close()
     finally:
         writer.close()
         reader.close()
+        if other is not None:
+            other.consumer.close()
 
 
 def test_the_writer_goes_on_after_its_commit_callback_raises(bootstrap: str, member: Member) -> None:
