@@ -16,11 +16,11 @@ from conftest import LogReader
 from infra.service import wait_until
 from online.kafka_scoring import Output
 from online.kafka_transactions import TRANSACTION_RETRY_BACKOFF, TransactionWriter, transactional_producer_config
-from schemas.topics import SCORE_REQUESTS
 
-#: The writer's records go to a topic of this module's own: they are not predictions, and other tests decode every
-#: record of scoring.predictions.
-OUTPUT = f"test.kafka-transactions.{uuid.uuid4().hex[:8]}"
+#: Topics of this module's own. The writer's records are not predictions (other tests decode every record of
+#: scoring.predictions), and the offsets it commits are made up: on the real requests topic a group joining later
+#: would start there, behind every earlier test's requests.
+OUTPUT, INPUT = (f"test.kafka-transactions-{part}.{uuid.uuid4().hex[:8]}" for part in ("out", "in"))
 
 
 class Member:
@@ -29,14 +29,14 @@ class Member:
     def __init__(self, bootstrap: str, group: str) -> None:
         self.group = group
         self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-        self.consumer.subscribe([SCORE_REQUESTS.name])
+        self.consumer.subscribe([INPUT])
         assert wait_until(lambda: self.consumer.poll(0.2) is None and bool(self.consumer.assignment()), 60), "a group assignment"
 
     def metadata(self) -> object:
         return self.consumer.consumer_group_metadata()
 
     def committed(self, partition: int) -> int:
-        return self.consumer.committed([TopicPartition(SCORE_REQUESTS.name, partition)], timeout=10)[0].offset
+        return self.consumer.committed([TopicPartition(INPUT, partition)], timeout=10)[0].offset
 
 
 class Writer:
@@ -58,7 +58,7 @@ class Writer:
 
     def hand(self, member: Member, request_ids: list[str], next_offset: int) -> None:
         outputs = [Output(OUTPUT, rid.encode(), rid) for rid in request_ids]
-        self.writer.hand(outputs, {(SCORE_REQUESTS.name, 0): next_offset}, member.metadata())
+        self.writer.hand(outputs, {(INPUT, 0): next_offset}, member.metadata())
 
     def close(self) -> None:
         self.stopping.set()
@@ -68,9 +68,11 @@ class Writer:
 @pytest.fixture(scope="module", autouse=True)
 def output_topic(bootstrap: str) -> Iterator[str]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(OUTPUT, num_partitions=1, replication_factor=1)])[OUTPUT].result(30)
+    for created in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1) for topic in (OUTPUT, INPUT)]).values():
+        created.result(30)
     yield OUTPUT
-    admin.delete_topics([OUTPUT])[OUTPUT].result(30)
+    for deleted in admin.delete_topics([OUTPUT, INPUT]).values():
+        deleted.result(30)
 
 
 @pytest.fixture
@@ -143,7 +145,7 @@ def test_a_failed_transaction_drops_what_was_handed_until_the_door_reopens(boots
         member.consumer.close()
         other = Member(bootstrap, member.group)
         lost = _ids(2)
-        writer.writer.hand([Output(OUTPUT, rid.encode(), rid) for rid in lost], {(SCORE_REQUESTS.name, 0): 3}, stale)
+        writer.writer.hand([Output(OUTPUT, rid.encode(), rid) for rid in lost], {(INPUT, 0): 3}, stale)
         assert wait_until(lambda: writer.writer.failed, 60), "the transaction to fail"
         assert writer.writer.pending == 0
         writer.hand(other, dropped := _ids(1), 4)  # handed before the door rewound: dropped
