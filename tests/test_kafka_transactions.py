@@ -24,7 +24,7 @@ OUTPUT, INPUT = (f"test.kafka-transactions-{part}.{uuid.uuid4().hex[:8]}" for pa
 
 
 class Member:
-    """A consumer group member on the requests topic (whose metadata a transaction's offsets are committed as)."""
+    """A consumer group member on the module's input topic (whose metadata a transaction's offsets are committed as)."""
 
     def __init__(self, bootstrap: str, group: str) -> None:
         self.group = group
@@ -66,7 +66,7 @@ class Writer:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def output_topic(bootstrap: str) -> Iterator[str]:
+def topics(bootstrap: str) -> Iterator[str]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for created in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1) for topic in (OUTPUT, INPUT)]).values():
         created.result(30)
