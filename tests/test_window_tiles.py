@@ -81,12 +81,16 @@ def _tiles(aggregations: list[AggregationSpec], events: list[dict], order: list[
     return {slide: decode(encode(slide_tiles)) for slide, slide_tiles in tiles.items()}
 
 
+def _folded(aggregations: list[AggregationSpec], events: list[dict], order: list[int]) -> tuple[dict, dict, int]:
+    """Each slide's shape and folded tiles of ``events``, and the latest event time."""
+    return tile_shapes(aggregations), _tiles(aggregations, events, order), max(e[EVENT_TIME] for e in events)
+
+
 @settings(max_examples=300, deadline=None)
 @given(_histories())
 def test_tiles_merged_at_any_read_time_equal_the_window_definition(case) -> None:
     aggregations, events, order, reads = case
-    shapes, tiles = tile_shapes(aggregations), _tiles(aggregations, events, order)
-    latest = max(e[EVENT_TIME] for e in events)
+    shapes, tiles, latest = _folded(aggregations, events, order)
     for at_ms in reads:
         for aggregation in aggregations:
             got = window_value(tiles[aggregation.slide_ms], shapes[aggregation.slide_ms], aggregation, at_ms, latest)
@@ -97,8 +101,7 @@ def test_tiles_merged_at_any_read_time_equal_the_window_definition(case) -> None
 @given(_histories())
 def test_at_the_latest_event_the_merge_is_the_jobs_window_and_long_after_it_every_window_is_empty(case) -> None:
     aggregations, events, order, _ = case
-    shapes, tiles = tile_shapes(aggregations), _tiles(aggregations, events, order)
-    latest = max(e[EVENT_TIME] for e in events)
+    shapes, tiles, latest = _folded(aggregations, events, order)
     frame = pd.DataFrame([{"user": "u", **e} for e in events])
     (row,) = recompute(ViewPlan("v", "user", "t", 0, tuple(aggregations), None), frame).to_dict("records")
     quiet = latest + max(a.window_ms for a in aggregations)  # every window has passed the last event's slide
