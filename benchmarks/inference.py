@@ -426,10 +426,16 @@ def _http_prefix(log_mode: str) -> str:
     return "http" if log_mode == LOG_MODES[0] else f"http_{log_mode}"
 
 
+def _held_by_all(figures: dict, rates: list[float], prefixes: Iterable[str], p99_ms: float = HELD_P99_MS) -> list[float]:
+    """The ``rates`` every one of ``prefixes`` (figure prefixes before ``_<rate>``) held (:func:`_held`)."""
+    prefixes = list(prefixes)
+    return [rate for rate in rates if all(_held(figures, f"{prefix}_{rate:.0f}", p99_ms) for prefix in prefixes)]
+
+
 def _prediction_log_cost(figures: dict, rates: list[float]) -> dict:
     """What waiting for the broker costs: the p99 ratio of the ``ack`` over the ``async`` prediction log at the
     highest rate both modes held, else (said so) at the lowest rate measured."""
-    both = [rate for rate in rates if all(_held(figures, f"{_http_prefix(mode)}_{rate:.0f}") for mode in LOG_MODES)]
+    both = _held_by_all(figures, rates, (_http_prefix(mode) for mode in LOG_MODES))
     rate = max(both) if both else min(rates)
     ack, unacked = (figures[f"{_http_prefix(mode)}_{rate:.0f}_p99_ms"] for mode in LOG_MODES)
     return {"prediction_log_ack_over_async_p99": _ratio(ack, unacked), "prediction_log_compared_at_per_s": rate,
@@ -554,7 +560,7 @@ def _commit_interval_cost(figures: dict, rates: list[float]) -> dict:
     """What the default commit interval costs against SHORT_COMMIT_INTERVAL_MS: the p99 ratio at the highest rate both
     held with any p99 (enough answered, few on defaults: an overloaded scorer's p99 is its overload's, whatever the
     interval), and the scorer CPU per request of each there; None where no rate was held by both."""
-    both = [rate for rate in rates if all(_held(figures, f"{door}_{rate:.0f}", float("inf")) for door in ("kafka", SHORT_COMMIT))]
+    both = _held_by_all(figures, rates, ("kafka", SHORT_COMMIT), float("inf"))
     if not both:
         return {"kafka_commit_default_over_short_p99": None, "kafka_commit_compared_at_per_s": None}
     rate = f"{max(both):.0f}"
