@@ -12,21 +12,59 @@ pipeline: Feast's layout keeps all of an entity's views in one hash under one ke
 key (never a cross-slot one); the commands are grouped by the master of their key's slot and sent to all masters
 before any reply is read, still one round trip. A master that does not answer fails the read (the scorer answers
 on defaults) until the cluster has failed it over to its replica and the client has learnt the new layout.
+
+Windows at request time. Without a read time the values are the job's finished ones, as of each entity's latest
+event: what Feast's ``get_online_features`` returns. Given a read time per entity (the request's time), each windowed
+feature is as of that time (``feature_store/window_tiles.py``): a small Redis script, one per entity and one key as
+before, returns the finished values and, only for a slide length whose oldest tile with events has left a window by
+then, that slide's tiles, which are merged here (exactly: Lua has only doubles). An entity with an event inside every
+window costs one script call instead of an HMGET; a quiet one also sends its tiles.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from pathlib import Path
+
+from redis.exceptions import NoScriptError
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
-from feature_store.online_layout import OnlineLayout
+from feature_store.online_layout import OnlineLayout, ViewLayout
 from feature_store.redis_connection import redis_client
+from feature_store.window_tiles import decode_tile, parse_marker, window_value
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
 _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
 _DOUBLE = struct.Struct("<d")
+
+#: KEYS[1]: the entity's hash. ARGV: the read time (ms), the number n of plain fields, the fields (the marker last),
+#: then per slide length in the marker's order: the length (ms), the shortest window on it (in slides), how many
+#: tiles it keeps, and their fields' prefix. Returns the plain fields' values, then per slide length its tiles when
+#: a tile with events has left one of its windows by the read time (else nil).
+_WINDOWS_AT = """
+local n = tonumber(ARGV[2])
+local plain = redis.call('HMGET', KEYS[1], unpack(ARGV, 3, 2 + n))
+local result = {plain}
+local marker = plain[n]
+if not marker then return result end
+local latest, rest = string.match(marker, '^(%d+)(.*)$')
+local at = math.max(tonumber(ARGV[1]), tonumber(latest))
+local i = 3 + n
+for oldest in string.gmatch(rest, ',(%d+)') do
+  local slide, span, kept, prefix = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
+  i = i + 4
+  if tonumber(oldest) <= math.floor(at / slide) - span then
+    local slots = {}
+    for j = 0, kept - 1 do slots[j + 1] = prefix .. j end
+    result[#result + 1] = redis.call('HMGET', KEYS[1], unpack(slots))
+  else
+    result[#result + 1] = false
+  end
+end
+return result
+"""
 
 
 class OnlineReader:
@@ -55,6 +93,9 @@ class OnlineReader:
         self._views, self._redis_key = self.layout.views, self.layout.redis_key
         online_store = store.config.online_store
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
+        self._windows_at: bytes | None = None  # the script's SHA, once loaded
+        #: Per windowed view, the script's arguments after the plain fields (see ``_WINDOWS_AT``).
+        self._slide_args = {name: _slide_args(layout) for name, layout in self._views.items() if layout.shapes}
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""
@@ -65,23 +106,22 @@ class OnlineReader:
         return self.read_with_row_times(features, entity_rows)[0]
 
     def read_with_row_times(
-        self, features: list[str], entity_rows: list[dict[str, str]]
+        self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None
     ) -> tuple[dict[str, list], dict[str, list[int | None]]]:
         """:meth:`get_online_features`, and per view the event time (ms) of each entity's row as read, None for
-        none: in the same round trip, so the time is that of the values returned."""
+        none: in the same round trip, so the time is that of the values returned. With ``at_ms`` (a read time per
+        row, epoch ms), windowed features are as of those times (the module's docstring)."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
         by_view: dict[str, list[str]] = {}
         for reference in features:
             view, feature = reference.split(":", 1)
             by_view.setdefault(view, []).append(feature)
-        pipe = self._redis.pipeline(transaction=False)
-        for view, names in by_view.items():
-            layout = self._views[view]
-            fields = [*(layout.fields[name] for name in names), layout.timestamp_field]
-            for row in entity_rows:
-                pipe.hmget(self._redis_key(layout.join_key, row[layout.join_key]), fields)
-        replies = iter(pipe.execute())
+        try:
+            replies = iter(self._replies(by_view, entity_rows, at_ms))
+        except NoScriptError:  # Redis restarted, or failed over, since the script was loaded
+            self._windows_at = None
+            replies = iter(self._replies(by_view, entity_rows, at_ms))
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
         for row in entity_rows:
@@ -89,12 +129,41 @@ class OnlineReader:
                 result.setdefault(key, []).append(value)
         for view, names in by_view.items():
             columns, times = [result.setdefault(name, []) for name in names], row_times.setdefault(view, [])
-            for _ in entity_rows:
-                *raws, stamp = next(replies)
-                for column, raw in zip(columns, raws, strict=True):
-                    column.append(None if raw is None else self._decode(raw))
+            tiled = at_ms is not None and view in self._slide_args
+            for i in range(len(entity_rows)):
+                reply = next(replies)
+                if tiled:
+                    (*raws, stamp, marker), *slides = reply
+                    values = [None if raw is None else self._decode(raw) for raw in raws]
+                    if any(slides):
+                        _merge(self._views[view], names, values, marker, slides, at_ms[i])
+                else:
+                    *raws, stamp = reply
+                    values = [None if raw is None else self._decode(raw) for raw in raws]
+                for column, value in zip(columns, values, strict=True):
+                    column.append(value)
                 times.append(None if stamp is None else _millis(Timestamp.FromString(stamp)))
         return result, row_times
+
+    def _replies(self, by_view: dict[str, list[str]], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None) -> list:
+        """One pipelined round trip: per view and row, an HMGET of the features and the row's time, or with ``at_ms``
+        for a windowed view the script that adds the marker and the tiles a read at that time merges."""
+        if at_ms is not None and self._windows_at is None and any(view in self._slide_args for view in by_view):
+            self._windows_at = self._redis.script_load(_WINDOWS_AT)
+        pipe = self._redis.pipeline(transaction=False)
+        for view, names in by_view.items():
+            layout = self._views[view]
+            fields = [*(layout.fields[name] for name in names), layout.timestamp_field]
+            if at_ms is not None and view in self._slide_args:
+                fields.append(layout.tiles_field)
+                for row, at in zip(entity_rows, at_ms, strict=True):
+                    # a plain command: redis-py's cluster pipeline has no evalsha(), but routes EVALSHA by its one key
+                    pipe.execute_command("EVALSHA", self._windows_at, 1, self._redis_key(layout.join_key, row[layout.join_key]),
+                                         at, len(fields), *fields, *self._slide_args[view])  # fmt: skip
+            else:
+                for row in entity_rows:
+                    pipe.hmget(self._redis_key(layout.join_key, row[layout.join_key]), fields)
+        return pipe.execute()
 
     def row_timestamps_us(self, view: str, entities: list[str]) -> list[int | None]:
         """When each entity's row was computed (its event time, in microseconds), or None if it has none."""
@@ -116,6 +185,28 @@ class OnlineReader:
         value = self._value.FromString(raw)
         kind = value.WhichOneof("val")
         return None if kind is None or kind == "null_val" else getattr(value, kind)
+
+
+def _slide_args(layout: ViewLayout) -> list:
+    """The script's per-slide arguments for a windowed view: length, shortest window in slides, tiles kept, prefix."""
+    args: list = []
+    for slide, shape in layout.shapes.items():
+        span = min(a.window_buckets for a in layout.aggregations.values() if a.slide_ms == slide)
+        args += [slide, span, shape.kept, layout.tile_prefix(slide)]
+    return args
+
+
+def _merge(layout: ViewLayout, names: list[str], values: list, marker: bytes, slides: list, at_ms: int) -> None:
+    """Replace in ``values`` (of the features ``names``) each windowed one whose slide's tiles came back with its value
+    merged from them at ``at_ms``."""
+    latest, _ = parse_marker(marker)
+    tiles = {slide: dict(decode_tile(raw) for raw in slots if raw is not None)
+             for slide, slots in zip(layout.shapes, slides, strict=True) if slots}  # fmt: skip
+    for i, name in enumerate(names):
+        aggregation = layout.aggregations.get(name)
+        if aggregation is not None and aggregation.slide_ms in tiles:
+            slide = aggregation.slide_ms
+            values[i] = window_value(tiles[slide], layout.shapes[slide], aggregation, at_ms, latest)
 
 
 def _millis(stamp) -> int:

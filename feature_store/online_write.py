@@ -13,6 +13,13 @@ event time as a protobuf Timestamp, so Feast's ``get_online_features`` reads the
 Beside them one field, ``_order:<view>``, holds ``<event time µs>:<events>``, the tie-break of rows of one event
 time. A row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and
 fields come from ``feature_store/online_layout.py``, the layout the reader uses too.
+
+Windowed views also keep their tiles in the hash (``feature_store/window_tiles.py``), for reads at request time: the
+row carries the marker ``_tiles:<view>`` (its latest event time and each slide's oldest tile with events) under the
+row's compare-and-set, and each tile the job sent is its own field, a ring slot per slide, written by a
+compare-and-set of its own: a slot takes a newer tile, or the same tile with more events. A restored job's replay may
+send a tile in a row the store refuses (ordered below one written before the failure), but the last event of each
+tile in the replay sends the tile with every event in it, which no stored version orders above.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pathlib import Path
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
+from feature_store.window_tiles import tile_head
 
 #: Feast value-proto field for each feature dtype Loopline declares.
 _VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_val", "FLOAT": "float_val",
@@ -58,6 +66,28 @@ if ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 return 1
 """
 
+#: KEYS[1]: the entity's hash. ARGV: a TTL in seconds (0: none), then pairs of a tile's field and its new value
+#: (``<index>:<count>:...``). A slot takes the tile when it holds none, an older tile, or this one with fewer events.
+_TILE_COMPARE_AND_SET = """
+local written = 0
+for n = 2, #ARGV, 2 do
+  local stored = redis.call('HGET', KEYS[1], ARGV[n])
+  local newer = true
+  if stored then
+    local index, count = string.match(stored, '^(%d+):(%d+):')
+    local new_index, new_count = string.match(ARGV[n + 1], '^(%d+):(%d+):')
+    index, count, new_index, new_count = tonumber(index), tonumber(count), tonumber(new_index), tonumber(new_count)
+    newer = new_index > index or (new_index == index and new_count > count)
+  end
+  if newer then
+    redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1])
+    written = written + 1
+  end
+end
+if written > 0 and ARGV[1] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
+return written
+"""
+
 
 @dataclass(frozen=True)
 class FeatureRow:
@@ -69,11 +99,22 @@ class FeatureRow:
     event_time_us: int
     features: dict[str, float | int | str | bool | None]
     events: int = 0
+    tiles_marker: str | None = None  # the job's marker of the entity's tiles (windowed views)
 
     @property
     def order(self) -> tuple[int, int]:
         """How the store orders the entity's rows: a row replaces only one of a lower order."""
         return self.event_time_us, self.events
+
+
+@dataclass(frozen=True)
+class TileRow:
+    """One tile of one entity of a view, as the job sends it: its slide length and its stored form."""
+
+    view: str
+    entity: str
+    slide_ms: int
+    tile: bytes
 
 
 def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
@@ -123,12 +164,32 @@ class OnlineWriter:
             values = []
             for name, value in row.features.items():
                 values += [layout.fields[name], (Value() if value is None else Value(**{kinds[name]: value})).SerializeToString()]
+            if row.tiles_marker is not None:
+                values += [layout.tiles_field, row.tiles_marker]
             # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
             pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_key, row.entity), layout.timestamp_field,
                                  stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
                                  row.events, self._ttl_s, *values)  # fmt: skip
         pipe.execute()
         return len(newest)
+
+    def write_tiles(self, tiles: list[TileRow]) -> int:
+        """Write the newest version of each tile in ``tiles`` where its slot holds an older one: one compare-and-set per
+        entity, all in one pipelined round trip; return how many tiles were sent."""
+        newest: dict[tuple[str, str], dict[bytes, bytes]] = {}
+        for row in tiles:
+            index, count = tile_head(row.tile)
+            field = self.layout.views[row.view].tile_field(row.slide_ms, index)
+            slots = newest.setdefault((row.view, row.entity), {})
+            current = slots.get(field)
+            if current is None or (index, count) > tile_head(current):
+                slots[field] = row.tile
+        pipe = self._redis.pipeline(transaction=False)
+        for (view, entity), slots in newest.items():
+            key = self.layout.redis_key(self.layout.views[view].join_key, entity)
+            pipe.execute_command("EVAL", _TILE_COMPARE_AND_SET, 1, key, self._ttl_s, *(part for item in slots.items() for part in item))
+        pipe.execute()
+        return sum(len(slots) for slots in newest.values())
 
     def delete_rows(self) -> list[str]:
         """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream
