@@ -33,7 +33,7 @@ from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
 from feature_store.online_layout import OnlineLayout, ViewLayout
 from feature_store.redis_connection import redis_client
-from feature_store.window_tiles import decode_tile, parse_marker, window_value
+from feature_store.window_tiles import AggregationSpec, TileShape, decode_tile, parse_marker, window_values
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
 _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
@@ -41,8 +41,9 @@ _DOUBLE = struct.Struct("<d")
 
 #: KEYS[1]: the entity's hash. ARGV: the read time (ms), the number n of plain fields, the fields (the marker last),
 #: then per slide length in the marker's order: the length (ms), the shortest window on it (in slides), how many
-#: tiles it keeps, and their fields' prefix. Returns the plain fields' values, then per slide length its tiles when
-#: a tile with events has left one of its windows by the read time (else nil).
+#: tiles it keeps, and their fields' prefix. Returns the plain fields' values, then per slide length, when a tile
+#: with events has left one of its windows by the read time, the slots of the tiles a window at that time can hold
+#: (from the oldest kept with events, or the oldest any window then reaches, to the latest event's); else nil.
 _WINDOWS_AT = """
 local n = tonumber(ARGV[2])
 local plain = redis.call('HMGET', KEYS[1], unpack(ARGV, 3, 2 + n))
@@ -50,15 +51,19 @@ local result = {plain}
 local marker = plain[n]
 if not marker then return result end
 local latest, rest = string.match(marker, '^(%d+)(.*)$')
-local at = math.max(tonumber(ARGV[1]), tonumber(latest))
+latest = tonumber(latest)
+local at = math.max(tonumber(ARGV[1]), latest)
 local i = 3 + n
 for oldest in string.gmatch(rest, ',(%d+)') do
   local slide, span, kept, prefix = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
   i = i + 4
-  if tonumber(oldest) <= math.floor(at / slide) - span then
+  local head = math.floor(at / slide)
+  if tonumber(oldest) <= head - span then
     local slots = {}
-    for j = 0, kept - 1 do slots[j + 1] = prefix .. j end
-    result[#result + 1] = redis.call('HMGET', KEYS[1], unpack(slots))
+    for k = math.max(tonumber(oldest), head - kept + 1), math.floor(latest / slide) do
+      slots[#slots + 1] = prefix .. string.format('%d', k % kept)
+    end
+    result[#result + 1] = #slots > 0 and redis.call('HMGET', KEYS[1], unpack(slots)) or {}
   else
     result[#result + 1] = false
   end
@@ -130,13 +135,14 @@ class OnlineReader:
         for view, names in by_view.items():
             columns, times = [result.setdefault(name, []) for name in names], row_times.setdefault(view, [])
             tiled = at_ms is not None and view in self._slide_args
+            plan = _by_slide(self._views[view], names) if tiled else []
             for i in range(len(entity_rows)):
                 reply = next(replies)
                 if tiled:
                     (*raws, stamp, marker), *slides = reply
                     values = [None if raw is None else self._decode(raw) for raw in raws]
-                    if any(slides):
-                        _merge(self._views[view], names, values, marker, slides, at_ms[i])
+                    if any(slots is not None for slots in slides):
+                        _merge(plan, values, marker, slides, at_ms[i])
                 else:
                     *raws, stamp = reply
                     values = [None if raw is None else self._decode(raw) for raw in raws]
@@ -196,17 +202,26 @@ def _slide_args(layout: ViewLayout) -> list:
     return args
 
 
-def _merge(layout: ViewLayout, names: list[str], values: list, marker: bytes, slides: list, at_ms: int) -> None:
-    """Replace in ``values`` (of the features ``names``) each windowed one whose slide's tiles came back with its value
+def _by_slide(layout: ViewLayout, names: list[str]) -> list[tuple[TileShape, list[int], list[AggregationSpec]]]:
+    """Per slide length of the view, in the marker's order: its shape, and the positions among ``names`` and the
+    aggregations of the windowed features on it."""
+    plan = []
+    for slide, shape in layout.shapes.items():
+        on_slide = [(i, layout.aggregations[name]) for i, name in enumerate(names)
+                    if name in layout.aggregations and layout.aggregations[name].slide_ms == slide]  # fmt: skip
+        plan.append((shape, [i for i, _ in on_slide], [a for _, a in on_slide]))
+    return plan
+
+
+def _merge(plan: list, values: list, marker: bytes, slides: list, at_ms: int) -> None:
+    """Replace in ``values`` each windowed one whose slide's tiles came back (``plan``: :func:`_by_slide`) with its value
     merged from them at ``at_ms``."""
     latest, _ = parse_marker(marker)
-    tiles = {slide: dict(decode_tile(raw) for raw in slots if raw is not None)
-             for slide, slots in zip(layout.shapes, slides, strict=True) if slots}  # fmt: skip
-    for i, name in enumerate(names):
-        aggregation = layout.aggregations.get(name)
-        if aggregation is not None and aggregation.slide_ms in tiles:
-            slide = aggregation.slide_ms
-            values[i] = window_value(tiles[slide], layout.shapes[slide], aggregation, at_ms, latest)
+    for (shape, positions, aggregations), slots in zip(plan, slides, strict=True):
+        if slots is not None and positions:
+            tiles = dict(decode_tile(raw) for raw in slots if raw is not None)
+            for i, value in zip(positions, window_values(tiles, shape, aggregations, at_ms, latest), strict=True):
+                values[i] = value
 
 
 def _millis(stamp) -> int:

@@ -25,7 +25,7 @@ Empty windows: ``count`` and ``count_distinct`` are 0, the others None (the feat
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -121,10 +121,27 @@ def fold(tiles: dict[int, Tile], shape: TileShape, event: Mapping[str, object], 
 def window_value(tiles: Mapping[int, Tile], shape: TileShape, aggregation: AggregationSpec, at_ms: int, latest_ms: int):
     """``aggregation`` over its window as read at ``at_ms`` of an entity whose latest event is at ``latest_ms`` (the
     module's semantics), from that entity's ``tiles`` of ``shape``."""
-    assert aggregation.window_ms is not None and aggregation.slide_ms == shape.slide_ms
+    return window_values(tiles, shape, [aggregation], at_ms, latest_ms)[0]
+
+
+def window_values(tiles: Mapping[int, Tile], shape: TileShape, aggregations: Sequence[AggregationSpec], at_ms: int, latest_ms: int) -> list:
+    """:func:`window_value` of each of ``aggregations`` (all of ``shape``'s slide length); the tiles inside a window
+    and their count are found once per window length."""
     head = shape.tile_of(max(at_ms, latest_ms))
-    inside = [tile for index, tile in tiles.items() if head - aggregation.window_buckets < index <= head]
-    count = sum(tile.count for tile in inside)
+    windows: dict[int, tuple[list[Tile], int]] = {}
+    values = []
+    for aggregation in aggregations:
+        assert aggregation.window_ms is not None and aggregation.slide_ms == shape.slide_ms
+        span = aggregation.window_buckets
+        if span not in windows:
+            inside = [tile for index, tile in tiles.items() if head - span < index <= head]
+            windows[span] = inside, sum(tile.count for tile in inside)
+        values.append(_aggregate(*windows[span], shape, aggregation))
+    return values
+
+
+def _aggregate(inside: list[Tile], count: int, shape: TileShape, aggregation: AggregationSpec):
+    """``aggregation`` over the tiles ``inside`` its window, which hold ``count`` events."""
     function = aggregation.function
     if function == "count":
         return count
