@@ -15,10 +15,10 @@ on defaults) until the cluster has failed it over to its replica and the client 
 
 Windows at request time. Without a read time the values are the job's finished ones, as of each entity's latest
 event: what Feast's ``get_online_features`` returns. Given a read time per entity (the request's time), each windowed
-feature is as of that time (``feature_store/window_tiles.py``): a small Redis script, one per entity and one key as
-before, returns the finished values and, only for a slide length whose oldest tile with events has left a window by
-then, that slide's tiles, which are merged here (exactly: Lua has only doubles). An entity with an event inside every
-window costs one script call instead of an HMGET; a quiet one also sends its tiles.
+feature is as of that time (``feature_store/window_tiles.py``): the same round trip also reads the marker of the
+entity's tiles, and only for a slide length whose oldest tile with events has left one of its windows by then are
+that slide's tiles read, in a second pipelined round trip for all such entities, and merged here. An entity with an
+event inside every window costs one field more than before; a quiet one costs a second round trip.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from pathlib import Path
-
-from redis.exceptions import NoScriptError
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
@@ -39,37 +37,6 @@ from feature_store.window_tiles import AggregationSpec, TileShape, decode_tile, 
 _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
 _DOUBLE = struct.Struct("<d")
 
-#: KEYS[1]: the entity's hash. ARGV: the read time (ms), the number n of plain fields, the fields (the marker last),
-#: then per slide length in the marker's order: the length (ms), the shortest window on it (in slides), how many
-#: tiles it keeps, and their fields' prefix. Returns the plain fields' values, then per slide length, when a tile
-#: with events has left one of its windows by the read time, the slots of the tiles a window at that time can hold
-#: (from the oldest kept with events, or the oldest any window then reaches, to the latest event's); else nil.
-_WINDOWS_AT = """
-local n = tonumber(ARGV[2])
-local plain = redis.call('HMGET', KEYS[1], unpack(ARGV, 3, 2 + n))
-local result = {plain}
-local marker = plain[n]
-if not marker then return result end
-local latest, rest = string.match(marker, '^(%d+)(.*)$')
-latest = tonumber(latest)
-local at = math.max(tonumber(ARGV[1]), latest)
-local i = 3 + n
-for oldest in string.gmatch(rest, ',(%d+)') do
-  local slide, span, kept, prefix = tonumber(ARGV[i]), tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), ARGV[i + 3]
-  i = i + 4
-  local head = math.floor(at / slide)
-  if tonumber(oldest) <= head - span then
-    local slots = {}
-    for k = math.max(tonumber(oldest), head - kept + 1), math.floor(latest / slide) do
-      slots[#slots + 1] = prefix .. string.format('%d', k % kept)
-    end
-    result[#result + 1] = #slots > 0 and redis.call('HMGET', KEYS[1], unpack(slots)) or {}
-  else
-    result[#result + 1] = false
-  end
-end
-return result
-"""
 
 
 class OnlineReader:
@@ -98,9 +65,6 @@ class OnlineReader:
         self._views, self._redis_key = self.layout.views, self.layout.redis_key
         online_store = store.config.online_store
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
-        self._windows_at: bytes | None = None  # the script's SHA, once loaded
-        #: Per windowed view, the script's arguments after the plain fields (see ``_WINDOWS_AT``).
-        self._slide_args = {name: _slide_args(layout) for name, layout in self._views.items() if layout.shapes}
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""
@@ -122,54 +86,58 @@ class OnlineReader:
         for reference in features:
             view, feature = reference.split(":", 1)
             by_view.setdefault(view, []).append(feature)
-        try:
-            replies = iter(self._replies(by_view, entity_rows, at_ms))
-        except NoScriptError:  # Redis restarted, or failed over, since the script was loaded
-            self._windows_at = None
-            replies = iter(self._replies(by_view, entity_rows, at_ms))
+        pipe = self._redis.pipeline(transaction=False)
+        for view, names in by_view.items():
+            layout = self._views[view]
+            fields = [*(layout.fields[name] for name in names), layout.timestamp_field]
+            if at_ms is not None and layout.shapes:
+                fields.append(layout.tiles_field)
+            for row in entity_rows:
+                pipe.hmget(self._redis_key(layout.join_key, row[layout.join_key]), fields)
+        replies = iter(pipe.execute())
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
         for row in entity_rows:
             for key, value in row.items():
                 result.setdefault(key, []).append(value)
+        merges: list[tuple[list, int, list, int, int, list]] = []  # column values, row, plan, read time, latest, slots
         for view, names in by_view.items():
             columns, times = [result.setdefault(name, []) for name in names], row_times.setdefault(view, [])
-            tiled = at_ms is not None and view in self._slide_args
+            tiled = at_ms is not None and bool(self._views[view].shapes)
             plan = _by_slide(self._views[view], names) if tiled else []
-            for i in range(len(entity_rows)):
+            for i, row in enumerate(entity_rows):
                 reply = next(replies)
-                if tiled:
-                    (*raws, stamp, marker), *slides = reply
-                    values = [None if raw is None else self._decode(raw) for raw in raws]
-                    if any(slots is not None for slots in slides):
-                        _merge(plan, values, marker, slides, at_ms[i])
-                else:
-                    *raws, stamp = reply
-                    values = [None if raw is None else self._decode(raw) for raw in raws]
-                for column, value in zip(columns, values, strict=True):
-                    column.append(value)
+                *raws, stamp, marker = reply if tiled else (*reply, None)
+                for column, raw in zip(columns, raws, strict=True):
+                    column.append(None if raw is None else self._decode(raw))
                 times.append(None if stamp is None else _millis(Timestamp.FromString(stamp)))
+                if marker is not None:
+                    assert at_ms is not None
+                    latest, oldest = parse_marker(marker)
+                    slots = _tiles_to_merge(self._views[view], plan, oldest, at_ms[i], latest)
+                    if any(fields is not None for fields in slots):
+                        key = self._redis_key(self._views[view].join_key, row[self._views[view].join_key])
+                        merges.append((columns, i, plan, at_ms[i], latest, [(key, fields) for fields in slots]))
+        if merges:
+            self._merge(merges)
         return result, row_times
 
-    def _replies(self, by_view: dict[str, list[str]], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None) -> list:
-        """One pipelined round trip: per view and row, an HMGET of the features and the row's time, or with ``at_ms``
-        for a windowed view the script that adds the marker and the tiles a read at that time merges."""
-        if at_ms is not None and self._windows_at is None and any(view in self._slide_args for view in by_view):
-            self._windows_at = self._redis.script_load(_WINDOWS_AT)
+    def _merge(self, merges: list) -> None:
+        """Read, in one pipelined round trip, the tiles each of ``merges`` needs, and put the values merged from them
+        at its read time in its columns."""
         pipe = self._redis.pipeline(transaction=False)
-        for view, names in by_view.items():
-            layout = self._views[view]
-            fields = [*(layout.fields[name] for name in names), layout.timestamp_field]
-            if at_ms is not None and view in self._slide_args:
-                fields.append(layout.tiles_field)
-                for row, at in zip(entity_rows, at_ms, strict=True):
-                    # a plain command: redis-py's cluster pipeline has no evalsha(), but routes EVALSHA by its one key
-                    pipe.execute_command("EVALSHA", self._windows_at, 1, self._redis_key(layout.join_key, row[layout.join_key]),
-                                         at, len(fields), *fields, *self._slide_args[view])  # fmt: skip
-            else:
-                for row in entity_rows:
-                    pipe.hmget(self._redis_key(layout.join_key, row[layout.join_key]), fields)
-        return pipe.execute()
+        for *_, slots in merges:
+            for key, fields in slots:
+                if fields:
+                    pipe.hmget(key, fields)
+        replies = iter(pipe.execute())
+        for columns, i, plan, at, latest, slots in merges:
+            for (shape, positions, aggregations), (_, fields) in zip(plan, slots, strict=True):
+                if fields is None or not positions:
+                    continue
+                tiles = dict(decode_tile(raw) for raw in next(replies) if raw is not None) if fields else {}
+                for position, value in zip(positions, window_values(tiles, shape, aggregations, at, latest), strict=True):
+                    columns[position][i] = value
 
     def row_timestamps_us(self, view: str, entities: list[str]) -> list[int | None]:
         """When each entity's row was computed (its event time, in microseconds), or None if it has none."""
@@ -193,35 +161,30 @@ class OnlineReader:
         return None if kind is None or kind == "null_val" else getattr(value, kind)
 
 
-def _slide_args(layout: ViewLayout) -> list:
-    """The script's per-slide arguments for a windowed view: length, shortest window in slides, tiles kept, prefix."""
-    args: list = []
-    for slide, shape in layout.shapes.items():
-        span = min(a.window_buckets for a in layout.aggregations.values() if a.slide_ms == slide)
-        args += [slide, span, shape.kept, layout.tile_prefix(slide)]
-    return args
-
-
 def _by_slide(layout: ViewLayout, names: list[str]) -> list[tuple[TileShape, list[int], list[AggregationSpec]]]:
-    """Per slide length of the view, in the marker's order: its shape, and the positions among ``names`` and the
-    aggregations of the windowed features on it."""
+    """Per slide length of a windowed view, in the marker's order: its shape, and the positions among ``names`` and
+    the aggregations of the windowed features on it."""
     plan = []
-    for slide, shape in layout.shapes.items():
+    for shape in layout.shapes.values():
         on_slide = [(i, layout.aggregations[name]) for i, name in enumerate(names)
-                    if name in layout.aggregations and layout.aggregations[name].slide_ms == slide]  # fmt: skip
+                    if name in layout.aggregations and layout.aggregations[name].slide_ms == shape.slide_ms]  # fmt: skip
         plan.append((shape, [i for i, _ in on_slide], [a for _, a in on_slide]))
     return plan
 
 
-def _merge(plan: list, values: list, marker: bytes, slides: list, at_ms: int) -> None:
-    """Replace in ``values`` each windowed one whose slide's tiles came back (``plan``: :func:`_by_slide`) with its value
-    merged from them at ``at_ms``."""
-    latest, _ = parse_marker(marker)
-    for (shape, positions, aggregations), slots in zip(plan, slides, strict=True):
-        if slots is not None and positions:
-            tiles = dict(decode_tile(raw) for raw in slots if raw is not None)
-            for i, value in zip(positions, window_values(tiles, shape, aggregations, at_ms, latest), strict=True):
-                values[i] = value
+def _tiles_to_merge(layout: ViewLayout, plan: list, oldest: list[int], at_ms: int, latest_ms: int) -> list[list[bytes] | None]:
+    """Per slide length of ``plan``, the tile fields a read at ``at_ms`` merges, or None where the finished values hold:
+    no tile with events (the oldest kept being ``oldest``) has left the shortest window read on it. The fields are those
+    a window can then hold: from the oldest kept with events, or the oldest any window reaches, to the latest event's."""
+    slots: list[list[bytes] | None] = []
+    head_ms = max(at_ms, latest_ms)
+    for (shape, positions, aggregations), first in zip(plan, oldest, strict=True):
+        head = shape.tile_of(head_ms)
+        if not positions or first > head - min(a.window_buckets for a in aggregations):
+            slots.append(None)
+            continue
+        slots.append([layout.tile_field(shape.slide_ms, k) for k in range(max(first, head - shape.kept + 1), shape.tile_of(latest_ms) + 1)])
+    return slots
 
 
 def _millis(stamp) -> int:

@@ -16,15 +16,17 @@ fields come from ``feature_store/online_layout.py``, the layout the reader uses 
 
 Windowed views also keep their tiles in the hash (``feature_store/window_tiles.py``), for reads at request time: the
 row carries the marker ``_tiles:<view>`` (its latest event time and each slide's oldest tile with events) under the
-row's compare-and-set, and each tile the job sent is its own field, a ring slot per slide, written by a
-compare-and-set of its own: a slot takes a newer tile, or the same tile with more events. A restored job's replay may
-send a tile in a row the store refuses (ordered below one written before the failure), but the last event of each
-tile in the replay sends the tile with every event in it, which no stored version orders above.
+row's compare-and-set, and the tiles its event changed, each its own field, a ring slot per slide, written in the
+same script by a compare-and-set of its own: a slot takes a newer tile, or the same tile with more events, even when
+the row is refused. A restored job's replay may send a tile in a row the store refuses (ordered below one written
+before the failure), but the last event of each tile in the replay sends the tile with every event in it, which no
+stored version orders above. A batch writes an entity once: its newest row, with the newest version of every tile
+its rows carried.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
@@ -37,9 +39,24 @@ _VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_v
                  "STRING": "string_val", "BOOL": "bool_val"}  # fmt: skip
 
 #: KEYS[1]: the entity's hash. ARGV: the ``_ts`` field, its new Timestamp, the new seconds and nanos, the order
-#: field, the new event time (µs) and events, a TTL in seconds (0: none), then the feature fields and values.
-#: The stored Timestamp is decoded here (protobuf varints: field 1 seconds, field 2 nanos) to compare times.
+#: field, the new event time (µs) and events, a TTL in seconds (0: none), the number m of tiles, m pairs of a tile's
+#: field and value (``<index>:<count>:...``), then the feature fields and values. A tile slot takes the tile when it
+#: holds none, an older tile, or this one with fewer events. The stored Timestamp is decoded here (protobuf varints:
+#: field 1 seconds, field 2 nanos) to compare times.
 _COMPARE_AND_SET = """
+local tiles = 10 + 2 * tonumber(ARGV[9])
+for n = 10, tiles - 1, 2 do
+  local held = redis.call('HGET', KEYS[1], ARGV[n])
+  local newer = true
+  if held then
+    local index, count = string.match(held, '^(%d+):(%d+):')
+    local new_index, new_count = string.match(ARGV[n + 1], '^(%d+):(%d+):')
+    index, count, new_index, new_count = tonumber(index), tonumber(count), tonumber(new_index), tonumber(new_count)
+    newer = new_index > index or (new_index == index and new_count > count)
+  end
+  if newer then redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1]) end
+end
+if tiles > 10 and ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored then
   local parts, i = {0, 0}, 1
@@ -60,34 +77,11 @@ if stored then
   end
 end
 local fields = {ARGV[1], ARGV[2], ARGV[5], ARGV[6] .. ':' .. ARGV[7]}
-for n = 9, #ARGV do fields[#fields + 1] = ARGV[n] end
+for n = tiles, #ARGV do fields[#fields + 1] = ARGV[n] end
 redis.call('HSET', KEYS[1], unpack(fields))
 if ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 return 1
 """
-
-#: KEYS[1]: the entity's hash. ARGV: a TTL in seconds (0: none), then pairs of a tile's field and its new value
-#: (``<index>:<count>:...``). A slot takes the tile when it holds none, an older tile, or this one with fewer events.
-_TILE_COMPARE_AND_SET = """
-local written = 0
-for n = 2, #ARGV, 2 do
-  local stored = redis.call('HGET', KEYS[1], ARGV[n])
-  local newer = true
-  if stored then
-    local index, count = string.match(stored, '^(%d+):(%d+):')
-    local new_index, new_count = string.match(ARGV[n + 1], '^(%d+):(%d+):')
-    index, count, new_index, new_count = tonumber(index), tonumber(count), tonumber(new_index), tonumber(new_count)
-    newer = new_index > index or (new_index == index and new_count > count)
-  end
-  if newer then
-    redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1])
-    written = written + 1
-  end
-end
-if written > 0 and ARGV[1] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[1]) end
-return written
-"""
-
 
 @dataclass(frozen=True)
 class FeatureRow:
@@ -100,21 +94,12 @@ class FeatureRow:
     features: dict[str, float | int | str | bool | None]
     events: int = 0
     tiles_marker: str | None = None  # the job's marker of the entity's tiles (windowed views)
+    tiles: dict[int, bytes] = field(default_factory=dict)  # slide length (ms) -> the tile the row's event changed
 
     @property
     def order(self) -> tuple[int, int]:
         """How the store orders the entity's rows: a row replaces only one of a lower order."""
         return self.event_time_us, self.events
-
-
-@dataclass(frozen=True)
-class TileRow:
-    """One tile of one entity of a view, as the job sends it: its slide length and its stored form."""
-
-    view: str
-    entity: str
-    slide_ms: int
-    tile: bytes
 
 
 def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
@@ -156,9 +141,11 @@ class OnlineWriter:
         from google.protobuf.timestamp_pb2 import Timestamp
 
         newest = latest_per_entity(rows)
+        tiles = self._newest_tiles(rows)
         pipe = self._redis.pipeline(transaction=False)
         for row in newest:
             layout, kinds = self.layout.views[row.view], self._kinds[row.view]
+            slots = tiles.get((row.view, row.entity), {})
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)
             values = []
@@ -169,27 +156,25 @@ class OnlineWriter:
             # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
             pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_key, row.entity), layout.timestamp_field,
                                  stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
-                                 row.events, self._ttl_s, *values)  # fmt: skip
+                                 row.events, self._ttl_s, len(slots), *(part for slot in slots.items() for part in slot),
+                                 *values)  # fmt: skip
         pipe.execute()
         return len(newest)
 
-    def write_tiles(self, tiles: list[TileRow]) -> int:
-        """Write the newest version of each tile in ``tiles`` where its slot holds an older one: one compare-and-set per
-        entity, all in one pipelined round trip; return how many tiles were sent."""
+    def _newest_tiles(self, rows: list[FeatureRow]) -> dict[tuple[str, str], dict[bytes, bytes]]:
+        """Per (view, entity), the newest version of each tile slot ``rows`` carry (field -> tile)."""
         newest: dict[tuple[str, str], dict[bytes, bytes]] = {}
-        for row in tiles:
-            index, count = tile_head(row.tile)
-            field = self.layout.views[row.view].tile_field(row.slide_ms, index)
-            slots = newest.setdefault((row.view, row.entity), {})
-            current = slots.get(field)
-            if current is None or (index, count) > tile_head(current):
-                slots[field] = row.tile
-        pipe = self._redis.pipeline(transaction=False)
-        for (view, entity), slots in newest.items():
-            key = self.layout.redis_key(self.layout.views[view].join_key, entity)
-            pipe.execute_command("EVAL", _TILE_COMPARE_AND_SET, 1, key, self._ttl_s, *(part for item in slots.items() for part in item))
-        pipe.execute()
-        return sum(len(slots) for slots in newest.values())
+        for row in rows:
+            if not row.tiles:
+                continue
+            layout, slots = self.layout.views[row.view], newest.setdefault((row.view, row.entity), {})
+            for slide, tile in row.tiles.items():
+                head = tile_head(tile)
+                slot = layout.tile_field(slide, head[0])
+                current = slots.get(slot)
+                if current is None or head > tile_head(current):
+                    slots[slot] = tile
+        return newest
 
     def delete_rows(self) -> list[str]:
         """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream

@@ -3,8 +3,8 @@
     Kafka (raw bytes + partition/offset) ─► decode & validate [Python, Arrow batches] ──invalid──► events.dlq
         ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
         ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
-           ├─► batched, idempotent writes to the online store through Feast [Python, Arrow batches]
-           ├─► the tiles each event changed ─► batched compare-and-set writes beside them [Python, Arrow batches]
+           ├─► batched, idempotent writes to the online store through Feast, with the tiles each event changed
+           │   [Python, Arrow batches]
            └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
 Python runs only where the contracts and Feast are needed, on Arrow batches of rows (pandas UDFs);
@@ -32,6 +32,7 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
+from feature_store.window_tiles import tile_shapes
 from schemas.ddl import column_types
 from schemas.records import TransactionEvent
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
@@ -116,6 +117,7 @@ class WriteOnline(ScalarFunction):
         self.settings = settings
         self.view = view.name
         self.features = view.feature_names
+        self.slides = tuple(tile_shapes(view.aggregations))
 
     def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
@@ -126,30 +128,17 @@ class WriteOnline(ScalarFunction):
         )
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
-    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, tiles: pd.Series, *features: pd.Series) -> pd.Series:
+    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, marker: pd.Series, *columns: pd.Series) -> pd.Series:
         from feature_store.online_write import FeatureRow
 
-        columns = [column.astype(object).where(column.notna(), None) for column in features]
+        tiles, features = columns[: len(self.slides)], [c.astype(object).where(c.notna(), None) for c in columns[len(self.slides) :]]
         rows = [
-            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values, strict=True)), int(absorbed), marker)
-            for key, latest, absorbed, marker, *values in zip(entity, latest_ms, events, tiles, *columns, strict=True)
-        ]
+            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values[len(self.slides) :], strict=True)),
+                       int(absorbed), tiles_marker,
+                       {slide: bytes(raw) for slide, raw in zip(self.slides, values[: len(self.slides)], strict=True) if raw is not None and len(raw)})
+            for key, latest, absorbed, tiles_marker, *values in zip(entity, latest_ms, events, marker, *tiles, *features, strict=True)
+        ]  # fmt: skip
         self.rows_written.inc(self.writer.write(rows))
-        return pd.Series([True] * len(entity))
-
-
-class WriteTiles(WriteOnline):
-    """Write a batch of one view's tiles (the ones its events changed) to the online store, beside its rows."""
-
-    def open(self, function_context: FunctionContext) -> None:
-        super().open(function_context)
-        self.tiles_written = function_context.get_metric_group().counter("feature_tiles_written")
-
-    def eval(self, entity: pd.Series, slide_ms: pd.Series, tile: pd.Series) -> pd.Series:
-        from feature_store.online_write import TileRow
-
-        rows = [TileRow(self.view, key, int(slide), bytes(raw)) for key, slide, raw in zip(entity, slide_ms, tile, strict=True)]
-        self.tiles_written.inc(self.writer.write_tiles(rows))
         return pd.Series([True] * len(entity))
 
 
@@ -182,16 +171,19 @@ class AppendOffline(ScalarFunction):
 
 #: The columns of a view's rows ``SlidingWindows`` emits before the features (see its javadoc).
 _ROW_VERSION, _ROW_ORDER, _TILES_MARKER = "version_us", ("latest_ms", "events"), "tiles"
-#: The rows of its ``tiles`` side output: one per tile an event changed.
-TILE_COLUMNS = {"entity": "STRING", "slide_ms": "BIGINT", "tile": "BYTES"}
+def tile_columns(view: ViewPlan) -> tuple[str, ...]:
+    """The columns of a view's rows holding, per slide length, the tile the row's event changed."""
+    return tuple(f"tile_{slide}" for slide in tile_shapes(view.aggregations))
 
 
 def feature_columns(view: ViewPlan) -> dict[str, str]:
     """A view's rows: entity, row version (µs, for the offline log), the latest event time (ms) and the number of
-    events absorbed (the online store's order), the marker of its tiles, then each feature (counts are integers)."""
+    events absorbed (the online store's order), the marker of its tiles and the tiles its event changed (empty where
+    none), then each feature (counts are integers)."""
     integral = {"count", "count_distinct"}
     features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
-    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), _TILES_MARKER: "STRING", **features}
+    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), _TILES_MARKER: "STRING",
+            **dict.fromkeys(tile_columns(view), "BYTES"), **features}  # fmt: skip
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
@@ -216,18 +208,15 @@ def _quoted(names) -> str:
 
 def windowed_rows(events, view: ViewPlan, positions: dict[str, int]):
     """The rows of ``view`` (``feature_columns``), one per event of ``events`` (a Java DataStream of rows holding each
-    event column at its index in ``positions``), from the sliding windows of its entity (``SlidingWindows``), and the
-    tiles those events changed (``TILE_COLUMNS``): two Java DataStreams."""
+    event column at its index in ``positions``), from the sliding windows of its entity (``SlidingWindows``)."""
     operators = get_gateway().jvm.dev.loopline.streams
-    tiles = OutputTag(f"tiles-{view.name}", row_type(TILE_COLUMNS)).get_java_output_tag()
-    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE, tiles)
-    rows = (
+    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE)
+    return (
         events.keyBy(operators.FieldKey(positions[view.entity_key]))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
         .name(f"aggregate {view.name}")
         .uid(f"aggregate-{view.name}")
     )
-    return rows, rows.getSideOutput(tiles)
 
 
 # PyFlink's own Table/DataStream bridge calls APIs it deprecated itself; that is not the user's to fix.
@@ -288,7 +277,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     offline_dirs = _offline_dirs(plan, settings)
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
-        rows, tiles = windowed_rows(on_time, view, positions)
+        rows = windowed_rows(on_time, view, positions)
         held = (
             rows.keyBy(operators.FieldKey(-1))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
@@ -297,11 +286,6 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         )
         t_env.create_temporary_view(f"rows_{index}", t_env.from_data_stream(DataStream(rows)))
         t_env.create_temporary_view(f"held_{index}", t_env.from_data_stream(DataStream(held)))
-        t_env.create_temporary_view(f"tiles_{index}", t_env.from_data_stream(DataStream(tiles)))
-        t_env.create_temporary_function(
-            f"write_tiles_{index}", udf(WriteTiles(settings, view), result_type=DataTypes.BOOLEAN(), func_type="pandas")
-        )
-        statements.add_insert_sql(f"INSERT INTO written SELECT write_tiles_{index}({_quoted(TILE_COLUMNS)}) FROM tiles_{index}")
         t_env.create_temporary_function(
             f"write_online_{index}", udf(WriteOnline(settings, view), result_type=DataTypes.BOOLEAN(), func_type="pandas")
         )
@@ -309,7 +293,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
             f"append_offline_{index}",
             udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
         )
-        for sink, leading, source in ((f"write_online_{index}", (*_ROW_ORDER, _TILES_MARKER), f"rows_{index}"),
+        for sink, leading, source in ((f"write_online_{index}", (*_ROW_ORDER, _TILES_MARKER, *tile_columns(view)), f"rows_{index}"),
                                       (f"append_offline_{index}", (_ROW_VERSION,), f"held_{index}")):  # fmt: skip
             columns = _quoted([view.entity_key, *leading, *view.feature_names])
             statements.add_insert_sql(f"INSERT INTO written SELECT {sink}({columns}) FROM {source}")

@@ -14,7 +14,6 @@ import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.types.Row;
 import org.apache.flink.util.Collector;
-import org.apache.flink.util.OutputTag;
 
 /**
  * One stream feature view's sliding windows for one entity (keyed by entity), updated on every event.
@@ -29,7 +28,7 @@ import org.apache.flink.util.OutputTag;
  *   <li>{@code time_since_previous} is the seconds between {@code T} and the entity's latest
  *       earlier event time (by event time, not arrival).
  * </ul>
- * Each output row is {@code (entity, version, latest, events, tiles, feature...)}: {@code latest} is {@code T} (ms),
+ * Each output row is {@code (entity, version, latest, events, tiles, tile..., feature...)}: {@code latest} is {@code T} (ms),
  * {@code events} the number of events the operator has absorbed for the entity (kept in its checkpointed
  * state), and the features are a function of the set of those events alone, whatever their arrival order.
  * The online store orders an entity's rows by {@code (latest, events)}: a job restored from a checkpoint
@@ -41,10 +40,9 @@ import org.apache.flink.util.OutputTag;
  * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,o1,o2,...}: per slide
  * length (in the order of the aggregations), {@code o} the index of the oldest bucket with events among those kept.
  *
- * <p>The buckets are the tiles a request-time read merges ({@code feature_store/window_tiles.py}): each event sends
- * every bucket it changed to the {@code tiles} side output as {@code (entity, slide_ms, tile)}, the tile in the form
- * {@link TileBytes} writes. A bucket older than every window as of {@code T} is dropped, not sent: a read is as of
- * {@code T} or later and never covers it.
+ * <p>The buckets are the tiles a request-time read merges ({@code feature_store/window_tiles.py}): each row carries,
+ * per slide length, the bucket its event changed in the form {@link TileBytes} writes (empty where the event was older
+ * than every window as of {@code T}: a read is as of {@code T} or later and never covers it).
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms}
  * with the column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0
@@ -52,8 +50,10 @@ import org.apache.flink.util.OutputTag;
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
-    /** Where the features start in an output row: after the entity, version, latest, events and tiles. */
-    private static final int FEATURES = 5;
+    /** Where the tiles start in an output row: after the entity, version, latest, events and the tiles' marker. */
+    private static final int TILES = 5;
+    /** A slide whose bucket the event did not change (empty, not null: PyFlink cannot hand a null byte array to Python). */
+    private static final byte[] NO_TILE = new byte[0];
 
     private final int timeField;
     private final long scale;
@@ -61,13 +61,11 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     /** Per distinct slide length: its length, the most buckets any window keeps, and the columns it tracks. */
     private final List<Slide> slides = new ArrayList<>();
     private int runningSets;
-    private final OutputTag<Row> tiles;
     private transient ValueState<Windows> state;
 
-    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> tiles) {
+    public SlidingWindows(String aggregationSpec, int timeField, long scale) {
         this.timeField = timeField;
         this.scale = scale;
-        this.tiles = tiles;
         for (String item : aggregationSpec.split(";")) {
             String[] part = item.split(",");
             aggregations.add(place(part[1], Integer.parseInt(part[2]), Long.parseLong(part[3]), Long.parseLong(part[4])));
@@ -190,14 +188,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         }
         Bucket[] changed = absorb(w, row, ts, ends);
         state.update(w);
-        String entity = ctx.getCurrentKey();
-        for (int s = 0; s < changed.length; s++) {
-            if (changed[s] != null) {
-                long slideMs = slides.get(s).lengthMs;
-                ctx.output(tiles, Row.of(entity, slideMs, TileBytes.encode(ts / slideMs, changed[s])));
-            }
-        }
-        out.collect(features(entity, w, ends));
+        out.collect(features(ctx.getCurrentKey(), w, ends, ts, changed));
     }
 
     private long[] bucketEnds(long latest) {
@@ -254,8 +245,9 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         return changed;
     }
 
-    private Row features(String entity, Windows w, long[] ends) {
-        Row out = new Row(FEATURES + aggregations.size());
+    private Row features(String entity, Windows w, long[] ends, long ts, Bucket[] changed) {
+        int features = TILES + slides.size();
+        Row out = new Row(features + aggregations.size());
         out.setField(0, entity);
         out.setField(1, w.version);
         out.setField(2, w.latest);
@@ -265,8 +257,12 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             marker.append(',').append(buckets.firstKey());
         }
         out.setField(4, marker.toString());
+        for (int s = 0; s < changed.length; s++) {
+            long slideMs = slides.get(s).lengthMs;
+            out.setField(TILES + s, changed[s] == null ? NO_TILE : TileBytes.encode(ts / slideMs, changed[s]));
+        }
         for (int i = 0; i < aggregations.size(); i++) {
-            out.setField(FEATURES + i, value(aggregations.get(i), w, ends));
+            out.setField(features + i, value(aggregations.get(i), w, ends));
         }
         return out;
     }
