@@ -25,8 +25,9 @@ Empty windows: ``count`` and ``count_distinct`` are 0, the others None (the feat
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 #: Sums are kept exact, as integers of 1/SCALE (every path rounds a value to it half to even, as ``round`` does).
 SCALE = 1_000_000
@@ -120,10 +121,27 @@ def fold(tiles: dict[int, Tile], shape: TileShape, event: Mapping[str, object], 
 def window_value(tiles: Mapping[int, Tile], shape: TileShape, aggregation: AggregationSpec, at_ms: int, latest_ms: int):
     """``aggregation`` over its window as read at ``at_ms`` of an entity whose latest event is at ``latest_ms`` (the
     module's semantics), from that entity's ``tiles`` of ``shape``."""
-    assert aggregation.window_ms is not None and aggregation.slide_ms == shape.slide_ms
+    return window_values(tiles, shape, [aggregation], at_ms, latest_ms)[0]
+
+
+def window_values(tiles: Mapping[int, Tile], shape: TileShape, aggregations: Sequence[AggregationSpec], at_ms: int, latest_ms: int) -> list:
+    """:func:`window_value` of each of ``aggregations`` (all of ``shape``'s slide length); the tiles inside a window
+    and their count are found once per window length."""
     head = shape.tile_of(max(at_ms, latest_ms))
-    inside = [tile for index, tile in tiles.items() if head - aggregation.window_buckets < index <= head]
-    count = sum(tile.count for tile in inside)
+    windows: dict[int, tuple[list[Tile], int]] = {}
+    values = []
+    for aggregation in aggregations:
+        assert aggregation.window_ms is not None and aggregation.slide_ms == shape.slide_ms
+        span = aggregation.window_buckets
+        if span not in windows:
+            inside = [tile for index, tile in tiles.items() if head - span < index <= head]
+            windows[span] = inside, sum(tile.count for tile in inside)
+        values.append(_aggregate(*windows[span], shape, aggregation))
+    return values
+
+
+def _aggregate(inside: list[Tile], count: int, shape: TileShape, aggregation: AggregationSpec):
+    """``aggregation`` over the tiles ``inside`` its window, which hold ``count`` events."""
     function = aggregation.function
     if function == "count":
         return count
@@ -141,18 +159,45 @@ def window_value(tiles: Mapping[int, Tile], shape: TileShape, aggregation: Aggre
     return total / SCALE if function == "sum" else total / count / SCALE
 
 
-def encode(tiles: Mapping[int, Tile]) -> bytes:
-    """``tiles`` (of one shape) as stored: a MessagePack array of ``[index, count, totals, maxima, minima, distinct]``
-    per tile, oldest first."""
+def encode_tile(index: int, tile: Tile) -> bytes:
+    """Tile ``index`` as the online store keeps it (the job's ``TileBytes`` writes the same form): the text
+    ``<index>:<count>:``, which orders a slot's versions without decoding the rest, then MessagePack
+    ``[totals, maxima, minima, distinct]``."""
     import msgpack  # where tiles are stored or read: not the job's workers, whose environment lacks it (job_archives)
 
-    return msgpack.packb([[index, tile.count, tile.totals, tile.maxima, tile.minima, [sorted(values, key=repr) for values in tile.distinct]]
-                          for index, tile in sorted(tiles.items())])  # fmt: skip
+    body = [tile.totals, tile.maxima, tile.minima, [sorted(values, key=repr) for values in tile.distinct]]
+    return b"%d:%d:" % (index, tile.count) + msgpack.packb(body)
 
 
-def decode(raw: bytes) -> dict[int, Tile]:
-    """The tiles :func:`encode` wrote, by index."""
+def decode_tile(raw: bytes) -> tuple[int, Tile]:
+    """The index and the tile :func:`encode_tile` (or the job) wrote."""
     import msgpack
 
-    return {index: Tile(count, totals, maxima, minima, [set(values) for values in distinct])
-            for index, count, totals, maxima, minima, distinct in msgpack.unpackb(raw, strict_map_key=False)}  # fmt: skip
+    index, count, body = raw.split(b":", 2)
+    totals, maxima, minima, distinct = msgpack.unpackb(body)
+    return int(index), Tile(int(count), totals, maxima, minima, [set(values) for values in distinct])
+
+
+def tile_head(raw: bytes) -> tuple[int, int]:
+    """A stored tile's (index, count): how the store orders two versions of one slot."""
+    index, count, _ = raw.split(b":", 2)
+    return int(index), int(count)
+
+
+def parse_marker(raw: bytes) -> tuple[int, list[int]]:
+    """The job's marker beside an entity's finished values (``T,o1,o2,...``): its latest event time ``T`` (ms), and
+    per slide length, in the order of :func:`tile_shapes`, the oldest tile with events it keeps."""
+    latest, *oldest = (int(part) for part in raw.split(b","))
+    return latest, oldest
+
+
+def millis(delta: timedelta | None) -> int | None:
+    """A Feast window or slide in milliseconds (None stays None)."""
+    return None if delta is None else int(delta.total_seconds() * 1000)
+
+
+def view_aggregations(view) -> tuple[AggregationSpec, ...]:
+    """The aggregations a Feast stream feature view declares, in its order, with windows and slides in ms (what
+    ``streams/feature_plan.py`` compiles and checks; this side only reads them)."""
+    return tuple(AggregationSpec(a.name, a.function, a.column, millis(a.time_window), millis(a.slide_interval))
+                 for a in getattr(view, "aggregations", None) or ())  # fmt: skip

@@ -82,24 +82,15 @@ def _smape(a: float, b: float) -> float:
 
 
 def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[Hashable, int], dict]:
-    """Recomputed features of ``view`` at the ``(<entity key>, at_ms)`` points of ``at``, by (entity, at_ms), each with
-    the event time of the row they come from; points before an entity's first event are left out."""
+    """Recomputed features of ``view`` read at the ``(<entity key>, at_ms)`` points of ``at`` (windows as of ``at_ms``),
+    by (entity, at_ms), each with the event time of the latest event they count (``event_time_ms``) and ``at_ms``;
+    points before an entity's first event are left out."""
     if at["at_ms"].isna().any() or events[EVENT_TIME].isna().any():
         raise ValueError("features_at needs a time for every point and every event")
-    # The as-of join below matches times of one type only: integer milliseconds, as the log's.
     at = at.drop_duplicates().astype({"at_ms": "int64"})
-    events = events.astype({EVENT_TIME: "int64"})
-    rows = recompute(view, events, at)
-    if rows.empty:
-        return {}
-    key = view.entity_key
-    # A row does not say which point it answers (points without one are left out): a point's row is its entity's latest
-    # at or before it, an as-of join on the rows' event times.
-    numbered = rows[[key, EVENT_TIME]].assign(row=np.arange(len(rows))).sort_values(EVENT_TIME, kind="stable")
-    located = pd.merge_asof(at.sort_values("at_ms", kind="stable"), numbered, left_on="at_ms", right_on=EVENT_TIME, by=key)
-    located = located[located["row"].notna()]
+    rows = recompute(view, events.astype({EVENT_TIME: "int64"}), at)
     records = [dict(zip(rows.columns, values, strict=True)) for values in zip(*(rows[name].tolist() for name in rows.columns), strict=True)]
-    return {(entity, int(at_ms)): records[int(row)] for entity, at_ms, row in zip(located[key], located["at_ms"], located["row"], strict=True)}
+    return {(record[view.entity_key], int(record["at_ms"])): record for record in records}
 
 
 def events_needed_since(plan: FeaturePlan, requests: Sequence[PredictionRecord], features: Iterable[str]) -> int | None:
@@ -165,16 +156,22 @@ def check_consistency(
 
 
 def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, str, int]]) -> dict[str, list[dict]]:
-    """Per request id, the rows the online store could have held for its entity with the logged row time: the job
-    applies an entity's events in log order (one partition), so a row is the recompute over a prefix of them, as of
-    the prefix's latest event time. Candidates are the prefixes whose latest time is the row's and whose events had
-    all reached Kafka before the request was scored (``kafka_ms``, ``offset``: an event produced out of order, older
-    than the row, may not have been in it yet). Events without log positions give the one row as of that time."""
+    """Per request id, what a read at the request's time returns from each row the online store could have held for
+    its entity with the logged row time: the job applies an entity's events in log order (one partition), so a row is
+    a prefix of them, read with its windows as of the request's time (or the prefix's latest event, if later).
+    Candidates are the prefixes whose latest time is the row's and whose events had all reached Kafka before the
+    request was scored (``kafka_ms``, ``offset``: an event produced out of order, older than the row, may not have been
+    in it yet). Events without log positions give the one row of the events up to that time."""
     if not differing:
         return {}
     if not {"kafka_ms", "offset"} <= set(events.columns):
-        rows = features_at(view, events, pd.DataFrame({view.entity_key: [k for _, k, _ in differing], "at_ms": [t for _, _, t in differing]}))
-        return {record.request_id: [rows[(key, row_time)]] for record, key, row_time in differing if (key, row_time) in rows}
+        found = {}
+        for record, key, row_time in differing:
+            read_at = max(record.requested_at_ms, row_time)
+            rows = features_at(view, events[events[EVENT_TIME] <= row_time], pd.DataFrame({view.entity_key: [key], "at_ms": [read_at]}))
+            if (key, read_at) in rows:
+                found[record.request_id] = [rows[(key, read_at)]]
+        return found
     key_column = view.entity_key
     logged = events[events[key_column].isin({key for _, key, _ in differing})].sort_values("offset", kind="stable")
     times, kafka_ms = logged[EVENT_TIME].to_numpy(), logged["kafka_ms"].to_numpy()
@@ -182,25 +179,28 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
     row_times = {key: np.maximum.accumulate(times[where]) for key, where in positions.items()}
     reached = {key: np.maximum.accumulate(kafka_ms[where]) for key, where in positions.items()}  # all of a prefix in Kafka by
     prefixes: dict[tuple[str, int], int] = {}  # (entity, events in the prefix): the prefix's number
-    candidates: dict[str, list[tuple[str, int]]] = {}
+    read_times: dict[tuple[str, int], set[int]] = {}  # the times each prefix is read at
+    candidates: dict[str, list[tuple[tuple[str, int], int]]] = {}  # per request, its candidate prefixes and read time
     for record, key, row_time in differing:
         if key in positions:
             ends = np.flatnonzero((row_times[key] == row_time) & (reached[key] <= record.scored_at_ms)) + 1
-            candidates[record.request_id] = [(key, end) for end in ends.tolist()]
-            for prefix in candidates[record.request_id]:
+            read_at = max(record.requested_at_ms, row_time)
+            candidates[record.request_id] = [((key, end), read_at) for end in ends.tolist()]
+            for prefix, _ in candidates[record.request_id]:
                 prefixes.setdefault(prefix, len(prefixes))
+                read_times.setdefault(prefix, set()).add(read_at)
     used = list(dict.fromkeys([key_column, EVENT_TIME, *(agg.column for agg in view.aggregations)]))
-    as_of: dict[tuple[str, int], dict] = {}
+    as_of: dict[tuple[tuple[str, int], int], dict] = {}
     for batch in _prefix_batches(view, prefixes, positions, row_times, times):
         # Every prefix of the batch as an entity of its own (keyed by its number), so that one recompute evaluates
-        # them all; each has a row as of its latest event, which stands for its real entity.
+        # them all, at each time it is read (none before its latest event); each row stands for its real entity.
         numbered = [(prefix, prefixes[prefix], where) for prefix, where in batch]
-        at_ms = {number: int(row_times[prefix[0]][prefix[1] - 1]) for prefix, number, _ in numbered}
+        points = [(prefix, number, at) for prefix, number, _ in numbered for at in sorted(read_times[prefix])]
         frame = logged[used].iloc[np.concatenate([where for _, _, where in numbered])].assign(
             **{key_column: np.repeat([number for _, number, _ in numbered], [len(where) for _, _, where in numbered])})
-        rows = features_at(view, frame, pd.DataFrame({key_column: list(at_ms), "at_ms": list(at_ms.values())}))
-        as_of |= {prefix: {**rows[(number, at_ms[number])], key_column: prefix[0]} for prefix, number, _ in numbered}
-    return {request_id: [as_of[prefix] for prefix in ends] for request_id, ends in candidates.items()}
+        rows = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points], "at_ms": [at for _, _, at in points]}))
+        as_of |= {(prefix, at): {**rows[(number, at)], key_column: prefix[0]} for prefix, number, at in points}
+    return {request_id: [as_of[point] for point in points] for request_id, points in candidates.items()}
 
 
 #: Events recomputed at once when the candidate rows are evaluated: bounds the replay's memory.

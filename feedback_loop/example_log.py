@@ -78,8 +78,8 @@ def backfill_examples(plan: FeaturePlan, transactions, labels, inputs: Sequence[
         if not wanted:
             continue
         at = pd.DataFrame({view.entity_key: events[view.entity_key].to_numpy(), "at_ms": events["event_time_ms"].to_numpy()})
-        features = recompute(view, accepted, at).drop_duplicates([view.entity_key, "event_time_ms"])
-        joined = at.merge(features, how="left", left_on=[view.entity_key, "at_ms"], right_on=[view.entity_key, "event_time_ms"])
+        features = recompute(view, accepted, at).drop_duplicates([view.entity_key, "at_ms"])
+        joined = at.merge(features, how="left", on=[view.entity_key, "at_ms"])
         for name in wanted:
             frame[name] = joined[name.split(":", 1)[1]].to_numpy()
     for name in inputs:

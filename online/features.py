@@ -22,9 +22,11 @@ _WARN_EVERY_S = 10.0
 
 @dataclass
 class _Read:
-    """One request's read: its join keys, and the values with the moment the read finished (set by the worker)."""
+    """One request's read: its join keys and time, and the values with the moment the read finished (set by the
+    worker)."""
 
     keys: dict[str, str]
+    at_ms: int
     values: list | None = None
     row_times_ms: dict[str, int | None] | None = None
     finished_at: float | None = None
@@ -70,7 +72,7 @@ class FeatureFetcher:
         self._unwarned = 0
 
     def _read_batch(self, reads: list[_Read]) -> list[list]:
-        found, row_times = self.reader.read_with_row_times(self.features, [read.keys for read in reads])
+        found, row_times = self.reader.read_with_row_times(self.features, [read.keys for read in reads], [read.at_ms for read in reads])
         finished = time.perf_counter()
         for i, read in enumerate(reads):
             read.values = [found[name][i] for name in self._names]
@@ -81,11 +83,12 @@ class FeatureFetcher:
     def _all_defaults(self, fallback: str) -> FetchedFeatures:
         return FetchedFeatures(dict(self.defaults), list(self.features), fallback)
 
-    async def fetch(self, entity_keys: dict[str, str]) -> FetchedFeatures:
-        """The features for ``entity_keys`` (join key -> value); defaults for whatever is missing or late."""
+    async def fetch(self, entity_keys: dict[str, str], at_ms: int) -> FetchedFeatures:
+        """The features for ``entity_keys`` (join key -> value), windows as of ``at_ms`` (the request's time, epoch
+        ms); defaults for whatever is missing or late."""
         if not self.join_keys <= entity_keys.keys():
             return self._all_defaults("no_entity")
-        read = _Read({k: entity_keys[k] for k in self.join_keys})
+        read = _Read({k: entity_keys[k] for k in self.join_keys}, at_ms)
         began = time.perf_counter()
         try:
             async with asyncio.timeout(self.budget_s):  # unlike wait_for, no extra task per request

@@ -191,7 +191,7 @@ class Scorer:
         counted = self.metrics.version(lane.alias, lane.model.version)
         lane.enter()
         try:
-            fetched = await lane.fetcher.fetch(request.entity_keys)
+            fetched = await lane.fetcher.fetch(request.entity_keys, request.requested_at_ms)
             fetched_at = time.perf_counter()
             row, used = self._vector(lane.model, request_inputs, fetched.values)
             submitted_at = time.perf_counter()

@@ -3,7 +3,8 @@
     Kafka (raw bytes + partition/offset) ─► decode & validate [Python, Arrow batches] ──invalid──► events.dlq
         ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
         ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
-           ├─► batched, idempotent writes to the online store through Feast [Python, Arrow batches]
+           ├─► batched, idempotent writes to the online store through Feast, with the tiles each event changed
+           │   [Python, Arrow batches]
            └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
 Python runs only where the contracts and Feast are needed, on Arrow batches of rows (pandas UDFs);
@@ -31,6 +32,7 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
+from feature_store.window_tiles import tile_shapes
 from schemas.ddl import column_types
 from schemas.records import TransactionEvent
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
@@ -115,6 +117,7 @@ class WriteOnline(ScalarFunction):
         self.settings = settings
         self.view = view.name
         self.features = view.feature_names
+        self.slides = tuple(tile_shapes(view.aggregations))
 
     def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
@@ -125,14 +128,16 @@ class WriteOnline(ScalarFunction):
         )
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
-    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, *features: pd.Series) -> pd.Series:
+    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, marker: pd.Series, *columns: pd.Series) -> pd.Series:
         from feature_store.online_write import FeatureRow
 
-        columns = [column.astype(object).where(column.notna(), None) for column in features]
+        tiles, features = columns[: len(self.slides)], [c.astype(object).where(c.notna(), None) for c in columns[len(self.slides) :]]
         rows = [
-            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values, strict=True)), int(absorbed))
-            for key, latest, absorbed, *values in zip(entity, latest_ms, events, *columns, strict=True)
-        ]
+            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values[len(self.slides) :], strict=True)),
+                       int(absorbed), tiles_marker,
+                       {slide: bytes(raw) for slide, raw in zip(self.slides, values[: len(self.slides)], strict=True) if raw is not None and len(raw)})
+            for key, latest, absorbed, tiles_marker, *values in zip(entity, latest_ms, events, marker, *tiles, *features, strict=True)
+        ]  # fmt: skip
         self.rows_written.inc(self.writer.write(rows))
         return pd.Series([True] * len(entity))
 
@@ -165,15 +170,20 @@ class AppendOffline(ScalarFunction):
 
 
 #: The columns of a view's rows ``SlidingWindows`` emits before the features (see its javadoc).
-_ROW_VERSION, _ROW_ORDER = "version_us", ("latest_ms", "events")
+_ROW_VERSION, _ROW_ORDER, _TILES_MARKER = "version_us", ("latest_ms", "events"), "tiles"
+def tile_columns(view: ViewPlan) -> tuple[str, ...]:
+    """The columns of a view's rows holding, per slide length, the tile the row's event changed."""
+    return tuple(f"tile_{slide}" for slide in tile_shapes(view.aggregations))
 
 
 def feature_columns(view: ViewPlan) -> dict[str, str]:
     """A view's rows: entity, row version (µs, for the offline log), the latest event time (ms) and the number of
-    events absorbed (the online store's order), then each feature (counts are integers)."""
+    events absorbed (the online store's order), the marker of its tiles and the tiles its event changed (empty where
+    none), then each feature (counts are integers)."""
     integral = {"count", "count_distinct"}
     features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
-    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **features}
+    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), _TILES_MARKER: "STRING",
+            **dict.fromkeys(tile_columns(view), "BYTES"), **features}  # fmt: skip
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
@@ -283,7 +293,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
             f"append_offline_{index}",
             udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
         )
-        for sink, leading, source in ((f"write_online_{index}", _ROW_ORDER, f"rows_{index}"),
+        for sink, leading, source in ((f"write_online_{index}", (*_ROW_ORDER, _TILES_MARKER, *tile_columns(view)), f"rows_{index}"),
                                       (f"append_offline_{index}", (_ROW_VERSION,), f"held_{index}")):  # fmt: skip
             columns = _quoted([view.entity_key, *leading, *view.feature_names])
             statements.add_insert_sql(f"INSERT INTO written SELECT {sink}({columns}) FROM {source}")

@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from feature_store.window_tiles import SCALE, AggregationSpec
+from feature_store.window_tiles import SCALE, AggregationSpec, millis
 from schemas.topics import TopicSpec, topic_spec
 
 if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled here
@@ -97,10 +97,6 @@ class FeaturePlan:
         return FeaturePlan(tuple(replace(view, topic=topic) for view in self.views))
 
 
-def _ms(delta: timedelta | None) -> int | None:
-    return None if delta is None else int(delta.total_seconds() * 1000)
-
-
 def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields: set[str]) -> AggregationSpec:
     function, column, name = aggregation.function, aggregation.column, aggregation.name
     where = f"stream feature view '{view}', aggregation '{name or function}'"
@@ -115,7 +111,7 @@ def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields:
         raise PlanError(f"{where}: column '{column}' is not a field of {spec.record_type.__name__}")
     if function in _NUMERIC_FUNCTIONS and columns[column].annotation not in (int, float):
         raise PlanError(f"{where}: '{function}' needs a numeric column, '{column}' is not")
-    window, slide = _ms(aggregation.time_window), _ms(aggregation.slide_interval)
+    window, slide = millis(aggregation.time_window), millis(aggregation.slide_interval)
     if function == "time_since_previous":
         return AggregationSpec(name, function, column, None, None)
     if not window or window <= 0:
@@ -148,7 +144,7 @@ def compile_view(view: StreamFeatureView) -> ViewPlan:
         name=view.name,
         entity_key=keys[0],
         topic=spec.name,
-        out_of_orderness_ms=_ms(delay) or 0,
+        out_of_orderness_ms=millis(delay) or 0,
         aggregations=tuple(_compile_aggregation(view.name, spec, a, schema_fields) for a in view.aggregations),
         offline_path=getattr(batch, "path", None),
     )

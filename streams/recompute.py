@@ -38,17 +38,20 @@ def split_late(events: pd.DataFrame, out_of_orderness_ms: int) -> tuple[pd.DataF
 
 
 def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Features of ``plan`` for entities at points in time.
+    """Features of ``plan`` for entities at points in time, with the request-time semantics of the online read
+    (``feature_store/window_tiles.py``).
 
     ``events`` holds the accepted events (columns of the source record). ``at`` holds
     ``(<entity key>, at_ms)`` pairs; without it, each entity is evaluated at its latest event.
-    Each row is what the online store held for that entity at ``at_ms`` (by event time):
-    the features as of the entity's latest event at or before it. Pairs with no event before
-    ``at_ms`` are left out. Columns: the entity key, ``event_time_ms`` (that latest event) and
-    one per feature. Rows come entity by entity (in order of their first event), each entity's
-    points in the order asked.
+    Each row is what a read at ``at_ms`` returns when the store has absorbed the entity's events up to
+    that time: over the events at or before it, each window as of ``at_ms`` (its slide's tiles from
+    ``floor(at_ms / slide) - window / slide`` exclusive), ``time_since_previous`` as of the latest of
+    them. Pairs with no event before ``at_ms`` are left out. Columns: the entity key, ``event_time_ms``
+    (that latest event), ``at_ms`` when ``at`` is given, and one per feature. Rows come entity by entity
+    (in order of their first event), each entity's points in the order asked.
     """
     key = plan.entity_key
+    asked_times = at is not None
     if at is None:
         at = events.groupby(key, as_index=False)[EVENT_TIME].max().rename(columns={EVENT_TIME: "at_ms"})
     ordered = events.sort_values(EVENT_TIME, kind="stable")
@@ -60,14 +63,16 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
     asked = np.argsort(point_codes, kind="stable")
     asked = asked[point_codes[asked] >= 0]
     first = np.searchsorted(timeline.codes, point_codes[asked], side="left")
-    end = timeline.insertion_points(point_codes[asked], at["at_ms"].to_numpy()[asked], "right")
+    at_ms = at["at_ms"].to_numpy()[asked]
+    end = timeline.insertion_points(point_codes[asked], at_ms, "right")
     has_event = end > first
+    times = ["at_ms"] if asked_times else []
     if not has_event.any():
-        return pd.DataFrame([], columns=[key, EVENT_TIME, *plan.feature_names])
-    first, end = first[has_event], end[has_event]
+        return pd.DataFrame([], columns=[key, EVENT_TIME, *times, *plan.feature_names])
+    first, end, at_ms = first[has_event], end[has_event], at_ms[has_event]
     columns = {column: ordered[column].to_numpy()[order] for column in {agg.column for agg in plan.aggregations if agg.column}}
     return pd.DataFrame({key: entities.to_numpy()[timeline.codes[end - 1]], EVENT_TIME: timeline.times[end - 1],
-                         **_features(plan, columns, timeline, first, end)})  # fmt: skip
+                         **dict.fromkeys(times, at_ms), **_features(plan, columns, timeline, first, end, at_ms)})  # fmt: skip
 
 
 class _Timeline:
@@ -88,10 +93,11 @@ class _Timeline:
 
 
 def _features(
-    plan: ViewPlan, columns: dict[str, np.ndarray], timeline: _Timeline, first: np.ndarray, end: np.ndarray
+    plan: ViewPlan, columns: dict[str, np.ndarray], timeline: _Timeline, first: np.ndarray, end: np.ndarray, at_ms: np.ndarray
 ) -> dict[str, np.ndarray | list]:
-    """Every feature of ``plan`` per row: as of the row's latest event ``end - 1`` of ``timeline`` (``first``: its entity's
-    first event). ``columns``: the aggregated columns, in the timeline's order."""
+    """Every feature of ``plan`` per row: over the events up to the row's latest ``end - 1`` of ``timeline`` (``first``:
+    its entity's first event), windows as of ``at_ms`` (no earlier than that latest event). ``columns``: the
+    aggregated columns, in the timeline's order."""
     codes, latest = timeline.codes[end - 1], timeline.times[end - 1]
     starts: dict[tuple[int | None, int], np.ndarray] = {}
     totals: dict[str, np.ndarray] = {}
@@ -104,7 +110,7 @@ def _features(
             continue
         window = (agg.slide_ms, agg.window_buckets)
         if window not in starts:
-            first_bucket = latest // agg.slide_ms - agg.window_buckets + 1
+            first_bucket = at_ms // agg.slide_ms - agg.window_buckets + 1
             # A window shorter than a bucket (only a hand-built plan has one) starts after the latest event: empty.
             starts[window] = np.minimum(timeline.insertion_points(codes, first_bucket * agg.slide_ms, "left"), end)
         start, values = starts[window], columns[agg.column]

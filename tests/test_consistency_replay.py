@@ -107,7 +107,7 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
             # Score every user of the round, as the scorer would (the values and the row's event time), as of the round's
             # end in event time: the next rounds' events come after it.
             as_of, now = start_ms + (round_index + 1) * ROUND_SPAN_MS, int(time.time() * 1000)
-            values, row_times = reader.read_with_row_times(features, [{"user_id": u} for u in seen])
+            values, row_times = reader.read_with_row_times(features, [{"user_id": u} for u in seen], [as_of] * len(seen))
             logged += [PredictionRecord(
                 schema_version=PredictionRecord.SCHEMA_VERSION, request_id=f"{run}-{round_index}-{u}", entity_keys={"user_id": u},
                 features={name: values[name.split(":", 1)[1]][i] for name in features}, defaulted_features=[], model_name="m",
@@ -120,8 +120,10 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
     ratios = summary(report)
     assert ratios[BROKEN]["compared"] == len(logged) >= ROUNDS * USERS * 0.9
     # A user's events come ~10 s of event time apart: a window 10 s longer holds one more of them ~60 % of the time,
-    # once the rounds reach back past 5 minutes (from the second on): ~50 % expected.
-    assert ratios[BROKEN]["mismatch_ratio"] > 0.3 and ratios[BROKEN]["smape"] > 0, ratios[BROKEN]
+    # once the rounds reach back past 5 minutes (from the second on). Read at the round's end, a user whose 5-minute
+    # window has lost a tile with events since the user's latest event is merged from the tiles by the registered
+    # window (the reader's, not the job's): only the others carry the job's finished value. ~25 % seen.
+    assert ratios[BROKEN]["mismatch_ratio"] > 0.1 and ratios[BROKEN]["smape"] > 0, ratios[BROKEN]
     assert {name: r["mismatch_ratio"] for name, r in ratios.items() if name != BROKEN} == dict.fromkeys(set(features) - {BROKEN}, 0.0)
     # Every row read was the latest (the test waited for it): nothing else to explain.
     healthy = by_outcome({name: c for name, c in report.items() if name != BROKEN})

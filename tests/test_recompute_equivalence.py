@@ -1,7 +1,7 @@
 """The vectorised recompute against a brute-force reading of the window semantics, point by point, on small random logs.
 
 The reference below is the definition, not an algorithm: for each point, the entity's events at or before it; the
-latest of them; each window from the bucket ``latest // slide - buckets + 1`` up to it; sums and means as exact sums
+latest of them; each window from the bucket ``point // slide - buckets + 1`` up to the point (request time); sums and means as exact sums
 of values rounded to 1/SCALE. Logs have several entities, equal timestamps, rows out of order, values with many
 decimals or on a half of 1/SCALE, totals past 2**53, points before an entity's first event and windows shorter than a
 bucket (empty).
@@ -60,13 +60,13 @@ def _reference_row(plan: ViewPlan, history: list[dict], at_ms: int) -> dict | No
     if not past:
         return None
     latest = max(e[EVENT_TIME] for e in past)
-    row: dict = {plan.entity_key: past[0][plan.entity_key], EVENT_TIME: latest}
+    row: dict = {plan.entity_key: past[0][plan.entity_key], EVENT_TIME: latest, "at_ms": at_ms}
     for agg in plan.aggregations:
         if agg.function == "time_since_previous":
             earlier = [e[EVENT_TIME] for e in past if e[EVENT_TIME] < latest]
             row[agg.name] = (latest - max(earlier)) / 1000 if earlier else None
             continue
-        window_start = (latest // agg.slide_ms - agg.window_buckets + 1) * agg.slide_ms
+        window_start = (at_ms // agg.slide_ms - agg.window_buckets + 1) * agg.slide_ms
         values = [e[agg.column] for e in past if e[EVENT_TIME] >= window_start]
         if agg.function == "count":
             row[agg.name] = len(values)
@@ -82,14 +82,15 @@ def _reference_row(plan: ViewPlan, history: list[dict], at_ms: int) -> dict | No
     return row
 
 
-def _reference(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> pd.DataFrame:
-    """Rows entity by entity, in order of their first event, each entity's points in the order asked."""
+def _reference(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame, times: bool) -> pd.DataFrame:
+    """Rows entity by entity, in order of their first event, each entity's points in the order asked (with ``times``,
+    the ``at_ms`` column too)."""
     log = sorted(events.to_dict("records"), key=lambda e: e[EVENT_TIME])
     rows = []
     for entity in dict.fromkeys(e["user"] for e in log):
         history = [e for e in log if e["user"] == entity]
         rows += [row for at_ms in at.loc[at["user"] == entity, "at_ms"] if (row := _reference_row(plan, history, at_ms))]
-    return pd.DataFrame(rows, columns=["user", EVENT_TIME, *plan.feature_names])
+    return pd.DataFrame(rows, columns=["user", EVENT_TIME, *(["at_ms"] if times else []), *plan.feature_names])
 
 
 def _same(a: object, b: object) -> bool:
@@ -104,9 +105,9 @@ def _same(a: object, b: object) -> bool:
 @given(_cases())
 def test_the_recompute_equals_the_window_semantics_point_by_point(case: tuple[ViewPlan, pd.DataFrame, pd.DataFrame]) -> None:
     plan, events, at = case
-    for points, expected in ((at, _reference(plan, events, at)),
+    for points, expected in ((at, _reference(plan, events, at, True)),
                              (None, _reference(plan, events, events.groupby("user", as_index=False)[EVENT_TIME].max()
-                                                             .rename(columns={EVENT_TIME: "at_ms"})))):  # fmt: skip
+                                                             .rename(columns={EVENT_TIME: "at_ms"}), False))):  # fmt: skip
         got = recompute(plan, events, points)
         assert_frame_equal(got, expected, check_exact=True)
         for column in got.columns[got.dtypes == np.float64]:  # bit for bit: the sign of a zero maximum too

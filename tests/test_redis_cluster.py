@@ -232,7 +232,7 @@ def _read_load(fetcher: FeatureFetcher, users: list[str], stop: threading.Event,
 
     async def one(user: str) -> None:
         sent = time.monotonic()
-        fetched = await fetcher.fetch({"user_id": user})
+        fetched = await fetcher.fetch({"user_id": user}, int(time.time() * 1000))
         count = fetched.values[f"{USER_VIEW}:txn_count_5m"]
         answers.append(_Answer(sent, time.monotonic() - sent, fetched.fallback, count))
 

@@ -23,8 +23,10 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 from test_alert_rules import FLINK_METRICS
+from window_definition import window_by_definition
 
 from feature_store.config import REPO_PATH, apply_definitions, feature_store
+from feature_store.online_read import OnlineReader
 from infra.service import wait_until
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings
@@ -32,7 +34,7 @@ from schemas import DeadLetterRecord, TransactionEvent, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.producer import EventProducer
-from streams.recompute import accepted_events, feature_differences, recompute
+from streams.recompute import EVENT_TIME, accepted_events, feature_differences, recompute, same_feature_value
 from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
 from streams.topics import read_topic
 
@@ -144,6 +146,29 @@ def _online(store):
     return read
 
 
+#: How long after each entity's latest event the request-time reads are: inside its slides, across them, past the
+#: 5-minute and hour windows, and past every window (all empty).
+READ_AFTER_MS = (0, 7_000, 65_000, 290_000, 3_700_000, 30 * 3_600_000)
+
+
+def _request_time_differences(plan: FeaturePlan, accepted: pd.DataFrame, reader: OnlineReader) -> list[str]:
+    """Every (view, entity, feature, read time) where the online read at that time differs from the window definition
+    over the accepted events."""
+    problems = []
+    for view in plan.views:
+        history = {key: group.to_dict("records") for key, group in accepted.groupby(view.entity_key)}
+        windowed = [a for a in view.aggregations if a.window_ms is not None]
+        for after in READ_AFTER_MS:
+            at = [max(e[EVENT_TIME] for e in events) + after for events in history.values()]
+            values, _ = reader.read_with_row_times([f"{view.name}:{a.name}" for a in windowed], [{view.entity_key: k} for k in history], at)
+            for aggregation in windowed:
+                for entity, events, at_ms, got in zip(history, history.values(), at, values[aggregation.name], strict=True):
+                    want = window_by_definition(aggregation, events, at_ms)
+                    if not same_feature_value(aggregation.name, want, got):
+                        problems.append(f"{view.name}[{entity}].{aggregation.name} at +{after} ms: online {got}, by definition {want}")
+    return problems
+
+
 def _historical(store):
     """Feast's point-in-time retrieval from the offline log, at each entity's latest event.
 
@@ -214,6 +239,18 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
             _wait(agrees, 240, "online features to equal the offline recompute")
         except AssertionError:
             pytest.fail(f"{len(problems)} online values differ from the recompute, e.g. {problems[:5]}")
+
+        # Read later, with no new event: the windows empty tile by tile, from the tiles written through the crash.
+        reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+
+        def request_time_agrees() -> bool:
+            problems[:] = _request_time_differences(plan, accepted, reader)
+            return not problems
+
+        try:
+            _wait(request_time_agrees, 60, "request-time reads to equal the window definition")
+        except AssertionError:
+            pytest.fail(f"{len(problems)} request-time values differ from the definition, e.g. {problems[:5]}")
 
         # The restarted job's counter starts at zero, and the events sent after the crash hold late ones.
         _wait(lambda: _late_events(settings.stream.metrics_port) > 0, 30, "late events counted on the job's Prometheus endpoint")

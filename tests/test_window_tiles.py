@@ -1,7 +1,6 @@
 """Tiles merged at request time against a brute-force reading of the window definition, on small random histories.
 
-The reference reads the definition event by event: the read's time ``t' = max(t, latest event)``, and each event whose
-slide ``floor(ts / slide)`` lies in ``(floor(t' / slide) - window / slide, floor(t' / slide)]``. The tiles are folded
+The reference reads the definition event by event (``tests/window_definition.py``). The tiles are folded
 in a shuffled arrival order and go through their stored form. At the entity's latest event the merge also equals the
 offline recompute (``streams/recompute.py``, the job's semantics), and long after it every window is empty.
 """
@@ -13,14 +12,15 @@ import math
 import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from window_definition import window_by_definition
 
 from feature_store.window_tiles import (
     SCALE,
     TILED_FUNCTIONS,
     AggregationSpec,
     Tile,
-    decode,
-    encode,
+    decode_tile,
+    encode_tile,
     fold,
     tile_shapes,
     window_value,
@@ -53,24 +53,6 @@ def _histories(draw: st.DrawFn) -> tuple[list[AggregationSpec], list[dict], list
     return aggregations, events, list(order), [START + t for t in reads]
 
 
-def _reference(aggregation: AggregationSpec, events: list[dict], at_ms: int):
-    """The aggregation's value read at ``at_ms``, straight from the definition."""
-    slide, spans = aggregation.slide_ms, aggregation.window_ms // aggregation.slide_ms
-    head = max(at_ms, max(e[EVENT_TIME] for e in events)) // slide
-    inside = [e for e in events if head - spans < e[EVENT_TIME] // slide <= head]
-    values = [e[aggregation.column] for e in inside]
-    if aggregation.function == "count":
-        return len(inside)
-    if aggregation.function == "count_distinct":
-        return len(set(values))
-    if not inside:
-        return None
-    if aggregation.function in ("max", "min"):
-        return max(values) if aggregation.function == "max" else min(values)
-    total = sum(round(value * SCALE) for value in values)
-    return total / SCALE if aggregation.function == "sum" else total / len(values) / SCALE
-
-
 def _tiles(aggregations: list[AggregationSpec], events: list[dict], order: list[int]) -> dict[int, dict[int, Tile]]:
     """Every slide's tiles of ``events`` folded in ``order``, through their stored form."""
     shapes = tile_shapes(aggregations)
@@ -78,7 +60,7 @@ def _tiles(aggregations: list[AggregationSpec], events: list[dict], order: list[
     for i in order:
         for slide, shape in shapes.items():
             fold(tiles[slide], shape, events[i], events[i][EVENT_TIME])
-    return {slide: decode(encode(slide_tiles)) for slide, slide_tiles in tiles.items()}
+    return {slide: dict(decode_tile(encode_tile(index, tile)) for index, tile in slide_tiles.items()) for slide, slide_tiles in tiles.items()}
 
 
 def _folded(aggregations: list[AggregationSpec], events: list[dict], order: list[int]) -> tuple[dict, dict, int]:
@@ -94,7 +76,7 @@ def test_tiles_merged_at_any_read_time_equal_the_window_definition(case) -> None
     for at_ms in reads:
         for aggregation in aggregations:
             got = window_value(tiles[aggregation.slide_ms], shapes[aggregation.slide_ms], aggregation, at_ms, latest)
-            assert got == _reference(aggregation, events, at_ms), (aggregation, at_ms)
+            assert got == window_by_definition(aggregation, events, at_ms), (aggregation, at_ms)
 
 
 @settings(max_examples=150, deadline=None)

@@ -1,8 +1,9 @@
 """Real-time transaction features: declared once here, compiled into the Flink job by ``streams/``.
 
-Window semantics (see the job's ``SlidingWindows`` operator in ``streams/jvm``): each aggregation
-covers the events of the entity whose event time falls in the last ``time_window`` before the
-entity's latest event, counted in steps of ``slide_interval``; values update on every event.
+Window semantics (``feature_store/window_tiles.py``): each aggregation covers the entity's events in
+the last ``time_window`` before the request's time, counted in tiles of ``slide_interval`` (the oldest
+tile whole); the job updates them on every event. Feast's own ``get_online_features`` returns them as
+of the entity's latest event; Loopline's scorer reads them at each request's time.
 ``time_since_previous`` is Loopline's own function: seconds between the entity's latest event and
 the one before it. Each feature declares the default the scorer uses when it has no value
 (``feature_store/defaults.py``): 0 for counts and amounts, -1 s for "no previous transaction".

@@ -28,7 +28,7 @@ import org.apache.flink.util.Collector;
  *   <li>{@code time_since_previous} is the seconds between {@code T} and the entity's latest
  *       earlier event time (by event time, not arrival).
  * </ul>
- * Each output row is {@code (entity, version, latest, events, feature...)}: {@code latest} is {@code T} (ms),
+ * Each output row is {@code (entity, version, latest, events, tiles, tile..., feature...)}: {@code latest} is {@code T} (ms),
  * {@code events} the number of events the operator has absorbed for the entity (kept in its checkpointed
  * state), and the features are a function of the set of those events alone, whatever their arrival order.
  * The online store orders an entity's rows by {@code (latest, events)}: a job restored from a checkpoint
@@ -37,7 +37,12 @@ import org.apache.flink.util.Collector;
  * it is of the same set. {@code version} is a timestamp in microseconds for the offline log:
  * {@code T} times 1000, or one more than the previous row's version when that is larger, so it grows
  * strictly with every absorbed event; it runs ahead of {@code T} by a millisecond or more only after a
- * thousand events absorbed without {@code T} moving on.
+ * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,o1,o2,...}: per slide
+ * length (in the order of the aggregations), {@code o} the index of the oldest bucket with events among those kept.
+ *
+ * <p>The buckets are the tiles a request-time read merges ({@code feature_store/window_tiles.py}): each row carries,
+ * per slide length, the bucket its event changed in the form {@link TileBytes} writes (empty where the event was older
+ * than every window as of {@code T}: a read is as of {@code T} or later and never covers it).
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms}
  * with the column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0
@@ -45,8 +50,10 @@ import org.apache.flink.util.Collector;
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
-    /** Where the features start in an output row: after the entity, version, latest and events. */
-    private static final int FEATURES = 4;
+    /** Where the tiles start in an output row: after the entity, version, latest, events and the tiles' marker. */
+    private static final int TILES = 5;
+    /** A slide whose bucket the event did not change (empty, not null: PyFlink cannot hand a null byte array to Python). */
+    private static final byte[] NO_TILE = new byte[0];
 
     private final int timeField;
     private final long scale;
@@ -179,9 +186,9 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         if (oldEnds != null) {
             slideRunningSets(w, oldEnds, ends);
         }
-        absorb(w, row, ts, ends);
+        Bucket[] changed = absorb(w, row, ts, ends);
         state.update(w);
-        out.collect(features(ctx.getCurrentKey(), w, ends));
+        out.collect(features(ctx.getCurrentKey(), w, ends, ts, changed));
     }
 
     private long[] bucketEnds(long latest) {
@@ -207,7 +214,9 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         }
     }
 
-    private void absorb(Windows w, Row row, long ts, long[] ends) {
+    /** Add the event to its bucket of each slide; the buckets it changed, by slide (null where it was too old). */
+    private Bucket[] absorb(Windows w, Row row, long ts, long[] ends) {
+        Bucket[] changed = new Bucket[slides.size()];
         for (int s = 0; s < slides.size(); s++) {
             Slide slide = slides.get(s);
             long index = ts / slide.lengthMs;
@@ -224,6 +233,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
                     b.distinct.get(c).merge(row.getField(slide.distinctColumns.get(c)), 1, Integer::sum);
                 }
                 b.count++;
+                changed[s] = b;
             }
             buckets.headMap(ends[s] - slide.keptBuckets, true).clear();
         }
@@ -232,16 +242,27 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
                 w.running.get(a.runningSet()).merge(row.getField(a.column()), 1, Integer::sum);
             }
         }
+        return changed;
     }
 
-    private Row features(String entity, Windows w, long[] ends) {
-        Row out = new Row(FEATURES + aggregations.size());
+    private Row features(String entity, Windows w, long[] ends, long ts, Bucket[] changed) {
+        int features = TILES + slides.size();
+        Row out = new Row(features + aggregations.size());
         out.setField(0, entity);
         out.setField(1, w.version);
         out.setField(2, w.latest);
         out.setField(3, w.events);
+        StringBuilder marker = new StringBuilder().append(w.latest);
+        for (TreeMap<Long, Bucket> buckets : w.buckets) {
+            marker.append(',').append(buckets.firstKey());
+        }
+        out.setField(4, marker.toString());
+        for (int s = 0; s < changed.length; s++) {
+            long slideMs = slides.get(s).lengthMs;
+            out.setField(TILES + s, changed[s] == null ? NO_TILE : TileBytes.encode(ts / slideMs, changed[s]));
+        }
         for (int i = 0; i < aggregations.size(); i++) {
-            out.setField(FEATURES + i, value(aggregations.get(i), w, ends));
+            out.setField(features + i, value(aggregations.get(i), w, ends));
         }
         return out;
     }
