@@ -3,8 +3,8 @@
     Kafka (raw bytes + partition/offset) ─► decode & validate [Python, Arrow batches] ──invalid──► events.dlq
         ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
         ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
-           ├─► batched, idempotent writes to the online store through Feast, with the tiles each event changed
-           │   [Python, Arrow batches]
+           ├─► an entity's newest row, with the tiles changed since its last, once per ``online_interval_ms``
+           │   [JVM timers] ─► batched, idempotent writes to the online store through Feast [Python, Arrow batches]
            └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
 Python runs only where the contracts and Feast are needed, on Arrow batches of rows (pandas UDFs);
@@ -206,17 +206,21 @@ def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
 
-def windowed_rows(events, view: ViewPlan, positions: dict[str, int]):
-    """The rows of ``view`` (``feature_columns``), one per event of ``events`` (a Java DataStream of rows holding each
-    event column at its index in ``positions``), from the sliding windows of its entity (``SlidingWindows``)."""
+def windowed_rows(events, view: ViewPlan, positions: dict[str, int], online_interval_ms: int):
+    """The rows of ``view`` (``feature_columns``) from the sliding windows of its entity (``SlidingWindows``) over
+    ``events`` (a Java DataStream of rows holding each event column at its index in ``positions``): one per event,
+    without tiles (for the offline log), and the rows for the online store, an entity's newest at most once per
+    ``online_interval_ms`` with the tiles changed since its last."""
     operators = get_gateway().jvm.dev.loopline.streams
-    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE)
-    return (
+    online = OutputTag(f"online-{view.name}", row_type(feature_columns(view))).get_java_output_tag()
+    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE, online, online_interval_ms)
+    rows = (
         events.keyBy(operators.FieldKey(positions[view.entity_key]))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
         .name(f"aggregate {view.name}")
         .uid(f"aggregate-{view.name}")
     )
+    return rows, rows.getSideOutput(online)
 
 
 # PyFlink's own Table/DataStream bridge calls APIs it deprecated itself; that is not the user's to fix.
@@ -277,14 +281,14 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     offline_dirs = _offline_dirs(plan, settings)
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
-        rows = windowed_rows(on_time, view, positions)
+        rows, online_rows = windowed_rows(on_time, view, positions, settings.online_interval_ms)
         held = (
             rows.keyBy(operators.FieldKey(-1))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
             .name(f"hold {view.name} for the offline log")
             .uid(f"hold-offline-{view.name}")
         )
-        t_env.create_temporary_view(f"rows_{index}", t_env.from_data_stream(DataStream(rows)))
+        t_env.create_temporary_view(f"rows_{index}", t_env.from_data_stream(DataStream(online_rows)))
         t_env.create_temporary_view(f"held_{index}", t_env.from_data_stream(DataStream(held)))
         t_env.create_temporary_function(
             f"write_online_{index}", udf(WriteOnline(settings, view), result_type=DataTypes.BOOLEAN(), func_type="pandas")

@@ -97,7 +97,7 @@ def windows(applied: Settings, tmp_path_factory: pytest.TempPathFactory):
     def run(view: ViewPlan, events: list[tuple]) -> dict[str, list[dict]]:
         env = new_environment(settings)
         source = env.from_collection([Row(*event) for event in events], type_info=row_type(COLUMNS))
-        rows = DataStream(windowed_rows(source._j_data_stream, view, POSITIONS))
+        rows = DataStream(windowed_rows(source._j_data_stream, view, POSITIONS, settings.online_interval_ms)[0])
         by_entity: dict[str, list[dict]] = {}
         names = list(feature_columns(view))
         with rows.execute_and_collect() as collected:

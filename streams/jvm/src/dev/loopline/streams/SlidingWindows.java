@@ -6,6 +6,7 @@ import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import java.util.TreeSet;
 
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.state.ValueState;
@@ -14,6 +15,7 @@ import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.types.Row;
 import org.apache.flink.util.Collector;
+import org.apache.flink.util.OutputTag;
 
 /**
  * One stream feature view's sliding windows for one entity (keyed by entity), updated on every event.
@@ -40,9 +42,14 @@ import org.apache.flink.util.Collector;
  * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,o1,o2,...}: per slide
  * length (in the order of the aggregations), {@code o} the index of the oldest bucket with events among those kept.
  *
- * <p>The buckets are the tiles a request-time read merges ({@code feature_store/window_tiles.py}): each row carries,
- * per slide length, the bucket its event changed in the form {@link TileBytes} writes (empty where the event was older
- * than every window as of {@code T}: a read is as of {@code T} or later and never covers it).
+ * <p>The operator emits every row (one per event, for the offline log) with no tiles. For the online store it sends,
+ * to the side output {@code online}, an entity's newest row at most once per {@code coalesceMs} of processing time
+ * (on a timer, aligned for all entities, checkpointed with the state): the store keeps only the newest row anyway,
+ * and a busy entity's tiles, re-sent whole on every event, were most of the job's cost. The buckets are the tiles a
+ * request-time read merges ({@code feature_store/window_tiles.py}): such a row carries, per slide length, a bucket
+ * changed since the entity's previous online row, in the form {@link TileBytes} writes (empty where none); when more
+ * than one bucket of a slide changed, the row goes once per bucket. A bucket that has left every window as of
+ * {@code T} is not sent: a read is as of {@code T} or later and never covers it.
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms}
  * with the column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0
@@ -57,15 +64,19 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
 
     private final int timeField;
     private final long scale;
+    private final OutputTag<Row> online;
+    private final long coalesceMs;
     private final List<Aggregation> aggregations = new ArrayList<>();
     /** Per distinct slide length: its length, the most buckets any window keeps, and the columns it tracks. */
     private final List<Slide> slides = new ArrayList<>();
     private int runningSets;
     private transient ValueState<Windows> state;
 
-    public SlidingWindows(String aggregationSpec, int timeField, long scale) {
+    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> online, long coalesceMs) {
         this.timeField = timeField;
         this.scale = scale;
+        this.online = online;
+        this.coalesceMs = coalesceMs;
         for (String item : aggregationSpec.split(";")) {
             String[] part = item.split(",");
             aggregations.add(place(part[1], Integer.parseInt(part[2]), Long.parseLong(part[3]), Long.parseLong(part[4])));
@@ -144,6 +155,9 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         public long events;
         public ArrayList<TreeMap<Long, Bucket>> buckets;
         public ArrayList<HashMap<Object, Integer>> running;
+        /** Per slide, the buckets changed since the entity's last online row; whether an event came since it. */
+        public ArrayList<TreeSet<Long>> changed;
+        public boolean pending;
 
         public Windows() {}
     }
@@ -169,6 +183,10 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             for (int i = 0; i < runningSets; i++) {
                 w.running.add(new HashMap<>());
             }
+            w.changed = new ArrayList<>();
+            for (int i = 0; i < slides.size(); i++) {
+                w.changed.add(new TreeSet<>());
+            }
         } else {
             oldEnds = bucketEnds(w.latest);
             if (ts > w.latest) {
@@ -186,9 +204,47 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         if (oldEnds != null) {
             slideRunningSets(w, oldEnds, ends);
         }
-        Bucket[] changed = absorb(w, row, ts, ends);
+        absorb(w, row, ts, ends);
+        w.pending = true;
         state.update(w);
-        out.collect(features(ctx.getCurrentKey(), w, ends, ts, changed));
+        out.collect(features(ctx.getCurrentKey(), w, ends));
+        // One timer per entity per interval: Flink keeps a single timer per key and time.
+        long now = ctx.timerService().currentProcessingTime();
+        ctx.timerService().registerProcessingTimeTimer((now / coalesceMs + 1) * coalesceMs);
+    }
+
+    @Override
+    public void onTimer(long timestamp, OnTimerContext ctx, Collector<Row> out) throws Exception {
+        Windows w = state.value();
+        if (w == null || !w.pending) {
+            return;
+        }
+        long[] ends = bucketEnds(w.latest);
+        Row row = features(ctx.getCurrentKey(), w, ends);
+        List<List<byte[]>> tiles = new ArrayList<>();
+        int rows = 1;
+        for (int s = 0; s < slides.size(); s++) {
+            List<byte[]> slideTiles = new ArrayList<>();
+            TreeMap<Long, Bucket> buckets = w.buckets.get(s);
+            for (long index : w.changed.get(s)) {
+                Bucket b = buckets.get(index);  // gone when it left every window since it changed
+                if (b != null) {
+                    slideTiles.add(TileBytes.encode(index, b));
+                }
+            }
+            tiles.add(slideTiles);
+            rows = Math.max(rows, slideTiles.size());
+            w.changed.get(s).clear();
+        }
+        for (int r = 0; r < rows; r++) {
+            Row sent = r == rows - 1 ? row : Row.copy(row);
+            for (int s = 0; s < tiles.size(); s++) {
+                sent.setField(TILES + s, r < tiles.get(s).size() ? tiles.get(s).get(r) : NO_TILE);
+            }
+            ctx.output(online, sent);
+        }
+        w.pending = false;
+        state.update(w);
     }
 
     private long[] bucketEnds(long latest) {
@@ -214,9 +270,8 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         }
     }
 
-    /** Add the event to its bucket of each slide; the buckets it changed, by slide (null where it was too old). */
-    private Bucket[] absorb(Windows w, Row row, long ts, long[] ends) {
-        Bucket[] changed = new Bucket[slides.size()];
+    /** Add the event to its bucket of each slide (where one is kept) and note the buckets it changed. */
+    private void absorb(Windows w, Row row, long ts, long[] ends) {
         for (int s = 0; s < slides.size(); s++) {
             Slide slide = slides.get(s);
             long index = ts / slide.lengthMs;
@@ -233,7 +288,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
                     b.distinct.get(c).merge(row.getField(slide.distinctColumns.get(c)), 1, Integer::sum);
                 }
                 b.count++;
-                changed[s] = b;
+                w.changed.get(s).add(index);
             }
             buckets.headMap(ends[s] - slide.keptBuckets, true).clear();
         }
@@ -242,10 +297,10 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
                 w.running.get(a.runningSet()).merge(row.getField(a.column()), 1, Integer::sum);
             }
         }
-        return changed;
     }
 
-    private Row features(String entity, Windows w, long[] ends, long ts, Bucket[] changed) {
+    /** The entity's row as of its latest event, with no tiles. */
+    private Row features(String entity, Windows w, long[] ends) {
         int features = TILES + slides.size();
         Row out = new Row(features + aggregations.size());
         out.setField(0, entity);
@@ -257,9 +312,8 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             marker.append(',').append(buckets.firstKey());
         }
         out.setField(4, marker.toString());
-        for (int s = 0; s < changed.length; s++) {
-            long slideMs = slides.get(s).lengthMs;
-            out.setField(TILES + s, changed[s] == null ? NO_TILE : TileBytes.encode(ts / slideMs, changed[s]));
+        for (int s = 0; s < slides.size(); s++) {
+            out.setField(TILES + s, NO_TILE);
         }
         for (int i = 0; i < aggregations.size(); i++) {
             out.setField(features + i, value(aggregations.get(i), w, ends));
