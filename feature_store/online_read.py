@@ -18,7 +18,9 @@ event: what Feast's ``get_online_features`` returns. Given a read time per entit
 feature is as of that time (``feature_store/window_tiles.py``): the same round trip also reads the marker of the
 entity's tiles, and only for a slide length whose oldest tile with events has left one of its windows by then are
 that slide's tiles read, in a second pipelined round trip for all such entities, and merged here. An entity with an
-event inside every window costs one field more than before; a quiet one costs a second round trip.
+event inside every window costs one field more than before; a quiet one costs a second round trip. The two trips
+are not one transaction: a tile the job rewrote between them comes back with the events it absorbed since, while
+the tiles read stop at the first trip's latest event (a newer one's tile waits for the next read).
 """
 
 from __future__ import annotations
@@ -172,18 +174,20 @@ def _by_slide(layout: ViewLayout, names: list[str]) -> list[tuple[TileShape, lis
     return plan
 
 
-def _tiles_to_merge(layout: ViewLayout, plan: list, oldest: list[int], at_ms: int, latest_ms: int) -> list[list[bytes] | None]:
+def _tiles_to_merge(layout: ViewLayout, plan: list, oldest: dict[int, int], at_ms: int, latest_ms: int) -> list[list[bytes] | None]:
     """Per slide length of ``plan``, the tile fields a read at ``at_ms`` merges, or None where the finished values hold:
-    no tile with events (the oldest kept being ``oldest``) has left the shortest window read on it. The fields are those
-    a window can then hold: from the oldest kept with events, or the oldest any window reaches, to the latest event's."""
+    no tile with events (the oldest kept being ``oldest[slide]``) has left the shortest window read on it, or the job
+    keeps no tiles of that slide length (its marker names others: the views changed and the job has not restarted
+    since). The fields are those a window can then hold: from the oldest kept with events, or the oldest any window
+    reaches, to the latest event's."""
     slots: list[list[bytes] | None] = []
     head_ms = max(at_ms, latest_ms)
-    for (shape, positions, aggregations), first in zip(plan, oldest, strict=True):
-        head = shape.tile_of(head_ms)
-        if not positions or first > head - min(a.window_buckets for a in aggregations):
+    for shape, positions, aggregations in plan:
+        first = oldest.get(shape.slide_ms)
+        if not positions or first is None or first > shape.tile_of(head_ms) - min(a.window_buckets for a in aggregations):
             slots.append(None)
             continue
-        slots.append([layout.tile_field(shape.slide_ms, k) for k in range(max(first, head - shape.kept + 1), shape.tile_of(latest_ms) + 1)])
+        slots.append([layout.tile_field(shape.slide_ms, k) for k in range(max(first, shape.oldest_kept(head_ms)), shape.tile_of(latest_ms) + 1)])
     return slots
 
 

@@ -68,9 +68,9 @@ class TileShape:
         """The index of the tile an event at ``event_time_ms`` belongs to."""
         return event_time_ms // self.slide_ms
 
-    def oldest_kept(self, latest_ms: int) -> int:
-        """The oldest tile a read at or after ``latest_ms`` can still cover: older ones can be dropped."""
-        return self.tile_of(latest_ms) - self.kept + 1
+    def oldest_kept(self, at_ms: int) -> int:
+        """The oldest tile a read at ``at_ms`` (or later) can still cover: older ones can be dropped."""
+        return self.tile_of(at_ms) - self.kept + 1
 
 
 @dataclass
@@ -184,11 +184,11 @@ def tile_head(raw: bytes) -> tuple[int, int]:
     return int(index), int(count)
 
 
-def parse_marker(raw: bytes) -> tuple[int, list[int]]:
-    """The job's marker beside an entity's finished values (``T,o1,o2,...``): its latest event time ``T`` (ms), and
-    per slide length, in the order of :func:`tile_shapes`, the oldest tile with events it keeps."""
-    latest, *oldest = (int(part) for part in raw.split(b","))
-    return latest, oldest
+def parse_marker(raw: bytes) -> tuple[int, dict[int, int]]:
+    """The job's marker beside an entity's finished values (``T,S1:o1,S2:o2,...``): its latest event time ``T`` (ms),
+    and per slide length ``S`` (ms) the oldest tile with events it keeps."""
+    latest, *slides = raw.split(b",")
+    return int(latest), {int(slide): int(oldest) for slide, oldest in (part.split(b":") for part in slides)}
 
 
 def millis(delta: timedelta | None) -> int | None:

@@ -204,6 +204,7 @@ def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSett
         checkpoint_interval_ms=stream.checkpoint_interval_ms,
         flush_interval_ms=stream.flush_interval_ms,
         max_batch_rows=stream.max_batch_rows,
+        online_interval_ms=stream.online_interval_ms,
         parallelism=stream.parallelism,
         metrics_port=stream.metrics_port,
     )

@@ -225,6 +225,11 @@ class StreamSettings(BaseModel):
         default=JobSettings.flush_interval_ms, ge=1, description="Longest a row waits for a Python batch (decode, online write): freshness."
     )
     max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow): throughput.")
+    online_interval_ms: int = Field(
+        default=JobSettings.online_interval_ms, ge=1,
+        description="An entity's online row (and the tiles changed since its last) goes at most once per this: freshness "
+                    "against work per event.",
+    )
     parallelism: int = Field(default=JobSettings.parallelism, ge=1)
     checkpoint_dir: str | None = Field(default=None, description="Checkpoints and savepoints: a path or any Flink filesystem "
                                        "URI (file:///shared/..., s3://bucket/... at scale); default <home>/checkpoints/<group_id>.")

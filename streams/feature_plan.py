@@ -13,15 +13,14 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from feature_store.window_tiles import SCALE, AggregationSpec, millis
+from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, millis
 from schemas.topics import TopicSpec, topic_spec
 
 if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled here
     from feast import StreamFeatureView
 
 #: Functions the engine computes. ``time_since_previous`` is Loopline's own (no window).
-WINDOWED_FUNCTIONS = frozenset({"count", "sum", "mean", "max", "min", "count_distinct"})
-SUPPORTED_FUNCTIONS = WINDOWED_FUNCTIONS | {"time_since_previous"}
+SUPPORTED_FUNCTIONS = TILED_FUNCTIONS | {"time_since_previous"}
 _NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
 #: The largest magnitude an aggregated value may have: its integer of 1/SCALE stays exact in a double
 #: (2**53), and over a thousand of them still sum within a 64-bit integer.

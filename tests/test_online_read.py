@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
+import redis
 
 from feature_store.config import apply_definitions, feature_fields, feature_store
 from feature_store.online_read import OnlineReader
@@ -75,3 +77,66 @@ def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, writte
     assert gone["txn_count_5m"] == [None] and gone["merchant_txn_count_5m"] == [None]
     writer.write([older])
     assert reader.get_online_features(features, rows)["txn_count_5m"] == [99], "the older row is the row now"
+
+
+def _marker(latest_ms: int, shapes: dict, tiles: dict) -> str:
+    """The job's marker of one entity: its latest event time, and per slide the oldest kept tile with events."""
+    parts = [str(latest_ms)]
+    for slide, shape in shapes.items():
+        parts.append(f"{slide}:{min(k for k in tiles[slide] if k >= shape.oldest_kept(latest_ms))}")
+    return ",".join(parts)
+
+
+def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(settings: Settings, written: list[str]) -> None:
+    """Real writer, reader and Redis: each event's row goes with the tile it changed, in batches, the last rows first
+    (refused as rows, their tiles taken), then an old version of a tile again (refused) and a stale tile in a ring
+    slot its window reads (told by the index it names). Reads at request times from the latest event to a day after
+    it equal the window definition for every windowed feature; a marker of other slide lengths reads finished values."""
+    from window_definition import window_by_definition
+
+    from feature_store.window_tiles import encode_tile, fold
+
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection)
+    layout = writer.layout.views[USER_VIEW]
+    start = (int(time.time() * 1000) - 7_200_000) // 900_000 * 900_000
+    offsets_s = [0, 4, 30, 70, 75, 600, 3_000, 3_660, 3_700, 5_400, 5_430, 5_431]
+    events = [{"event_time_ms": start + s * 1000, "amount": round(1.5 + (i * 7.3) % 40, 2), "merchant_id": f"m{i % 3}",
+               "country": "DE" if i % 4 else "FR"} for i, s in enumerate(offsets_s)]  # fmt: skip
+    tiles: dict[int, dict] = {slide: {} for slide in layout.shapes}
+    rows, versions = [], []
+    for n, event in enumerate(events, start=1):
+        changed = {}
+        for slide, shape in layout.shapes.items():
+            index = fold(tiles[slide], shape, event, event["event_time_ms"])
+            changed[slide] = encode_tile(index, tiles[slide][index])
+        versions.append(changed)
+        at = event["event_time_ms"]
+        finished = {name: window_by_definition(a, events[:n], at) for name, a in layout.aggregations.items()}
+        rows.append(FeatureRow(USER_VIEW, "read-tiles", at * 1000, finished, n, _marker(at, layout.shapes, tiles), changed))
+    for batch in (rows[-2:], rows[:4], rows[4:7], rows[7:]):
+        writer.write(batch)
+    writer.write([dataclasses.replace(rows[-1], tiles=versions[-2])])  # the last row again, with older tile versions
+    client = redis.Redis(port=settings.redis.port)
+    key = reader.layout.redis_key("user_id", "read-tiles")
+    latest = events[-1]["event_time_ms"]
+    ten_s = layout.shapes[10_000]
+    stale_index = ten_s.tile_of(latest) - 2 - ten_s.kept  # the slot of a tile with no events a 5-minute window reads
+    stale = {}
+    fold(stale, ten_s, {"amount": 9.0}, stale_index * 10_000)
+    client.hset(key, layout.tile_field(10_000, stale_index), encode_tile(stale_index, stale[stale_index]))
+    for slide, tile in versions[-1].items():
+        assert client.hget(key, layout.tile_field(slide, int(tile.split(b":")[0]))) == tile, "the newest version stays"
+
+    features = [f"{USER_VIEW}:{name}" for name in layout.aggregations]
+    reads = [latest, latest + 9_000, latest + 270_000, latest + 290_000, latest + 310_000, latest + 1_900_000, latest + 3_700_000,
+             latest + 6_000_000, latest + 80_000_000, latest + 90_000_000]  # fmt: skip
+    for at in reads:
+        got = reader.read_with_row_times(features, [{"user_id": "read-tiles"}], [at])[0]
+        expected = {name: [window_by_definition(a, events, at)] for name, a in layout.aggregations.items()}
+        assert {name: got[name] for name in layout.aggregations} == expected, at
+
+    foreign = FeatureRow(USER_VIEW, "read-tiles-other-slides", latest * 1000, {"txn_count_5m": 4}, 1, f"{latest},5000:0")
+    writer.write([foreign])
+    later = reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m"], [{"user_id": foreign.entity}], [latest + 86_400_000])[0]
+    assert later["txn_count_5m"] == [4], "tiles of slide lengths the registry does not have are not read"

@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
 
+from feature_store.window_tiles import TILED_FUNCTIONS
 from feedback_loop.consistency import features_at
-from streams.feature_plan import SCALE, WINDOWED_FUNCTIONS, AggregationSpec, ViewPlan
+from streams.feature_plan import SCALE, AggregationSpec, ViewPlan
 from streams.recompute import EVENT_TIME, recompute
 
 START = 1_790_000_000_000
@@ -34,7 +35,7 @@ AMOUNTS = st.one_of(
 def _cases(draw: st.DrawFn) -> tuple[ViewPlan, pd.DataFrame, pd.DataFrame]:
     unit = draw(st.sampled_from([1, 7, 250]))
     aggregations = [AggregationSpec("since_previous", "time_since_previous", EVENT_TIME, None, None)]
-    for i, function in enumerate(sorted(WINDOWED_FUNCTIONS) * 2):
+    for i, function in enumerate(sorted(TILED_FUNCTIONS) * 2):
         slide = draw(st.sampled_from([1, 3, 1000]))
         buckets = draw(st.integers(0, 4))  # 0: a window shorter than a bucket, empty
         column = draw(st.sampled_from(["amount", "country"])) if function == "count_distinct" else "amount"

@@ -39,8 +39,8 @@ import org.apache.flink.util.OutputTag;
  * it is of the same set. {@code version} is a timestamp in microseconds for the offline log:
  * {@code T} times 1000, or one more than the previous row's version when that is larger, so it grows
  * strictly with every absorbed event; it runs ahead of {@code T} by a millisecond or more only after a
- * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,o1,o2,...}: per slide
- * length (in the order of the aggregations), {@code o} the index of the oldest bucket with events among those kept.
+ * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,S1:o1,S2:o2,...}: per slide
+ * length {@code S} (ms), {@code o} the index of the oldest bucket with events among those kept.
  *
  * <p>The operator emits every row (one per event, for the offline log) with no tiles. For the online store it sends,
  * to the side output {@code online}, an entity's newest row at most once per {@code coalesceMs} of processing time
@@ -308,8 +308,8 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         out.setField(2, w.latest);
         out.setField(3, w.events);
         StringBuilder marker = new StringBuilder().append(w.latest);
-        for (TreeMap<Long, Bucket> buckets : w.buckets) {
-            marker.append(',').append(buckets.firstKey());
+        for (int s = 0; s < slides.size(); s++) {
+            marker.append(',').append(slides.get(s).lengthMs).append(':').append(w.buckets.get(s).firstKey());
         }
         out.setField(4, marker.toString());
         for (int s = 0; s < slides.size(); s++) {
