@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -67,7 +68,7 @@ class FeaturePlan:
         """The job's watermark bound: the most any view allows."""
         return max(view.out_of_orderness_ms for view in self.views)
 
-    @property
+    @cached_property  # read for every event the job decodes (out_of_range)
     def numeric_columns(self) -> frozenset[str]:
         """The source columns some view sums, averages or takes the extremes of."""
         return frozenset(a.column for view in self.views for a in view.aggregations if a.function in _NUMERIC_FUNCTIONS)
