@@ -182,7 +182,7 @@ def _merge_times(reader: OnlineReader, client: redis.Redis, users: list[str]) ->
     shape = layout.shapes[MERGE_SLIDE_MS]
     window = layout.aggregations["txn_count_5m"].window_buckets
     markers = [client.hget(reader.layout.redis_key("user_id", u), layout.tiles_field) for u in users]
-    return [(parse_marker(marker)[1][MERGE_SLIDE_MS] + window) * shape.slide_ms for marker in markers]
+    return [(parse_marker(marker)[1][MERGE_SLIDE_MS][1] + window) * shape.slide_ms for marker in markers]
 
 
 def measure_reads(settings: Settings, iterations: int) -> dict:

@@ -40,7 +40,6 @@ _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
 _DOUBLE = struct.Struct("<d")
 
 
-
 class OnlineReader:
     """Reads feature vectors of registered feature views from the Redis online store."""
 
@@ -115,8 +114,8 @@ class OnlineReader:
                 times.append(None if stamp is None else _millis(Timestamp.FromString(stamp)))
                 if marker is not None:
                     assert at_ms is not None
-                    latest, oldest = parse_marker(marker)
-                    slots = _tiles_to_merge(self._views[view], plan, oldest, at_ms[i], latest)
+                    latest, rings = parse_marker(marker)
+                    slots = _tiles_to_merge(self._views[view], plan, rings, at_ms[i], latest)
                     if any(fields is not None for fields in slots):
                         key = self._redis_key(self._views[view].join_key, row[self._views[view].join_key])
                         merges.append((columns, i, plan, at_ms[i], latest, [(key, fields) for fields in slots]))
@@ -174,17 +173,17 @@ def _by_slide(layout: ViewLayout, names: list[str]) -> list[tuple[TileShape, lis
     return plan
 
 
-def _tiles_to_merge(layout: ViewLayout, plan: list, oldest: dict[int, int], at_ms: int, latest_ms: int) -> list[list[bytes] | None]:
+def _tiles_to_merge(layout: ViewLayout, plan: list, rings: dict[int, tuple[int, int]], at_ms: int, latest_ms: int) -> list[list[bytes] | None]:
     """Per slide length of ``plan``, the tile fields a read at ``at_ms`` merges, or None where the finished values hold:
-    no tile with events (the oldest kept being ``oldest[slide]``) has left the shortest window read on it, or the job
-    keeps no tiles of that slide length (its marker names others: the views changed and the job has not restarted
-    since). The fields are those a window can then hold: from the oldest kept with events, or the oldest any window
-    reaches, to the latest event's."""
+    no tile with events (``rings[slide]``: the job's ring size and oldest kept tile with events) has left the shortest
+    window read on it, or the job's tiles of that slide length are not in the registry's ring (the views changed and
+    the job has not restarted since). The fields are those a window can then hold: from the oldest kept with events,
+    or the oldest any window reaches, to the latest event's."""
     slots: list[list[bytes] | None] = []
     head_ms = max(at_ms, latest_ms)
     for shape, positions, aggregations in plan:
-        first = oldest.get(shape.slide_ms)
-        if not positions or first is None or first > shape.tile_of(head_ms) - min(a.window_buckets for a in aggregations):
+        kept, first = rings.get(shape.slide_ms, (None, None))
+        if not positions or kept != shape.kept or first is None or first > shape.tile_of(head_ms) - min(a.window_buckets for a in aggregations):
             slots.append(None)
             continue
         slots.append([layout.tile_field(shape.slide_ms, k) for k in range(max(first, shape.oldest_kept(head_ms)), shape.tile_of(latest_ms) + 1)])

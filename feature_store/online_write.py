@@ -15,13 +15,13 @@ time. A row written by Feast itself (no such field) is replaced only by a row of
 fields come from ``feature_store/online_layout.py``, the layout the reader uses too.
 
 Windowed views also keep their tiles in the hash (``feature_store/window_tiles.py``), for reads at request time: the
-row carries the marker ``_tiles:<view>`` (its latest event time and each slide's oldest tile with events) under the
-row's compare-and-set, and the tiles its event changed, each its own field, a ring slot per slide, written in the
-same script by a compare-and-set of its own: a slot takes a newer tile, or the same tile with more events, even when
-the row is refused. A restored job's replay may send a tile in a row the store refuses (ordered below one written
-before the failure), but the last event of each tile in the replay sends the tile with every event in it, which no
-stored version orders above. A batch writes an entity once: its newest row, with the newest version of every tile
-its rows carried.
+row carries the marker ``_tiles:<view>`` (its latest event time and, per slide, its ring's size and oldest tile with
+events) under the row's compare-and-set, and the tiles changed since the entity's previous row, each its own field, a
+ring slot per slide, written in the same script by a compare-and-set of its own: a slot takes a newer tile, or the
+same tile with more events, even when the row is refused. A restored job's replay may send a tile in a row the store
+refuses (ordered below one written before the failure), but the replay's last row of the entity sends every tile
+changed since the checkpoint with every event in it, which no stored version orders above. A batch writes an entity
+once: its newest row, with the newest version of every tile its rows carried.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class FeatureRow:
     features: dict[str, float | int | str | bool | None]
     events: int = 0
     tiles_marker: str | None = None  # the job's marker of the entity's tiles (windowed views)
-    tiles: dict[int, bytes] = field(default_factory=dict)  # slide length (ms) -> the tile the row's event changed
+    tiles: dict[int, list[bytes]] = field(default_factory=dict)  # slide length (ms) -> the tiles changed since the last row
 
     @property
     def order(self) -> tuple[int, int]:
@@ -168,12 +168,13 @@ class OnlineWriter:
             if not row.tiles:
                 continue
             layout, slots = self.layout.views[row.view], newest.setdefault((row.view, row.entity), {})
-            for slide, tile in row.tiles.items():
-                head = tile_head(tile)
-                slot = layout.tile_field(slide, head[0])
-                current = slots.get(slot)
-                if current is None or head > tile_head(current):
-                    slots[slot] = tile
+            for slide, changed in row.tiles.items():
+                for tile in changed:
+                    head = tile_head(tile)
+                    slot = layout.tile_field(slide, head[0])
+                    current = slots.get(slot)
+                    if current is None or head > tile_head(current):
+                        slots[slot] = tile
         return newest
 
     def delete_rows(self) -> list[str]:

@@ -184,11 +184,22 @@ def tile_head(raw: bytes) -> tuple[int, int]:
     return int(index), int(count)
 
 
-def parse_marker(raw: bytes) -> tuple[int, dict[int, int]]:
-    """The job's marker beside an entity's finished values (``T,S1:o1,S2:o2,...``): its latest event time ``T`` (ms),
-    and per slide length ``S`` (ms) the oldest tile with events it keeps."""
+def parse_marker(raw: bytes) -> tuple[int, dict[int, tuple[int, int]]]:
+    """The job's marker beside an entity's finished values (``T,S1:k1:o1,...``): its latest event time ``T`` (ms),
+    and per slide length ``S`` (ms) the size ``k`` of its ring of tile slots and the oldest tile with events it keeps."""
     latest, *slides = raw.split(b",")
-    return int(latest), {int(slide): int(oldest) for slide, oldest in (part.split(b":") for part in slides)}
+    return int(latest), {int(slide): (int(kept), int(oldest)) for slide, kept, oldest in (part.split(b":") for part in slides)}
+
+
+def split_tiles(framed: bytes) -> list[bytes]:
+    """The tiles of one value the job frames several in (``TileBytes.frame``: each as ``<length>:`` then the tile)."""
+    tiles, at = [], 0
+    while at < len(framed):
+        colon = framed.index(b":", at)
+        end = colon + 1 + int(framed[at:colon])
+        tiles.append(framed[colon + 1 : end])
+        at = end
+    return tiles
 
 
 def millis(delta: timedelta | None) -> int | None:

@@ -32,7 +32,7 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
-from feature_store.window_tiles import tile_shapes
+from feature_store.window_tiles import split_tiles, tile_shapes
 from schemas.ddl import column_types
 from schemas.records import TransactionEvent
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
@@ -135,7 +135,7 @@ class WriteOnline(ScalarFunction):
         rows = [
             FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values[len(self.slides) :], strict=True)),
                        int(absorbed), tiles_marker,
-                       {slide: bytes(raw) for slide, raw in zip(self.slides, values[: len(self.slides)], strict=True) if raw is not None and len(raw)})
+                       {slide: split_tiles(bytes(raw)) for slide, raw in zip(self.slides, values[: len(self.slides)], strict=True) if raw is not None and len(raw)})
             for key, latest, absorbed, tiles_marker, *values in zip(entity, latest_ms, events, marker, *tiles, *features, strict=True)
         ]  # fmt: skip
         self.rows_written.inc(self.writer.write(rows))
@@ -171,15 +171,18 @@ class AppendOffline(ScalarFunction):
 
 #: The columns of a view's rows ``SlidingWindows`` emits before the features (see its javadoc).
 _ROW_VERSION, _ROW_ORDER, _TILES_MARKER = "version_us", ("latest_ms", "events"), "tiles"
+
+
 def tile_columns(view: ViewPlan) -> tuple[str, ...]:
-    """The columns of a view's rows holding, per slide length, the tile the row's event changed."""
+    """The columns of a view's online rows holding, per slide length, the tiles changed since the entity's last one
+    (framed, ``feature_store.window_tiles.split_tiles``)."""
     return tuple(f"tile_{slide}" for slide in tile_shapes(view.aggregations))
 
 
 def feature_columns(view: ViewPlan) -> dict[str, str]:
     """A view's rows: entity, row version (µs, for the offline log), the latest event time (ms) and the number of
-    events absorbed (the online store's order), the marker of its tiles and the tiles its event changed (empty where
-    none), then each feature (counts are integers)."""
+    events absorbed (the online store's order), the marker of its tiles and the tiles changed since the entity's last
+    online row (both only in online rows; empty where none), then each feature (counts are integers)."""
     integral = {"count", "count_distinct"}
     features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
     return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), _TILES_MARKER: "STRING",

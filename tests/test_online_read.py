@@ -80,18 +80,21 @@ def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, writte
 
 
 def _marker(latest_ms: int, shapes: dict, tiles: dict) -> str:
-    """The job's marker of one entity: its latest event time, and per slide the oldest kept tile with events."""
+    """The job's marker of one entity: its latest event time, and per slide its ring's size and oldest kept tile with
+    events."""
     parts = [str(latest_ms)]
     for slide, shape in shapes.items():
-        parts.append(f"{slide}:{min(k for k in tiles[slide] if k >= shape.oldest_kept(latest_ms))}")
+        parts.append(f"{slide}:{shape.kept}:{min(k for k in tiles[slide] if k >= shape.oldest_kept(latest_ms))}")
     return ",".join(parts)
 
 
 def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(settings: Settings, written: list[str]) -> None:
-    """Real writer, reader and Redis: each event's row goes with the tile it changed, in batches, the last rows first
-    (refused as rows, their tiles taken), then an old version of a tile again (refused) and a stale tile in a ring
-    slot its window reads (told by the index it names). Reads at request times from the latest event to a day after
-    it equal the window definition for every windowed feature; a marker of other slide lengths reads finished values."""
+    """Real writer, reader and Redis: a row per event with the tiles it changed, in batches: first the last row
+    carrying the last two events' versions of their tiles (the newer of each slot kept), then the others (refused as
+    rows, their tiles taken), then an old version of a tile again (refused) and a stale tile in a ring slot its window
+    reads (told by the index it names). Reads at request times from the latest event to a day after it equal the
+    window definition for every windowed feature; a marker of other slide lengths or ring sizes reads finished
+    values."""
     from window_definition import window_by_definition
 
     from feature_store.window_tiles import encode_tile, fold
@@ -109,12 +112,13 @@ def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(s
         changed = {}
         for slide, shape in layout.shapes.items():
             index = fold(tiles[slide], shape, event, event["event_time_ms"])
-            changed[slide] = encode_tile(index, tiles[slide][index])
+            changed[slide] = [encode_tile(index, tiles[slide][index])]
         versions.append(changed)
         at = event["event_time_ms"]
         finished = {name: window_by_definition(a, events[:n], at) for name, a in layout.aggregations.items()}
         rows.append(FeatureRow(USER_VIEW, "read-tiles", at * 1000, finished, n, _marker(at, layout.shapes, tiles), changed))
-    for batch in (rows[-2:], rows[:4], rows[4:7], rows[7:]):
+    both = {slide: versions[-2][slide] + versions[-1][slide] for slide in layout.shapes}
+    for batch in ([dataclasses.replace(rows[-1], tiles=both)], rows[:4], rows[4:7], rows[7:]):
         writer.write(batch)
     writer.write([dataclasses.replace(rows[-1], tiles=versions[-2])])  # the last row again, with older tile versions
     client = redis.Redis(port=settings.redis.port)
@@ -125,7 +129,7 @@ def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(s
     stale = {}
     fold(stale, ten_s, {"amount": 9.0}, stale_index * 10_000)
     client.hset(key, layout.tile_field(10_000, stale_index), encode_tile(stale_index, stale[stale_index]))
-    for slide, tile in versions[-1].items():
+    for slide, (tile,) in versions[-1].items():
         assert client.hget(key, layout.tile_field(slide, int(tile.split(b":")[0]))) == tile, "the newest version stays"
 
     features = [f"{USER_VIEW}:{name}" for name in layout.aggregations]
@@ -136,7 +140,9 @@ def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(s
         expected = {name: [window_by_definition(a, events, at)] for name, a in layout.aggregations.items()}
         assert {name: got[name] for name in layout.aggregations} == expected, at
 
-    foreign = FeatureRow(USER_VIEW, "read-tiles-other-slides", latest * 1000, {"txn_count_5m": 4}, 1, f"{latest},5000:0")
+    foreign = FeatureRow(USER_VIEW, "read-tiles-other-rings", latest * 1000, {"txn_count_5m": 4, "amount_sum_1h": 2.5}, 1,
+                         f"{latest},5000:60:0,60000:61:0")  # fmt: skip
     writer.write([foreign])
-    later = reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m"], [{"user_id": foreign.entity}], [latest + 86_400_000])[0]
-    assert later["txn_count_5m"] == [4], "tiles of slide lengths the registry does not have are not read"
+    later = reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m", f"{USER_VIEW}:amount_sum_1h"], [{"user_id": foreign.entity}],
+                                       [latest + 86_400_000])[0]  # fmt: skip
+    assert later["txn_count_5m"] == [4] and later["amount_sum_1h"] == [2.5], "tiles of rings the registry does not have are not read"

@@ -22,6 +22,7 @@ from feature_store.window_tiles import (
     decode_tile,
     encode_tile,
     fold,
+    split_tiles,
     tile_shapes,
     window_value,
 )
@@ -105,3 +106,9 @@ def test_a_read_before_the_latest_event_reads_as_of_it() -> None:
     assert window_value(tiles, shape, count, 3, 12) == window_value(tiles, shape, count, 12, 12) == 1  # tiles 1 and 2
     assert window_value(tiles, shape, count, 14, 12) == 1 and window_value(tiles, shape, count, 15, 12) == 1
     assert window_value(tiles, shape, count, 20, 12) == 0
+
+
+@given(st.lists(st.binary(max_size=300), max_size=6))
+def test_framed_tiles_split_back_into_the_tiles(tiles: list[bytes]) -> None:
+    framed = b"".join(b"%d:" % len(tile) + tile for tile in tiles)  # TileBytes.frame's form
+    assert split_tiles(framed) == tiles

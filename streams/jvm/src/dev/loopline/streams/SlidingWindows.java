@@ -39,17 +39,19 @@ import org.apache.flink.util.OutputTag;
  * it is of the same set. {@code version} is a timestamp in microseconds for the offline log:
  * {@code T} times 1000, or one more than the previous row's version when that is larger, so it grows
  * strictly with every absorbed event; it runs ahead of {@code T} by a millisecond or more only after a
- * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,S1:o1,S2:o2,...}: per slide
- * length {@code S} (ms), {@code o} the index of the oldest bucket with events among those kept.
+ * thousand events absorbed without {@code T} moving on. {@code tiles} is the text {@code T,S1:k1:o1,S2:k2:o2,...}: per
+ * slide length {@code S} (ms), the most buckets {@code k} any of its windows spans (the size of its ring of slots in
+ * the store), and {@code o} the index of the oldest bucket with events among those kept.
  *
  * <p>The operator emits every row (one per event, for the offline log) with no tiles. For the online store it sends,
  * to the side output {@code online}, an entity's newest row at most once per {@code coalesceMs} of processing time
  * (on a timer, aligned for all entities, checkpointed with the state): the store keeps only the newest row anyway,
  * and a busy entity's tiles, re-sent whole on every event, were most of the job's cost. The buckets are the tiles a
  * request-time read merges ({@code feature_store/window_tiles.py}): such a row carries, per slide length, a bucket
- * changed since the entity's previous online row, in the form {@link TileBytes} writes (empty where none); when more
- * than one bucket of a slide changed, the row goes once per bucket. A bucket that has left every window as of
- * {@code T} is not sent: a read is as of {@code T} or later and never covers it.
+ * changed since the entity's previous online row, each in the form {@link TileBytes} writes, framed one after the
+ * other ({@link TileBytes#frame}; empty where none), so one row, written in one compare-and-set, brings its marker and
+ * every tile it names. A bucket that has left every window as of {@code T} is not sent: a read is as of {@code T} or
+ * later and never covers it. The per-event rows carry neither marker (null) nor tiles.
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms}
  * with the column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0
@@ -59,7 +61,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     private static final long serialVersionUID = 1L;
     /** Where the tiles start in an output row: after the entity, version, latest, events and the tiles' marker. */
     private static final int TILES = 5;
-    /** A slide whose bucket the event did not change (empty, not null: PyFlink cannot hand a null byte array to Python). */
+    /** No tiles (empty, not null: PyFlink cannot hand a null byte array to Python). */
     private static final byte[] NO_TILE = new byte[0];
 
     private final int timeField;
@@ -172,6 +174,12 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         long ts = (Long) row.getField(timeField);
         Windows w = state.value();
         long[] oldEnds = null;
+        if (w != null && w.changed == null) {  // state of a job from before online rows were coalesced
+            w.changed = new ArrayList<>();
+            for (int i = 0; i < slides.size(); i++) {
+                w.changed.add(new TreeSet<>());
+            }
+        }
         if (w == null) {
             w = new Windows();
             w.latest = ts;
@@ -207,7 +215,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         absorb(w, row, ts, ends);
         w.pending = true;
         state.update(w);
-        out.collect(features(ctx.getCurrentKey(), w, ends));
+        out.collect(features(ctx.getCurrentKey(), w, ends, false));
         // One timer per entity per interval: Flink keeps a single timer per key and time.
         long now = ctx.timerService().currentProcessingTime();
         ctx.timerService().registerProcessingTimeTimer((now / coalesceMs + 1) * coalesceMs);
@@ -219,30 +227,20 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         if (w == null || !w.pending) {
             return;
         }
-        long[] ends = bucketEnds(w.latest);
-        Row row = features(ctx.getCurrentKey(), w, ends);
-        List<List<byte[]>> tiles = new ArrayList<>();
-        int rows = 1;
+        Row row = features(ctx.getCurrentKey(), w, bucketEnds(w.latest), true);
         for (int s = 0; s < slides.size(); s++) {
-            List<byte[]> slideTiles = new ArrayList<>();
+            List<byte[]> tiles = new ArrayList<>();
             TreeMap<Long, Bucket> buckets = w.buckets.get(s);
             for (long index : w.changed.get(s)) {
                 Bucket b = buckets.get(index);  // gone when it left every window since it changed
                 if (b != null) {
-                    slideTiles.add(TileBytes.encode(index, b));
+                    tiles.add(TileBytes.encode(index, b));
                 }
             }
-            tiles.add(slideTiles);
-            rows = Math.max(rows, slideTiles.size());
+            row.setField(TILES + s, tiles.isEmpty() ? NO_TILE : TileBytes.frame(tiles));
             w.changed.get(s).clear();
         }
-        for (int r = 0; r < rows; r++) {
-            Row sent = r == rows - 1 ? row : Row.copy(row);
-            for (int s = 0; s < tiles.size(); s++) {
-                sent.setField(TILES + s, r < tiles.get(s).size() ? tiles.get(s).get(r) : NO_TILE);
-            }
-            ctx.output(online, sent);
-        }
+        ctx.output(online, row);
         w.pending = false;
         state.update(w);
     }
@@ -299,19 +297,23 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         }
     }
 
-    /** The entity's row as of its latest event, with no tiles. */
-    private Row features(String entity, Windows w, long[] ends) {
+    /** The entity's row as of its latest event, with no tiles; with {@code online}, with its tiles' marker. */
+    private Row features(String entity, Windows w, long[] ends, boolean online) {
         int features = TILES + slides.size();
         Row out = new Row(features + aggregations.size());
         out.setField(0, entity);
         out.setField(1, w.version);
         out.setField(2, w.latest);
         out.setField(3, w.events);
-        StringBuilder marker = new StringBuilder().append(w.latest);
-        for (int s = 0; s < slides.size(); s++) {
-            marker.append(',').append(slides.get(s).lengthMs).append(':').append(w.buckets.get(s).firstKey());
+        if (online) {
+            StringBuilder marker = new StringBuilder().append(w.latest);
+            for (int s = 0; s < slides.size(); s++) {
+                Slide slide = slides.get(s);
+                marker.append(',').append(slide.lengthMs).append(':').append(slide.keptBuckets).append(':')
+                        .append(w.buckets.get(s).firstKey());
+            }
+            out.setField(4, marker.toString());
         }
-        out.setField(4, marker.toString());
         for (int s = 0; s < slides.size(); s++) {
             out.setField(TILES + s, NO_TILE);
         }

@@ -4,6 +4,7 @@ import java.io.ByteArrayOutputStream;
 import java.io.DataOutputStream;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
+import java.util.List;
 import java.util.Map;
 
 /**
@@ -40,6 +41,16 @@ final class TileBytes {
             }
         } catch (IOException impossible) {  // a ByteArrayOutputStream does not fail
             throw new IllegalStateException(impossible);
+        }
+        return bytes.toByteArray();
+    }
+
+    /** Several tiles in one value: each as {@code <length>:} (ASCII, its bytes) and then the tile. */
+    static byte[] frame(List<byte[]> tiles) {
+        ByteArrayOutputStream bytes = new ByteArrayOutputStream();
+        for (byte[] tile : tiles) {
+            bytes.writeBytes((tile.length + ":").getBytes(StandardCharsets.US_ASCII));
+            bytes.writeBytes(tile);
         }
         return bytes.toByteArray();
     }
