@@ -47,7 +47,7 @@ import org.apache.flink.util.OutputTag;
  * to the side output {@code online}, an entity's newest row at most once per {@code coalesceMs} of processing time
  * (on a timer, aligned for all entities, checkpointed with the state): the store keeps only the newest row anyway,
  * and a busy entity's tiles, re-sent whole on every event, were most of the job's cost. The buckets are the tiles a
- * request-time read merges ({@code feature_store/window_tiles.py}): such a row carries, per slide length, a bucket
+ * request-time read merges ({@code feature_store/window_tiles.py}): such a row carries, per slide length, every bucket
  * changed since the entity's previous online row, each in the form {@link TileBytes} writes, framed one after the
  * other ({@link TileBytes#frame}; empty where none), so one row, written in one compare-and-set, brings its marker and
  * every tile it names. A bucket that has left every window as of {@code T} is not sent: a read is as of {@code T} or
