@@ -165,13 +165,7 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
     if not differing:
         return {}
     if not {"kafka_ms", "offset"} <= set(events.columns):
-        found = {}
-        for record, key, row_time in differing:
-            read_at = max(record.requested_at_ms, row_time)
-            rows = features_at(view, events[events[EVENT_TIME] <= row_time], pd.DataFrame({view.entity_key: [key], "at_ms": [read_at]}))
-            if (key, read_at) in rows:
-                found[record.request_id] = [rows[(key, read_at)]]
-        return found
+        return _rows_up_to_row_time(view, events, differing)
     key_column = view.entity_key
     logged = events[events[key_column].isin({key for _, key, _ in differing})].sort_values("offset", kind="stable")
     times, kafka_ms = logged[EVENT_TIME].to_numpy(), logged["kafka_ms"].to_numpy()
@@ -201,6 +195,24 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
         rows = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points], "at_ms": [at for _, _, at in points]}))
         as_of |= {(prefix, at): {**rows[(number, at)], key_column: prefix[0]} for prefix, number, at in points}
     return {request_id: [as_of[point] for point in points] for request_id, points in candidates.items()}
+
+
+
+def _rows_up_to_row_time(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, str, int]]) -> dict[str, list[dict]]:
+    """:func:`_as_of_rows` for events without log positions: per request id, the one row of its entity's events up to
+    the logged row time, read at the request's time (or the row time, if later). One recompute evaluates them all,
+    each (entity, row time) as an entity of its own."""
+    key_column = view.entity_key
+    numbers = {row: n for n, row in enumerate(dict.fromkeys((key, row_time) for _, key, row_time in differing))}
+    positions, times = events.groupby(key_column, sort=False).indices, events[EVENT_TIME].to_numpy()
+    parts = [(n, where[times[where] <= row_time]) for (key, row_time), n in numbers.items() if (where := positions.get(key)) is not None]
+    if not parts:
+        return {}
+    frame = events.iloc[np.concatenate([where for _, where in parts])].assign(
+        **{key_column: np.repeat([n for n, _ in parts], [len(where) for _, where in parts])})
+    points = {record.request_id: (key, numbers[(key, row_time)], max(record.requested_at_ms, row_time)) for record, key, row_time in differing}
+    rows = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]}))
+    return {request_id: [{**rows[(n, at)], key_column: key}] for request_id, (key, n, at) in points.items() if (n, at) in rows}
 
 
 #: Events recomputed at once when the candidate rows are evaluated: bounds the replay's memory.
