@@ -3,10 +3,10 @@
 An entity's row of every view lives in one hash, keyed by the serialized entity key and the project; a view's
 features are hashed fields (murmur3 of ``<stored name>:<feature>``), its event time is ``_ts:<stored name>``, and
 Loopline's writer adds ``_order:<stored name>``, and for windowed views ``_tiles:<stored name>`` (the marker of the
-entity's tiles) and the tiles themselves, ``_tile:<stored name>:<slide ms>:<slot>`` (``feature_store/window_tiles.py``). The stored name is Feast's own (``_versioned_fv_name``): the view's
-name, with its version when the registry turns on online feature view versioning, so both paths address the fields
-Feast's ``get_online_features`` reads whatever that setting is. Everything is computed once, when the layout is
-built; a hot path only looks it up.
+entity's tiles) and the tiles themselves, ``_tile:<stored name>:<slide ms>:<slot>`` (``feature_store/window_tiles.py``).
+The stored name is Feast's own (``_versioned_fv_name``): the view's name, with its version when the registry turns
+on online feature view versioning, so both paths address the fields Feast's ``get_online_features`` reads whatever
+that setting is. Everything is computed once, when the layout is built; a hot path only looks it up.
 """
 
 from __future__ import annotations

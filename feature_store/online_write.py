@@ -83,6 +83,7 @@ if ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 return 1
 """
 
+
 @dataclass(frozen=True)
 class FeatureRow:
     """The features of one entity of one view as of its latest event (``event_time_us``, microseconds since the
