@@ -85,7 +85,8 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
     roomy = applied.model_copy(update={"serving": applied.serving.model_copy(update={"feature_budget_ms": 2_000.0})})
     # The late event's tile is [+40 s, +50 s): the 5-minute window's tail for requests in [+330 s, +340 s).
     after = {"burst": 55 * SECOND, "late tile the tail": 335 * SECOND, "late tile out": 345 * SECOND,
-             "5 minutes quiet": 6 * MINUTE, "hour quiet": 2 * HOUR, "day quiet": 25 * HOUR}  # fmt: skip
+             "last tile out": 350 * SECOND, "5 minutes quiet": 6 * MINUTE, "hour quiet": 2 * HOUR,
+             "a day less a second": 24 * HOUR - SECOND, "a day": 24 * HOUR, "day quiet": 25 * HOUR}  # fmt: skip
     defaults = OnlineReader(applied.feast_registry_path, applied.redis_connection).defaults
     seen: dict[str, dict] = {}
     with serving_doors(roomy, build_scorer(roomy, model)) as (url, _):
@@ -105,9 +106,11 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
 
     counts = {moment: features["txn_count_5m"] for moment, features in seen.items()}
     # The late event alone in the tail tile, and the one at +50 s; then that one alone; then none.
-    assert counts == {"burst": 12, "late tile the tail": 2, "late tile out": 1, "5 minutes quiet": 0, "hour quiet": 0,
-                      "day quiet": 0}, counts  # fmt: skip
+    assert counts == {"burst": 12, "late tile the tail": 2, "late tile out": 1, "last tile out": 0, "5 minutes quiet": 0,
+                      "hour quiet": 0, "a day less a second": 0, "a day": 0, "day quiet": 0}, counts  # fmt: skip
     assert (seen["hour quiet"]["txn_count_1h"], seen["hour quiet"]["txn_count_24h"]) == (0, 12)
+    # The day's window holds the burst's 15-minute tile until the next day's hour (the README's worked example).
+    assert (seen["a day less a second"]["txn_count_24h"], seen["a day"]["txn_count_24h"]) == (12, 0)
     assert seen["day quiet"] == {**dict.fromkeys(("txn_count_5m", "txn_count_1h", "txn_count_24h", "distinct_merchants_1h",
                                                   "distinct_countries_24h"), 0),
                                  "amount_sum_1h": 0.0, "amount_mean_24h": 0.0, "amount_max_24h": 0.0}  # fmt: skip
