@@ -174,12 +174,6 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         long ts = (Long) row.getField(timeField);
         Windows w = state.value();
         long[] oldEnds = null;
-        if (w != null && w.changed == null) {  // state of a job from before online rows were coalesced
-            w.changed = new ArrayList<>();
-            for (int i = 0; i < slides.size(); i++) {
-                w.changed.add(new TreeSet<>());
-            }
-        }
         if (w == null) {
             w = new Windows();
             w.latest = ts;
@@ -191,10 +185,6 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             for (int i = 0; i < runningSets; i++) {
                 w.running.add(new HashMap<>());
             }
-            w.changed = new ArrayList<>();
-            for (int i = 0; i < slides.size(); i++) {
-                w.changed.add(new TreeSet<>());
-            }
         } else {
             oldEnds = bucketEnds(w.latest);
             if (ts > w.latest) {
@@ -204,6 +194,12 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             } else if (ts < w.latest && (!w.hasPrevious || ts > w.previous)) {
                 w.previous = ts;
                 w.hasPrevious = true;
+            }
+        }
+        if (w.changed == null) {  // a new entity, or the state of a job from before online rows were coalesced
+            w.changed = new ArrayList<>();
+            for (int i = 0; i < slides.size(); i++) {
+                w.changed.add(new TreeSet<>());
             }
         }
         w.version = Math.max(w.version + 1, w.latest * 1000);
