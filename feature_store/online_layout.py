@@ -2,8 +2,8 @@
 
 An entity's row of every view lives in one hash, keyed by the serialized entity key and the project; a view's
 features are hashed fields (murmur3 of ``<stored name>:<feature>``), its event time is ``_ts:<stored name>``, and
-Loopline's writer adds ``_order:<stored name>``, and for windowed views ``_tiles:<stored name>`` (the marker of the
-entity's tiles) and the tiles themselves, ``_tile:<stored name>:<slide ms>:<slot>`` (``feature_store/window_tiles.py``).
+Loopline's writer adds ``_order:<stored name>``, and for windowed views one field per window with its steps,
+``_window:<stored name>:<slide ms>:<window ms>:<digest of its aggregations>`` (``feature_store/window_tiles.py``).
 The stored name is Feast's own (``_versioned_fv_name``): the view's name, with its version when the registry turns
 on online feature view versioning, so both paths address the fields Feast's ``get_online_features`` reads whatever
 that setting is. Everything is computed once, when the layout is built; a hot path only looks it up.
@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from feature_store.config import feature_fields
-from feature_store.window_tiles import AggregationSpec, TileShape, tile_shapes, view_aggregations
+from feature_store.window_tiles import AggregationSpec, Window, view_aggregations, view_windows
 
 if TYPE_CHECKING:
     from feast import FeatureView
@@ -34,20 +34,11 @@ class ViewLayout:
     timestamp_field: bytes
     order_field: bytes
     fields: dict[str, bytes]  # feature name -> hashed Redis field
-    tiles_field: bytes
-    #: The view's windowed aggregations by feature name, and the shape of its tiles by slide length (in the order the
-    #: job's marker lists them); both empty for a view without windows.
+    #: The view's windowed aggregations by feature name, and its windows by (slide ms, window ms), in the job's order,
+    #: each with the field of its steps; both empty for a view without windows.
     aggregations: dict[str, AggregationSpec]
-    shapes: dict[int, TileShape]
+    windows: dict[tuple[int, int], tuple[bytes, Window]]
     stored_name: str
-
-    def tile_prefix(self, slide_ms: int) -> bytes:
-        """The fields of one slide length's tiles are this prefix and the slot, ``0 .. kept - 1``."""
-        return f"_tile:{self.stored_name}:{slide_ms}:".encode()
-
-    def tile_field(self, slide_ms: int, index: int) -> bytes:
-        """The field of tile ``index`` of a slide length: a ring of ``kept`` slots, each value naming its tile."""
-        return self.tile_prefix(slide_ms) + b"%d" % (index % self.shapes[slide_ms].kept)
 
 
 class OnlineLayout:
@@ -65,15 +56,14 @@ class OnlineLayout:
         for view in views:
             stored = _versioned_fv_name(view, config)
             aggregations = view_aggregations(view)
-            shapes = tile_shapes(aggregations)
+            windows = view_windows(aggregations)
             self.views[view.name] = ViewLayout(
                 join_key=view.entity_columns[0].name,
                 timestamp_field=f"_ts:{stored}".encode(),
                 order_field=f"_order:{stored}".encode(),
                 fields={f.name: _mmh3(f"{stored}:{f.name}") for f in feature_fields(view)},
-                tiles_field=f"_tiles:{stored}".encode(),
-                aggregations={a.name: a for a in aggregations if a.slide_ms in shapes},
-                shapes=shapes,
+                aggregations={a.name: a for window in windows.values() for a in window.aggregations},
+                windows={key: (f"_window:{stored}:{key[0]}:{key[1]}:{window.digest}".encode(), window) for key, window in windows.items()},
                 stored_name=stored,
             )
         project, version = config.project.encode(), config.entity_key_serialization_version

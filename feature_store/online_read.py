@@ -15,29 +15,42 @@ on defaults) until the cluster has failed it over to its replica and the client 
 
 Windows at request time. Without a read time the values are the job's finished ones, as of each entity's latest
 event: what Feast's ``get_online_features`` returns. Given a read time per entity (the request's time), each windowed
-feature is as of that time (``feature_store/window_tiles.py``): the same round trip also reads the marker of the
-entity's tiles, and only for a slide length whose oldest tile with events has left one of its windows by then are
-that slide's tiles read, in a second pipelined round trip for all such entities, and merged here. An entity with an
-event inside every window costs one field more than before; a quiet one costs a second round trip. The two trips
-are not one transaction: a tile the job rewrote between them comes back with the events it absorbed since, while
-the tiles read stop at the first trip's latest event (a newer one's tile waits for the next read).
+feature is as of that time (``feature_store/window_tiles.py``): the same HMGET also takes the steps of each window
+read, and the value is the step valid at that time (a binary search; nothing is merged here, and no second round trip
+is made). Where a window has no steps of the row's own event time (a row written by hand, or views changed and the
+job not yet restarted with them), its finished values are returned.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.defaults import declared_default
-from feature_store.online_layout import OnlineLayout, ViewLayout
+from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
-from feature_store.window_tiles import AggregationSpec, TileShape, decode_tile, parse_marker, window_values
+from feature_store.window_tiles import Window
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
 _DOUBLE_TAG, _INT64_TAG = (5 << 3) | 1, (4 << 3) | 0
 _DOUBLE = struct.Struct("<d")
+
+
+@dataclass(frozen=True)
+class _ReadPlan:
+    """How a read of some features of one view goes: the fields its HMGET asks for (the features read as stored, the
+    row's event time, then at request time each window's steps), where each answer goes among the features asked, and
+    the finished values' fields of the windows, read only where a window has no steps of the row's event time."""
+
+    join_key: str
+    fields: list[bytes]
+    direct: list[int]  # positions among the features asked of those read as stored
+    windows: list[tuple[Window, list[int | None]]]  # per steps read, the position of each of its values (None: not asked)
+    finished_fields: list[bytes]  # every window's features' fields, window after window
+    finished_at: list[slice]  # where each window's are among them
 
 
 class OnlineReader:
@@ -64,6 +77,7 @@ class OnlineReader:
         #: Where each view's rows are in Redis (the writer's layout too).
         self.layout = OnlineLayout(store.config, views)
         self._views, self._redis_key = self.layout.views, self.layout.redis_key
+        self._plans: dict[tuple[str, tuple[str, ...], bool], _ReadPlan] = {}
         online_store = store.config.online_store
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
 
@@ -87,58 +101,90 @@ class OnlineReader:
         for reference in features:
             view, feature = reference.split(":", 1)
             by_view.setdefault(view, []).append(feature)
+        plans = {view: self._plan(view, tuple(names), at_ms is not None) for view, names in by_view.items()}
         pipe = self._redis.pipeline(transaction=False)
-        for view, names in by_view.items():
-            layout = self._views[view]
-            fields = [*(layout.fields[name] for name in names), layout.timestamp_field]
-            if at_ms is not None and layout.shapes:
-                fields.append(layout.tiles_field)
+        for view, plan in plans.items():
+            join_key = self._views[view].join_key
             for row in entity_rows:
-                pipe.hmget(self._redis_key(layout.join_key, row[layout.join_key]), fields)
+                pipe.hmget(self._redis_key(join_key, row[join_key]), plan.fields)
         replies = iter(pipe.execute())
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
         for row in entity_rows:
             for key, value in row.items():
                 result.setdefault(key, []).append(value)
-        merges: list[tuple[list, int, list, int, int, list]] = []  # column values, row, plan, read time, latest, slots
+        decode, count = self._decode, len(entity_rows)
+        unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]] = []  # (plan, columns, row, windows) read finished
         for view, names in by_view.items():
-            columns, times = [result.setdefault(name, []) for name in names], row_times.setdefault(view, [])
-            tiled = at_ms is not None and bool(self._views[view].shapes)
-            plan = _by_slide(self._views[view], names) if tiled else []
-            for i, row in enumerate(entity_rows):
+            plan = plans[view]
+            columns = [[None] * count for _ in names]
+            for name, column in zip(names, columns, strict=True):
+                result[name] = column
+            times = row_times[view] = [None] * count
+            direct, stamp_at = plan.direct, len(plan.direct)
+            for i in range(count):
                 reply = next(replies)
-                *raws, stamp, marker = reply if tiled else (*reply, None)
-                for column, raw in zip(columns, raws, strict=True):
-                    column.append(None if raw is None else self._decode(raw))
-                times.append(None if stamp is None else _millis(Timestamp.FromString(stamp)))
-                if marker is not None:
-                    assert at_ms is not None
-                    latest, rings = parse_marker(marker)
-                    slots = _tiles_to_merge(self._views[view], plan, rings, at_ms[i], latest)
-                    if any(fields is not None for fields in slots):
-                        key = self._redis_key(self._views[view].join_key, row[self._views[view].join_key])
-                        merges.append((columns, i, plan, at_ms[i], latest, [(key, fields) for fields in slots]))
-        if merges:
-            self._merge(merges)
+                for position, raw in zip(direct, reply, strict=False):
+                    if raw is not None:
+                        columns[position][i] = decode(raw)
+                stamp = reply[stamp_at]
+                time_ms = times[i] = None if stamp is None else _millis(Timestamp.FromString(stamp))
+                missing = []
+                for w, (window, positions) in enumerate(plan.windows):
+                    steps = reply[stamp_at + 1 + w]
+                    if steps and window.latest_ms(steps) == time_ms:
+                        assert at_ms is not None
+                        for position, value in zip(positions, window.values_at(steps, at_ms[i]), strict=True):
+                            if position is not None:
+                                columns[position][i] = value
+                    else:
+                        missing.append(w)
+                if missing and time_ms is not None:
+                    unstepped.append((plan, columns, i, missing))
+        if unstepped:
+            self._read_finished(unstepped, entity_rows)
         return result, row_times
 
-    def _merge(self, merges: list) -> None:
-        """Read, in one pipelined round trip, the tiles each of ``merges`` needs, and put the values merged from them
-        at its read time in its columns."""
+    def _read_finished(self, unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]], entity_rows: list[dict[str, str]]) -> None:
+        """Where a window had no steps of the row's own event time, its finished values: one more pipelined round trip
+        for all such rows (rows written by hand, or by a job of other views)."""
         pipe = self._redis.pipeline(transaction=False)
-        for *_, slots in merges:
-            for key, fields in slots:
-                if fields:
-                    pipe.hmget(key, fields)
-        replies = iter(pipe.execute())
-        for columns, i, plan, at, latest, slots in merges:
-            for (shape, positions, aggregations), (_, fields) in zip(plan, slots, strict=True):
-                if fields is None or not positions:
-                    continue
-                tiles = dict(decode_tile(raw) for raw in next(replies) if raw is not None) if fields else {}
-                for position, value in zip(positions, window_values(tiles, shape, aggregations, at, latest), strict=True):
-                    columns[position][i] = value
+        for plan, _, i, _ in unstepped:
+            pipe.hmget(self._redis_key(plan.join_key, entity_rows[i][plan.join_key]), plan.finished_fields)
+        for (plan, columns, i, missing), reply in zip(unstepped, pipe.execute(), strict=True):
+            for w in missing:
+                for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
+                    if position is not None:
+                        columns[position][i] = None if raw is None else self._decode(raw)
+
+    def _plan(self, view: str, names: tuple[str, ...], at_request_time: bool) -> _ReadPlan:
+        """How a read of ``names`` of ``view`` goes (``_ReadPlan``), computed once per view, names and kind of read."""
+        key = (view, names, at_request_time)
+        plan = self._plans.get(key)
+        if plan is None:
+            layout = self._views[view]
+            where = {name: i for i, name in enumerate(names)}
+            windows = []  # (steps field, window, position of each of its values among the names)
+            for steps_field, window in layout.windows.values() if at_request_time else ():
+                positions = [where.get(a.name) for a in window.aggregations]
+                if any(p is not None for p in positions):
+                    windows.append((steps_field, window, positions))
+            stepped = {p for *_, positions in windows for p in positions if p is not None}
+            direct = [i for i in range(len(names)) if i not in stepped]
+            finished_fields: list[bytes] = []
+            finished_at = []
+            for _, window, _ in windows:
+                finished_at.append(slice(len(finished_fields), len(finished_fields) + len(window.aggregations)))
+                finished_fields += [layout.fields[a.name] for a in window.aggregations]
+            plan = self._plans[key] = _ReadPlan(
+                join_key=layout.join_key,
+                fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, *(steps_field for steps_field, *_ in windows)],
+                direct=direct,
+                windows=[(window, positions) for _, window, positions in windows],
+                finished_fields=finished_fields,
+                finished_at=finished_at,
+            )
+        return plan
 
     def row_timestamps_us(self, view: str, entities: list[str]) -> list[int | None]:
         """When each entity's row was computed (its event time, in microseconds), or None if it has none."""
@@ -160,34 +206,6 @@ class OnlineReader:
         value = self._value.FromString(raw)
         kind = value.WhichOneof("val")
         return None if kind is None or kind == "null_val" else getattr(value, kind)
-
-
-def _by_slide(layout: ViewLayout, names: list[str]) -> list[tuple[TileShape, list[int], list[AggregationSpec]]]:
-    """Per slide length of a windowed view, in the marker's order: its shape, and the positions among ``names`` and
-    the aggregations of the windowed features on it."""
-    plan = []
-    for shape in layout.shapes.values():
-        on_slide = [(i, layout.aggregations[name]) for i, name in enumerate(names)
-                    if name in layout.aggregations and layout.aggregations[name].slide_ms == shape.slide_ms]  # fmt: skip
-        plan.append((shape, [i for i, _ in on_slide], [a for _, a in on_slide]))
-    return plan
-
-
-def _tiles_to_merge(layout: ViewLayout, plan: list, rings: dict[int, tuple[int, int]], at_ms: int, latest_ms: int) -> list[list[bytes] | None]:
-    """Per slide length of ``plan``, the tile fields a read at ``at_ms`` merges, or None where the finished values hold:
-    no tile with events (``rings[slide]``: the job's ring size and oldest kept tile with events) has left the shortest
-    window read on it, or the job's tiles of that slide length are not in the registry's ring (the views changed and
-    the job has not restarted since). The fields are those a window can then hold: from the oldest kept with events,
-    or the oldest any window reaches, to the latest event's."""
-    slots: list[list[bytes] | None] = []
-    head_ms = max(at_ms, latest_ms)
-    for shape, positions, aggregations in plan:
-        kept, first = rings.get(shape.slide_ms, (None, None))
-        if not positions or kept != shape.kept or first is None or first > shape.tile_of(head_ms) - min(a.window_buckets for a in aggregations):
-            slots.append(None)
-            continue
-        slots.append([layout.tile_field(shape.slide_ms, k) for k in range(max(first, shape.oldest_kept(head_ms)), shape.tile_of(latest_ms) + 1)])
-    return slots
 
 
 def _millis(stamp) -> int:

@@ -14,14 +14,10 @@ Beside them one field, ``_order:<view>``, holds ``<event time µs>:<events>``, t
 time. A row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and
 fields come from ``feature_store/online_layout.py``, the layout the reader uses too.
 
-Windowed views also keep their tiles in the hash (``feature_store/window_tiles.py``), for reads at request time: the
-row carries the marker ``_tiles:<view>`` (its latest event time and, per slide, its ring's size and oldest tile with
-events) under the row's compare-and-set, and the tiles changed since the entity's previous row, each its own field, a
-ring slot per slide, written in the same script by a compare-and-set of its own: a slot takes a newer tile, or the
-same tile with more events, even when the row is refused. A restored job's replay may send a tile in a row the store
-refuses (ordered below one written before the failure), but the replay's last row of the entity sends every tile
-changed since the checkpoint with every event in it, which no stored version orders above. A batch writes an entity
-once: its newest row, with the newest version of every tile its rows carried.
+Windowed views also keep, per window, the steps the job merged from the entity's tiles (``feature_store/window_tiles.py``),
+each in a field of its own written with the row, under its compare-and-set: the row and its steps are always of the
+same events. A row without steps for a window (one written by hand, not by the job) deletes that window's field, so
+a read at request time falls back to the row's finished values rather than to another row's steps.
 """
 
 from __future__ import annotations
@@ -32,31 +28,15 @@ from pathlib import Path
 from feature_store.config import REPO_PATH, feature_fields, feature_store
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
-from feature_store.window_tiles import tile_head
 
 #: Feast value-proto field for each feature dtype Loopline declares.
 _VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_val", "FLOAT": "float_val",
                  "STRING": "string_val", "BOOL": "bool_val"}  # fmt: skip
 
 #: KEYS[1]: the entity's hash. ARGV: the ``_ts`` field, its new Timestamp, the new seconds and nanos, the order
-#: field, the new event time (µs) and events, a TTL in seconds (0: none), the number m of tiles, m pairs of a tile's
-#: field and value (``<index>:<count>:...``), then the feature fields and values. A tile slot takes the tile when it
-#: holds none, an older tile, or this one with fewer events. The stored Timestamp is decoded here (protobuf varints:
-#: field 1 seconds, field 2 nanos) to compare times.
+#: field, the new event time (µs) and events, a TTL in seconds (0: none), the number d of fields to delete (steps the
+#: row has none of), those d fields, then the feature (and steps) fields and values. The stored Timestamp is decoded here (protobuf varints: field 1 seconds, field 2 nanos) to compare times.
 _COMPARE_AND_SET = """
-local tiles = 10 + 2 * tonumber(ARGV[9])
-for n = 10, tiles - 1, 2 do
-  local held = redis.call('HGET', KEYS[1], ARGV[n])
-  local newer = true
-  if held then
-    local index, count = string.match(held, '^(%d+):(%d+):')
-    local new_index, new_count = string.match(ARGV[n + 1], '^(%d+):(%d+):')
-    index, count, new_index, new_count = tonumber(index), tonumber(count), tonumber(new_index), tonumber(new_count)
-    newer = new_index > index or (new_index == index and new_count > count)
-  end
-  if newer then redis.call('HSET', KEYS[1], ARGV[n], ARGV[n + 1]) end
-end
-if tiles > 10 and ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored then
   local parts, i = {0, 0}, 1
@@ -76,9 +56,11 @@ if stored then
     if not (same and at == ARGV[6] and tonumber(ARGV[7]) > tonumber(events)) then return 0 end
   end
 end
+local cleared = 10 + tonumber(ARGV[9])
 local fields = {ARGV[1], ARGV[2], ARGV[5], ARGV[6] .. ':' .. ARGV[7]}
-for n = tiles, #ARGV do fields[#fields + 1] = ARGV[n] end
+for n = cleared, #ARGV do fields[#fields + 1] = ARGV[n] end
 redis.call('HSET', KEYS[1], unpack(fields))
+if cleared > 10 then redis.call('HDEL', KEYS[1], unpack(ARGV, 10, cleared - 1)) end
 if ARGV[8] ~= '0' then redis.call('EXPIRE', KEYS[1], ARGV[8]) end
 return 1
 """
@@ -94,8 +76,7 @@ class FeatureRow:
     event_time_us: int
     features: dict[str, float | int | str | bool | None]
     events: int = 0
-    tiles_marker: str | None = None  # the job's marker of the entity's tiles (windowed views)
-    tiles: dict[int, list[bytes]] = field(default_factory=dict)  # slide length (ms) -> the tiles changed since the last row
+    windows: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (slide ms, window ms) -> the window's steps
 
     @property
     def order(self) -> tuple[int, int]:
@@ -142,41 +123,25 @@ class OnlineWriter:
         from google.protobuf.timestamp_pb2 import Timestamp
 
         newest = latest_per_entity(rows)
-        tiles = self._newest_tiles(rows)
         pipe = self._redis.pipeline(transaction=False)
         for row in newest:
             layout, kinds = self.layout.views[row.view], self._kinds[row.view]
-            slots = tiles.get((row.view, row.entity), {})
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)
-            values = []
+            values, cleared = [], []
             for name, value in row.features.items():
                 values += [layout.fields[name], (Value() if value is None else Value(**{kinds[name]: value})).SerializeToString()]
-            if row.tiles_marker is not None:
-                values += [layout.tiles_field, row.tiles_marker]
+            for key, (steps_field, _) in layout.windows.items():
+                if key in row.windows:
+                    values += [steps_field, row.windows[key]]
+                else:
+                    cleared.append(steps_field)
             # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
             pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_key, row.entity), layout.timestamp_field,
                                  stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
-                                 row.events, self._ttl_s, len(slots), *(part for slot in slots.items() for part in slot),
-                                 *values)  # fmt: skip
+                                 row.events, self._ttl_s, len(cleared), *cleared, *values)  # fmt: skip
         pipe.execute()
         return len(newest)
-
-    def _newest_tiles(self, rows: list[FeatureRow]) -> dict[tuple[str, str], dict[bytes, bytes]]:
-        """Per (view, entity), the newest version of each tile slot ``rows`` carry (field -> tile)."""
-        newest: dict[tuple[str, str], dict[bytes, bytes]] = {}
-        for row in rows:
-            if not row.tiles:
-                continue
-            layout, slots = self.layout.views[row.view], newest.setdefault((row.view, row.entity), {})
-            for slide, changed in row.tiles.items():
-                for tile in changed:
-                    head = tile_head(tile)
-                    slot = layout.tile_field(slide, head[0])
-                    current = slots.get(slot)
-                    if current is None or head > tile_head(current):
-                        slots[slot] = tile
-        return newest
 
     def delete_rows(self) -> list[str]:
         """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream

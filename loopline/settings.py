@@ -227,7 +227,7 @@ class StreamSettings(BaseModel):
     max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow): throughput.")
     online_interval_ms: int = Field(
         default=JobSettings.online_interval_ms, ge=1,
-        description="An entity's online row (and the tiles changed since its last) goes at most once per this: freshness "
+        description="An entity's online row (with its windows' steps) goes at most once per this: freshness "
                     "against work per event.",
     )
     parallelism: int = Field(default=JobSettings.parallelism, ge=1)

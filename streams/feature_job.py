@@ -3,7 +3,7 @@
     Kafka (raw bytes + partition/offset) ─► decode & validate [Python, Arrow batches] ──invalid──► events.dlq
         ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
         ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
-           ├─► an entity's newest row, with the tiles changed since its last, once per ``online_interval_ms``
+           ├─► an entity's newest row, with its windows' steps, at most once per ``online_interval_ms``
            │   [JVM timers] ─► batched, idempotent writes to the online store through Feast [Python, Arrow batches]
            └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
@@ -32,7 +32,7 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
-from feature_store.window_tiles import split_tiles, tile_shapes
+from feature_store.window_tiles import view_windows
 from schemas.ddl import column_types
 from schemas.records import TransactionEvent
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
@@ -117,7 +117,7 @@ class WriteOnline(ScalarFunction):
         self.settings = settings
         self.view = view.name
         self.features = view.feature_names
-        self.slides = tuple(tile_shapes(view.aggregations))
+        self.windows = tuple(view_windows(view.aggregations))
 
     def open(self, function_context: FunctionContext) -> None:
         from feature_store.online_write import OnlineWriter
@@ -128,15 +128,14 @@ class WriteOnline(ScalarFunction):
         )
         self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
 
-    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, marker: pd.Series, *columns: pd.Series) -> pd.Series:
+    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, *columns: pd.Series) -> pd.Series:
         from feature_store.online_write import FeatureRow
 
-        tiles, features = columns[: len(self.slides)], [c.astype(object).where(c.notna(), None) for c in columns[len(self.slides) :]]
+        steps, features = columns[: len(self.windows)], [c.astype(object).where(c.notna(), None) for c in columns[len(self.windows) :]]
         rows = [
-            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values[len(self.slides) :], strict=True)),
-                       int(absorbed), tiles_marker,
-                       {slide: split_tiles(bytes(raw)) for slide, raw in zip(self.slides, values[: len(self.slides)], strict=True) if raw is not None and len(raw)})
-            for key, latest, absorbed, tiles_marker, *values in zip(entity, latest_ms, events, marker, *tiles, *features, strict=True)
+            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values[len(self.windows) :], strict=True)),
+                       int(absorbed), dict(zip(self.windows, map(bytes, values[: len(self.windows)]), strict=True)))
+            for key, latest, absorbed, *values in zip(entity, latest_ms, events, *steps, *features, strict=True)
         ]  # fmt: skip
         self.rows_written.inc(self.writer.write(rows))
         return pd.Series([True] * len(entity))
@@ -170,23 +169,22 @@ class AppendOffline(ScalarFunction):
 
 
 #: The columns of a view's rows ``SlidingWindows`` emits before the features (see its javadoc).
-_ROW_VERSION, _ROW_ORDER, _TILES_MARKER = "version_us", ("latest_ms", "events"), "tiles"
+_ROW_VERSION, _ROW_ORDER = "version_us", ("latest_ms", "events")
 
 
-def tile_columns(view: ViewPlan) -> tuple[str, ...]:
-    """The columns of a view's online rows holding, per slide length, the tiles changed since the entity's last one
-    (framed, ``feature_store.window_tiles.split_tiles``)."""
-    return tuple(f"tile_{slide}" for slide in tile_shapes(view.aggregations))
+def steps_columns(view: ViewPlan) -> tuple[str, ...]:
+    """The columns of a view's online rows holding each window's steps (``feature_store/window_tiles.py``)."""
+    return tuple(f"steps_{slide}_{window}" for slide, window in view_windows(view.aggregations))
 
 
-def feature_columns(view: ViewPlan) -> dict[str, str]:
+def feature_columns(view: ViewPlan, online: bool = False) -> dict[str, str]:
     """A view's rows: entity, row version (µs, for the offline log), the latest event time (ms) and the number of
-    events absorbed (the online store's order), the marker of its tiles and the tiles changed since the entity's last
-    online row (both only in online rows; empty where none), then each feature (counts are integers)."""
+    events absorbed (the online store's order), in ``online`` rows each window's steps, then each feature (counts are
+    integers)."""
     integral = {"count", "count_distinct"}
     features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
-    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), _TILES_MARKER: "STRING",
-            **dict.fromkeys(tile_columns(view), "BYTES"), **features}  # fmt: skip
+    steps = dict.fromkeys(steps_columns(view), "BYTES") if online else {}
+    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **steps, **features}
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
@@ -211,11 +209,11 @@ def _quoted(names) -> str:
 
 def windowed_rows(events, view: ViewPlan, positions: dict[str, int], online_interval_ms: int):
     """The rows of ``view`` (``feature_columns``) from the sliding windows of its entity (``SlidingWindows``) over
-    ``events`` (a Java DataStream of rows holding each event column at its index in ``positions``): one per event,
-    without tiles (for the offline log), and the rows for the online store, an entity's newest at most once per
-    ``online_interval_ms`` with the tiles changed since its last."""
+    ``events`` (a Java DataStream of rows holding each event column at its index in ``positions``): one per event
+    (for the offline log), and the rows for the online store, an entity's newest at most once per
+    ``online_interval_ms``, with its windows' steps."""
     operators = get_gateway().jvm.dev.loopline.streams
-    online = OutputTag(f"online-{view.name}", row_type(feature_columns(view))).get_java_output_tag()
+    online = OutputTag(f"online-{view.name}", row_type(feature_columns(view, online=True))).get_java_output_tag()
     windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE, online, online_interval_ms)
     rows = (
         events.keyBy(operators.FieldKey(positions[view.entity_key]))
@@ -300,7 +298,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
             f"append_offline_{index}",
             udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
         )
-        for sink, leading, source in ((f"write_online_{index}", (*_ROW_ORDER, _TILES_MARKER, *tile_columns(view)), f"rows_{index}"),
+        for sink, leading, source in ((f"write_online_{index}", (*_ROW_ORDER, *steps_columns(view)), f"rows_{index}"),
                                       (f"append_offline_{index}", (_ROW_VERSION,), f"held_{index}")):  # fmt: skip
             columns = _quoted([view.entity_key, *leading, *view.feature_names])
             statements.add_insert_sql(f"INSERT INTO written SELECT {sink}({columns}) FROM {source}")

@@ -56,7 +56,7 @@ class JobSettings:
     #: The longest a row waits for its Python batch (decoding, online writes), and the batch size.
     flush_interval_ms: int = 50
     max_batch_rows: int = 2_000
-    #: An entity's online row, with the tiles changed since its last, is sent at most once per this much processing
+    #: An entity's online row, with its windows' steps, is sent at most once per this much processing
     #: time: a busy entity's writes (and its tiles, whole each time) coalesce, for a little freshness.
     online_interval_ms: int = 100
     #: Feature rows are held (checkpointed) this long, then appended offline as one file per view.

@@ -24,7 +24,8 @@ class OperatorsBuildError(RuntimeError):
     """The JVM operators could not be compiled (no JDK, or a compile error)."""
 
 
-def _flink_classpath() -> str:
+def flink_classpath() -> str:
+    """PyFlink's own jars, as a class path: what the operators compile and run against."""
     spec = importlib.util.find_spec("pyflink")
     assert spec is not None and spec.submodule_search_locations, "PyFlink is not installed"
     lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
@@ -53,7 +54,7 @@ def operators_jar(build_dir: Path, roots: Sequence[Path] = (SOURCES,), name: str
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=build_dir) as classes:
         result = subprocess.run(
-            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", _flink_classpath(), *map(str, sources)],
+            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", flink_classpath(), *map(str, sources)],
             capture_output=True,
             text=True,
         )

@@ -120,9 +120,8 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
     ratios = summary(report)
     assert ratios[BROKEN]["compared"] == len(logged) >= ROUNDS * USERS * 0.9
     # A user's events come ~10 s of event time apart: a window 10 s longer holds one more of them ~60 % of the time,
-    # once the rounds reach back past 5 minutes (from the second on). The job's ring of 10-second tiles (31 slots) is not
-    # the registry's (30), its marker says so, and the reader returns the job's finished values rather than merge
-    # tiles it cannot place.
+    # once the rounds reach back past 5 minutes (from the second on). The job stores that window's steps under its own
+    # window length (310 s), which the registry's reader does not ask for: it returns the job's finished values.
     assert ratios[BROKEN]["mismatch_ratio"] > 0.3 and ratios[BROKEN]["smape"] > 0, ratios[BROKEN]
     assert {name: r["mismatch_ratio"] for name, r in ratios.items() if name != BROKEN} == dict.fromkeys(set(features) - {BROKEN}, 0.0)
     # Every row read was the latest (the test waited for it): nothing else to explain.

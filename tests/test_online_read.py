@@ -79,25 +79,13 @@ def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, writte
     assert reader.get_online_features(features, rows)["txn_count_5m"] == [99], "the older row is the row now"
 
 
-def _marker(latest_ms: int, shapes: dict, tiles: dict) -> str:
-    """The job's marker of one entity: its latest event time, and per slide its ring's size and oldest kept tile with
-    events."""
-    parts = [str(latest_ms)]
-    for slide, shape in shapes.items():
-        parts.append(f"{slide}:{shape.kept}:{min(k for k in tiles[slide] if k >= shape.oldest_kept(latest_ms))}")
-    return ",".join(parts)
-
-
-def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(settings: Settings, written: list[str]) -> None:
-    """Real writer, reader and Redis: a row per event with the tiles it changed, in batches: first the last row
-    carrying the last two events' versions of their tiles (the newer of each slot kept), then the others (refused as
-    rows, their tiles taken), then an old version of a tile again (refused) and a stale tile in a ring slot its window
-    reads (told by the index it names). Reads at request times from the latest event to a day after it equal the
-    window definition for every windowed feature; a marker of other slide lengths or ring sizes reads finished
-    values."""
-    from window_definition import window_by_definition
-
-    from feature_store.window_tiles import encode_tile, fold
+def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Settings, written: list[str]) -> None:
+    """Real writer, reader and Redis: a row per event with its finished values and every window's steps (built from
+    the window definition), written in batches, the newest first (the older rows are refused, steps included). Reads
+    at request times from the latest event to a day after it equal the window definition for every windowed
+    feature. A row without steps (written by hand) deletes them, and steps of another event time than the row's are
+    not read: both read the row's finished values."""
+    from window_definition import steps_by_definition, window_by_definition
 
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection)
@@ -106,43 +94,37 @@ def test_tiles_in_the_store_take_only_newer_versions_and_merge_at_request_time(s
     offsets_s = [0, 4, 30, 70, 75, 600, 3_000, 3_660, 3_700, 5_400, 5_430, 5_431]
     events = [{"event_time_ms": start + s * 1000, "amount": round(1.5 + (i * 7.3) % 40, 2), "merchant_id": f"m{i % 3}",
                "country": "DE" if i % 4 else "FR"} for i, s in enumerate(offsets_s)]  # fmt: skip
-    tiles: dict[int, dict] = {slide: {} for slide in layout.shapes}
-    rows, versions = [], []
-    for n, event in enumerate(events, start=1):
-        changed = {}
-        for slide, shape in layout.shapes.items():
-            index = fold(tiles[slide], shape, event, event["event_time_ms"])
-            changed[slide] = [encode_tile(index, tiles[slide][index])]
-        versions.append(changed)
-        at = event["event_time_ms"]
+    rows = []
+    for n in range(1, len(events) + 1):
+        at = events[n - 1]["event_time_ms"]
         finished = {name: window_by_definition(a, events[:n], at) for name, a in layout.aggregations.items()}
-        rows.append(FeatureRow(USER_VIEW, "read-tiles", at * 1000, finished, n, _marker(at, layout.shapes, tiles), changed))
-    both = {slide: versions[-2][slide] + versions[-1][slide] for slide in layout.shapes}
-    for batch in ([dataclasses.replace(rows[-1], tiles=both)], rows[:4], rows[4:7], rows[7:]):
+        steps = {key: steps_by_definition(window, events[:n]) for key, (_, window) in layout.windows.items()}
+        rows.append(FeatureRow(USER_VIEW, "read-steps", at * 1000, finished, n, steps))
+    for batch in ([rows[-1]], rows[:4], rows[4:7], rows[7:-1]):
         writer.write(batch)
-    writer.write([dataclasses.replace(rows[-1], tiles=versions[-2])])  # the last row again, with older tile versions
     client = redis.Redis(port=settings.redis.port)
-    key = reader.layout.redis_key("user_id", "read-tiles")
-    latest = events[-1]["event_time_ms"]
-    ten_s = layout.shapes[10_000]
-    stale_index = ten_s.tile_of(latest) - 2 - ten_s.kept  # the slot of a tile with no events a 5-minute window reads
-    stale = {}
-    fold(stale, ten_s, {"amount": 9.0}, stale_index * 10_000)
-    client.hset(key, layout.tile_field(10_000, stale_index), encode_tile(stale_index, stale[stale_index]))
-    for slide, (tile,) in versions[-1].items():
-        assert client.hget(key, layout.tile_field(slide, int(tile.split(b":")[0]))) == tile, "the newest version stays"
+    key = reader.layout.redis_key("user_id", "read-steps")
+    for window_key, (steps_field, _) in layout.windows.items():
+        assert client.hget(key, steps_field) == rows[-1].windows[window_key], "the newest row's steps stay"
 
     features = [f"{USER_VIEW}:{name}" for name in layout.aggregations]
-    reads = [latest, latest + 9_000, latest + 270_000, latest + 290_000, latest + 310_000, latest + 1_900_000, latest + 3_700_000,
-             latest + 6_000_000, latest + 80_000_000, latest + 90_000_000]  # fmt: skip
+    latest = events[-1]["event_time_ms"]
+    reads = [latest - 60_000, latest, latest + 9_000, latest + 270_000, latest + 290_000, latest + 310_000, latest + 1_900_000,
+             latest + 3_700_000, latest + 6_000_000, latest + 80_000_000, latest + 90_000_000]  # fmt: skip
     for at in reads:
-        got = reader.read_with_row_times(features, [{"user_id": "read-tiles"}], [at])[0]
+        got = reader.read_with_row_times(features, [{"user_id": "read-steps"}], [at])[0]
         expected = {name: [window_by_definition(a, events, at)] for name, a in layout.aggregations.items()}
         assert {name: got[name] for name in layout.aggregations} == expected, at
+    assert reader.read_with_row_times(features, [{"user_id": "read-steps"}], [latest + 90_000_000])[0]["txn_count_24h"] == [0]
 
-    foreign = FeatureRow(USER_VIEW, "read-tiles-other-rings", latest * 1000, {"txn_count_5m": 4, "amount_sum_1h": 2.5}, 1,
-                         f"{latest},5000:60:0,60000:61:0")  # fmt: skip
-    writer.write([foreign])
-    later = reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m", f"{USER_VIEW}:amount_sum_1h"], [{"user_id": foreign.entity}],
-                                       [latest + 86_400_000])[0]  # fmt: skip
-    assert later["txn_count_5m"] == [4] and later["amount_sum_1h"] == [2.5], "tiles of rings the registry does not have are not read"
+    day_later = [latest + 86_400_000]
+    by_hand = dataclasses.replace(rows[-1], events=rows[-1].events + 1, windows={})
+    writer.write([by_hand])
+    assert all(client.hget(key, steps_field) is None for steps_field, _ in layout.windows.values()), "a row without steps deletes them"
+    got = reader.read_with_row_times(features, [{"user_id": "read-steps"}], day_later)[0]
+    assert {name: got[name] for name in layout.aggregations} == {name: [value] for name, value in by_hand.features.items() if name in got}
+
+    (steps_field, ten_s), *_ = layout.windows.values()
+    client.hset(key, steps_field, steps_by_definition(ten_s, events[:-1]))  # steps of the row before: another event time
+    assert reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m"], [{"user_id": "read-steps"}], day_later)[0]["txn_count_5m"] == [
+        by_hand.features["txn_count_5m"]]  # fmt: skip

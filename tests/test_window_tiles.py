@@ -1,33 +1,28 @@
-"""Tiles merged at request time against a brute-force reading of the window definition, on small random histories.
+"""The job's windows (the JVM ``WindowPlan``: tiles, their merge into steps) against a brute-force reading of the
+window definition, on small random histories.
 
-The reference reads the definition event by event (``tests/window_definition.py``). The tiles are folded
-in a shuffled arrival order and go through their stored form. At the entity's latest event the merge also equals the
-offline recompute (``streams/recompute.py``, the job's semantics), and long after it every window is empty.
+A Java driver (``tests/jvm``) feeds one entity's events, in a shuffled arrival order, to the job's own ``WindowPlan``
+and answers its steps and finished values. Read at any request time through the reader's own ``Window.values_at``,
+the steps equal the definition read event by event (``tests/window_definition.py``) and the offline recompute
+(``streams/recompute.py``) read at that time; the finished values equal both at the latest event; long after it every
+window is empty.
 """
 
 from __future__ import annotations
 
-import math
+import subprocess
+from pathlib import Path
 
 import pandas as pd
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from window_definition import window_by_definition
+from window_definition import steps_by_definition, window_by_definition
 
-from feature_store.window_tiles import (
-    SCALE,
-    TILED_FUNCTIONS,
-    AggregationSpec,
-    Tile,
-    decode_tile,
-    encode_tile,
-    fold,
-    split_tiles,
-    tile_shapes,
-    window_value,
-)
+from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, Window, view_windows
 from streams.feature_plan import ViewPlan
-from streams.recompute import EVENT_TIME, recompute
+from streams.operators_jar import SOURCES, flink_classpath, operators_jar
+from streams.recompute import EVENT_TIME, recompute, same_feature_value
 
 START = 1_790_000_000_000
 AMOUNTS = st.one_of(
@@ -35,11 +30,43 @@ AMOUNTS = st.one_of(
     st.integers(0, 10**8).map(lambda i: (i + 0.5) / SCALE),  # on a half of 1/SCALE: rounds to even
     st.integers(2**52, 2**53).map(lambda i: i / SCALE),  # two of them total past 2**53 (in 1/SCALE)
 )
+DRIVER = Path(__file__).with_name("jvm")
+
+
+class Replay:
+    """The Java driver (``WindowsReplay``), one process for the module."""
+
+    def __init__(self, jar: Path) -> None:
+        self.process = subprocess.Popen(["java", "-cp", f"{jar}:{flink_classpath()}", "dev.loopline.streams.WindowsReplay"],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+
+    def run(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[bytes], list]:
+        """Each window's steps and each aggregation's finished value after absorbing ``events`` in their order."""
+        spec = ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms},{a.slide_ms}" for a in aggregations)
+        lines = [f"plan {spec}", *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read"]
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.write("\n".join(lines) + "\n")
+        self.process.stdin.flush()
+        steps, finished = self.process.stdout.readline().split("|")
+        values = [None if v == "null" else float(v) if "." in v or "E" in v else int(v) for v in finished.split()]
+        return [bytes.fromhex(hexed) for hexed in steps.split()], values
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def replay(tmp_path_factory: pytest.TempPathFactory):
+    driver = Replay(operators_jar(tmp_path_factory.mktemp("replay"), (SOURCES, DRIVER), "window-replay"))
+    yield driver
+    driver.close()
 
 
 @st.composite
-def _histories(draw: st.DrawFn) -> tuple[list[AggregationSpec], list[dict], list[int], list[int]]:
-    """Aggregations (two of each function, random slides and spans), one entity's events, a shuffled arrival order,
+def _histories(draw: st.DrawFn) -> tuple[list[AggregationSpec], list[dict], list[int]]:
+    """Aggregations (two of each function, random slides and spans), one entity's events in a shuffled arrival order,
     and read times from before its first event to long after its last."""
     aggregations = []
     for i, function in enumerate(sorted(TILED_FUNCTIONS) * 2):
@@ -49,66 +76,62 @@ def _histories(draw: st.DrawFn) -> tuple[list[AggregationSpec], list[dict], list
     amounts = draw(st.lists(AMOUNTS, min_size=1, max_size=4))
     event = st.tuples(st.integers(0, 4000), st.sampled_from(amounts), st.sampled_from(["m1", "m2", "m3"]))
     events = [{EVENT_TIME: START + t, "amount": a, "merchant": m} for t, a, m in draw(st.lists(event, min_size=1, max_size=30))]
-    order = draw(st.permutations(range(len(events))))
     reads = draw(st.lists(st.integers(-100, 20_000), min_size=1, max_size=8))
-    return aggregations, events, list(order), [START + t for t in reads]
+    return aggregations, draw(st.permutations(events)), [START + t for t in reads]
 
 
-def _tiles(aggregations: list[AggregationSpec], events: list[dict], order: list[int]) -> dict[int, dict[int, Tile]]:
-    """Every slide's tiles of ``events`` folded in ``order``, through their stored form."""
-    shapes = tile_shapes(aggregations)
-    tiles: dict[int, dict[int, Tile]] = {slide: {} for slide in shapes}
-    for i in order:
-        for slide, shape in shapes.items():
-            fold(tiles[slide], shape, events[i], events[i][EVENT_TIME])
-    return {slide: dict(decode_tile(encode_tile(index, tile)) for index, tile in slide_tiles.items()) for slide, slide_tiles in tiles.items()}
-
-
-def _folded(aggregations: list[AggregationSpec], events: list[dict], order: list[int]) -> tuple[dict, dict, int]:
-    """Each slide's shape and folded tiles of ``events``, and the latest event time."""
-    return tile_shapes(aggregations), _tiles(aggregations, events, order), max(e[EVENT_TIME] for e in events)
+def _read(windows: dict[tuple[int, int], Window], steps: list[bytes], at_ms: int) -> dict[str, object]:
+    """Every windowed aggregation's value read at ``at_ms`` from the job's ``steps``, through the reader's code."""
+    return {a.name: value for window, raw in zip(windows.values(), steps, strict=True)
+            for a, value in zip(window.aggregations, window.values_at(raw, at_ms), strict=True)}  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None)
 @given(_histories())
-def test_tiles_merged_at_any_read_time_equal_the_window_definition(case) -> None:
-    aggregations, events, order, reads = case
-    shapes, tiles, latest = _folded(aggregations, events, order)
+def test_the_jobs_steps_read_at_any_time_equal_the_window_definition(replay: Replay, case) -> None:
+    aggregations, events, reads = case
+    steps, finished = replay.run(aggregations, events)
+    windows = view_windows(aggregations)
+    latest = max(e[EVENT_TIME] for e in events)
+    assert [window.latest_ms(raw) for window, raw in zip(windows.values(), steps, strict=True)] == [latest] * len(windows)
+    assert steps == [steps_by_definition(window, events) for window in windows.values()]
+    assert finished == [window_by_definition(a, events, latest) for a in aggregations]
     for at_ms in reads:
-        for aggregation in aggregations:
-            got = window_value(tiles[aggregation.slide_ms], shapes[aggregation.slide_ms], aggregation, at_ms, latest)
-            assert got == window_by_definition(aggregation, events, at_ms), (aggregation, at_ms)
+        assert _read(windows, steps, at_ms) == {a.name: window_by_definition(a, events, at_ms) for a in aggregations}, at_ms
 
 
 @settings(max_examples=150, deadline=None)
 @given(_histories())
-def test_at_the_latest_event_the_merge_is_the_jobs_window_and_long_after_it_every_window_is_empty(case) -> None:
-    aggregations, events, order, _ = case
-    shapes, tiles, latest = _folded(aggregations, events, order)
-    frame = pd.DataFrame([{"user": "u", **e} for e in events])
-    (row,) = recompute(ViewPlan("v", "user", "t", 0, tuple(aggregations), None), frame).to_dict("records")
+def test_the_steps_equal_the_recompute_at_request_times_and_every_window_empties(replay: Replay, case) -> None:
+    aggregations, events, reads = case
+    steps, _ = replay.run(aggregations, events)
+    windows = view_windows(aggregations)
+    latest = max(e[EVENT_TIME] for e in events)
     quiet = latest + max(a.window_ms for a in aggregations)  # every window has passed the last event's slide
-    for aggregation in aggregations:
-        shape = shapes[aggregation.slide_ms]
-        at_latest = window_value(tiles[aggregation.slide_ms], shape, aggregation, latest, latest)
-        expected = row[aggregation.name]
-        assert at_latest == expected or (at_latest is None and isinstance(expected, float) and math.isnan(expected)), aggregation
-        empty = 0 if aggregation.function in ("count", "count_distinct") else None
-        assert window_value(tiles[aggregation.slide_ms], shape, aggregation, quiet, latest) == empty, aggregation
+    frame = pd.DataFrame([{"user": "u", **e} for e in events])
+    times = [t for t in (*reads, quiet) if t >= latest]  # the recompute reads the events up to each time
+    at = pd.DataFrame({"user": "u", "at_ms": times})
+    for row in recompute(ViewPlan("v", "user", "t", 0, tuple(aggregations), None), frame, at).to_dict("records"):
+        read = _read(windows, steps, row["at_ms"])
+        for a in aggregations:
+            expected = row[a.name]
+            assert same_feature_value(a.name, expected, read[a.name]), (a, row["at_ms"])
+    assert _read(windows, steps, quiet) == {a.name: 0 if a.function in ("count", "count_distinct") else None for a in aggregations}
 
 
-def test_a_read_before_the_latest_event_reads_as_of_it() -> None:
+def test_a_read_before_the_latest_event_reads_as_of_it(replay: Replay) -> None:
     count = AggregationSpec("n", "count", "amount", 10, 5)
-    (shape,) = tile_shapes([count]).values()
-    tiles: dict[int, Tile] = {}
-    for t in (0, 4, 12):
-        fold(tiles, shape, {"amount": 1.0}, t)
-    assert window_value(tiles, shape, count, 3, 12) == window_value(tiles, shape, count, 12, 12) == 1  # tiles 1 and 2
-    assert window_value(tiles, shape, count, 14, 12) == 1 and window_value(tiles, shape, count, 15, 12) == 1
-    assert window_value(tiles, shape, count, 20, 12) == 0
+    events = [{EVENT_TIME: t, "amount": 1.0, "merchant": "m"} for t in (0, 4, 12)]
+    (steps,), finished = replay.run([count], events)
+    (window,) = view_windows([count]).values()
+    assert finished == [1]  # tiles 1 and 2 hold the event at 12 only
+    assert [window.values_at(steps, t)[0] for t in (3, 12, 14, 15, 20)] == [1, 1, 1, 1, 0]
 
 
-@given(st.lists(st.binary(max_size=300), max_size=6))
-def test_framed_tiles_split_back_into_the_tiles(tiles: list[bytes]) -> None:
-    framed = b"".join(b"%d:" % len(tile) + tile for tile in tiles)  # TileBytes.frame's form
-    assert split_tiles(framed) == tiles
+def test_a_late_event_lands_in_its_tile_and_counts_until_that_tile_leaves(replay: Replay) -> None:
+    total = AggregationSpec("sum", "sum", "amount", 30, 10)
+    events = [{EVENT_TIME: t, "amount": a, "merchant": "m"} for t, a in ((25, 1.0), (41, 2.0), (22, 4.0))]  # 22 is late
+    (steps,), finished = replay.run([total], events)
+    (window,) = view_windows([total]).values()
+    assert finished == [7.0]  # tiles 2, 3 and 4
+    assert [window.values_at(steps, t)[0] for t in (41, 49, 50, 69, 70)] == [7.0, 7.0, 2.0, 2.0, None]

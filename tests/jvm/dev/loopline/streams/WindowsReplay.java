@@ -1,0 +1,60 @@
+package dev.loopline.streams;
+
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.io.PrintStream;
+import java.nio.charset.StandardCharsets;
+import java.util.HexFormat;
+
+import org.apache.flink.types.Row;
+
+/**
+ * Drives {@link WindowPlan} for {@code tests/test_window_tiles.py}: one entity's events in, its finished values and
+ * steps out, one command per line on standard input, one answer line per query.
+ * <ul>
+ *   <li>{@code plan <spec>}: a new plan ({@link WindowPlan}'s text form; columns 1 amount and 2 merchant) and a new
+ *       entity;
+ *   <li>{@code event <time ms> <amount> <merchant>}: absorb one event;
+ *   <li>{@code read}: answers each window's steps in hex, then {@code |}, then each finished value
+ *       ({@code null} for none), space-separated.
+ * </ul>
+ */
+public final class WindowsReplay {
+    private WindowsReplay() {}
+
+    public static void main(String[] args) throws Exception {
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
+        PrintStream out = new PrintStream(System.out, false, StandardCharsets.UTF_8);
+        WindowPlan plan = null;
+        WindowPlan.Windows state = null;
+        for (String line = in.readLine(); line != null; line = in.readLine()) {
+            String[] part = line.split(" ");
+            switch (part[0]) {
+                case "plan" -> {
+                    plan = new WindowPlan(part[1], 0, 1_000_000L);
+                    state = null;
+                }
+                case "event" -> {
+                    Row row = Row.of(Long.parseLong(part[1]), Double.parseDouble(part[2]), part[3]);
+                    if (state == null) {
+                        state = plan.newState(plan.eventTime(row));
+                    }
+                    plan.absorb(state, row);
+                }
+                case "read" -> {
+                    StringBuilder answer = new StringBuilder();
+                    for (byte[] steps : plan.steps(state)) {
+                        answer.append(HexFormat.of().formatHex(steps)).append(' ');
+                    }
+                    answer.append('|');
+                    for (Object value : plan.finished(state)) {
+                        answer.append(' ').append(value);
+                    }
+                    out.println(answer);
+                    out.flush();
+                }
+                default -> throw new IllegalArgumentException("unknown command: " + line);
+            }
+        }
+    }
+}
