@@ -11,6 +11,7 @@ that setting is. Everything is computed once, when the layout is built; a hot pa
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -76,3 +77,16 @@ class OnlineLayout:
         #: ``_redis_key``). Cached, and called without a wrapper: serialising an entity key costs ~10 µs, and hot
         #: entities are read and written again and again.
         self.redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(build_key)
+
+    def key_around_entity(self, join_key: str) -> tuple[bytes, bytes]:
+        """The bytes of every key of ``join_key`` before and after the entity's own: a key is the prefix, the length
+        of the entity's UTF-8 (4 bytes, little-endian), that UTF-8, then the suffix (how Feast serializes one string
+        join key; checked here on a few entities, so a Feast that serializes otherwise fails here, not in a write)."""
+        empty, one = self.redis_key(join_key, ""), self.redis_key(join_key, "u")
+        length_at = next(i for i, (a, b) in enumerate(zip(empty, one, strict=False)) if a != b)  # the length: 0, then 1
+        prefix, suffix = empty[:length_at], empty[length_at + 4 :]
+        for entity in ("", "u", "entité-42", "x" * 300):
+            encoded = entity.encode()
+            if self.redis_key(join_key, entity) != prefix + struct.pack("<I", len(encoded)) + encoded + suffix:
+                raise ValueError(f"Feast's key of {join_key}={entity!r} is not <prefix><length><UTF-8><suffix>")
+        return prefix, suffix

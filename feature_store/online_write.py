@@ -22,7 +22,11 @@ a read at request time falls back to the row's finished values rather than to an
 
 from __future__ import annotations
 
+import base64
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from feature_store.config import REPO_PATH, feature_fields, feature_store
@@ -113,9 +117,13 @@ class OnlineWriter:
         #: Each view's Value proto field of each feature.
         self._kinds = {name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
                        for name, view in self._views.items()}  # fmt: skip
-        online_store = store.config.online_store
-        self._ttl_s = online_store.key_ttl_seconds or 0
-        self._redis = redis_client(online_store.connection_string, cluster=online_store.redis_type == "redis_cluster")
+        self._ttl_s = store.config.online_store.key_ttl_seconds or 0
+
+    @cached_property
+    def _redis(self):
+        """The client, made at the first write (a cluster client connects when made; building a job needs no Redis)."""
+        online_store = self._config.online_store
+        return redis_client(online_store.connection_string, cluster=online_store.redis_type == "redis_cluster")
 
     def write(self, rows: list[FeatureRow]) -> int:
         """Write the newest row of each entity where it is newer than the stored one; return how many rows were sent."""
@@ -142,6 +150,34 @@ class OnlineWriter:
                                  row.events, self._ttl_s, len(cleared), *cleared, *values)  # fmt: skip
         pipe.execute()
         return len(newest)
+
+    def jvm_layout(self, view: str, features: Sequence[str], max_batch_rows: int, flush_interval_ms: int, timeout_ms: int = 10_000) -> str:
+        """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write ``view``'s rows, whose
+        ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection (Feast's, parsed by
+        Feast), the key's bytes around the entity, the fields (base64), each feature's Value kind, the TTL and this
+        module's compare-and-set script; and its batching (``max_batch_rows`` entities, ``flush_interval_ms`` after a
+        batch's first row) and ``timeout_ms`` per reply."""
+        from feast.infra.online_stores.redis import RedisOnlineStore
+
+        online_store = self._config.online_store
+        nodes, params = RedisOnlineStore._parse_connection_string(online_store.connection_string)
+        layout = self.layout.views[view]
+        prefix, suffix = self.layout.key_around_entity(layout.join_key)
+        kinds = {"int64_val": "int64", "int32_val": "int32", "double_val": "double", "float_val": "float"}
+        unwritable = [name for name in features if self._kinds[view][name] not in kinds]
+        if unwritable:
+            raise ValueError(f"the job's writer writes numbers only; {view} declares {', '.join(unwritable)} otherwise")
+        encode = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
+        return json.dumps({
+            "nodes": [f"{node['host']}:{node['port']}" for node in nodes], "cluster": online_store.redis_type == "redis_cluster",
+            "username": params.get("username"), "password": params.get("password"), "ssl": bool(params.get("ssl", False)),
+            "db": int(params.get("db", 0)), "timeoutMs": timeout_ms, "keyPrefix": encode(prefix), "keySuffix": encode(suffix),
+            "timestampField": encode(layout.timestamp_field), "orderField": encode(layout.order_field),
+            "featureFields": [encode(layout.fields[name]) for name in features],
+            "featureKinds": [kinds[self._kinds[view][name]] for name in features],
+            "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],
+            "ttlSeconds": self._ttl_s, "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows, "flushIntervalMs": flush_interval_ms,
+        })  # fmt: skip
 
     def delete_rows(self) -> list[str]:
         """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import sys
 from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ TILED_FUNCTIONS = frozenset({"count", "sum", "mean", "max", "min", "count_distin
 #: Functions whose value is an integer (int64 in the steps), and 0 over an empty window.
 COUNTING_FUNCTIONS = frozenset({"count", "count_distinct"})
 _INT64 = struct.Struct("<q")
+_LITTLE_ENDIAN = sys.byteorder == "little"
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,9 @@ class Window:
         if head < _INT64.unpack_from(steps, 8)[0]:  # the usual read: no tile has left the window yet
             step = 0
         else:
-            step = bisect_right(_bounds(count).unpack_from(steps, 8), head)
+            # The bounds read in place where the machine's own order is the stored one (most machines), else unpacked.
+            bounds = memoryview(steps)[8 : 8 + 8 * count].cast("q") if _LITTLE_ENDIAN else _bounds(count).unpack_from(steps, 8)
+            step = bisect_right(bounds, head)
             if step == count:
                 return self.empty
         return self._values.unpack_from(steps, 8 + 8 * count + step * self._values.size)

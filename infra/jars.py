@@ -17,10 +17,12 @@ _MAVEN_NS = {"m": "http://maven.apache.org/POM/4.0.0"}
 
 @dataclass(frozen=True)
 class PinnedVersions:
-    """The versions pinned in the pom: the Kafka broker and the Flink Kafka SQL connector."""
+    """The versions pinned in the pom: the Kafka broker, the Flink Kafka SQL connector, and the operators' libraries
+    (``artifact-version.jar`` names)."""
 
     kafka: str
     flink_kafka_connector: str
+    operator_libraries: tuple[str, ...]
 
 
 def connector_flink_minor(connector_version: str) -> str:
@@ -39,7 +41,15 @@ def pinned_versions() -> PinnedVersions:
         assert element is not None and element.text, f"{POM} does not pin {name}"
         return element.text.strip()
 
-    return PinnedVersions(kafka=prop("kafka.version"), flink_kafka_connector=prop("flink.kafka.connector.version"))
+    execution = ET.parse(POM).getroot().find(".//m:execution[m:id='operator-libraries']", _MAVEN_NS)
+    assert execution is not None, f"{POM} has no operator-libraries execution"
+    libraries = []
+    for item in execution.iterfind(".//m:artifactItem", _MAVEN_NS):
+        artifact, version = item.findtext("m:artifactId", namespaces=_MAVEN_NS), item.findtext("m:version", namespaces=_MAVEN_NS)
+        assert artifact and version, f"{POM}: an operator library without artifactId or version"
+        libraries.append(f"{artifact}-{version.replace('${jedis.version}', prop('jedis.version'))}.jar")
+    return PinnedVersions(kafka=prop("kafka.version"), flink_kafka_connector=prop("flink.kafka.connector.version"),
+                          operator_libraries=tuple(libraries))  # fmt: skip
 
 
 def require_tool(tool: str, debian_package: str) -> str:
@@ -58,6 +68,11 @@ def kafka_jars_dir(jars_dir: Path) -> Path:
 def flink_connector_jar(jars_dir: Path) -> Path:
     """The cached Flink Kafka SQL connector jar."""
     return jars_dir / "flink" / f"flink-sql-connector-kafka-{pinned_versions().flink_kafka_connector}.jar"
+
+
+def operator_libraries(jars_dir: Path) -> list[Path]:
+    """The cached jars the feature job's JVM operators use (Jedis and its dependencies), packed into their jar."""
+    return [jars_dir / "operator-libraries" / name for name in pinned_versions().operator_libraries]
 
 
 def _maven(goal: str, output_dir: Path) -> None:
@@ -86,4 +101,8 @@ def ensure_jars(jars_dir: Path) -> list[Path]:
     if not connector.exists():
         _maven("dependency:copy", connector.parent)
         fetched.append(connector)
+    libraries = operator_libraries(jars_dir)
+    if not all(library.exists() for library in libraries):
+        _maven("dependency:copy@operator-libraries", libraries[0].parent)
+        fetched.append(libraries[0].parent)
     return fetched

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from feedback_loop.joiner_settings import JoinerSettings
 from infra.flink import FlinkRuntime
 from infra.jaeger import JaegerServer, jaeger_binary
-from infra.jars import flink_connector_jar
+from infra.jars import flink_connector_jar, operator_libraries
 from infra.kafka_cluster import KafkaCluster
 from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
@@ -146,7 +146,7 @@ def feature_plan(settings: Settings) -> FeaturePlan:
 def feature_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
     """The feature job's JVM operators (``streams/jvm``) in ``folder`` (default: the jar cache), compiled there if not
     there yet."""
-    return operators_jar(folder or settings.resolved_jars_dir / "loopline")
+    return operators_jar(folder or settings.resolved_jars_dir / "loopline", operator_libraries(settings.resolved_jars_dir))
 
 
 def joiner_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
@@ -155,7 +155,8 @@ def joiner_operators_jar(settings: Settings, folder: Path | None = None) -> Path
     from feedback_loop.joiner_job import OPERATOR_SOURCES
     from streams.operators_jar import SOURCES
 
-    return operators_jar(folder or settings.resolved_jars_dir / "loopline", (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
+    return operators_jar(folder or settings.resolved_jars_dir / "loopline", operator_libraries(settings.resolved_jars_dir),
+                         (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
 
 
 def _connector_jar(settings: Settings, image: FlinkImage | None) -> Path:

@@ -4,13 +4,14 @@
         ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
         ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
            ├─► an entity's newest row, with its windows' steps, at most once per ``online_interval_ms``
-           │   [JVM timers] ─► batched, idempotent writes to the online store through Feast [Python, Arrow batches]
+           │   [JVM timers] ─► batched, idempotent writes to Redis in Feast's layout [JVM, Jedis pipelines]
            └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
-Python runs only where the contracts and Feast are needed, on Arrow batches of rows (pandas UDFs);
-the per-event state work runs in the JVM operators of ``streams/jvm`` (see ``streams/operators_jar.py``).
-Kafka offsets and all state are checkpointed together, and a Python step finishes its batch before a
-checkpoint completes, so every row before the checkpoint is written. A restarted job resumes from
+Python runs only where the contracts are needed (decoding, dead letters) and for the parquet log, on Arrow batches
+of rows (pandas UDFs); the per-event state work and the online writes run in the JVM operators of ``streams/jvm``
+(see ``streams/operators_jar.py``), whose Redis layout Python takes from Feast once, when it builds the job
+(``OnlineWriter.jvm_layout``). Kafka offsets and all state are checkpointed together, and every step, Python or
+JVM, finishes its batch before a checkpoint completes, so every row before the checkpoint is written. A restarted job resumes from
 the last checkpoint; the online store orders an entity's rows by its latest event time, then the
 events absorbed (``feature_store/online_write.py``), so whatever order the replay interleaves the
 partitions in, the store ends with the row of every event, never with one written before the failure.
@@ -108,37 +109,6 @@ class LateDeadLetters(ScalarFunction):
                 for k, v, p, o, b in zip(key, value, partition, offset, behind_ms, strict=True)
             ]
         )
-
-
-class WriteOnline(ScalarFunction):
-    """Write a batch of one view's rows to the online store through Feast (idempotent by row version)."""
-
-    def __init__(self, settings: JobSettings, view: ViewPlan) -> None:
-        self.settings = settings
-        self.view = view.name
-        self.features = view.feature_names
-        self.windows = tuple(view_windows(view.aggregations))
-
-    def open(self, function_context: FunctionContext) -> None:
-        from feature_store.online_write import OnlineWriter
-
-        settings = self.settings
-        self.writer = OnlineWriter(
-            settings.feast_registry_path, settings.redis_connection, *_repo(settings), redis_cluster=settings.redis_cluster
-        )
-        self.rows_written = function_context.get_metric_group().counter("feature_rows_written")
-
-    def eval(self, entity: pd.Series, latest_ms: pd.Series, events: pd.Series, *columns: pd.Series) -> pd.Series:
-        from feature_store.online_write import FeatureRow
-
-        steps, features = columns[: len(self.windows)], [c.astype(object).where(c.notna(), None) for c in columns[len(self.windows) :]]
-        rows = [
-            FeatureRow(self.view, key, int(latest) * 1000, dict(zip(self.features, values[len(self.windows) :], strict=True)),
-                       int(absorbed), dict(zip(self.windows, map(bytes, values[: len(self.windows)]), strict=True)))
-            for key, latest, absorbed, *values in zip(entity, latest_ms, events, *steps, *features, strict=True)
-        ]  # fmt: skip
-        self.rows_written.inc(self.writer.write(rows))
-        return pd.Series([True] * len(entity))
 
 
 class AppendOffline(ScalarFunction):
@@ -279,29 +249,28 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         f"SELECT late_dead_letter({_quoted(RAW_COLUMNS)}, behind_ms) FROM late_events"
     )
 
+    from feature_store.online_write import OnlineWriter  # Feast: on the client that builds the job, not on its workers
+
     offline_dirs = _offline_dirs(plan, settings)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, *_repo(settings), redis_cluster=settings.redis_cluster)
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
         rows, online_rows = windowed_rows(on_time, view, positions, settings.online_interval_ms)
+        layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows, settings.flush_interval_ms)
+        online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
             rows.keyBy(operators.FieldKey(-1))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
             .name(f"hold {view.name} for the offline log")
             .uid(f"hold-offline-{view.name}")
         )
-        t_env.create_temporary_view(f"rows_{index}", t_env.from_data_stream(DataStream(online_rows)))
         t_env.create_temporary_view(f"held_{index}", t_env.from_data_stream(DataStream(held)))
-        t_env.create_temporary_function(
-            f"write_online_{index}", udf(WriteOnline(settings, view), result_type=DataTypes.BOOLEAN(), func_type="pandas")
-        )
         t_env.create_temporary_function(
             f"append_offline_{index}",
             udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
         )
-        for sink, leading, source in ((f"write_online_{index}", (*_ROW_ORDER, *steps_columns(view)), f"rows_{index}"),
-                                      (f"append_offline_{index}", (_ROW_VERSION,), f"held_{index}")):  # fmt: skip
-            columns = _quoted([view.entity_key, *leading, *view.feature_names])
-            statements.add_insert_sql(f"INSERT INTO written SELECT {sink}({columns}) FROM {source}")
+        columns = _quoted([view.entity_key, _ROW_VERSION, *view.feature_names])
+        statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({columns}) FROM held_{index}")
     statements.attach_as_datastream()
 
 

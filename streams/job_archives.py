@@ -26,9 +26,10 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-#: What the jobs' Python functions import on a TaskManager: PyFlink's worker (it pulls Beam, pandas, pyarrow), Feast
-#: with its Redis store (the online writes), and pydantic (the record contracts).
-WORKER_REQUIREMENTS = ("apache-flink", "feast[redis]", "pydantic")
+#: What the jobs' Python functions import on a TaskManager: PyFlink's worker (it pulls Beam, pandas, pyarrow) and
+#: pydantic (the record contracts). Not Feast: the online writes run in the JVM, with the layout the client took from
+#: Feast when it built the job.
+WORKER_REQUIREMENTS = ("apache-flink", "pydantic")
 #: PyFlink's jars, scripts and configuration (~250 MB): the cluster has its own, a worker needs none of them.
 _NOT_SHIPPED = {"apache-flink-libraries"}
 #: Loopline's packages whose code the jobs' functions run (``schemas`` imports nothing; the rest import no further up).

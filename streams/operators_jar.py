@@ -1,9 +1,10 @@
 """The feature job's JVM operators (``streams/jvm``), compiled against PyFlink's own Flink jars.
 
-The per-event work of the job (lateness, sliding windows, batching for the offline log) runs in
-the JVM, where keyed state is a heap object rather than a round trip to a Python worker; Python
-keeps what needs the contracts and Feast (decoding, dead letters, online and offline writes) and
-gets its rows in Arrow batches. The jar is built once per source version and cached.
+The per-event work of the job (lateness, sliding windows, batching for the offline log, the online writes) runs in
+the JVM, where keyed state is a heap object rather than a round trip to a Python worker; Python keeps what needs the
+contracts (decoding, dead letters, the offline parquet log) and gets its rows in Arrow batches. The libraries the
+operators use (Jedis) are packed into the jar, so it goes wherever the job goes as one file (``pipeline.jars``,
+``flink run -j``, the Flink image). The jar is built once per source and library version and cached.
 """
 
 from __future__ import annotations
@@ -32,29 +33,36 @@ def flink_classpath() -> str:
     return ":".join(str(jar) for jar in sorted(lib.glob("*.jar")))
 
 
-def _source_digest(sources: list[tuple[Path, Path]]) -> str:
+def _source_digest(sources: list[tuple[Path, Path]], libraries: list[str]) -> str:
     digest = hashlib.sha256()
     for root, source in sources:
         digest.update(source.relative_to(root).as_posix().encode())
         digest.update(source.read_bytes())
+    for library in libraries:
+        digest.update(library.encode())
     return digest.hexdigest()[:12]
 
 
-def operators_jar(build_dir: Path, roots: Sequence[Path] = (SOURCES,), name: str = "loopline-operators") -> Path:
-    """The jar of the Java sources under ``roots`` (the feature job's by default), in ``build_dir``, compiled with the
-    JDK's ``javac`` if these sources have no jar yet (another job adds its own root to the feature job's)."""
+def operators_jar(build_dir: Path, libraries: Sequence[Path], roots: Sequence[Path] = (SOURCES,), name: str = "loopline-operators") -> Path:
+    """The jar of the Java sources under ``roots`` (the feature job's by default) with the classes of ``libraries``
+    (``infra/jars.operator_libraries``), in ``build_dir``, compiled with the JDK's ``javac`` if these sources have no
+    jar yet (another job adds its own root to the feature job's)."""
     located = sorted((root, source) for root in roots for source in root.rglob("*.java"))
     sources = [source for _, source in located]
-    jar = build_dir / f"{name}-{_source_digest(located)}.jar"
+    jar = build_dir / f"{name}-{_source_digest(located, [library.name for library in libraries])}.jar"
     if jar.exists():
         return jar
+    missing = [library for library in libraries if not library.exists()]
+    if missing:
+        raise OperatorsBuildError(f"the operators' libraries are not fetched ({missing[0]}; fix: loopline stack setup)")
     javac = shutil.which("javac")
     if javac is None:
         raise OperatorsBuildError("`javac` is not installed (fix: apt-get install openjdk-17-jdk-headless)")
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=build_dir) as classes:
         result = subprocess.run(
-            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", flink_classpath(), *map(str, sources)],
+            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", ":".join([flink_classpath(), *map(str, libraries)]),
+             *map(str, sources)],
             capture_output=True,
             text=True,
         )
@@ -64,5 +72,21 @@ def operators_jar(build_dir: Path, roots: Sequence[Path] = (SOURCES,), name: str
         with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
             for path in sorted(Path(classes).rglob("*.class")):
                 archive.write(path, path.relative_to(classes).as_posix())
+            for library in libraries:
+                _pack_library(archive, library)
         partial.rename(jar)
     return jar
+
+
+def _pack_library(archive: zipfile.ZipFile, library: Path) -> None:
+    """Copy a library jar's classes and resources into ``archive``: not its manifest, signatures or module
+    descriptors (the merged jar is one unsigned, unnamed module), nor a name an earlier library already wrote."""
+    taken = set(archive.namelist())
+    with zipfile.ZipFile(library) as source:
+        for entry in source.infolist():
+            name = entry.filename
+            if entry.is_dir() or name in taken or name.startswith("META-INF/") and not name.startswith("META-INF/services/"):
+                continue
+            if name.endswith("module-info.class"):
+                continue
+            archive.writestr(entry, source.read(entry))

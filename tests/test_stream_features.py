@@ -99,11 +99,11 @@ def _start_job(settings: Settings, group: str):
     )
 
 
-def _late_events(metrics_port: int) -> float:
-    """The job's ``late_events`` counters, summed over subtasks, as Prometheus scrapes them from its reporter."""
+def _counted(metrics_port: int, counter: str) -> float:
+    """One of the job's operator counters, summed over subtasks and operators, as Prometheus scrapes it from its reporter."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:
         families = text_string_to_metric_families(response.read().decode())
-    return sum(s.value for f in families if f.name == "flink_taskmanager_job_task_operator_late_events" for s in f.samples)
+    return sum(s.value for f in families if f.name == f"flink_taskmanager_job_task_operator_{counter}" for s in f.samples)
 
 
 def _offline_root(settings: Settings):
@@ -253,7 +253,9 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
             pytest.fail(f"{len(problems)} request-time values differ from the definition, e.g. {problems[:5]}")
 
         # The restarted job's counter starts at zero, and the events sent after the crash hold late ones.
-        _wait(lambda: _late_events(settings.stream.metrics_port) > 0, 30, "late events counted on the job's Prometheus endpoint")
+        _wait(lambda: _counted(settings.stream.metrics_port, "late_events") > 0, 30, "late events counted on the job's Prometheus endpoint")
+        # The JVM writer counts the rows it has written on the same endpoint.
+        assert _counted(settings.stream.metrics_port, "feature_rows_written") > 0
         # The alert rules' freshness and lag metrics (tests/test_alert_rules.py) are what the job's reporter exports.
         with urllib.request.urlopen(f"http://127.0.0.1:{settings.stream.metrics_port}/metrics", timeout=5) as response:
             exported = {family.name for family in text_string_to_metric_families(response.read().decode())}

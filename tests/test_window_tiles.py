@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 from window_definition import steps_by_definition, window_by_definition
 
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, Window, view_windows
+from infra.jars import operator_libraries
+from loopline.settings import Settings
 from streams.feature_plan import ViewPlan
 from streams.operators_jar import SOURCES, flink_classpath, operators_jar
 from streams.recompute import EVENT_TIME, recompute, same_feature_value
@@ -59,7 +61,8 @@ class Replay:
 
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory: pytest.TempPathFactory):
-    driver = Replay(operators_jar(tmp_path_factory.mktemp("replay"), (SOURCES, DRIVER), "window-replay"))
+    libraries = operator_libraries(Settings().resolved_jars_dir)
+    driver = Replay(operators_jar(tmp_path_factory.mktemp("replay"), libraries, (SOURCES, DRIVER), "window-replay"))
     yield driver
     driver.close()
 

@@ -76,7 +76,7 @@ public final class WindowPlan implements Serializable {
     /** The aggregation with its slide, and the slot of its column among the slide's tracked columns. */
     private Aggregation place(String function, int column, long windowMs, long slideMs) {
         if (function.equals("time_since_previous")) {
-            return new Aggregation(function, column, -1, 0, -1);
+            return new Aggregation(aggregations.size(), function, column, -1, 0, -1);
         }
         int index = 0;
         while (index < slides.size() && slides.get(index).lengthMs != slideMs) {
@@ -89,13 +89,13 @@ public final class WindowPlan implements Serializable {
         int span = (int) (windowMs / slideMs);
         slide.keptTiles = Math.max(slide.keptTiles, span);
         if (function.equals("count")) {
-            return new Aggregation(function, column, index, span, -1);
+            return new Aggregation(aggregations.size(), function, column, index, span, -1);
         }
         List<Integer> columns = function.equals("count_distinct") ? slide.distinctColumns : slide.numericColumns;
         if (!columns.contains(column)) {
             columns.add(column);
         }
-        return new Aggregation(function, column, index, span, columns.indexOf(column));
+        return new Aggregation(aggregations.size(), function, column, index, span, columns.indexOf(column));
     }
 
     private Window window(int slide, int span) {
@@ -131,8 +131,9 @@ public final class WindowPlan implements Serializable {
         }
     }
 
-    /** One feature: its function, input column, slide (index, or -1), window in tiles, and column slot (or -1). */
-    private record Aggregation(String function, int column, int slide, int span, int slot) implements Serializable {}
+    /** One feature: its position among the view's, function, input column, slide (index, or -1), window in tiles, and
+     * column slot (or -1). */
+    private record Aggregation(int index, String function, int column, int slide, int span, int slot) implements Serializable {}
 
     /** The aggregations sharing one slide and window length: one list of steps in the store. */
     private static final class Window implements Serializable {
@@ -271,18 +272,20 @@ public final class WindowPlan implements Serializable {
     /** Every aggregation's value as of the entity's latest event (Long for counts, Double or null otherwise). */
     public Object[] finished(Windows w) {
         Object[] values = new Object[aggregations.size()];
-        for (int i = 0; i < values.length; i++) {
-            Aggregation a = aggregations.get(i);
-            if (a.slide() < 0) {
-                values[i] = w.hasPrevious ? (w.latest - w.previous) / 1000.0 : null;
-                continue;
-            }
-            long head = w.latest / slides.get(a.slide()).lengthMs;
-            Totals totals = new Totals(slides.get(a.slide()));
-            for (Bucket b : w.buckets.get(a.slide()).subMap(head - a.span(), false, head, true).values()) {
+        for (Window window : windows) {
+            long head = w.latest / slides.get(window.slide).lengthMs;
+            Totals totals = new Totals(slides.get(window.slide));
+            for (Bucket b : w.buckets.get(window.slide).subMap(head - window.span, false, head, true).values()) {
                 totals.add(b);
             }
-            values[i] = totals.value(a);
+            for (Aggregation a : window.aggregations) {
+                values[a.index()] = totals.value(a);
+            }
+        }
+        for (Aggregation a : aggregations) {
+            if (a.slide() < 0) {
+                values[a.index()] = w.hasPrevious ? (w.latest - w.previous) / 1000.0 : null;
+            }
         }
         return values;
     }

@@ -1,0 +1,325 @@
+package dev.loopline.streams;
+
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.HashSet;
+import java.util.List;
+import java.util.Map;
+import java.util.Set;
+
+import org.apache.flink.api.common.operators.ProcessingTimeService;
+import org.apache.flink.api.connector.sink2.Sink;
+import org.apache.flink.api.connector.sink2.SinkWriter;
+import org.apache.flink.api.connector.sink2.WriterInitContext;
+import org.apache.flink.metrics.Counter;
+import org.apache.flink.types.Row;
+
+import com.google.gson.Gson;
+
+import redis.clients.jedis.AbstractPipeline;
+import redis.clients.jedis.DefaultJedisClientConfig;
+import redis.clients.jedis.HostAndPort;
+import redis.clients.jedis.RedisClient;
+import redis.clients.jedis.RedisClusterClient;
+import redis.clients.jedis.Response;
+import redis.clients.jedis.UnifiedJedis;
+import redis.clients.jedis.exceptions.JedisNoScriptException;
+import redis.clients.jedis.util.SafeEncoder;
+
+/**
+ * Writes a view's online rows ({@code SlidingWindows}' side output: entity, version, latest, events, each window's
+ * steps, each feature) into Redis in the layout of Feast's Redis online store, exactly as
+ * {@code feature_store/online_write.py} does: the same compare-and-set script (handed over with the layout, so there
+ * is one copy of it), one per row, the rows of a batch pipelined in one round trip (per master, on a Redis Cluster).
+ * Python computes the layout from Feast itself ({@code OnlineWriter.jvm_layout}: the entity key's bytes around the
+ * entity, the hashed fields, each feature's Value kind); this class only puts bytes together.
+ *
+ * <p>A batch keeps an entity's newest row (by latest event time, then events absorbed) and goes when it holds
+ * {@code maxBatchRows} entities, {@code flushIntervalMs} after its first row, and before every checkpoint
+ * ({@link SinkWriter#flush}): every row before a checkpoint is in Redis when the checkpoint completes. A write Redis
+ * refuses, or a Redis that does not answer, fails the job, which restarts from its last checkpoint and writes the rows
+ * again; the compare-and-set makes that harmless.
+ */
+public final class OnlineRowSink implements Sink<Row> {
+    private static final long serialVersionUID = 1L;
+    /** Where the steps start in an online row: after entity, version, latest, events. */
+    private static final int HEAD = 4;
+
+    private final String layoutJson;
+
+    /** ``layoutJson``: the {@link Layout}, as {@code OnlineWriter.jvm_layout} writes it. */
+    public OnlineRowSink(String layoutJson) {
+        this.layoutJson = layoutJson;
+        new Gson().fromJson(layoutJson, Layout.class).check();
+    }
+
+    @Override
+    public SinkWriter<Row> createWriter(WriterInitContext context) {
+        return new Writer(new Gson().fromJson(layoutJson, Layout.class), context.getProcessingTimeService(),
+                context.metricGroup().counter("feature_rows_written"));
+    }
+
+    /** Where and how a view's rows go: the connection, the entity's key and the hash fields (bytes in base64). */
+    static final class Layout {
+        List<String> nodes;
+        boolean cluster;
+        String username;
+        String password;
+        boolean ssl;
+        int db;
+        int timeoutMs;
+        String keyPrefix;
+        String keySuffix;
+        String timestampField;
+        String orderField;
+        /** Per feature, in the row's order: its field, and its Value kind (int64, int32, double or float). */
+        List<String> featureFields;
+        List<String> featureKinds;
+        /** Per window, in the row's order: the field of its steps. */
+        List<String> stepsFields;
+        long ttlSeconds;
+        String script;
+        int maxBatchRows;
+        long flushIntervalMs;
+
+        void check() {
+            Set<String> kinds = Set.of("int64", "int32", "double", "float");
+            for (String kind : featureKinds) {
+                if (!kinds.contains(kind)) {
+                    throw new IllegalArgumentException("feature kind " + kind + " is not written by the JVM writer: " + kinds);
+                }
+            }
+            if (featureFields.size() != featureKinds.size() || nodes.isEmpty()) {
+                throw new IllegalArgumentException("a feature field per kind and at least one Redis node are needed");
+            }
+        }
+    }
+
+    private static final class Writer implements SinkWriter<Row> {
+        private final ProcessingTimeService time;
+        private final Counter written;
+        private final UnifiedJedis redis;
+        private final byte[] script;
+        private final byte[] scriptSha;
+        private final byte[] keyPrefix;
+        private final byte[] keySuffix;
+        private final byte[] timestampField;
+        private final byte[] orderField;
+        private final byte[][] featureFields;
+        private final String[] featureKinds;
+        private final byte[][] stepsFields;
+        private final byte[] ttl;
+        private final int maxBatchRows;
+        private final long flushIntervalMs;
+        /** The batch: each entity's newest row. */
+        private final Map<String, Row> newest = new HashMap<>();
+        private boolean flushScheduled;
+
+        Writer(Layout layout, ProcessingTimeService time, Counter written) {
+            Base64.Decoder base64 = Base64.getDecoder();
+            this.time = time;
+            this.written = written;
+            this.redis = connect(layout);
+            this.script = layout.script.getBytes(StandardCharsets.UTF_8);
+            this.scriptSha = SafeEncoder.encode(sha1Hex(script));
+            this.keyPrefix = base64.decode(layout.keyPrefix);
+            this.keySuffix = base64.decode(layout.keySuffix);
+            this.timestampField = base64.decode(layout.timestampField);
+            this.orderField = base64.decode(layout.orderField);
+            this.featureFields = layout.featureFields.stream().map(base64::decode).toArray(byte[][]::new);
+            this.featureKinds = layout.featureKinds.toArray(String[]::new);
+            this.stepsFields = layout.stepsFields.stream().map(base64::decode).toArray(byte[][]::new);
+            this.ttl = ascii(layout.ttlSeconds);
+            this.maxBatchRows = layout.maxBatchRows;
+            this.flushIntervalMs = layout.flushIntervalMs;
+        }
+
+        private static UnifiedJedis connect(Layout layout) {
+            DefaultJedisClientConfig config = DefaultJedisClientConfig.builder().user(layout.username).password(layout.password)
+                    .ssl(layout.ssl).database(layout.db).timeoutMillis(layout.timeoutMs).build();
+            Set<HostAndPort> nodes = new HashSet<>();
+            for (String node : layout.nodes) {
+                nodes.add(HostAndPort.from(node));
+            }
+            if (layout.cluster) {
+                return RedisClusterClient.builder().nodes(nodes).clientConfig(config).build();
+            }
+            return RedisClient.builder().hostAndPort(nodes.iterator().next()).clientConfig(config).build();
+        }
+
+        @Override
+        public void write(Row row, Context context) throws IOException {
+            String entity = (String) row.getField(0);
+            Row held = newest.get(entity);
+            if (held == null || order(row, held) > 0) {
+                // Rows are reused by the operators upstream (object reuse): keep a copy.
+                newest.put(entity, Row.copy(row));
+            }
+            if (newest.size() >= maxBatchRows) {
+                send();
+            } else if (!flushScheduled) {
+                flushScheduled = true;
+                time.registerTimer(time.getCurrentProcessingTime() + flushIntervalMs, at -> {
+                    flushScheduled = false;
+                    send();
+                });
+            }
+        }
+
+        @Override
+        public void flush(boolean endOfInput) throws IOException {
+            send();
+        }
+
+        @Override
+        public void close() {
+            redis.close();
+        }
+
+        /** Which of two rows of an entity the store keeps: the later latest event, then the more events. */
+        private static int order(Row a, Row b) {
+            int byTime = Long.compare((Long) a.getField(2), (Long) b.getField(2));
+            return byTime != 0 ? byTime : Long.compare((Long) a.getField(3), (Long) b.getField(3));
+        }
+
+        /** Write the batch: one compare-and-set per entity, pipelined; again with the script's text where Redis has
+         * not cached it (a restarted or new node), which the compare-and-set makes safe. */
+        private void send() throws IOException {
+            if (newest.isEmpty()) {
+                return;
+            }
+            List<List<byte[]>> calls = new ArrayList<>(newest.size());
+            for (Map.Entry<String, Row> e : newest.entrySet()) {
+                calls.add(arguments(e.getKey(), e.getValue()));
+            }
+            if (!pipelined(calls, true)) {
+                pipelined(calls, false);
+            }
+            written.inc(calls.size());
+            newest.clear();
+        }
+
+        /** Run ``calls`` (key, then arguments) in one pipeline; false when Redis did not know the script by its hash. */
+        private boolean pipelined(List<List<byte[]>> calls, boolean bySha) throws IOException {
+            List<Response<Object>> replies = new ArrayList<>(calls.size());
+            try (AbstractPipeline pipe = redis.pipelined()) {
+                for (List<byte[]> call : calls) {
+                    List<byte[]> keys = call.subList(0, 1);
+                    List<byte[]> args = call.subList(1, call.size());
+                    replies.add(bySha ? pipe.evalsha(scriptSha, keys, args) : pipe.eval(script, keys, args));
+                }
+                pipe.sync();
+            } catch (RuntimeException e) {
+                throw new IOException("writing online rows to Redis failed: " + e.getMessage(), e);
+            }
+            for (Response<Object> reply : replies) {
+                try {
+                    reply.get();
+                } catch (JedisNoScriptException e) {
+                    return false;
+                } catch (RuntimeException e) {
+                    throw new IOException("Redis refused an online row: " + e.getMessage(), e);
+                }
+            }
+            return true;
+        }
+
+        /** The compare-and-set's key and arguments for one row (``feature_store/online_write.py`` documents them). */
+        private List<byte[]> arguments(String entity, Row row) {
+            long latestMs = (Long) row.getField(2);
+            long micros = Math.multiplyExact(latestMs, 1000L);
+            long seconds = Math.floorDiv(micros, 1_000_000L);
+            long nanos = Math.floorMod(micros, 1_000_000L) * 1000L;
+            List<byte[]> call = new ArrayList<>(10 + 2 * (featureFields.length + stepsFields.length));
+            call.add(key(entity));
+            call.add(timestampField);
+            call.add(timestamp(seconds, nanos));
+            call.add(ascii(seconds));
+            call.add(ascii(nanos));
+            call.add(orderField);
+            call.add(ascii(micros));
+            call.add(ascii((Long) row.getField(3)));
+            call.add(ttl);
+            call.add(ascii(0));  // no field to delete: the row has every window's steps
+            for (int i = 0; i < featureFields.length; i++) {
+                call.add(featureFields[i]);
+                call.add(value(featureKinds[i], row.getField(HEAD + stepsFields.length + i)));
+            }
+            for (int i = 0; i < stepsFields.length; i++) {
+                call.add(stepsFields[i]);
+                call.add((byte[]) row.getField(HEAD + i));
+            }
+            return call;
+        }
+
+        /** Feast's key of the entity's hash: its serialized entity key (the value's length, then its UTF-8) and project. */
+        private byte[] key(String entity) {
+            byte[] value = entity.getBytes(StandardCharsets.UTF_8);
+            return ByteBuffer.allocate(keyPrefix.length + 4 + value.length + keySuffix.length).order(ByteOrder.LITTLE_ENDIAN)
+                    .put(keyPrefix).putInt(value.length).put(value).put(keySuffix).array();
+        }
+    }
+
+    /** A serialized protobuf Timestamp: field 1 seconds, field 2 nanos, each left out when 0. */
+    static byte[] timestamp(long seconds, long nanos) {
+        ByteArrayOutputStream out = new ByteArrayOutputStream(16);
+        if (seconds != 0) {
+            out.write(0x08);
+            varint(out, seconds);
+        }
+        if (nanos != 0) {
+            out.write(0x10);
+            varint(out, nanos);
+        }
+        return out.toByteArray();
+    }
+
+    /** A serialized Feast Value of ``kind`` holding ``value`` (the empty Value for null): int32_val (field 3),
+     * int64_val (4), double_val (5) or float_val (6). */
+    static byte[] value(String kind, Object value) {
+        if (value == null) {
+            return new byte[0];
+        }
+        Number number = (Number) value;
+        switch (kind) {
+            case "int64":
+            case "int32": {
+                ByteArrayOutputStream out = new ByteArrayOutputStream(11);
+                out.write(kind.equals("int64") ? 0x20 : 0x18);
+                varint(out, kind.equals("int64") ? number.longValue() : number.intValue());
+                return out.toByteArray();
+            }
+            case "double":
+                return ByteBuffer.allocate(9).order(ByteOrder.LITTLE_ENDIAN).put((byte) 0x29).putDouble(number.doubleValue()).array();
+            default:
+                return ByteBuffer.allocate(5).order(ByteOrder.LITTLE_ENDIAN).put((byte) 0x35).putFloat(number.floatValue()).array();
+        }
+    }
+
+    /** A protobuf varint: seven bits a byte, least significant first; a negative number as its 64-bit two's complement. */
+    private static void varint(ByteArrayOutputStream out, long value) {
+        while ((value & ~0x7FL) != 0) {
+            out.write((int) ((value & 0x7F) | 0x80));
+            value >>>= 7;
+        }
+        out.write((int) value);
+    }
+
+    private static byte[] ascii(long number) {
+        return Long.toString(number).getBytes(StandardCharsets.US_ASCII);
+    }
+
+    private static String sha1Hex(byte[] text) {
+        try {
+            return java.util.HexFormat.of().formatHex(java.security.MessageDigest.getInstance("SHA-1").digest(text));
+        } catch (java.security.NoSuchAlgorithmException impossible) {  // every JVM has SHA-1
+            throw new IllegalStateException(impossible);
+        }
+    }
+}
