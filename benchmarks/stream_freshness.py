@@ -5,7 +5,7 @@ Offers the synthetic stream's transactions to Kafka at a constant rate (one ever
 
 * offered events/s: what the producer, on the same cores, actually sent over the measured window;
 * sustained events/s: events of the measured window / time from its first event's scheduled send until its last
-  sampled event is readable online (a warm-up at the same rate precedes the window);
+  sampled event is readable online (a warm-up at the same rate, 60 s by default, precedes the window);
 * freshness: an event's scheduled send -> the entity's new row readable online (sampled events), p50/p99. Goal: at
   5,000/s, p99 at most 1 s (``goal_stream_5000_met``; counted from the schedule, so it also says the offer held);
 * catch-up events/s (full runs): a backlog published first, worked off by a fresh job with the
@@ -18,13 +18,13 @@ Offers the synthetic stream's transactions to Kafka at a constant rate (one ever
   windows still hold the whole run, so their first steps hold). The raw read is HGETALL, so it returns the steps too.
   Goals: 64 entities with tile merging at most 1.5x the raw read (p50), 1 entity p99 at most 1 ms. A read of users with
   a day of history (``day_``: 64 users with a transaction every ~5 minutes for the past 24 h, sent before the run)
-  measures the same paths where every window holds many tiles.
+  measures the same paths where every window holds many tiles (full runs).
 
 Anchors: Tecton's stated freshness (< 1 s), Hopsworks' online ingest p99 (~250 ms), Feast's
 published Python feature server p99 (7.2 ms for 1 row). Machine: the 2-core box this runs on.
 The last line printed is one JSON object with every figure.
 
-    python benchmarks/stream_freshness.py [--quick] [--rate 5000] [--seconds 30] [--backlog 150000]
+    python benchmarks/stream_freshness.py [--quick] [--rate 5000] [--seconds 30] [--warmup 60] [--backlog 150000]
 """
 
 from __future__ import annotations
@@ -75,15 +75,16 @@ console = Console()
 
 
 
-def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s: float, start_timeout_s: float) -> dict:
+def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s: float, start_timeout_s: float, day_history: bool) -> dict:
     """Run the job, offer it transactions at a constant ``rate`` for ``warmup_s + seconds``; measure the last ``seconds``.
 
     The synthetic stream's transactions are sent one every ``1 / rate`` s (its traffic bursts flattened: its own
     timing offers ``rate`` only on average over bursts, ~3,860/s between them at 5,000/s), and every latency counts
     from a record's scheduled send time, so a producer that falls behind shows as latency, not as a lower offer. The
     load is generated before timing starts, so the producer's share of the 2 cores is only Kafka's client, as it
-    would be for a producer on another machine. The warm-up lets the JVM compile the job's hot paths; freshness is
-    sampled (user rows) only after it.
+    would be for a producer on another machine. The warm-up lets the JVM compile the job's hot paths (45 s after the
+    job started, its JIT compiler still took a third of a core, compiling ~400 methods every 5 s); freshness is
+    sampled (user rows) only after it. With ``day_history`` the day users' history (``_day_of_history``) goes first.
     """
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     producer = EventProducer(settings.kafka.bootstrap)
@@ -93,8 +94,9 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
     total, measured_from = int(rate * (warmup_s + seconds)), int(rate * warmup_s)
     load = [replace(e, emit_at_ms=stream.start_ms + int(i * 1000 / rate)) for i, e in enumerate(itertools.islice(transactions, total))]
     sample_every = max(1, int(rate // 20))
-    with console.status("publishing the day users' history"):
-        producer.publish(_day_of_history(stream.start_ms - 10_000))  # before the job starts: it reads them first
+    if day_history:
+        with console.status("publishing the day users' history"):
+            producer.publish(_day_of_history(stream.start_ms - 10_000))  # before the job starts: it reads them first
     job = start_feature_job(settings, settings.home / "job.log", LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"))
     try:
         # Job start-up is not freshness: a first event must come through before timing starts.
@@ -220,8 +222,42 @@ def _merge_times(reader: OnlineReader, client: redis.Redis, users: list[str]) ->
     return [struct.unpack_from("<q", steps, 8)[0] * window.slide_ms for steps in stored]
 
 
-def measure_reads(settings: Settings, iterations: int) -> dict:
-    """p50/p99 (ms) of the three read paths for 1 and 64 entities, same keys, same run."""
+def _timed(name: str, call, iterations: int) -> dict:
+    """``read_<name>_p50_ms`` and ``_p99_ms`` of ``call`` over ``iterations`` (after a tenth as many warming up)."""
+    for _ in range(max(5, iterations // 10)):
+        call()
+    timings = []
+    for _ in range(iterations):
+        began = time.perf_counter()
+        call()
+        timings.append((time.perf_counter() - began) * 1000)
+    return {f"read_{name}_p50_ms": round(statistics.median(timings), 3), f"read_{name}_p99_ms": round(percentile(timings, 0.99), 3)}
+
+
+def _raw_read(client: redis.Redis, keys: list[bytes]) -> None:
+    """The raw read: every field of each key's hash, one pipelined HGETALL each."""
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    pipe.execute()
+
+
+def _day_reads(reader: OnlineReader, client: redis.Redis, features: list[str], now_ms: int, iterations: int) -> dict:
+    """The day users read at request time 10 minutes after the run (each window has lost tiles, so every read takes a
+    later step) and by raw HGETALL; and how many of them have a row."""
+    day_rows = [{"user_id": f"day-user-{n}"} for n in range(DAY_USERS)]
+    day_keys = [reader.layout.redis_key("user_id", row["user_id"]) for row in day_rows]
+    later = [now_ms + 600_000] * DAY_USERS
+    figures = _timed("day_request_time_64", lambda: reader.read_with_row_times(features, day_rows, later), iterations)
+    figures |= _timed("day_raw_redis_64", lambda: _raw_read(client, day_keys), iterations)
+    figures["read_day_64_request_time_over_raw_p50"] = round(figures["read_day_request_time_64_p50_ms"] / figures["read_day_raw_redis_64_p50_ms"], 2)
+    figures["day_users_read"] = sum(t is not None for t in reader.read_with_row_times(features, day_rows, [now_ms] * DAY_USERS)[1][USER_VIEW])
+    return figures
+
+
+def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dict:
+    """p50/p99 (ms) of the read paths for 1 and 64 entities, same keys, same run; with ``day_history``, of the day
+    users too."""
     store = feature_store(settings.feast_registry_path, settings.redis_connection)
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
     client = redis.Redis(port=settings.redis.port)
@@ -230,23 +266,6 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
     figures: dict = {}
     now_ms = int(time.time() * 1000)
     merge_at = _merge_times(reader, client, users)
-
-    def timed(name: str, call) -> None:
-        for _ in range(max(5, iterations // 10)):
-            call()
-        timings = []
-        for _ in range(iterations):
-            began = time.perf_counter()
-            call()
-            timings.append((time.perf_counter() - began) * 1000)
-        figures[f"read_{name}_p50_ms"] = round(statistics.median(timings), 3)
-        figures[f"read_{name}_p99_ms"] = round(percentile(timings, 0.99), 3)
-
-    def raw(keys: list[bytes]) -> None:
-        pipe = client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-        pipe.execute()
 
     for count in (1, 64):
         rows = [{"user_id": u} for u in users[:count]]
@@ -257,10 +276,10 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
             "request_time": lambda rows=rows, at=now: reader.read_with_row_times(features, rows, at),
             "tile_merge": lambda rows=rows, at=later: reader.read_with_row_times(features, rows, at),
             "feast_sdk": lambda rows=rows: store.get_online_features(features, rows),
-            "raw_redis": lambda keys=keys: raw(keys),
+            "raw_redis": lambda keys=keys: _raw_read(client, keys),
         }
         for name, call in paths.items():
-            timed(f"{name}_{count}", call)
+            figures |= _timed(f"{name}_{count}", call, iterations)
         figures[f"read_{count}_feast_over_loopline_p50"] = round(
             figures[f"read_feast_sdk_{count}_p50_ms"] / figures[f"read_loopline_{count}_p50_ms"], 2
         )
@@ -268,13 +287,8 @@ def measure_reads(settings: Settings, iterations: int) -> dict:
             figures[f"read_{count}_{name}_over_raw_p50"] = round(
                 figures[f"read_{name}_{count}_p50_ms"] / figures[f"read_raw_redis_{count}_p50_ms"], 2
             )
-    # The day users, 10 minutes after the run: each window has lost tiles, so every read takes a later step.
-    day_rows = [{"user_id": f"day-user-{n}"} for n in range(DAY_USERS)]
-    day_keys = [reader.layout.redis_key("user_id", row["user_id"]) for row in day_rows]
-    timed("day_request_time_64", lambda: reader.read_with_row_times(features, day_rows, [now_ms + 600_000] * DAY_USERS))
-    timed("day_raw_redis_64", lambda: raw(day_keys))
-    figures["read_day_64_request_time_over_raw_p50"] = round(figures["read_day_request_time_64_p50_ms"] / figures["read_day_raw_redis_64_p50_ms"], 2)
-    figures["day_users_read"] = sum(t is not None for t in reader.read_with_row_times(features, day_rows, [now_ms] * DAY_USERS)[1][USER_VIEW])
+    if day_history:
+        figures |= _day_reads(reader, client, features, now_ms, iterations)
     rows = [{"user_id": u} for u in users]
     merged, finished = reader.read_with_row_times(features, rows, merge_at)[0], reader.get_online_features(features, rows)
     # 64 when every merging read took a later step: the oldest tile's events are gone and the others counted.
@@ -290,16 +304,17 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=5000.0, help="transactions per second to produce")
     parser.add_argument("--seconds", type=float, default=30.0, help="how long to produce")
     parser.add_argument("--backlog", type=int, default=150_000, help="events of the catch-up run (0: skip it)")
+    parser.add_argument("--warmup", type=float, default=60.0, help="seconds offered before the measured window")
     args = parser.parse_args()
-    rate, seconds, warmup, iterations = (1000.0, 5.0, 3.0, 200) if args.quick else (args.rate, args.seconds, 15.0, 2000)
+    rate, seconds, warmup, iterations = (1000.0, 5.0, 3.0, 200) if args.quick else (args.rate, args.seconds, args.warmup, 2000)
 
     began = time.monotonic()
     with private_stack(console, "loopline-bench-") as settings:
-        figures = measure_streaming(settings, rate, seconds, warmup, start_timeout_s=45 if args.quick else 120)
+        figures = measure_streaming(settings, rate, seconds, warmup, 45 if args.quick else 120, day_history=not args.quick)
         if args.backlog and not args.quick:
             figures |= measure_catch_up(settings, args.backlog, start_timeout_s=120)
         with console.status("timing the read paths"):
-            figures |= measure_reads(settings, iterations)
+            figures |= measure_reads(settings, iterations, day_history=not args.quick)
     anchors = {
         "freshness_p50_s": f"Tecton < {ANCHORS['tecton_freshness_s']} s",
         "freshness_p99_s": f"Hopsworks p99 ~{ANCHORS['hopsworks_ingest_p99_ms'] / 1000} s",

@@ -151,12 +151,12 @@ class OnlineWriter:
         pipe.execute()
         return len(newest)
 
-    def jvm_layout(self, view: str, features: Sequence[str], max_batch_rows: int, flush_interval_ms: int, timeout_ms: int = 10_000) -> str:
+    def jvm_layout(self, view: str, features: Sequence[str], max_batch_rows: int, timeout_ms: int = 10_000) -> str:
         """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write ``view``'s rows, whose
         ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection (Feast's, parsed by
         Feast), the key's bytes around the entity, the fields (base64), each feature's Value kind, the TTL and this
-        module's compare-and-set script; and its batching (``max_batch_rows`` entities, ``flush_interval_ms`` after a
-        batch's first row) and ``timeout_ms`` per reply."""
+        module's compare-and-set script; and its largest batch (``max_batch_rows`` entities) and ``timeout_ms`` per
+        reply."""
         from feast.infra.online_stores.redis import RedisOnlineStore
 
         online_store = self._config.online_store
@@ -176,7 +176,7 @@ class OnlineWriter:
             "featureFields": [encode(layout.fields[name]) for name in features],
             "featureKinds": [kinds[self._kinds[view][name]] for name in features],
             "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],
-            "ttlSeconds": self._ttl_s, "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows, "flushIntervalMs": flush_interval_ms,
+            "ttlSeconds": self._ttl_s, "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows,
         })  # fmt: skip
 
     def delete_rows(self) -> list[str]:

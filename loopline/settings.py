@@ -222,9 +222,9 @@ class StreamSettings(BaseModel):
     dead_letter_topic: str = JobSettings.dead_letter_topic
     checkpoint_interval_ms: int = Field(default=JobSettings.checkpoint_interval_ms, ge=100)
     flush_interval_ms: int = Field(
-        default=JobSettings.flush_interval_ms, ge=1, description="Longest a row waits for a Python batch (decode, online write): freshness."
+        default=JobSettings.flush_interval_ms, ge=1, description="Longest a row waits for a Python batch (decoding, the offline log): freshness."
     )
-    max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow): throughput.")
+    max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow), and entities per online write round trip: throughput.")
     online_interval_ms: int = Field(
         default=JobSettings.online_interval_ms, ge=1,
         description="An entity's online row (with its windows' steps) goes at most once per this: freshness "

@@ -256,7 +256,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
         rows, online_rows = windowed_rows(on_time, view, positions, settings.online_interval_ms)
-        layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows, settings.flush_interval_ms)
+        layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows)
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
             rows.keyBy(operators.FieldKey(-1))

@@ -53,11 +53,12 @@ class JobSettings:
     start_from_ms: int | None = None
     dead_letter_topic: str = DEAD_LETTERS.name
     checkpoint_interval_ms: int = 5_000
-    #: The longest a row waits for its Python batch (decoding, online writes), and the batch size.
+    #: The longest a row waits for its Python batch (decoding, the offline log), and the batch size (also the most
+    #: entities the JVM writer sends in one round trip).
     flush_interval_ms: int = 50
     max_batch_rows: int = 2_000
     #: An entity's online row, with its windows' steps, is sent at most once per this much processing
-    #: time: a busy entity's writes (and its tiles, whole each time) coalesce, for a little freshness.
+    #: time: a busy entity's writes (its steps, whole each time) coalesce, for a little freshness.
     online_interval_ms: int = 100
     #: Feature rows are held (checkpointed) this long, then appended offline as one file per view.
     offline_flush_interval_ms: int = 5_000

@@ -61,7 +61,7 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
         entities = [f"sink-{RUN}-{name}" for name in ("a", "ünïcødé-名前", "x" * 200, "", "b", "c")]
         rows = _rows(view, rng, entities)
         written[view.name] = (view, rows)
-        layout = writer.jvm_layout(view.name, view.feature_names, max_batch_rows=3, flush_interval_ms=5)
+        layout = writer.jvm_layout(view.name, view.feature_names, max_batch_rows=3)
         source = env.from_collection([Row(*row) for row in rows], type_info=row_type(feature_columns(view, online=True)))
         source._j_data_stream.sinkTo(get_gateway().jvm.dev.loopline.streams.OnlineRowSink(layout))
     env.execute("online row sink test")

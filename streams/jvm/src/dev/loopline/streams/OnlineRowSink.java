@@ -41,8 +41,10 @@ import redis.clients.jedis.util.SafeEncoder;
  * entity, the hashed fields, each feature's Value kind); this class only puts bytes together.
  *
  * <p>A batch keeps an entity's newest row (by latest event time, then events absorbed) and goes when it holds
- * {@code maxBatchRows} entities, {@code flushIntervalMs} after its first row, and before every checkpoint
- * ({@link SinkWriter#flush}): every row before a checkpoint is in Redis when the checkpoint completes. A write Redis
+ * {@code maxBatchRows} entities, before every checkpoint ({@link SinkWriter#flush}: every row before a checkpoint is
+ * in Redis when the checkpoint completes), and otherwise on a timer a millisecond after its first row: the windows
+ * send their rows in bursts, every entity's at one instant of their timers, and chained to them (the same task) the
+ * sink's timer runs once the whole burst is in, so a burst goes in one round trip and waits for nothing more. A write Redis
  * refuses, or a Redis that does not answer, fails the job, which restarts from its last checkpoint and writes the rows
  * again; the compare-and-set makes that harmless.
  */
@@ -86,7 +88,6 @@ public final class OnlineRowSink implements Sink<Row> {
         long ttlSeconds;
         String script;
         int maxBatchRows;
-        long flushIntervalMs;
 
         void check() {
             Set<String> kinds = Set.of("int64", "int32", "double", "float");
@@ -116,7 +117,6 @@ public final class OnlineRowSink implements Sink<Row> {
         private final byte[][] stepsFields;
         private final byte[] ttl;
         private final int maxBatchRows;
-        private final long flushIntervalMs;
         /** The batch: each entity's newest row. */
         private final Map<String, Row> newest = new HashMap<>();
         private boolean flushScheduled;
@@ -137,7 +137,6 @@ public final class OnlineRowSink implements Sink<Row> {
             this.stepsFields = layout.stepsFields.stream().map(base64::decode).toArray(byte[][]::new);
             this.ttl = ascii(layout.ttlSeconds);
             this.maxBatchRows = layout.maxBatchRows;
-            this.flushIntervalMs = layout.flushIntervalMs;
         }
 
         private static UnifiedJedis connect(Layout layout) {
@@ -165,7 +164,7 @@ public final class OnlineRowSink implements Sink<Row> {
                 send();
             } else if (!flushScheduled) {
                 flushScheduled = true;
-                time.registerTimer(time.getCurrentProcessingTime() + flushIntervalMs, at -> {
+                time.registerTimer(time.getCurrentProcessingTime() + 1, at -> {
                     flushScheduled = false;
                     send();
                 });
