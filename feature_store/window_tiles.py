@@ -95,11 +95,15 @@ class Window:
         """The entity's latest event time ``T`` the ``steps`` are as of."""
         return _INT64.unpack_from(steps)[0]
 
+    def first_bound(self, steps: bytes) -> int:
+        """The head tile from which the window's first step no longer holds: its oldest tile with events has left."""
+        return _INT64.unpack_from(steps, 8)[0]
+
     def values_at(self, steps: bytes, at_ms: int) -> tuple:
         """The window's values read at ``at_ms`` (the module's semantics), from the ``steps`` the job stored."""
         count = (len(steps) - 8) // self._step_size
         head = at_ms // self.slide_ms
-        if head < _INT64.unpack_from(steps, 8)[0]:  # the usual read: no tile has left the window yet
+        if head < self.first_bound(steps):  # the usual read: no tile has left the window yet
             step = 0
         else:
             # The bounds read in place where the machine's own order is the stored one (most machines), else unpacked.

@@ -256,6 +256,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
         rows, online_rows = windowed_rows(on_time, view, positions, settings.online_interval_ms)
+        if tuple(writer.layout.views[view.name].windows) != tuple(view_windows(view.aggregations)):  # the rows' steps, in order
+            raise ValueError(f"{view.name}: the registry's windows are not the plan's; compile the plan from the same registry")
         layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows)
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (

@@ -142,14 +142,14 @@ public final class OnlineRowSink implements Sink<Row> {
         private static UnifiedJedis connect(Layout layout) {
             DefaultJedisClientConfig config = DefaultJedisClientConfig.builder().user(layout.username).password(layout.password)
                     .ssl(layout.ssl).database(layout.db).timeoutMillis(layout.timeoutMs).build();
-            Set<HostAndPort> nodes = new HashSet<>();
-            for (String node : layout.nodes) {
-                nodes.add(HostAndPort.from(node));
-            }
             if (layout.cluster) {
+                Set<HostAndPort> nodes = new HashSet<>();
+                for (String node : layout.nodes) {
+                    nodes.add(HostAndPort.from(node));
+                }
                 return RedisClusterClient.builder().nodes(nodes).clientConfig(config).build();
             }
-            return RedisClient.builder().hostAndPort(nodes.iterator().next()).clientConfig(config).build();
+            return RedisClient.builder().hostAndPort(HostAndPort.from(layout.nodes.get(0))).clientConfig(config).build();  // as Feast's client
         }
 
         @Override
