@@ -13,12 +13,14 @@ key (never a cross-slot one); the commands are grouped by the master of their ke
 before any reply is read, still one round trip. A master that does not answer fails the read (the scorer answers
 on defaults) until the cluster has failed it over to its replica and the client has learnt the new layout.
 
-Windows at request time. Without a read time the values are the job's finished ones, as of each entity's latest
-event: what Feast's ``get_online_features`` returns. Given a read time per entity (the request's time), each windowed
-feature is as of that time (``feature_store/window_tiles.py``): the same HMGET also takes the steps of each window
-read, and the value is the step valid at that time (a binary search; nothing is merged here). Where a window has no
-steps of the row's own event time (a row written by hand, or views changed and the job not yet restarted with them),
-its finished values, as of the entity's latest event, are returned, read in a second round trip for all such rows.
+Windows. The HMGET takes, for the windowed features, each window's steps rather than the features' finished values
+(``feature_store/window_tiles.py``), and the value is the step valid at the read time: given a read time per entity
+(the request's time), as of that time (a binary search; nothing is merged here); without one, as of each entity's
+latest event, the first step, which holds exactly the finished values Feast's ``get_online_features`` returns (the
+job computes both from the same exact totals). One step field per window is fewer fields to fetch and decode than a
+value per feature. Where a window has no steps of the row's own event time (a row written by hand, or views changed
+and the job not yet restarted with them), its finished values, as of the entity's latest event, are returned, read in
+a second round trip for all such rows.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ _DOUBLE = struct.Struct("<d")
 @dataclass(frozen=True)
 class _ReadPlan:
     """How a read of some features of one view goes: the fields its HMGET asks for (the features read as stored, the
-    row's event time, then at request time each window's steps), where each answer goes among the features asked, and
-    the finished values' fields of the windows, read only where a window has no steps of the row's event time."""
+    row's event time, then the steps of each window holding a feature asked), where each answer goes among the features
+    asked, and the finished values' fields of the windows, read only where a window has no steps of the row's event
+    time."""
 
     join_key: str
     fields: list[bytes]
@@ -77,7 +80,7 @@ class OnlineReader:
         #: Where each view's rows are in Redis (the writer's layout too).
         self.layout = OnlineLayout(store.config, views)
         self._views, self._redis_key = self.layout.views, self.layout.redis_key
-        self._plans: dict[tuple[str, tuple[str, ...], bool], _ReadPlan] = {}
+        self._plans: dict[tuple[str, tuple[str, ...]], _ReadPlan] = {}
         online_store = store.config.online_store
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
 
@@ -101,7 +104,9 @@ class OnlineReader:
         for reference in features:
             view, feature = reference.split(":", 1)
             by_view.setdefault(view, []).append(feature)
-        plans = {view: self._plan(view, tuple(names), at_ms is not None) for view, names in by_view.items()}
+        plans = {view: self._plan(view, tuple(names)) for view, names in by_view.items()}
+        # Without read times, as of each entity's latest event: any time before it reads as of it (the first step).
+        read_at = [0] * len(entity_rows) if at_ms is None else at_ms
         pipe = self._redis.pipeline(transaction=False)
         for view, plan in plans.items():
             join_key = self._views[view].join_key
@@ -133,8 +138,7 @@ class OnlineReader:
                 for w, (window, positions) in enumerate(plan.windows):
                     steps = reply[stamp_at + 1 + w]
                     if steps and window.latest_ms(steps) == time_ms:
-                        assert at_ms is not None
-                        for position, value in zip(positions, window.values_at(steps, at_ms[i]), strict=True):
+                        for position, value in zip(positions, window.values_at(steps, read_at[i]), strict=True):
                             if position is not None:
                                 columns[position][i] = value
                     else:
@@ -157,15 +161,15 @@ class OnlineReader:
                     if position is not None:
                         columns[position][i] = None if raw is None else self._decode(raw)
 
-    def _plan(self, view: str, names: tuple[str, ...], at_request_time: bool) -> _ReadPlan:
-        """How a read of ``names`` of ``view`` goes (``_ReadPlan``), computed once per view, names and kind of read."""
-        key = (view, names, at_request_time)
+    def _plan(self, view: str, names: tuple[str, ...]) -> _ReadPlan:
+        """How a read of ``names`` of ``view`` goes (``_ReadPlan``), computed once per view and names."""
+        key = (view, names)
         plan = self._plans.get(key)
         if plan is None:
             layout = self._views[view]
             where = {name: i for i, name in enumerate(names)}
             windows = []  # (steps field, window, position of each of its values among the names)
-            for steps_field, window in layout.windows.values() if at_request_time else ():
+            for steps_field, window in layout.windows.values():
                 positions = [where.get(a.name) for a in window.aggregations]
                 if any(p is not None for p in positions):
                     windows.append((steps_field, window, positions))
