@@ -81,8 +81,8 @@ def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, writte
 
 def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Settings, written: list[str]) -> None:
     """Real writer, reader and Redis: a row per event with its finished values and every window's steps (built from
-    the window definition), written in batches, the newest first (the older rows are refused, steps included). Reads
-    at request times from the latest event to a day after it equal the window definition for every windowed
+    the window definition), written in batches, the newest first (the older rows are refused, steps included). A read
+    without a time (from the steps) returns what Feast returns (from the finished values). Reads at request times from the latest event to a day after it equal the window definition for every windowed
     feature. A row without steps (written by hand) deletes them, and steps of another event time than the row's are
     not read: both read the row's finished values."""
     from window_definition import steps_by_definition, window_by_definition
@@ -108,6 +108,9 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
         assert client.hget(key, steps_field) == rows[-1].windows[window_key], "the newest row's steps stay"
 
     features = [f"{USER_VIEW}:{name}" for name in layout.aggregations]
+    store = feature_store(settings.feast_registry_path, settings.redis_connection)
+    without_time = reader.get_online_features(features, [{"user_id": "read-steps"}])  # the first step of each window
+    assert without_time == store.get_online_features(features, [{"user_id": "read-steps"}]).to_dict()
     latest = events[-1]["event_time_ms"]
     reads = [latest - 60_000, latest, latest + 9_000, latest + 270_000, latest + 290_000, latest + 310_000, latest + 1_900_000,
              latest + 3_700_000, latest + 6_000_000, latest + 80_000_000, latest + 90_000_000]  # fmt: skip
