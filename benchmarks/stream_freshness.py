@@ -291,8 +291,10 @@ def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dic
     merged, finished = reader.read_with_row_times(features, rows, merge_at)[0], reader.get_online_features(features, rows)
     # 64 when every merging read took a later step: the oldest tile's events are gone and the others counted.
     figures["tile_merge_partial_5m_counts"] = sum(0 < m < f for m, f in zip(merged["txn_count_5m"], finished["txn_count_5m"], strict=True))
-    figures["goal_tile_merge_64_over_raw_met"] = figures["read_64_tile_merge_over_raw_p50"] <= GOALS["tile_merge_64_over_raw_p50"]
-    figures["goal_tile_merge_1_p99_met"] = figures["read_tile_merge_1_p99_ms"] <= GOALS["tile_merge_1_p99_ms"]
+    # A goal of the merging read counts only where every such read took a later step.
+    merging = figures["tile_merge_partial_5m_counts"] == len(users)
+    figures["goal_tile_merge_64_over_raw_met"] = merging and figures["read_64_tile_merge_over_raw_p50"] <= GOALS["tile_merge_64_over_raw_p50"]
+    figures["goal_tile_merge_1_p99_met"] = merging and figures["read_tile_merge_1_p99_ms"] <= GOALS["tile_merge_1_p99_ms"]
     return figures
 
 

@@ -1,11 +1,15 @@
 package dev.loopline.streams;
 
 import java.io.BufferedReader;
+import java.io.IOException;
 import java.io.InputStreamReader;
 import java.io.PrintStream;
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
 import java.util.HexFormat;
 
+import org.apache.flink.core.memory.DataInputDeserializer;
+import org.apache.flink.core.memory.DataOutputSerializer;
 import org.apache.flink.types.Row;
 
 /**
@@ -14,13 +18,36 @@ import org.apache.flink.types.Row;
  * <ul>
  *   <li>{@code plan <spec>}: a new plan ({@link WindowPlan}'s text form; columns 1 amount and 2 merchant) and a new
  *       entity;
- *   <li>{@code event <time ms> <amount> <merchant>}: absorb one event;
+ *   <li>{@code event <time ms> <amount> <merchant>}: absorb one event, then take the state through what a checkpoint
+ *       and its restore do ({@link WindowsSerializer}: written, read back, and copied, as the heap backend copies it
+ *       while a snapshot runs), so every answer also holds the serializer to the plan;
  *   <li>{@code read}: answers each window's steps in hex, then {@code |}, then each finished value
  *       ({@code null} for none), space-separated.
  * </ul>
  */
 public final class WindowsReplay {
     private WindowsReplay() {}
+
+    /** The last state read back from its bytes, and those bytes: the copy taken of it must share nothing with it. */
+    private static WindowPlan.Windows restored;
+    private static byte[] written;
+
+    /** The state as a job restored from a checkpoint holds it, after the heap backend's copy of it; fails when the
+     * previous copy, absorbing an event since, changed the state it was copied from (a shallow copy). */
+    private static WindowPlan.Windows checkpointed(WindowPlan.Windows state) throws IOException {
+        if (restored != null && !Arrays.equals(bytes(restored), written)) {
+            throw new IllegalStateException("WindowsSerializer.copy shares state with its original");
+        }
+        restored = WindowsSerializer.INSTANCE.deserialize(new DataInputDeserializer(bytes(state)));
+        written = bytes(restored);  // of the object itself: a set's order of iteration is the object's
+        return WindowsSerializer.INSTANCE.copy(restored);
+    }
+
+    private static byte[] bytes(WindowPlan.Windows state) throws IOException {
+        DataOutputSerializer out = new DataOutputSerializer(256);
+        WindowsSerializer.INSTANCE.serialize(state, out);
+        return out.getCopyOfBuffer();
+    }
 
     public static void main(String[] args) throws Exception {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in, StandardCharsets.UTF_8));
@@ -33,6 +60,7 @@ public final class WindowsReplay {
                 case "plan" -> {
                     plan = new WindowPlan(part[1], 0, 1_000_000L);
                     state = null;
+                    restored = null;
                 }
                 case "event" -> {
                     Row row = Row.of(Long.parseLong(part[1]), Double.parseDouble(part[2]), part[3]);
@@ -40,6 +68,7 @@ public final class WindowsReplay {
                         state = plan.newState(plan.eventTime(row));
                     }
                     plan.absorb(state, row);
+                    state = checkpointed(state);
                 }
                 case "read" -> {
                     StringBuilder answer = new StringBuilder();

@@ -3,7 +3,6 @@ package dev.loopline.streams;
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
-import org.apache.flink.api.common.typeinfo.TypeInformation;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.types.Row;
 import org.apache.flink.util.Collector;
@@ -48,7 +47,7 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
 
     @Override
     public void open(OpenContext context) {
-        state = getRuntimeContext().getState(new ValueStateDescriptor<>("windows", TypeInformation.of(WindowPlan.Windows.class)));
+        state = getRuntimeContext().getState(new ValueStateDescriptor<>("windows", WindowsSerializer.INSTANCE));
     }
 
     @Override
