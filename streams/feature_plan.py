@@ -97,7 +97,8 @@ class FeaturePlan:
         return FeaturePlan(tuple(replace(view, topic=topic) for view in self.views))
 
 
-def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields: set[str]) -> AggregationSpec:
+def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields: dict[str, str]) -> AggregationSpec:
+    """One aggregation's spec, or PlanError; ``schema_fields``: the view's features' value types by name."""
     function, column, name = aggregation.function, aggregation.column, aggregation.name
     where = f"stream feature view '{view}', aggregation '{name or function}'"
     if not name:
@@ -118,6 +119,10 @@ def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields:
         raise PlanError(f"{where}: '{function}' needs a positive time_window")
     if not slide or slide <= 0 or window % slide != 0:
         raise PlanError(f"{where}: slide_interval must be positive and divide time_window ({window} ms)")
+    if schema_fields[name] == "FLOAT":
+        # A window's values at request time come from its steps, which hold 64-bit numbers: a Float32 feature
+        # would read otherwise than Feast reads its stored value.
+        raise PlanError(f"{where}: declare the feature '{name}' Float64 (or Int64 for a count), not Float32")
     return AggregationSpec(name, function, column, window, slide)
 
 
@@ -137,7 +142,7 @@ def compile_view(view: StreamFeatureView) -> ViewPlan:
         raise PlanError(f"stream feature view '{view.name}': join key '{keys[0]}' is not in {spec.name}")
     if not view.aggregations:
         raise PlanError(f"stream feature view '{view.name}': declares no aggregations")
-    schema_fields = {field.name for field in view.features}
+    schema_fields = {field.name: field.dtype.to_value_type().name for field in view.features}
     delay = source.kafka_options.watermark_delay_threshold or timedelta(0)
     batch = view.batch_source
     return ViewPlan(

@@ -9,7 +9,7 @@ from feast import Entity, FileSource, KafkaSource, StreamFeatureView
 from feast.aggregation import Aggregation
 from feast.data_format import JsonFormat
 from feast.field import Field
-from feast.types import Float64, Int64, String
+from feast.types import Float32, Float64, Int64, String
 
 from feature_store.config import repo_stream_views
 from streams.feature_plan import PlanError, compile_plan, compile_view
@@ -17,7 +17,8 @@ from streams.feature_plan import PlanError, compile_plan, compile_view
 USER = Entity(name="user", join_keys=["user_id"])
 
 
-def view(*aggregations: Aggregation, topic: str = "events.transactions", name: str = "probe") -> StreamFeatureView:
+def view(*aggregations: Aggregation, topic: str = "events.transactions", name: str = "probe", dtype=None) -> StreamFeatureView:
+    """A stream feature view of ``aggregations``, each feature Int64 for a count, else Float64, or all of ``dtype``."""
     source = KafkaSource(
         name=f"{name}_source",
         kafka_bootstrap_servers="localhost:9092",
@@ -33,7 +34,7 @@ def view(*aggregations: Aggregation, topic: str = "events.transactions", name: s
             entities=[USER],
             timestamp_field="event_time_ms",
             aggregations=list(aggregations),
-            schema=[Field(name=a.name, dtype=Int64 if a.function == "count" else Float64) for a in aggregations],
+            schema=[Field(name=a.name, dtype=dtype or (Int64 if a.function == "count" else Float64)) for a in aggregations],
         ),
         "user_id",
     )
@@ -75,6 +76,14 @@ def test_unsupported_aggregations_are_refused_naming_the_view(aggregation: Aggre
     with pytest.raises(PlanError, match=message) as caught:
         compile_view(view(aggregation))
     assert "stream feature view 'probe'" in str(caught.value)
+
+
+def test_a_float32_window_feature_is_refused() -> None:
+    """A window's request-time values are 64-bit: a Float32 feature would read otherwise from the steps than Feast
+    reads it."""
+    probe = view(Aggregation(name="p", function="sum", column="amount", time_window=HOUR, slide_interval=MINUTE), dtype=Float32)
+    with pytest.raises(PlanError, match="declare the feature 'p' Float64"):
+        compile_view(probe)
 
 
 def test_unknown_topic_is_refused() -> None:

@@ -25,6 +25,8 @@ from streams.feature_job import feature_columns, new_environment, row_type, step
 from streams.feature_plan import ViewPlan
 
 RUN = uuid.uuid4().hex[:6]
+#: The keys' expiry both writers are given.
+TTL_S = 86_400
 
 
 def _rows(view: ViewPlan, rng: random.Random, entities: list[str]) -> list[tuple]:
@@ -55,6 +57,7 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
     plan = feature_plan(applied)
     settings = dataclasses.replace(job_settings(applied), checkpoint_dir=str(tmp_path / "checkpoints"), parallelism=1)
     writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection)
+    writer._ttl_s = TTL_S  # Feast's key_ttl_seconds, which the repo's config leaves unset: both writers expire keys
     rng = random.Random(20)
     env = new_environment(settings)
     written: dict[str, tuple[ViewPlan, list[tuple]]] = {}
@@ -81,7 +84,7 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
             jvm_key, python_key = (reader.layout.redis_key(view.entity_key, e) for e in (entity, f"py-{entity}"))
             jvm, python = client.hgetall(jvm_key), client.hgetall(python_key)
             assert jvm and jvm == python, entity
-            assert abs(client.ttl(jvm_key) - client.ttl(python_key)) <= 5, entity  # the repo's TTL (or none) on both
+            assert TTL_S - 60 <= client.ttl(jvm_key) <= TTL_S and abs(client.ttl(jvm_key) - client.ttl(python_key)) <= 60, entity
         names = [f"{view.name}:{name}" for name in view.feature_names]
         by_feast = store.get_online_features(names, [{view.entity_key: e} for e in entities]).to_dict()
         newest = {entity: max((r for r in rows if r[0] == entity), key=lambda r: (r[2], r[3])) for entity in entities}
