@@ -88,6 +88,10 @@ class OnlineReader:
         """The entity join keys a read of ``features`` needs in each row."""
         return {self._views[reference.split(":", 1)[0]].join_key for reference in features}
 
+    def hash_fields(self, view: str, names: list[str]) -> list[bytes]:
+        """The fields of an entity's hash a read of ``names`` of ``view`` asks for (its one HMGET)."""
+        return list(self._plan(view, tuple(names)).fields)
+
     def get_online_features(self, features: list[str], entity_rows: list[dict[str, str]]) -> dict[str, list]:
         """Like Feast's ``get_online_features(features, entity_rows).to_dict()`` (without full feature names)."""
         return self.read_with_row_times(features, entity_rows)[0]
