@@ -18,7 +18,8 @@ Offers the synthetic stream's transactions to Kafka at a constant rate (one ever
   of the tiles the window still holds, the step the job stored for it, not the finished value; the 1-hour and 1-day
   windows still hold the whole run, so their first steps hold). The raw read is HGETALL (the issue's anchor), so it
   returns the steps and the finished values too; ``raw_hmget`` asks for exactly the fields Loopline's reader asks for
-  and decodes nothing (``tile_merge_over_raw_hmget``: the merging read over Redis alone, like for like). Goals: 64 entities with tile merging at most 1.5x the raw read (p50), 1 entity p99 at most 1 ms. A read of users with
+  and decodes nothing (``tile_merge_over_raw_hmget``: the merging read over Redis alone, like for like). Goals: 64
+  entities with tile merging at most 1.5x the raw HGETALL (p50), 1 entity p99 at most 1 ms. A read of users with
   a day of history (``day_``: 64 users with a transaction every ~5 minutes for the past 24 h, sent before the run)
   measures the same paths where every window holds many tiles (full runs).
 
