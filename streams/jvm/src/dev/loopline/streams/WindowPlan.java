@@ -109,16 +109,6 @@ public final class WindowPlan implements Serializable {
         return w;
     }
 
-    /** How many aggregations (features) the view has. */
-    public int aggregationCount() {
-        return aggregations.size();
-    }
-
-    /** How many windows (distinct slide and length) the view's aggregations use: the number of {@link #steps}. */
-    public int windowCount() {
-        return windows.size();
-    }
-
     private static final class Slide implements Serializable {
         private static final long serialVersionUID = 1L;
         final long lengthMs;
