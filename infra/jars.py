@@ -47,7 +47,9 @@ def pinned_versions() -> PinnedVersions:
     for item in execution.iterfind(".//m:artifactItem", _MAVEN_NS):
         artifact, version = item.findtext("m:artifactId", namespaces=_MAVEN_NS), item.findtext("m:version", namespaces=_MAVEN_NS)
         assert artifact and version, f"{POM}: an operator library without artifactId or version"
-        libraries.append(f"{artifact}-{version.replace('${jedis.version}', prop('jedis.version'))}.jar")
+        for name in ("jedis.version", "avro.version", "jackson.version"):
+            version = version.replace(f"${{{name}}}", prop(name))
+        libraries.append(f"{artifact}-{version}.jar")
     return PinnedVersions(kafka=prop("kafka.version"), flink_kafka_connector=prop("flink.kafka.connector.version"),
                           operator_libraries=tuple(libraries))  # fmt: skip
 
@@ -71,7 +73,8 @@ def flink_connector_jar(jars_dir: Path) -> Path:
 
 
 def operator_libraries(jars_dir: Path) -> list[Path]:
-    """The cached jars the feature job's JVM operators use (Jedis and its dependencies), packed into their jar."""
+    """The cached jars the feature job's JVM operators use (Jedis, Avro, Jackson and their dependencies), packed into
+    their jar."""
     return [jars_dir / "operator-libraries" / name for name in pinned_versions().operator_libraries]
 
 

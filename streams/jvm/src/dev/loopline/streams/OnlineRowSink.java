@@ -33,12 +33,12 @@ import redis.clients.jedis.exceptions.JedisNoScriptException;
 import redis.clients.jedis.util.SafeEncoder;
 
 /**
- * Writes a view's online rows ({@code SlidingWindows}' side output: entity, version, latest, events, each window's
- * steps, each feature) into Redis in the layout of Feast's Redis online store, exactly as
+ * Writes a view's online rows ({@code SlidingWindows}' side output: the entity's join keys' values, version, latest,
+ * events, each window's steps, each feature) into Redis in the layout of Feast's Redis online store, exactly as
  * {@code feature_store/online_write.py} does: the same compare-and-set script (handed over with the layout, so there
  * is one copy of it), one per row, the rows of a batch pipelined in one round trip (per master, on a Redis Cluster).
  * Python computes the layout from Feast itself ({@code OnlineWriter.jvm_layout}: the entity key's bytes around the
- * entity, the hashed fields, each feature's Value kind); this class only puts bytes together.
+ * join keys' values, the hashed fields, each feature's Value kind); this class only puts bytes together.
  *
  * <p>A batch keeps an entity's newest row (by latest event time, then events absorbed) and goes when it holds
  * {@code maxBatchRows} entities, before every checkpoint ({@link SinkWriter#flush}: every row before a checkpoint is
@@ -50,8 +50,6 @@ import redis.clients.jedis.util.SafeEncoder;
  */
 public final class OnlineRowSink implements Sink<Row> {
     private static final long serialVersionUID = 1L;
-    /** Where the steps start in an online row: after entity, version, latest, events. */
-    private static final int HEAD = 4;
 
     private final String layoutJson;
 
@@ -76,11 +74,13 @@ public final class OnlineRowSink implements Sink<Row> {
         boolean ssl;
         int db;
         int timeoutMs;
-        String keyPrefix;
-        String keySuffix;
+        /** The bytes of the entity's key around its join keys' values (Feast orders them by join key name): before the
+         * first, between each two, after the last (base64); and which of the row's key values comes at each place. */
+        List<String> keyParts;
+        List<Integer> keyOrder;
         String timestampField;
         String orderField;
-        /** Per feature, in the row's order: its field, and its Value kind (int64, int32, double or float). */
+        /** Per feature, in the row's order: its field, and its Value kind (int64, int32, double, float, string, bool). */
         List<String> featureFields;
         List<String> featureKinds;
         /** Per window, in the row's order: the field of its steps. */
@@ -90,14 +90,15 @@ public final class OnlineRowSink implements Sink<Row> {
         int maxBatchRows;
 
         void check() {
-            Set<String> kinds = Set.of("int64", "int32", "double", "float");
+            Set<String> kinds = Set.of("int64", "int32", "double", "float", "string", "bool");
             for (String kind : featureKinds) {
                 if (!kinds.contains(kind)) {
                     throw new IllegalArgumentException("feature kind " + kind + " is not written by the JVM writer: " + kinds);
                 }
             }
-            if (featureFields.size() != featureKinds.size() || nodes.isEmpty()) {
-                throw new IllegalArgumentException("a feature field per kind and at least one Redis node are needed");
+            if (featureFields.size() != featureKinds.size() || nodes.isEmpty() || keyParts.size() != keyOrder.size() + 1) {
+                throw new IllegalArgumentException("a feature field per kind, a key part around each key value and at least one "
+                        + "Redis node are needed");
             }
         }
     }
@@ -108,8 +109,10 @@ public final class OnlineRowSink implements Sink<Row> {
         private final UnifiedJedis redis;
         private final byte[] script;
         private final byte[] scriptSha;
-        private final byte[] keyPrefix;
-        private final byte[] keySuffix;
+        private final byte[][] keyParts;
+        private final int[] keyOrder;
+        /** Where version, latest and events are in a row (after the key values), and the steps after them. */
+        private final int head;
         private final byte[] timestampField;
         private final byte[] orderField;
         private final byte[][] featureFields;
@@ -117,8 +120,8 @@ public final class OnlineRowSink implements Sink<Row> {
         private final byte[][] stepsFields;
         private final byte[] ttl;
         private final int maxBatchRows;
-        /** The batch: each entity's newest row. */
-        private final Map<String, Row> newest = new HashMap<>();
+        /** The batch: each entity's newest row, by its Redis key. */
+        private final Map<ByteBuffer, Row> newest = new HashMap<>();
         private boolean flushScheduled;
 
         Writer(Layout layout, ProcessingTimeService time, Counter written) {
@@ -128,8 +131,9 @@ public final class OnlineRowSink implements Sink<Row> {
             this.redis = connect(layout);
             this.script = layout.script.getBytes(StandardCharsets.UTF_8);
             this.scriptSha = SafeEncoder.encode(sha1Hex(script));
-            this.keyPrefix = base64.decode(layout.keyPrefix);
-            this.keySuffix = base64.decode(layout.keySuffix);
+            this.keyParts = layout.keyParts.stream().map(base64::decode).toArray(byte[][]::new);
+            this.keyOrder = layout.keyOrder.stream().mapToInt(Integer::intValue).toArray();
+            this.head = keyOrder.length;
             this.timestampField = base64.decode(layout.timestampField);
             this.orderField = base64.decode(layout.orderField);
             this.featureFields = layout.featureFields.stream().map(base64::decode).toArray(byte[][]::new);
@@ -154,7 +158,7 @@ public final class OnlineRowSink implements Sink<Row> {
 
         @Override
         public void write(Row row, Context context) throws IOException {
-            String entity = (String) row.getField(0);
+            ByteBuffer entity = ByteBuffer.wrap(key(row));
             Row held = newest.get(entity);
             if (held == null || order(row, held) > 0) {
                 // Rows are reused by the operators upstream (object reuse): keep a copy.
@@ -182,9 +186,9 @@ public final class OnlineRowSink implements Sink<Row> {
         }
 
         /** Which of two rows of an entity the store keeps: the later latest event, then the more events. */
-        private static int order(Row a, Row b) {
-            int byTime = Long.compare((Long) a.getField(2), (Long) b.getField(2));
-            return byTime != 0 ? byTime : Long.compare((Long) a.getField(3), (Long) b.getField(3));
+        private int order(Row a, Row b) {
+            int byTime = Long.compare((Long) a.getField(head + 1), (Long) b.getField(head + 1));
+            return byTime != 0 ? byTime : Long.compare((Long) a.getField(head + 2), (Long) b.getField(head + 2));
         }
 
         /** Write the batch: one compare-and-set per entity, pipelined; again with the script's text where Redis has
@@ -194,8 +198,8 @@ public final class OnlineRowSink implements Sink<Row> {
                 return;
             }
             List<List<byte[]>> calls = new ArrayList<>(newest.size());
-            for (Map.Entry<String, Row> e : newest.entrySet()) {
-                calls.add(arguments(e.getKey(), e.getValue()));
+            for (Map.Entry<ByteBuffer, Row> e : newest.entrySet()) {
+                calls.add(arguments(e.getKey().array(), e.getValue()));
             }
             if (!pipelined(calls, true)) {
                 pipelined(calls, false);
@@ -230,38 +234,50 @@ public final class OnlineRowSink implements Sink<Row> {
         }
 
         /** The compare-and-set's key and arguments for one row (``feature_store/online_write.py`` documents them). */
-        private List<byte[]> arguments(String entity, Row row) {
-            long latestMs = (Long) row.getField(2);
+        private List<byte[]> arguments(byte[] key, Row row) {
+            long latestMs = (Long) row.getField(head + 1);
             long micros = Math.multiplyExact(latestMs, 1000L);
             long seconds = Math.floorDiv(micros, 1_000_000L);
             long nanos = Math.floorMod(micros, 1_000_000L) * 1000L;
             List<byte[]> call = new ArrayList<>(10 + 2 * (featureFields.length + stepsFields.length));
-            call.add(key(entity));
+            call.add(key);
             call.add(timestampField);
             call.add(timestamp(seconds, nanos));
             call.add(ascii(seconds));
             call.add(ascii(nanos));
             call.add(orderField);
             call.add(ascii(micros));
-            call.add(ascii((Long) row.getField(3)));
+            call.add(ascii((Long) row.getField(head + 2)));
             call.add(ttl);
             call.add(ascii(0));  // no field to delete: the row has every window's steps
             for (int i = 0; i < featureFields.length; i++) {
                 call.add(featureFields[i]);
-                call.add(value(featureKinds[i], row.getField(HEAD + stepsFields.length + i)));
+                call.add(value(featureKinds[i], row.getField(head + 3 + stepsFields.length + i)));
             }
             for (int i = 0; i < stepsFields.length; i++) {
                 call.add(stepsFields[i]);
-                call.add((byte[]) row.getField(HEAD + i));
+                call.add((byte[]) row.getField(head + 3 + i));
             }
             return call;
         }
 
-        /** Feast's key of the entity's hash: its serialized entity key (the value's length, then its UTF-8) and project. */
-        private byte[] key(String entity) {
-            byte[] value = entity.getBytes(StandardCharsets.UTF_8);
-            return ByteBuffer.allocate(keyPrefix.length + 4 + value.length + keySuffix.length).order(ByteOrder.LITTLE_ENDIAN)
-                    .put(keyPrefix).putInt(value.length).put(value).put(keySuffix).array();
+        /** Feast's key of the entity's hash: its serialized entity key (around each join key's value, in Feast's order,
+         * the value's length and its UTF-8) and project. */
+        private byte[] key(Row row) {
+            byte[][] values = new byte[keyOrder.length][];
+            int size = 0;
+            for (byte[] part : keyParts) {
+                size += part.length;
+            }
+            for (int i = 0; i < keyOrder.length; i++) {
+                values[i] = ((String) row.getField(keyOrder[i])).getBytes(StandardCharsets.UTF_8);
+                size += 4 + values[i].length;
+            }
+            ByteBuffer out = ByteBuffer.allocate(size).order(ByteOrder.LITTLE_ENDIAN).put(keyParts[0]);
+            for (int i = 0; i < values.length; i++) {
+                out.putInt(values[i].length).put(values[i]).put(keyParts[i + 1]);
+            }
+            return out.array();
         }
     }
 
@@ -279,11 +295,22 @@ public final class OnlineRowSink implements Sink<Row> {
         return out.toByteArray();
     }
 
-    /** A serialized Feast Value of ``kind`` holding ``value`` (the empty Value for null): int32_val (field 3),
-     * int64_val (4), double_val (5) or float_val (6). */
+    /** A serialized Feast Value of ``kind`` holding ``value`` (the empty Value for null): string_val (field 2),
+     * int32_val (3), int64_val (4), double_val (5), float_val (6) or bool_val (7). */
     static byte[] value(String kind, Object value) {
         if (value == null) {
             return new byte[0];
+        }
+        if (kind.equals("string")) {
+            byte[] text = ((String) value).getBytes(StandardCharsets.UTF_8);
+            ByteArrayOutputStream out = new ByteArrayOutputStream(text.length + 6);
+            out.write(0x12);
+            varint(out, text.length);
+            out.write(text, 0, text.length);
+            return out.toByteArray();
+        }
+        if (kind.equals("bool")) {
+            return new byte[] {0x38, (byte) (((Boolean) value) ? 1 : 0)};
         }
         Number number = (Number) value;
         switch (kind) {

@@ -9,10 +9,11 @@ import org.apache.flink.util.Collector;
 import org.apache.flink.util.OutputTag;
 
 /**
- * One stream feature view's sliding windows for one entity (keyed by entity), updated on every event
- * ({@link WindowPlan}: the semantics, the tiles and their steps).
+ * One stream feature view's sliding windows for one entity (keyed by its join keys' values, {@link FieldKey}),
+ * updated on every event ({@link WindowPlan}: the semantics, the tiles and their steps).
  *
- * <p>Each event's row, for the offline log, is {@code (entity, version, latest, events, feature...)}: {@code latest}
+ * <p>Each event's row, for the offline log, is {@code (key..., version, latest, events, feature...)}, the entity's
+ * join keys' values first: {@code latest}
  * is the entity's latest event time {@code T} (ms), {@code events} the number of events the operator has absorbed
  * for the entity (kept in its checkpointed state), and the features, as of {@code T}, are a function of the set of
  * those events alone, whatever their arrival order. The online store orders an entity's rows by
@@ -26,21 +27,21 @@ import org.apache.flink.util.OutputTag;
  * <p>For the online store the operator sends, to the side output {@code online}, an entity's newest row at most
  * once per {@code coalesceMs} of processing time (on a timer, aligned for all entities, checkpointed with the
  * state), with each window's steps ({@link WindowPlan#steps}) after {@code events}:
- * {@code (entity, version, latest, events, steps..., feature...)}. The store keeps only the newest row anyway, and
+ * {@code (key..., version, latest, events, steps..., feature...)}. The store keeps only the newest row anyway, and
  * a row carries the entity's whole windows, so a coalesced row loses nothing.
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
-    /** Where the features (offline rows) or the steps (online rows) start: after entity, version, latest, events. */
-    private static final int HEAD = 4;
-
     private final WindowPlan plan;
+    /** How many join keys the entity has: where version, latest and events are in its rows. */
+    private final int keys;
     private final OutputTag<Row> online;
     private final long coalesceMs;
     private transient ValueState<WindowPlan.Windows> state;
 
-    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> online, long coalesceMs) {
+    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> online, long coalesceMs, int keys) {
         this.plan = new WindowPlan(aggregationSpec, timeField, scale);
+        this.keys = keys;
         this.online = online;
         this.coalesceMs = coalesceMs;
     }
@@ -77,18 +78,22 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     }
 
     /** The entity's row as of its latest event, with {@code steps} (none in an offline row) before the features. */
-    private Row row(String entity, WindowPlan.Windows w, byte[][] steps) {
+    private Row row(String key, WindowPlan.Windows w, byte[][] steps) {
         Object[] features = plan.finished(w);
-        Row out = new Row(HEAD + steps.length + features.length);
-        out.setField(0, entity);
-        out.setField(1, w.version);
-        out.setField(2, w.latest);
-        out.setField(3, w.events);
+        int head = keys + 3;
+        Row out = new Row(head + steps.length + features.length);
+        String[] parts = FieldKey.parts(key, keys);
+        for (int i = 0; i < keys; i++) {
+            out.setField(i, parts[i]);
+        }
+        out.setField(keys, w.version);
+        out.setField(keys + 1, w.latest);
+        out.setField(keys + 2, w.events);
         for (int i = 0; i < steps.length; i++) {
-            out.setField(HEAD + i, steps[i]);
+            out.setField(head + i, steps[i]);
         }
         for (int i = 0; i < features.length; i++) {
-            out.setField(HEAD + steps.length + i, features[i]);
+            out.setField(head + steps.length + i, features[i]);
         }
         return out;
     }

@@ -28,6 +28,9 @@ import org.apache.flink.types.Row;
  *   <li>Read with head tile {@code h}, the window covers the tiles {@code (h - W/S, h]}. At the entity's latest
  *       event {@code T} the head is {@code floor(T / S)}: these are the finished values of the rows.
  *   <li>{@code time_since_previous} is the seconds between {@code T} and the entity's latest earlier event time.
+ *   <li>{@code last} is the column's value in the entity's latest event that has one (of events at the same
+ *       millisecond, the greatest value: strings in UTF-16 order, numbers as {@link Double#compare}, false before
+ *       true), so it depends on the set of events, not on their arrival order.
  * </ul>
  *
  * <p>Steps: a request read at time {@code t >= T} has head {@code floor(t / S)}; no event lies after {@code T}, so
@@ -44,7 +47,7 @@ import org.apache.flink.types.Row;
  *
  * <p>The aggregations come as text, one per {@code ;}: {@code name,function,column,window_ms,slide_ms} with the
  * column as a position in the input row ({@code window_ms} and {@code slide_ms} are 0 for
- * {@code time_since_previous}).
+ * {@code time_since_previous} and {@code last}).
  */
 public final class WindowPlan implements Serializable {
     private static final long serialVersionUID = 1L;
@@ -59,6 +62,8 @@ public final class WindowPlan implements Serializable {
     private final List<Slide> slides = new ArrayList<>();
     /** The windows (slide and length) of the aggregations, in order of first appearance; each with its aggregations. */
     private final List<Window> windows = new ArrayList<>();
+    /** How many aggregations are {@code last}: each keeps its value in the state. */
+    private int lasts;
 
     public WindowPlan(String aggregationSpec, int timeField, long scale) {
         this.timeField = timeField;
@@ -77,6 +82,9 @@ public final class WindowPlan implements Serializable {
     private Aggregation place(String function, int column, long windowMs, long slideMs) {
         if (function.equals("time_since_previous")) {
             return new Aggregation(aggregations.size(), function, column, -1, 0, -1);
+        }
+        if (function.equals("last")) {
+            return new Aggregation(aggregations.size(), function, column, -1, 0, lasts++);
         }
         int index = 0;
         while (index < slides.size() && slides.get(index).lengthMs != slideMs) {
@@ -175,6 +183,9 @@ public final class WindowPlan implements Serializable {
         public ArrayList<HashMap<Object, Long>> newestTile;
         /** Whether an event came since the entity's last online row. */
         public boolean pending;
+        /** Per {@code last} aggregation: its value (null: no event had one yet), and that event's time. */
+        public Object[] lastValues;
+        public long[] lastTimes;
 
         public Windows() {}
     }
@@ -183,6 +194,8 @@ public final class WindowPlan implements Serializable {
     public Windows newState(long firstEventTime) {
         Windows w = new Windows();
         w.latest = firstEventTime;
+        w.lastValues = new Object[lasts];
+        w.lastTimes = new long[lasts];
         w.buckets = new ArrayList<>();
         w.newestTile = new ArrayList<>();
         for (Slide slide : slides) {
@@ -216,6 +229,17 @@ public final class WindowPlan implements Serializable {
         }
         w.version = Math.max(w.version + 1, w.latest * 1000);
         w.events++;
+        for (Aggregation a : aggregations) {
+            if (a.function().equals("last")) {
+                Object value = row.getField(a.column());
+                Object held = w.lastValues[a.slot()];
+                long at = w.lastTimes[a.slot()];
+                if (value != null && (held == null || ts > at || (ts == at && greater(value, held)))) {
+                    w.lastValues[a.slot()] = value;
+                    w.lastTimes[a.slot()] = ts;
+                }
+            }
+        }
         int sets = 0;
         for (int s = 0; s < slides.size(); s++) {
             Slide slide = slides.get(s);
@@ -273,11 +297,23 @@ public final class WindowPlan implements Serializable {
             }
         }
         for (Aggregation a : aggregations) {
-            if (a.slide() < 0) {
+            if (a.function().equals("last")) {
+                values[a.index()] = w.lastValues[a.slot()];
+            } else if (a.slide() < 0) {
                 values[a.index()] = w.hasPrevious ? (w.latest - w.previous) / 1000.0 : null;
             }
         }
         return values;
+    }
+
+    /** Whether {@code a} orders after {@code b} (two values of one column): strings by UTF-16 units, numbers as
+     * {@link Double#compare} (integers as longs), false before true. */
+    @SuppressWarnings({"unchecked", "rawtypes"})
+    private static boolean greater(Object a, Object b) {
+        if (a instanceof Double x) {
+            return Double.compare(x, (Double) b) > 0;
+        }
+        return ((Comparable) a).compareTo(b) > 0;
     }
 
     /**

@@ -25,7 +25,7 @@ import org.apache.flink.types.StringValue;
  * ({@code loopline stream submit --no-restore}), which rebuilds the windows from the retained events.
  *
  * <p>Form: the entity's latest and previous event times, whether it has a previous one, its version, events and
- * pending flag; per slide, its tiles (index, count, per numeric column total, max and min, per distinct column its
+ * pending flag; each {@code last} aggregation's value and time; per slide, its tiles (index, count, per numeric column total, max and min, per distinct column its
  * values and how many are newest there); per slide and distinct column, each value's newest tile. A distinct value is
  * a tag and the value: null, a string, a long, an int, a double or a boolean (the types of the job's columns).
  */
@@ -45,6 +45,8 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         WindowPlan.Windows w = new WindowPlan.Windows();
         w.buckets = new ArrayList<>();
         w.newestTile = new ArrayList<>();
+        w.lastValues = new Object[0];
+        w.lastTimes = new long[0];
         return w;
     }
 
@@ -57,6 +59,8 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         to.version = from.version;
         to.events = from.events;
         to.pending = from.pending;
+        to.lastValues = from.lastValues.clone();  // the values are immutable
+        to.lastTimes = from.lastTimes.clone();
         to.buckets = new ArrayList<>(from.buckets.size());
         for (TreeMap<Long, WindowPlan.Bucket> tiles : from.buckets) {
             TreeMap<Long, WindowPlan.Bucket> copied = new TreeMap<>();
@@ -104,6 +108,11 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         out.writeLong(w.version);
         out.writeLong(w.events);
         out.writeBoolean(w.pending);
+        out.writeInt(w.lastValues.length);
+        for (int i = 0; i < w.lastValues.length; i++) {
+            writeValue(w.lastValues[i], out);
+            out.writeLong(w.lastTimes[i]);
+        }
         out.writeInt(w.buckets.size());
         for (TreeMap<Long, WindowPlan.Bucket> tiles : w.buckets) {
             out.writeInt(tiles.size());
@@ -149,6 +158,13 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         w.version = in.readLong();
         w.events = in.readLong();
         w.pending = in.readBoolean();
+        int lasts = in.readInt();
+        w.lastValues = new Object[lasts];
+        w.lastTimes = new long[lasts];
+        for (int i = 0; i < lasts; i++) {
+            w.lastValues[i] = readValue(in);
+            w.lastTimes[i] = in.readLong();
+        }
         int slides = in.readInt();
         w.buckets = new ArrayList<>(slides);
         for (int s = 0; s < slides; s++) {
@@ -229,8 +245,8 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
             out.writeByte(BOOLEAN);
             out.writeBoolean(b);
         } else {
-            throw new IOException("a distinct value of type " + value.getClass().getName() + " cannot be checkpointed: "
-                    + "count_distinct takes string, integer, floating-point or boolean columns");
+            throw new IOException("a value of type " + value.getClass().getName() + " cannot be checkpointed: "
+                    + "count_distinct and last take string, integer, floating-point or boolean columns");
         }
     }
 
