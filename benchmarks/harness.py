@@ -29,7 +29,7 @@ def private_stack(console: Console, prefix: str) -> Iterator[Settings]:
         with console.status("starting a private stack"):
             stack.up()
             apply_loopline_topics(settings)
-            apply_definitions(settings.feast_registry_path, settings.redis_connection)
+            apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         yield settings
     finally:
         stack.down(wipe=True)

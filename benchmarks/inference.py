@@ -82,6 +82,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
+from templates import Emitted  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -100,7 +101,6 @@ from schemas.records import PredictionRecord, ScoreRequest  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
 from schemas.validation import decode, encode  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
-from streams.synthetic import Emitted  # noqa: E402
 
 VIEW = "user_transaction_features"
 USERS = 1000
@@ -616,13 +616,13 @@ def main() -> None:
     began = time.monotonic()
     with private_stack(console, "loopline-inference-") as settings:
         with console.status("writing a feature row per user"):
-            view = feature_store(settings.feast_registry_path, settings.redis_connection).get_stream_feature_view(VIEW)
+            view = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path).get_stream_feature_view(VIEW)
             fields = feature_fields(view)
             names = [f.name for f in fields]
             typed = {f.name: int if f.dtype.to_value_type().name == "INT64" else float for f in fields}
             now_us = int(time.time() * 1_000_000)
             rows = [FeatureRow(VIEW, f"bench-{u}", now_us, {n: typed[n](u % 7) for n in names}) for u in range(USERS)]
-            OnlineWriter(settings.feast_registry_path, settings.redis_connection).write(rows)
+            OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path).write(rows)
             model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
         figures: dict = {}
         if args.profile:

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from rich.console import Console
+from templates import SyntheticConfig, SyntheticStream  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -53,7 +54,6 @@ from feedback_loop.reference import reference_statistics  # noqa: E402
 from harness import report  # noqa: E402  (this folder)
 from schemas.records import PredictionRecord  # noqa: E402
 from streams.feature_plan import FeaturePlan, compile_plan  # noqa: E402
-from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
 
 console = Console()
 NUMERIC, CATEGORICAL, REFERENCE_ROWS = 24, 6, 100_000

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 from rich.console import Console
+from templates import SyntheticConfig, SyntheticStream  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -44,7 +45,6 @@ from streams.event_log import EventLogWindow  # noqa: E402
 from streams.feature_plan import FeaturePlan  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
 from streams.recompute import accepted_events  # noqa: E402
-from streams.synthetic import SyntheticConfig, SyntheticStream  # noqa: E402
 from streams.topics import read_topic  # noqa: E402
 
 console = Console()

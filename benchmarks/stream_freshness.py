@@ -46,6 +46,9 @@ from pathlib import Path
 import redis
 from rich.console import Console
 from rich.progress import Progress
+from templates import SyntheticConfig, SyntheticStream, synthetic_user_id  # noqa: E402
+
+from streams.world import Emitted
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -60,7 +63,6 @@ from schemas.records import TransactionEvent  # noqa: E402
 from schemas.topics import TRANSACTIONS  # noqa: E402
 from schemas.validation import encode  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
-from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream, synthetic_user_id  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
 
 USER_VIEW = "user_transaction_features"
@@ -86,7 +88,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
     job started, its JIT compiler still took a third of a core, compiling ~400 methods every 5 s); freshness is
     sampled (user rows) only after it. With ``day_history`` the day users' history (``_day_of_history``) goes first.
     """
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     producer = EventProducer(settings.kafka.bootstrap)
     config = SyntheticConfig(rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
     stream = SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000))
@@ -167,7 +169,7 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
     The job's capacity with the machine to itself (no producer competing), timed from its first
     row online to the last event's row online, so start-up does not count.
     """
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     config = SyntheticConfig(rate_per_s=5000.0, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
     stream = SyntheticStream(config, seed=12, start_ms=int(time.time() * 1000))
     topic = replace(TRANSACTIONS, name="bench.catch-up")  # holds only the backlog
@@ -261,8 +263,8 @@ def _day_reads(reader: OnlineReader, client: redis.Redis, features: list[str], n
 def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dict:
     """p50/p99 (ms) of the read paths for 1 and 64 entities, same keys, same run; with ``day_history``, of the day
     users too."""
-    store = feature_store(settings.feast_registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     client = redis.Redis(port=settings.redis.port)
     names = [f.name for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     features = [f"{USER_VIEW}:{name}" for name in names]

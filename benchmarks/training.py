@@ -52,6 +52,9 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from rich.console import Console
+from templates import LABELS, LabelEvent, SyntheticConfig, SyntheticStream  # noqa: E402, TRANSACTIONS
+
+from streams.world import Emitted
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -67,11 +70,10 @@ from loopline.settings import Settings  # noqa: E402
 from offline_training.ablation import train_arms  # noqa: E402
 from offline_training.gpu_plan import ModelShape, training_memory  # noqa: E402
 from offline_training.train_config import load_train_config  # noqa: E402
-from schemas.records import LabelEvent, PredictionRecord, TrainingExample  # noqa: E402
-from schemas.topics import DAY_MS, LABELS, PREDICTIONS, TRAINING_EXAMPLES, TRANSACTIONS, TopicSpec  # noqa: E402
+from schemas.records import PredictionRecord, TrainingExample  # noqa: E402
+from schemas.topics import DAY_MS, PREDICTIONS, TRAINING_EXAMPLES, TopicSpec  # noqa: E402
 from schemas.validation import decode, encode  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
-from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream  # noqa: E402
 from streams.topics import apply_topics, read_topic  # noqa: E402
 
 console = Console()

@@ -1,19 +1,14 @@
-"""The Feast repository of this package and its configuration, with the stack's addresses applied."""
+"""A project's Feast repository and its configuration, with the stack's addresses applied."""
 
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from pathlib import Path
 
-REPO_PATH = Path(__file__).with_name("repo")
-#: The folder holding this package. Feast names each definition file's module by its path under the working
-#: directory, so this package's repo is parsed from here, its files this package's modules (feature_store.repo.*),
-#: wherever Loopline runs: an image's working directory is nowhere above its site-packages.
-PACKAGES_ROOT = Path(__file__).resolve().parents[1]
 
-
-def declared_feast_registry(repo_path: Path = REPO_PATH) -> Path:
+def declared_feast_registry(repo_path: Path) -> Path:
     """The registry file the repo's ``feature_store.yaml`` names, resolved as Feast resolves it (against the repo)."""
     import yaml
 
@@ -23,9 +18,9 @@ def declared_feast_registry(repo_path: Path = REPO_PATH) -> Path:
 
 
 def feast_config(
-    feast_registry_path: Path | None = None,
-    redis_connection: str | None = None,
-    repo_path: Path = REPO_PATH,
+    feast_registry_path: Path | None,
+    redis_connection: str | None,
+    repo_path: Path,
     *,
     redis_cluster: bool = False,
 ):
@@ -47,9 +42,9 @@ def feast_config(
 
 
 def feature_store(
-    feast_registry_path: Path | None = None,
-    redis_connection: str | None = None,
-    repo_path: Path = REPO_PATH,
+    feast_registry_path: Path | None,
+    redis_connection: str | None,
+    repo_path: Path,
     *,
     redis_cluster: bool = False,
 ):
@@ -63,9 +58,9 @@ def feature_store(
 
 
 def apply_definitions(
-    feast_registry_path: Path | None = None,
-    redis_connection: str | None = None,
-    repo_path: Path = REPO_PATH,
+    feast_registry_path: Path | None,
+    redis_connection: str | None,
+    repo_path: Path,
     *,
     redis_cluster: bool = False,
 ) -> list[str]:
@@ -74,29 +69,37 @@ def apply_definitions(
     Returns the names of the feature views applied.
     """
     store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
-    contents = _parse_repo(repo_path)
+    contents = parse_repo(repo_path)
     views = [*contents.feature_views, *contents.stream_feature_views]
     store.apply([*contents.entities, *contents.data_sources, *views])
     return sorted(view.name for view in views)
 
 
-def _parse_repo(repo_path: Path):
-    """Feast's parse of the repo's definition files (``feast.repo_operations.parse_repo``), run from ``PACKAGES_ROOT``
-    for this package's repo (from the working directory for another)."""
-    from feast.repo_operations import parse_repo
+def parse_repo(repo_path: Path):
+    """Feast's parse of the repo's definition files (``feast.repo_operations.parse_repo``) as ``feast apply`` runs it:
+    from the repo's folder, which is on the import path, each file imported afresh (two projects' repos may both have
+    a ``features.py``; each parse reads its own)."""
+    from feast.repo_operations import get_repo_files
+    from feast.repo_operations import parse_repo as feast_parse_repo
 
     repo_path = repo_path.resolve()
-    with contextlib.chdir(PACKAGES_ROOT if repo_path.is_relative_to(PACKAGES_ROOT) else Path.cwd()):
-        return parse_repo(repo_path)
+    with contextlib.chdir(repo_path):
+        for file in get_repo_files(repo_path):
+            sys.modules.pop(".".join(file.relative_to(repo_path).with_suffix("").parts), None)
+        sys.path.insert(0, str(repo_path))
+        try:
+            return feast_parse_repo(repo_path)
+        finally:
+            sys.path.remove(str(repo_path))
 
 
-def repo_stream_views(repo_path: Path = REPO_PATH) -> list:
+def repo_stream_views(repo_path: Path) -> list:
     """The repo's stream feature views as `feast apply` registers them (join keys inferred from their entities),
     without a registry or an online store: for compiling the streaming plan offline (benchmarks)."""
     from feast.field import Field
     from feast.types import String
 
-    contents = _parse_repo(repo_path)
+    contents = parse_repo(repo_path)
     join_keys = {entity.name: entity.join_key for entity in contents.entities}
     views = list(contents.stream_feature_views)
     for view in views:

@@ -31,7 +31,8 @@ _KEY_CACHE_SIZE = 100_000
 class ViewLayout:
     """One view's place in an entity's hash."""
 
-    join_key: str
+    #: The entity's join keys, in the view's order.
+    join_keys: tuple[str, ...]
     timestamp_field: bytes
     order_field: bytes
     fields: dict[str, bytes]  # feature name -> hashed Redis field
@@ -59,7 +60,7 @@ class OnlineLayout:
             aggregations = view_aggregations(view)
             windows = view_windows(aggregations)
             self.views[view.name] = ViewLayout(
-                join_key=view.entity_columns[0].name,
+                join_keys=tuple(column.name for column in view.entity_columns),
                 timestamp_field=f"_ts:{stored}".encode(),
                 order_field=f"_order:{stored}".encode(),
                 fields={f.name: _mmh3(f"{stored}:{f.name}") for f in feature_fields(view)},
@@ -69,24 +70,34 @@ class OnlineLayout:
             )
         project, version = config.project.encode(), config.entity_key_serialization_version
 
-        def build_key(join_key: str, entity: str) -> bytes:
-            key = EntityKey(join_keys=[join_key], entity_values=[Value(string_val=entity)])
+        def build_key(join_keys: tuple[str, ...], entity: tuple[str, ...]) -> bytes:
+            key = EntityKey(join_keys=list(join_keys), entity_values=[Value(string_val=value) for value in entity])
             return serialize_entity_key(key, entity_key_serialization_version=version) + project
 
-        #: ``redis_key(join_key, entity)``: the key of the hash of the entity whose ``join_key`` is ``entity`` (Feast's
-        #: ``_redis_key``). Cached, and called without a wrapper: serialising an entity key costs ~10 µs, and hot
-        #: entities are read and written again and again.
+        #: ``redis_key(join_keys, entity)``: the key of the hash of the entity whose ``join_keys`` (a tuple) have the
+        #: values ``entity`` (a tuple, in the same order; Feast's ``_redis_key``). Cached, and called without a wrapper:
+        #: serialising an entity key costs ~10 µs, and hot entities are read and written again and again.
         self.redis_key = lru_cache(maxsize=_KEY_CACHE_SIZE)(build_key)
 
-    def key_around_entity(self, join_key: str) -> tuple[bytes, bytes]:
-        """The bytes of every key of ``join_key`` before and after the entity's own: a key is the prefix, the length
-        of the entity's UTF-8 (4 bytes, little-endian), that UTF-8, then the suffix (how Feast serializes one string
-        join key; checked here on a few entities, so a Feast that serializes otherwise fails here, not in a write)."""
-        empty, one = self.redis_key(join_key, ""), self.redis_key(join_key, "u")
-        length_at = next(i for i, (a, b) in enumerate(zip(empty, one, strict=False)) if a != b)  # the length: 0, then 1
-        prefix, suffix = empty[:length_at], empty[length_at + 4 :]
-        for entity in ("", "u", "entité-42", "x" * 300):
-            encoded = entity.encode()
-            if self.redis_key(join_key, entity) != prefix + struct.pack("<I", len(encoded)) + encoded + suffix:
-                raise ValueError(f"Feast's key of {join_key}={entity!r} is not <prefix><length><UTF-8><suffix>")
-        return prefix, suffix
+    def key_parts(self, join_keys: tuple[str, ...]) -> tuple[list[bytes], list[int]]:
+        """How every key of an entity of ``join_keys`` is made: the bytes before the first value, between each two and
+        after the last, and which join key's value comes at each place (Feast orders them by name); each value is its
+        UTF-8's length (4 bytes, little-endian) and its UTF-8. Checked here on a few entities, so a Feast that
+        serializes otherwise fails here, not in a write."""
+        order = sorted(range(len(join_keys)), key=lambda i: join_keys[i])
+        empty = self.redis_key(join_keys, ("",) * len(join_keys))
+        parts, at = [], 0
+        for n in range(len(join_keys)):
+            one = self.redis_key(join_keys, tuple("u" if i == order[n] else "" for i in range(len(join_keys))))
+            length_at = next(i for i, (a, b) in enumerate(zip(empty, one, strict=False)) if a != b)  # its length: 0, then 1
+            parts.append(empty[at:length_at])
+            at = length_at + 4
+        parts.append(empty[at:])
+        for sample in ("", "u", "entité-42", "x" * 300):
+            entity = tuple(f"{sample}{i}" for i in range(len(join_keys)))
+            values = [entity[i].encode() for i in order]
+            expected = parts[0] + b"".join(struct.pack("<I", len(v)) + v + part for v, part in zip(values, parts[1:], strict=True))
+            if self.redis_key(join_keys, entity) != expected:
+                raise ValueError(f"Feast's key of {dict(zip(join_keys, entity, strict=True))} is not its values' lengths and UTF-8 "
+                                 "around fixed bytes")  # fmt: skip
+        return parts, order

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from feature_store.config import REPO_PATH, feature_fields, feature_store
+from feature_store.config import feature_fields, feature_store
 from feature_store.defaults import declared_default
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
@@ -48,7 +48,7 @@ class _ReadPlan:
     asked, and the finished values' fields of the windows, read only where a window has no steps of the row's event
     time."""
 
-    join_key: str
+    join_keys: tuple[str, ...]
     fields: list[bytes]
     direct: list[int]  # positions among the features asked of those read as stored
     windows: list[tuple[Window, list[int | None]]]  # per steps read, the position of each of its values (None: not asked)
@@ -63,7 +63,7 @@ class OnlineReader:
         self,
         feast_registry_path: Path | None,
         redis_connection: str,
-        repo_path: Path = REPO_PATH,
+        repo_path: Path,
         timeout_s: float | None = None,
         *,
         redis_cluster: bool = False,
@@ -86,7 +86,7 @@ class OnlineReader:
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""
-        return {self._views[reference.split(":", 1)[0]].join_key for reference in features}
+        return {key for reference in features for key in self._views[reference.split(":", 1)[0]].join_keys}
 
     def hash_fields(self, view: str, names: list[str]) -> list[bytes]:
         """The fields of an entity's hash a read of ``names`` of ``view`` asks for (its one HMGET)."""
@@ -112,10 +112,10 @@ class OnlineReader:
         # Without read times, as of each entity's latest event: any time before it reads as of it (the first step).
         read_at = [0] * len(entity_rows) if at_ms is None else at_ms
         pipe = self._redis.pipeline(transaction=False)
-        for view, plan in plans.items():
-            join_key = self._views[view].join_key
+        for plan in plans.values():
+            join_keys = plan.join_keys
             for row in entity_rows:
-                pipe.hmget(self._redis_key(join_key, row[join_key]), plan.fields)
+                pipe.hmget(self._redis_key(join_keys, tuple(row[key] for key in join_keys)), plan.fields)
         replies = iter(pipe.execute())
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
@@ -158,7 +158,7 @@ class OnlineReader:
         for all such rows (rows written by hand, or by a job of other views)."""
         pipe = self._redis.pipeline(transaction=False)
         for plan, _, i, _ in unstepped:
-            pipe.hmget(self._redis_key(plan.join_key, entity_rows[i][plan.join_key]), plan.finished_fields)
+            pipe.hmget(self._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields)
         for (plan, columns, i, missing), reply in zip(unstepped, pipe.execute(), strict=True):
             for w in missing:
                 for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
@@ -185,7 +185,7 @@ class OnlineReader:
                 finished_at.append(slice(len(finished_fields), len(finished_fields) + len(window.aggregations)))
                 finished_fields += [layout.fields[a.name] for a in window.aggregations]
             plan = self._plans[key] = _ReadPlan(
-                join_key=layout.join_key,
+                join_keys=layout.join_keys,
                 fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, *(steps_field for steps_field, *_ in windows)],
                 direct=direct,
                 windows=[(window, positions) for _, window, positions in windows],
@@ -194,14 +194,15 @@ class OnlineReader:
             )
         return plan
 
-    def row_timestamps_us(self, view: str, entities: list[str]) -> list[int | None]:
-        """When each entity's row was computed (its event time, in microseconds), or None if it has none."""
+    def row_timestamps_us(self, view: str, entities: list[dict[str, str]]) -> list[int | None]:
+        """When each entity's row (``entities``: join key -> value) was computed (its event time, in microseconds), or
+        None if it has none."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
         layout = self._views[view]
         pipe = self._redis.pipeline(transaction=False)
         for entity in entities:
-            pipe.hget(self._redis_key(layout.join_key, entity), layout.timestamp_field)
+            pipe.hget(self._redis_key(layout.join_keys, tuple(entity[key] for key in layout.join_keys)), layout.timestamp_field)
         stamps = [None if raw is None else Timestamp.FromString(raw) for raw in pipe.execute()]
         return [None if s is None else s.seconds * 1_000_000 + s.nanos // 1_000 for s in stamps]
 

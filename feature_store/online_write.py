@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from feature_store.config import REPO_PATH, feature_fields, feature_store
+from feature_store.config import feature_fields, feature_store
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
 
@@ -73,10 +73,11 @@ return 1
 @dataclass(frozen=True)
 class FeatureRow:
     """The features of one entity of one view as of its latest event (``event_time_us``, microseconds since the
-    epoch), after ``events`` of its events were absorbed (the tie-break between rows of one event time)."""
+    epoch), after ``events`` of its events were absorbed (the tie-break between rows of one event time). ``entity``:
+    its join key's value, or the tuple of its join keys' values in the view's order."""
 
     view: str
-    entity: str
+    entity: str | tuple[str, ...]
     event_time_us: int
     features: dict[str, float | int | str | bool | None]
     events: int = 0
@@ -101,9 +102,7 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
 class OnlineWriter:
     """Writes FeatureRows of the registry's views to the online store configured in the repo."""
 
-    def __init__(
-        self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path = REPO_PATH, *, redis_cluster: bool = False
-    ) -> None:
+    def __init__(self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path, *, redis_cluster: bool = False) -> None:
         """``redis_cluster``: the connection names a Redis Cluster's nodes (each entity's row is one hash, so each
         write names one key and goes to the master of its slot)."""
         from feast.infra.online_stores.helpers import get_online_store_from_config
@@ -145,7 +144,8 @@ class OnlineWriter:
                 else:
                     cleared.append(steps_field)
             # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
-            pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_key, row.entity), layout.timestamp_field,
+            entity = (row.entity,) if isinstance(row.entity, str) else row.entity
+            pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_keys, entity), layout.timestamp_field,
                                  stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
                                  row.events, self._ttl_s, len(cleared), *cleared, *values)  # fmt: skip
         pipe.execute()
@@ -154,7 +154,7 @@ class OnlineWriter:
     def jvm_layout(self, view: str, features: Sequence[str], max_batch_rows: int, timeout_ms: int = 10_000) -> str:
         """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write ``view``'s rows, whose
         ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection (Feast's, parsed by
-        Feast), the key's bytes around the entity, the fields (base64), each feature's Value kind, the TTL and this
+        Feast), the key's bytes around the join keys' values, the fields (base64), each feature's Value kind, the TTL and this
         module's compare-and-set script; and its largest batch (``max_batch_rows`` entities) and ``timeout_ms`` per
         reply."""
         from feast.infra.online_stores.redis import RedisOnlineStore
@@ -162,16 +162,14 @@ class OnlineWriter:
         online_store = self._config.online_store
         nodes, params = RedisOnlineStore._parse_connection_string(online_store.connection_string)
         layout = self.layout.views[view]
-        prefix, suffix = self.layout.key_around_entity(layout.join_key)
-        kinds = {"int64_val": "int64", "int32_val": "int32", "double_val": "double", "float_val": "float"}
-        unwritable = [name for name in features if self._kinds[view][name] not in kinds]
-        if unwritable:
-            raise ValueError(f"the job's writer writes numbers only; {view} declares {', '.join(unwritable)} otherwise")
+        parts, order = self.layout.key_parts(layout.join_keys)
+        kinds = {"int64_val": "int64", "int32_val": "int32", "double_val": "double", "float_val": "float", "string_val": "string",
+                 "bool_val": "bool"}  # fmt: skip
         encode = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
         return json.dumps({
             "nodes": [f"{node['host']}:{node['port']}" for node in nodes], "cluster": online_store.redis_type == "redis_cluster",
             "username": params.get("username"), "password": params.get("password"), "ssl": bool(params.get("ssl", False)),
-            "db": int(params.get("db", 0)), "timeoutMs": timeout_ms, "keyPrefix": encode(prefix), "keySuffix": encode(suffix),
+            "db": int(params.get("db", 0)), "timeoutMs": timeout_ms, "keyParts": [encode(part) for part in parts], "keyOrder": order,
             "timestampField": encode(layout.timestamp_field), "orderField": encode(layout.order_field),
             "featureFields": [encode(layout.fields[name]) for name in features],
             "featureKinds": [kinds[self._kinds[view][name]] for name in features],

@@ -33,17 +33,19 @@ import pandas as pd
 
 from schemas.records import PredictionRecord
 from streams.feature_plan import FeaturePlan, ViewPlan
-from streams.recompute import EVENT_TIME, recompute, same_feature_value
+from streams.recompute import LATEST_EVENT, recompute, same_feature_value
 
 #: Outcomes of one comparison.
 OUTCOMES = ("match", "lag", "ahead", "value", "missing", "extra")
 
 
-def sampled(entity: str, rate: float) -> bool:
-    """Whether requests for ``entity`` are in the consistency sample: a stable hash of the key below ``rate``."""
+def sampled(entity: Hashable, rate: float) -> bool:
+    """Whether requests for ``entity`` (a join key's value, or a tuple of several) are in the consistency sample: a
+    stable hash of the key below ``rate``."""
     if rate >= 1:
         return True
-    digest = hashlib.blake2b(entity.encode(), digest_size=8).digest()
+    text = "\0".join(entity) if isinstance(entity, tuple) else str(entity)
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") < rate * 2**64
 
 
@@ -83,12 +85,12 @@ def _smape(a: float, b: float) -> float:
 
 def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[tuple[Hashable, int], dict]:
     """Recomputed features of ``view`` read at the ``(<entity key>, at_ms)`` points of ``at`` (windows as of ``at_ms``),
-    by (entity, at_ms), each with the event time of the latest event they count (``event_time_ms``) and ``at_ms``;
+    by (entity, at_ms), each with the event time of the latest event they count (``LATEST_EVENT``) and ``at_ms``;
     points before an entity's first event are left out."""
-    if at["at_ms"].isna().any() or events[EVENT_TIME].isna().any():
+    if at["at_ms"].isna().any() or events[view.time_field].isna().any():
         raise ValueError("features_at needs a time for every point and every event")
     at = at.drop_duplicates().astype({"at_ms": "int64"})
-    rows = recompute(view, events.astype({EVENT_TIME: "int64"}), at)
+    rows = recompute(view, events.astype({view.time_field: "int64"}), at)
     records = [dict(zip(rows.columns, values, strict=True)) for values in zip(*(rows[name].tolist() for name in rows.columns), strict=True)]
     return {(record[view.entity_key], int(record["at_ms"])): record for record in records}
 
@@ -117,27 +119,29 @@ def events_needed_since(plan: FeaturePlan, requests: Sequence[PredictionRecord],
 
 
 def check_consistency(
-    plan: FeaturePlan, events: pd.DataFrame, requests: Iterable[PredictionRecord], sample_rate: float = 1.0,
+    plan: FeaturePlan, events: Mapping[str, pd.DataFrame], requests: Iterable[PredictionRecord], sample_rate: float = 1.0,
     features: Sequence[str] | None = None,
 ) -> dict[str, FeatureConsistency]:  # fmt: skip
     """Compare the streaming features of ``requests`` (those whose entity is sampled at ``sample_rate``) with the
-    recompute over ``events`` (the accepted events of the log); per ``view:feature`` name, its outcomes. ``features``
-    limits the check to those names (default: every streaming feature the requests logged)."""
+    recompute over ``events`` (the accepted events of the log, by topic); per ``view:feature`` name, its outcomes.
+    ``features`` limits the check to those names (default: every streaming feature the requests logged)."""
     requests = list(requests)
     report: dict[str, FeatureConsistency] = {}
     for view in plan.views:
         names = [f"{view.name}:{f}" for f in view.feature_names if features is None or f"{view.name}:{f}" in features]
-        chosen = [r for r in requests if view.entity_key in r.entity_keys and sampled(r.entity_keys[view.entity_key], sample_rate)
-                  and any(name in r.features for name in names)]  # fmt: skip
-        if not chosen:
+        chosen = [r for r in requests if all(k in r.entity_keys for k in view.entity_keys)
+                  and sampled(view.entity(r.entity_keys), sample_rate) and any(name in r.features for name in names)]  # fmt: skip
+        if not chosen or view.topic not in events:
             continue
-        keys = [r.entity_keys[view.entity_key] for r in chosen]
+        view_events = view.with_entity(events[view.topic])
+        keys = [view.entity(r.entity_keys) for r in chosen]
         row_times = [r.feature_row_times_ms.get(view.name) for r in chosen]
-        lookup = features_at(view, events, pd.DataFrame({view.entity_key: keys, "at_ms": [r.requested_at_ms for r in chosen]}))
+        at = pd.DataFrame({view.entity_key: pd.Series(keys, dtype=object), "at_ms": [r.requested_at_ms for r in chosen]})
+        lookup = features_at(view, view_events, at)
         # Only a value that differs needs the recompute as of its row (to tell lag from a wrong value).
         differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times, strict=True) if row_time is not None
                      and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
-        as_of_rows = _as_of_rows(view, events, differing)
+        as_of_rows = _as_of_rows(view, view_events, differing)
         for record, key in zip(chosen, keys, strict=True):
             offline = lookup.get((key, record.requested_at_ms))
             as_of_row = as_of_rows.get(record.request_id, [])
@@ -155,7 +159,7 @@ def check_consistency(
     return report
 
 
-def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, str, int]]) -> dict[str, list[dict]]:
+def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:
     """Per request id, what a read at the request's time returns from each row the online store could have held for
     its entity with the logged row time: the job applies an entity's events in log order (one partition), so a row is
     a prefix of them, read with its windows as of the request's time (or the prefix's latest event, if later).
@@ -168,13 +172,13 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
         return _rows_up_to_row_time(view, events, differing)
     key_column = view.entity_key
     logged = events[events[key_column].isin({key for _, key, _ in differing})].sort_values("offset", kind="stable")
-    times, kafka_ms = logged[EVENT_TIME].to_numpy(), logged["kafka_ms"].to_numpy()
+    times, kafka_ms = logged[view.time_field].to_numpy(), logged["kafka_ms"].to_numpy()
     positions = logged.groupby(key_column, sort=False).indices  # per entity, its events in log order
     row_times = {key: np.maximum.accumulate(times[where]) for key, where in positions.items()}
     reached = {key: np.maximum.accumulate(kafka_ms[where]) for key, where in positions.items()}  # all of a prefix in Kafka by
-    prefixes: dict[tuple[str, int], int] = {}  # (entity, events in the prefix): the prefix's number
-    read_times: dict[tuple[str, int], set[int]] = {}  # the times each prefix is read at
-    candidates: dict[str, list[tuple[tuple[str, int], int]]] = {}  # per request, its candidate prefixes and read time
+    prefixes: dict[tuple[Hashable, int], int] = {}  # (entity, events in the prefix): the prefix's number
+    read_times: dict[tuple[Hashable, int], set[int]] = {}  # the times each prefix is read at
+    candidates: dict[str, list[tuple[tuple[Hashable, int], int]]] = {}  # per request, its candidate prefixes and read time
     for record, key, row_time in differing:
         if key in positions:
             ends = np.flatnonzero((row_times[key] == row_time) & (reached[key] <= record.scored_at_ms)) + 1
@@ -183,7 +187,7 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
             for prefix, _ in candidates[record.request_id]:
                 prefixes.setdefault(prefix, len(prefixes))
                 read_times.setdefault(prefix, set()).add(read_at)
-    used = list(dict.fromkeys([key_column, EVENT_TIME, *(agg.column for agg in view.aggregations)]))
+    used = list(dict.fromkeys([key_column, view.time_field, *(agg.column for agg in view.aggregations)]))
     as_of: dict[tuple[tuple[str, int], int], dict] = {}
     for batch in _prefix_batches(view, prefixes, positions, row_times, times):
         # Every prefix of the batch as an entity of its own (keyed by its number), so that one recompute evaluates
@@ -198,13 +202,13 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
 
 
 
-def _rows_up_to_row_time(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, str, int]]) -> dict[str, list[dict]]:
+def _rows_up_to_row_time(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:
     """:func:`_as_of_rows` for events without log positions: per request id, the one row of its entity's events up to
     the logged row time, read at the request's time (or the row time, if later). One recompute evaluates them all,
     each (entity, row time) as an entity of its own."""
     key_column = view.entity_key
     numbers = {row: n for n, row in enumerate(dict.fromkeys((key, row_time) for _, key, row_time in differing))}
-    positions, times = events.groupby(key_column, sort=False).indices, events[EVENT_TIME].to_numpy()
+    positions, times = events.groupby(key_column, sort=False).indices, events[view.time_field].to_numpy()
     parts = [(n, where[times[where] <= row_time]) for (key, row_time), n in numbers.items() if (where := positions.get(key)) is not None]
     if not parts:
         return {}
@@ -261,8 +265,8 @@ def _outcome(feature: str, want: object, online: object, offline: dict | None, a
         return "match" if offline is None else "missing"
     if offline is not None and same_feature_value(feature, want, online):
         return "match"
-    explaining = [row[EVENT_TIME] for row in as_of_row if same_feature_value(feature, row[feature], online)]
-    if offline is not None and any(time <= offline[EVENT_TIME] for time in explaining):
+    explaining = [row[LATEST_EVENT] for row in as_of_row if same_feature_value(feature, row[feature], online)]
+    if offline is not None and any(time <= offline[LATEST_EVENT] for time in explaining):
         return "lag"
     if explaining:
         return "ahead"

@@ -2,8 +2,9 @@
 
 * ``logged_examples``: the committed examples scored within a time range, with the offsets they came from.
 * ``backfill_examples``: for history from before any prediction was logged, examples built point in
-  time from the raw event log with the offline recompute: each labeled transaction with the features
-  its user had as of that transaction (the job's semantics), and its amount as the request field.
+  time from the raw event log with the offline recompute: each labeled scored event (the project's ``scored_event``:
+  a transaction, an order) with the features its entities had as of that event (the job's semantics), and its
+  request fields taken from the event's own fields as the project maps them.
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ from typing import Any
 import pandas as pd
 
 from feedback_loop.snapshots import BASE_COLUMNS
-from schemas.records import LabelEvent, TrainingExample
+from schemas.project import Project
+from schemas.records import TrainingExample
 from schemas.validation import ContractViolation, decode
 from streams.feature_plan import FeaturePlan
 from streams.recompute import accepted_events, recompute
 from streams.topics import read_topic
-
-#: The request field a backfilled example takes from its transaction (the demo model's ``request:amount``).
-REQUEST_FIELDS = {"request:amount": "amount"}
 
 
 def logged_examples(
@@ -49,40 +48,53 @@ def logged_examples(
     return examples, source | ({"model_name": model_name} if model_name is not None else {})
 
 
-def backfill_examples(plan: FeaturePlan, transactions, labels, inputs: Sequence[str]) -> pd.DataFrame:
-    """Examples (snapshot columns) for every labeled transaction in the event log, features recomputed point in time.
+def backfill_examples(plan: FeaturePlan, project: Project, events: Mapping[str, Sequence], labels: Sequence,
+                      inputs: Sequence[str]) -> pd.DataFrame:  # fmt: skip
+    """Examples (snapshot columns) for every labeled scored event in the event log, features recomputed point in time.
 
-    ``transactions`` and ``labels`` are the Kafka messages of the two topics; ``inputs`` the model inputs
-    (``view:feature`` or ``request:<field>``)."""
-    accepted, _ = accepted_events(plan, transactions)
+    ``events``: the Kafka messages of each topic the plan reads; ``labels``: those of the label topic; ``inputs``: the
+    model inputs (``view:feature`` or ``request:<field>``). A scored event is one of ``project.spec.scored_event``'s
+    topic; its id names it in the labels (``labels.joins_on``); each view's entity is taken from the scored event's
+    fields of the same names, its features as of the scored event's time."""
+    scored, plan_labels = project.spec.scored_event, project.labels
+    accepted = {topic: accepted_events(plan, topic, messages)[0] for topic, messages in events.items()}
+    time_field = plan.source(scored.topic).time_field
     outcomes = {}
     for message in labels:
         try:
-            label = decode(LabelEvent, message.value() or b"")
+            label = plan_labels.contract.decode(message.value() or b"", plan_labels.wire)
         except ContractViolation:
             continue
-        outcomes.setdefault(label.event_id, label)
-    events = accepted[accepted["event_id"].isin(outcomes.keys())]
-    if events.empty:
+        outcomes.setdefault(getattr(label, plan_labels.joins_on), label)
+    happened = accepted[scored.topic]
+    happened = happened[happened[scored.id].isin(outcomes.keys())]
+    if happened.empty:
         return pd.DataFrame(columns=[*BASE_COLUMNS, *inputs])
+    known = [outcomes[event_id] for event_id in happened[scored.id]]
+    source, label_time = plan_labels.source_field, plan_labels.time_field
     frame = pd.DataFrame({
-        "event_id": events["event_id"].to_numpy(), "request_id": events["event_id"].to_numpy(), "model_name": "backfill",
-        "model_version": "none", "score": float("nan"),
-        "label": [float(outcomes[e].is_fraud) for e in events["event_id"]],
-        "label_source": [outcomes[e].source for e in events["event_id"]],
-        "predicted_at_ms": events["event_time_ms"].to_numpy(), "label_time_ms": [outcomes[e].label_time_ms for e in events["event_id"]],
-        "defaulted": 0,
+        "event_id": happened[scored.id].to_numpy(), "request_id": happened[scored.id].to_numpy(), "model_name": "backfill",
+        "model_version": "none", "score": float("nan"), "label": [float(getattr(label, plan_labels.value)) for label in known],
+        "label_source": [None if source is None else str(getattr(label, source)) for label in known],
+        "predicted_at_ms": happened[time_field].to_numpy(),
+        "label_time_ms": [None if label_time is None else getattr(label, label_time) for label in known], "defaulted": 0,
     })  # fmt: skip
     for view in plan.views:
         wanted = [name for name in inputs if name.startswith(f"{view.name}:")]
         if not wanted:
             continue
-        at = pd.DataFrame({view.entity_key: events[view.entity_key].to_numpy(), "at_ms": events["event_time_ms"].to_numpy()})
-        features = recompute(view, accepted, at).drop_duplicates([view.entity_key, "at_ms"])
+        missing = [key for key in view.entity_keys if key not in happened.columns]
+        if missing:
+            raise ValueError(f"{view.name}'s entity ({', '.join(missing)}) is not among the fields of the scored events "
+                             f"({scored.topic}): its features cannot be backfilled as of each of them")  # fmt: skip
+        at = view.with_entity(pd.DataFrame({**{key: happened[key].to_numpy() for key in view.entity_keys},
+                                            "at_ms": happened[time_field].to_numpy()}))  # fmt: skip
+        features = recompute(view, accepted[view.topic], at).drop_duplicates([view.entity_key, "at_ms"])
         joined = at.merge(features, how="left", on=[view.entity_key, "at_ms"])
         for name in wanted:
             frame[name] = joined[name.split(":", 1)[1]].to_numpy()
     for name in inputs:
-        if name in REQUEST_FIELDS:
-            frame[name] = events[REQUEST_FIELDS[name]].to_numpy()
+        field = scored.request_fields.get(name.removeprefix("request:")) if name.startswith("request:") else None
+        if field is not None:
+            frame[name] = happened[field].to_numpy()
     return frame[[*BASE_COLUMNS, *inputs]]

@@ -1,8 +1,12 @@
 """The feedback joiner: predictions ⋈ late labels → labeled training examples, a PyFlink job.
 
     scoring.predictions (read_committed) ─► decode [Python] ──invalid──► events.dlq
-    events.labels ─────────────────────────► decode [Python] ──invalid──► events.dlq
+    the project's labels ──────────────────► decode by its contract [Python] ──invalid──► events.dlq
         ─► key by event id ─► FeedbackJoin [JVM keyed state, event time] ─► example [Python] ─► training.examples
+
+A label names the event it is about in the field the project declares (``labels.joins_on``), and a prediction by its
+request's ``event_id``; its outcome (``labels.value``) becomes the example's label as a number (a binary outcome 1.0
+or 0.0).
 
 The long-lived state (a prediction waiting days for its label, a label waiting for its prediction)
 lives in Flink keyed state, checkpointed with the sources' offsets; the examples are written in
@@ -18,6 +22,7 @@ time plus ``horizon_ms`` yields an example with ``label: null`` (``feedback_loop
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -30,7 +35,9 @@ from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import FunctionContext, ScalarFunction, udf
 
 from feedback_loop.joiner_settings import JoinerSettings
-from schemas.records import LabelEvent, PredictionRecord, TrainingExample
+from schemas.contracts import ContractViolation
+from schemas.project import LabelPlan
+from schemas.records import PredictionRecord, TrainingExample
 from streams.flink_job import STALL_AFTER_S, run_job
 from streams.flink_job import new_environment as flink_environment
 from streams.flink_submit import JobArchives, flink_run_command
@@ -42,25 +49,40 @@ OPERATOR_SOURCES = Path(__file__).with_name("jvm") / "src"
 _DECODED = DataTypes.ROW([DataTypes.FIELD(name, DataTypes.STRING()) for name in ("dead_letter", "event_id", "json")])
 
 class DecodeRecords(ScalarFunction):
-    """Validate a batch of one topic's records: (no dead letter, event id, the record's JSON), or a dead letter.
+    """Validate a batch of one topic's records: (no dead letter, event id, what the example takes of the record, as
+    JSON), or a dead letter. Predictions are decoded by their record type; with ``label`` the records are labels,
+    decoded by the label source's contract, and what an example takes of one is its outcome, time and source.
 
     A prediction without an event id cannot be joined with any label: it is dead-lettered as ``no_event_id``.
     """
 
-    def __init__(self, record_type: type, topic: str) -> None:
-        self.record_type, self.topic = record_type, topic
+    def __init__(self, topic: str, label: LabelPlan | None = None) -> None:
+        self.topic, self.label = topic, label
 
     def open(self, function_context: FunctionContext) -> None:
         self.invalid = function_context.get_metric_group().counter("invalid_records")
 
     def _decoded(self, key, value, partition, offset) -> tuple[str | None, str | None, str | None]:
-        record, letter = decode_or_dead_letter(self.record_type, JOB_NAME, self.topic, partition, offset, key, value)
+        if self.label is not None:
+            return self._label(key, value, partition, offset)
+        record, letter = decode_or_dead_letter(PredictionRecord, JOB_NAME, self.topic, partition, offset, key, value)
         if record is None:
             return letter, None, None
         if not record.event_id:
             return dead_letter(JOB_NAME, "no_event_id", "the prediction names no event to join", "event_id", self.topic,
                                partition, offset, key, value), None, None  # fmt: skip
         return None, record.event_id, record.model_dump_json()
+
+    def _label(self, key, value, partition, offset) -> tuple[str | None, str | None, str | None]:
+        plan = self.label
+        try:
+            record = plan.contract.decode(value or b"", plan.wire)
+        except ContractViolation as violation:
+            return dead_letter(JOB_NAME, "invalid", str(violation), violation.field, self.topic, partition, offset, key, value), None, None
+        outcome = getattr(record, plan.value)
+        taken = {"value": float(outcome), "time_ms": getattr(record, plan.time_field) if plan.time_field else None,
+                 "source": None if plan.source_field is None else str(getattr(record, plan.source_field))}  # fmt: skip
+        return None, getattr(record, plan.joins_on), json.dumps(taken)
 
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
         rows = [self._decoded(k, v, p, o) for k, v, p, o in zip(key, value, partition, offset, strict=True)]
@@ -76,16 +98,16 @@ class BuildExamples(ScalarFunction):
 
 
 def training_example(prediction_json: str, label_json: str | None) -> str:
-    """The example of one scored event: the exact features the scorer used, and its label when one came."""
+    """The example of one scored event: the exact features the scorer used, and its label when one came (what
+    ``DecodeRecords`` took of it: the outcome as a number, when it was known, its source)."""
     prediction = PredictionRecord.model_validate_json(prediction_json)
-    label = LabelEvent.model_validate_json(label_json) if label_json else None
+    label = json.loads(label_json) if label_json else {}
     example = TrainingExample(
         schema_version=TrainingExample.SCHEMA_VERSION, event_id=prediction.event_id, request_id=prediction.request_id,
         entity_keys=prediction.entity_keys, features=prediction.features, defaulted_features=prediction.defaulted_features,
         model_name=prediction.model_name, model_version=prediction.model_version, score=prediction.score,
-        label=None if label is None else label.is_fraud, label_source=None if label is None else label.source,
-        requested_at_ms=prediction.requested_at_ms, predicted_at_ms=prediction.scored_at_ms,
-        label_time_ms=None if label is None else label.label_time_ms, joined_at_ms=int(time.time() * 1000),
+        label=label.get("value"), label_source=label.get("source"), requested_at_ms=prediction.requested_at_ms,
+        predicted_at_ms=prediction.scored_at_ms, label_time_ms=label.get("time_ms"), joined_at_ms=int(time.time() * 1000),
     )  # fmt: skip
     return example.model_dump_json()
 
@@ -110,9 +132,9 @@ def build_job(env, settings: JoinerSettings) -> None:
         "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
     }))  # fmt: skip
     t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
-    for name, record_type, topic in (("decode_prediction", PredictionRecord, settings.predictions_topic),
-                                     ("decode_label", LabelEvent, settings.labels_topic)):  # fmt: skip
-        t_env.create_temporary_function(name, udf(DecodeRecords(record_type, topic), result_type=_DECODED, func_type="pandas"))
+    for name, records in (("decode_prediction", DecodeRecords(settings.predictions_topic)),
+                          ("decode_label", DecodeRecords(settings.labels_topic, settings.label_plan()))):  # fmt: skip
+        t_env.create_temporary_function(name, udf(records, result_type=_DECODED, func_type="pandas"))
     t_env.create_temporary_function("example", udf(BuildExamples(), result_type=DataTypes.STRING(), func_type="pandas"))
     decoded = t_env.sql_query(
         "SELECT 'p' AS kind, d.dead_letter, d.event_id, d.json, `ts` FROM "

@@ -1,11 +1,12 @@
-"""When to retrain: prod's quality on the outcomes that came back over a recent window fell below a threshold, or a
-skew or consistency alert is firing for it.
+"""When to retrain: prod's quality on the outcomes that came back over a recent window fell below a threshold (a
+binary label: its AUC below ``min_auc``, or its calibration error above ``max_calibration_error``; a numeric label:
+its RMSE above ``max_rmse``), or a skew or consistency alert is firing for it.
 
 ``decide`` is pure: it takes the labeled examples (``training.examples``), what the model registry says
 (prod's and any canary's version, when the trigger last fired) and the time, and says whether to
 fire and why. Only prod's own examples count (its model name and version), scored within the window
 and labeled; at least
-``min_labels`` of them, with both outcomes, before quality is judged at all. It stays quiet while a
+``min_labels`` of them (for a binary label, with both outcomes) before quality is judged at all. It stays quiet while a
 canary is out (the release decides first) and for ``cooldown_s`` after it fired, which covers the
 retraining it started: snapshot, training and evaluation take minutes.
 
@@ -13,9 +14,9 @@ Alerts are Prometheus' (the monitor's skew and consistency rules, ``infra/promet
 alert fires the trigger when it names prod's version, or no version at all (consistency is per feature). A firing
 says its causes (quality, alert or both); the caller acts on the strongest of their modes.
 
-Quality is measured by a function passed in (``offline_training.evaluation.classification_metrics``
-in Loopline: the same AUC and calibration error training reports), since this package sits below
-``offline_training`` and does not import it.
+Quality is measured by a function passed in (``offline_training.evaluation.Quality.metrics`` in Loopline: the same
+metrics training reports, by the label's kind), since this package sits below ``offline_training`` and does not import
+it.
 """
 
 from __future__ import annotations
@@ -29,19 +30,23 @@ import numpy as np
 
 from schemas.records import TrainingExample
 
-#: Scores and labels (1.0 fraud, 0.0 legitimate) → named metrics, at least ``auc`` and ``calibration_error``.
+#: Scores and labels → named metrics: at least ``auc`` and ``calibration_error`` for a binary label (1.0 and 0.0),
+#: ``rmse`` for a numeric one.
 QualityFunction = Callable[[np.ndarray, np.ndarray], Mapping[str, float]]
 
 
 @dataclass(frozen=True)
 class TriggerPolicy:
-    """The thresholds prod's labeled quality is held to; ``max_calibration_error`` None: calibration is not judged."""
+    """The thresholds prod's labeled quality is held to, by the label's kind; ``max_calibration_error`` and
+    ``max_rmse`` None: not judged."""
 
     window_s: float = 86_400.0
     min_auc: float = 0.75
     min_labels: int = 200
     cooldown_s: float = 21_600.0
     max_calibration_error: float | None = None
+    max_rmse: float | None = None
+    label_kind: Literal["binary", "numeric"] = "binary"
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,11 @@ def _judge_quality(
     if len(labels) < policy.min_labels:
         return TriggerDecision(False, f"{where}: quality is judged from {policy.min_labels:,}", len(labels))
     measured = dict(quality(scores, labels))
+    if policy.label_kind == "numeric":
+        rmse = measured["rmse"]
+        if policy.max_rmse is not None and rmse > policy.max_rmse:
+            return TriggerDecision(True, f"{where}: RMSE {rmse:.4g} above {policy.max_rmse:g}", len(labels), measured)
+        return TriggerDecision(False, f"{where}: RMSE {rmse:.4g}: within the policy", len(labels), measured)
     auc = measured["auc"]
     if math.isnan(auc):
         return TriggerDecision(False, f"{where}: one outcome only, no AUC yet", len(labels), measured)

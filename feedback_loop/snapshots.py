@@ -3,13 +3,13 @@
 A snapshot is a folder ``<root>/<snapshot id>/`` (a local path or any fsspec URL, e.g. ``s3://``):
 
 * ``data/date=YYYY-MM-DD/part-0.parquet``: one row per example, partitioned by the UTC day it was
-  scored: ``event_id``, ``request_id``, ``model_name``, ``model_version``, ``score``, ``label`` (1.0, 0.0
-  or empty for unlabeled), ``label_source``, ``predicted_at_ms``, ``label_time_ms``, ``defaulted`` (how
+  scored: ``event_id``, ``request_id``, ``model_name``, ``model_version``, ``score``, ``label`` (a binary label
+  1.0 or 0.0, a numeric one its value, empty for unlabeled), ``label_source``, ``predicted_at_ms``, ``label_time_ms``, ``defaulted`` (how
   many inputs fell back to defaults), then one column per model input, named as the model names it
   (``view:feature``, ``request:<field>``): the exact values the scorer used.
 * ``manifest.json``: the snapshot id (a SHA-256 of the content, so the same examples always make the
-  same id and different ones another), row count, time range, schema version, feature list, label
-  balance, model versions, where the examples came from (topic offsets, or a backfill), and reference
+  same id and different ones another), row count, time range, schema version, feature list, the label's kind
+  (binary or numeric) and balance, model versions, where the examples came from (topic offsets, or a backfill), and reference
   statistics per feature (for the skew monitor: fixed bins, computed once here).
 
 The manifest is written last: a folder without one is an unfinished write, never a snapshot.
@@ -58,6 +58,8 @@ class Manifest:
     model_versions: dict[str, int]
     source: dict[str, Any]
     reference: dict[str, FeatureReference]
+    #: binary (labels 1.0 and 0.0) or numeric; snapshots from before labels had kinds are binary.
+    label_kind: str = "binary"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2, sort_keys=True)
@@ -113,9 +115,10 @@ def content_id(frame: pd.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
-def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[str, Any],
-                   time_range: dict[str, int | None]) -> Manifest:  # fmt: skip
-    """Write ``frame`` (``examples_frame`` columns) as an immutable snapshot under ``root``; its manifest.
+def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[str, Any], time_range: dict[str, int | None],
+                   label_kind: str = "binary") -> Manifest:  # fmt: skip
+    """Write ``frame`` (``examples_frame`` columns) as an immutable snapshot under ``root``, its labels of
+    ``label_kind`` (binary or numeric); its manifest.
 
     The same content always makes the same snapshot id; writing it again changes nothing."""
     if frame.empty:
@@ -138,13 +141,21 @@ def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[st
         rows=len(frame),
         time_range={**time_range, "first_ms": int(frame["predicted_at_ms"].min()), "last_ms": int(frame["predicted_at_ms"].max())},
         features=inputs,
-        label_balance={"positive": int((labels == 1).sum()), "negative": int((labels == 0).sum()), "unlabeled": int(labels.isna().sum())},
+        label_balance=_label_balance(labels, label_kind), label_kind=label_kind,
         model_versions={str(v): int(n) for v, n in frame["model_version"].value_counts().sort_index().items()},
         source=source, reference=reference_statistics(frame, inputs),
     )  # fmt: skip
     with fs.open(f"{folder}/{MANIFEST}", "w") as handle:  # last: its presence marks a finished snapshot
         handle.write(manifest.to_json())
     return manifest
+
+
+def _label_balance(labels: pd.Series, label_kind: str) -> dict[str, int]:
+    """How many labels are positive and negative (binary), or labeled (numeric), and how many rows have none."""
+    unlabeled = int(labels.isna().sum())
+    if label_kind == "binary":
+        return {"positive": int((labels == 1).sum()), "negative": int((labels == 0).sum()), "unlabeled": unlabeled}
+    return {"labeled": len(labels) - unlabeled, "unlabeled": unlabeled}
 
 
 def list_snapshots(root: str) -> list[Manifest]:

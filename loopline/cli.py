@@ -1,4 +1,5 @@
-"""The ``loopline`` command: the local stack, topics, schemas, the synthetic producer and the demo."""
+"""The ``loopline`` command: projects, the local stack, topics, contracts, the synthetic world, jobs, serving, the
+feedback loop and the demo."""
 
 from __future__ import annotations
 
@@ -48,7 +49,9 @@ from offline_training.launch import TrainingError
 from offline_training.release import ModelRelease, ReleaseError
 from offline_training.rendezvous import NodeGroupError
 from offline_training.trainjob import TrainJobTemplateError
-from schemas.compatibility import CompatibilityError, check_registered_schemas, register_schemas
+from schemas.compatibility import CompatibilityError, check_registered_schemas
+from schemas.contracts import ContractError
+from schemas.project import ProjectError
 from streams.feature_plan import PlanError
 from streams.job_archives import JobArchiveError
 from streams.job_settings import JobStateError
@@ -81,8 +84,35 @@ console = Console()
 USER_ERRORS = (
     StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
     ReleaseError, SnapshotError, TrainingError, NodeGroupError, UnknownSettingError, JobArchiveError, ValidationError,
-    urllib.error.URLError, RedisClusterException, KubernetesError, TrainJobTemplateError,
+    urllib.error.URLError, RedisClusterException, KubernetesError, TrainJobTemplateError, ProjectError, ContractError,
 )  # fmt: skip
+
+
+@app.callback()
+def main_options(
+    project: Annotated[Path | None, typer.Option("--project", help="The Loopline project to act on (a folder with "
+                                                 "loopline_project.yaml); default: the working directory's, or the nearest "
+                                                 "folder above it.", envvar="LOOPLINE_PROJECT")] = None,
+) -> None:
+    """Loopline: streaming-first real-time features and inference, for the project in the working directory."""
+    if project is not None:
+        # Every command's settings, and every Loopline process a command starts, act on it.
+        os.environ["LOOPLINE_PROJECT"] = str(project.absolute())
+
+
+@app.command("init")
+def init(
+    directory: Annotated[Path, typer.Argument(help="The new project's folder (new, or empty).")],
+    template: Annotated[str, typer.Option(help="The template to start from: fraud, delivery.")] = "fraud",
+) -> None:
+    """Make a Loopline project from a template, as `feast init` does: a Feast repo, contracts, labels, model, a synthetic
+    world. Every command run in the folder acts on it."""
+    from loopline.project import init_project
+    from schemas.project import load_project
+
+    made = load_project(init_project(directory, template))
+    console.print(f"made {made.name} project in {made.path} from the {template} template; next: `cd {directory}` and "
+                  "`loopline stack up`, `loopline apply`, `loopline stream submit` (docs/guide.md walks through the rest)")
 
 
 def settings(**overrides: Any) -> Settings:
@@ -309,7 +339,7 @@ def stream_submit(
     from streams.feature_job import run_embedded
 
     plan = feature_plan(config)
-    console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {plan.topic}")
+    console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {', '.join(plan.topics)}")
     job = dataclasses.replace(job_settings(config), start_from_ms=_epoch_ms(from_time), parallelism=parallelism or config.stream.parallelism)
     run_embedded(plan, job, restore=restore)
 
@@ -361,33 +391,41 @@ def _stop_feature_job(jobmanager: str, job_id: str | None, savepoint: bool) -> N
 
 @topics_app.command("apply")
 def topics_apply() -> None:
-    """Create or update every topic from its spec (idempotent)."""
+    """Create or update the project's topics and Loopline's own from their specs (idempotent)."""
     console.print(topics_table(apply_loopline_topics(settings())))
 
 
 @schemas_app.command("check")
 def schemas_check() -> None:
-    """Fail if a record contract changed in a way that breaks existing readers."""
-    for name, outcome in check_registered_schemas().items():
+    """Fail if an event contract of the project, or a record of Loopline's own, changed in a way that breaks existing
+    readers or events already written."""
+    from loopline.components import project
+    from schemas.compatibility import check_project_contracts
+
+    for name, outcome in {**check_project_contracts(project(settings())), **check_registered_schemas()}.items():
         console.print(f"{name}: {outcome}")
 
 
 @schemas_app.command("register")
 def schemas_register() -> None:
-    """Record the current contracts as registered (refused if a change is breaking)."""
-    for path in register_schemas():
+    """Record the project's current contracts as registered (under contracts/registered/), refused if a change is
+    breaking."""
+    from loopline.components import project
+    from schemas.compatibility import register_project_contracts
+
+    for path in register_project_contracts(project(settings())):
         console.print(f"registered {path}")
 
 
 @app.command("produce")
 def produce(
-    rate: Annotated[float, typer.Option(help="Transactions per second (average; bursts go above).")] = 1000.0,
+    rate: Annotated[float, typer.Option(help="Events per second (average; a world's bursts may go above).")] = 1000.0,
     duration: Annotated[float, typer.Option(help="Seconds of stream time to publish.")] = 10.0,
     seed: Annotated[int, typer.Option(help="Same seed and start: the same events.")] = 7,
     start: Annotated[str, typer.Option(help="Stream start time, ISO-8601 or 'now'.")] = "now",
     malformed_rate: Annotated[float | None, typer.Option(help="Share of deliberately broken records.")] = None,
 ) -> None:
-    """Publish a realistic synthetic transaction stream (with fraud, late events and labels)."""
+    """Publish the project's synthetic world (its events, late and out of order ones among them, and labels)."""
     stats = produce_stream(settings(), rate, duration, seed, start, console, malformed_rate)
     console.print(json.dumps({"delivered": dict(stats.delivered), "seconds": round(stats.seconds, 2)}))
 
@@ -523,7 +561,7 @@ def release(
             console.print("no canary is out")
             return
         decision, canary_stats, prod_stats = outcome
-        console.print(release_step_line(decision, canary_stats, prod_stats), highlight=False)
+        console.print(release_step_line(decision, canary_stats, prod_stats, controller.policy.quality), highlight=False)
         if once or decision.action != "wait":
             return
         time.sleep(config.release.poll_s)
@@ -799,13 +837,21 @@ def plan_gpu(
 def demo(
     seconds: Annotated[float, typer.Option(help="Rough total run time (the demo goes on, bounded, until the loop closes).",
                                            envvar="DEMO_SECONDS")] = 300.0,
-    rate: Annotated[float, typer.Option(help="Transactions per second, each one scored (the feature job alone keeps up with ~3,000).")] = 100.0,
+    rate: Annotated[float, typer.Option(help="Events per second of the world, each scored event scored (the feature job "
+                                        "alone keeps up with thousands).")] = 100.0,
+    template: Annotated[str | None, typer.Option(help="Run this template's world (fraud, delivery) in a project of its own under "
+                                                 "the home; default: the project here, else fraud.")] = None,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up. Exit code 1 when a promise
     was not kept (a step of the loop failed, or the alerts do not match the injected skew)."""
+    from loopline.project import instance_of_template
     from loopline.scenarios.demo import run_demo
+    from schemas.project import find_project
 
-    failures = run_demo(settings(), seconds=seconds, rate=rate, console=console)
+    config = settings()
+    if template is not None or (config.project is None and find_project(Path.cwd()) is None):
+        config = settings(project=instance_of_template(config.home, template or "fraud"))
+    failures = run_demo(config, seconds=seconds, rate=rate, console=console)
     if failures:
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] the demo did not keep {len(failures)} promise(s): "
                                                    + "; ".join(failures), highlight=False)  # fmt: skip

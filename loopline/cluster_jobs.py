@@ -76,8 +76,7 @@ def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int
 
         # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
         job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism)
-        return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, settings.stream.source_topic,
-                              job_archives(settings), restore_from)  # fmt: skip
+        return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
 
     return _submission(settings, FEATURE_JOB, settings.checkpoint_dir, "loopline stream submit", jobmanager,
                        parallelism or settings.stream.parallelism, from_savepoint, restore, image, shipped)  # fmt: skip

@@ -7,7 +7,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from feedback_loop.joiner_settings import JoinerSettings
+from feedback_loop.joiner_settings import JoinerSettings, plain_label
 from infra.flink import FlinkRuntime
 from infra.jaeger import JaegerServer, jaeger_binary
 from infra.jars import flink_connector_jar, operator_libraries
@@ -17,6 +17,7 @@ from infra.redis import RedisServer
 from infra.redis_cluster import RedisCluster
 from infra.service import free_port_block, free_ports
 from infra.stack import LocalStack
+from loopline.project import loaded_project
 from loopline.settings import (
     FeatureStoreSettings,
     FeedbackSettings,
@@ -28,12 +29,13 @@ from loopline.settings import (
     Settings,
     StreamSettings,
 )
+from schemas.project import Project
 from schemas.topics import TOPICS
 from streams.feature_plan import FeaturePlan, registered_plan
 from streams.job_settings import JobSettings
 from streams.operators_jar import operators_jar
-from streams.synthetic import SyntheticConfig
 from streams.topics import TopicChange, apply_topics
+from streams.world import WorldConfig
 
 if TYPE_CHECKING:
     from infra.flink_session import FlinkSessionCluster
@@ -43,14 +45,15 @@ if TYPE_CHECKING:
     from streams.flink_submit import FlinkImage, JobArchives
 
 
-def private_stack_settings(home: Path, jars_dir: Path, kafka_brokers: int = 1) -> Settings:
+def private_stack_settings(home: Path, jars_dir: Path, project_path: Path | None = None, kafka_brokers: int = 1) -> Settings:
     """Settings for a stack of its own under ``home``, Kafka (``kafka_brokers`` nodes, topics replicated on up to three
-    of them), Redis, Prometheus and metrics on free ports (tests, benchmarks)."""
+    of them), Redis, Prometheus and metrics on free ports, for the project at ``project_path`` (tests, benchmarks)."""
     redis, prometheus, monitor, stream, feedback, otlp, query, query_grpc, health = free_ports(9)
     # Node i listens on port + 2i and its controller on controller_port + 2i: one block of free ports for all.
     kafka = free_port_block(2 * kafka_brokers)
     replicas = min(kafka_brokers, 3)
     return Settings(
+        project=project_path,
         home=home,
         jars_dir=jars_dir,
         kafka=KafkaSettings(port=kafka, controller_port=kafka + 1, brokers=kafka_brokers, replication_factor=replicas,
@@ -107,10 +110,17 @@ def redis_service(redis: RedisSettings, data: Path, run: Path, logs: Path) -> Re
                         run, logs, redis.cluster_node_timeout_ms, redis.start_timeout_s)  # fmt: skip
 
 
+def project(settings: Settings) -> Project:
+    """The project the settings name or the working directory holds (``loopline/project.py``)."""
+    return loaded_project(settings.project_path)
+
+
 def apply_loopline_topics(settings: Settings) -> list[TopicChange]:
-    """Loopline's topics (``schemas/topics.py``) applied to the settings' Kafka, replicated as the settings say."""
+    """The project's event topics and Loopline's own (``schemas/topics.py``) applied to the settings' Kafka, replicated
+    as the settings say."""
     kafka = settings.kafka
-    return apply_topics(kafka.bootstrap, TOPICS, kafka.client_config, kafka.replication_factor, kafka.min_insync_replicas)
+    topics = (*project(settings).topics, *TOPICS)
+    return apply_topics(kafka.bootstrap, topics, kafka.client_config, kafka.replication_factor, kafka.min_insync_replicas)
 
 
 def scrape_targets(settings: Settings) -> dict[str, list[str]]:
@@ -124,23 +134,33 @@ def scrape_targets(settings: Settings) -> dict[str, list[str]]:
     return targets
 
 
-def synthetic_config(settings: Settings, rate_per_s: float, malformed_rate: float | None = None) -> SyntheticConfig:
-    """The synthetic stream's knobs from settings, at ``rate_per_s``."""
+def world_config(settings: Settings, rate_per_s: float, malformed_rate: float | None = None) -> WorldConfig:
+    """The synthetic world's knobs from settings, at ``rate_per_s``."""
     producer = settings.producer
-    return SyntheticConfig(
-        users=producer.users,
-        merchants=producer.merchants,
+    return WorldConfig(
         rate_per_s=rate_per_s,
         out_of_order_rate=producer.out_of_order_rate,
         max_out_of_order_s=producer.max_out_of_order_s,
         late_rate=producer.late_rate,
         malformed_rate=producer.malformed_rate if malformed_rate is None else malformed_rate,
+        knobs=dict(producer.knobs),
     )
 
 
+def world(settings: Settings, rate_per_s: float, seed: int, start_ms: int, malformed_rate: float | None = None, **config):
+    """The project's synthetic world (``streams/world.py``) at ``rate_per_s`` from ``start_ms``; ``config`` replaces
+    knobs of its ``WorldConfig`` (``label_delay_s``, ...)."""
+    import dataclasses
+
+    from loopline.project import world_class
+
+    declared = project(settings)
+    return world_class(declared)(declared, dataclasses.replace(world_config(settings, rate_per_s, malformed_rate), **config), seed, start_ms)
+
+
 def feature_plan(settings: Settings) -> FeaturePlan:
-    """The streaming plan compiled from the stream feature views in the settings' Feast registry."""
-    return registered_plan(settings.feast_registry_path, settings.redis_connection, settings.repo_path, settings.stream.source_topic)
+    """The streaming plan compiled from the stream feature views in the project's Feast registry."""
+    return registered_plan(project(settings), settings.feast_registry_path, settings.redis_connection, settings.stream.source_topics)
 
 
 def feature_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
@@ -194,10 +214,12 @@ def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSett
         connector_jar=_connector_jar(settings, image),
         operators_jar=feature_operators_jar(settings, image and image.lib),
         checkpoint_dir=settings.checkpoint_dir,
+        project_path=settings.project_path,
+        repo_path=settings.repo_path,
+        source_topics=dict(stream.source_topics),
         feast_registry_path=settings.feast_registry_path,
         redis_connection=settings.redis_connection,
         redis_cluster=settings.redis_cluster,
-        repo_path=settings.repo_path,
         kafka_properties=dict(settings.kafka.client_config),
         offline_dir=stream.offline_dir.absolute() if stream.offline_dir else None,
         group_id=stream.group_id,
@@ -217,7 +239,7 @@ def joiner_settings(settings: Settings, image: FlinkImage | None = None) -> Join
     feedback = settings.feedback
     return JoinerSettings(
         predictions_topic=feedback.predictions_topic,
-        labels_topic=feedback.labels_topic,
+        label=plain_label(project(settings).labels, feedback.labels_topic),
         examples_topic=feedback.examples_topic,
         dead_letter_topic=feedback.dead_letter_topic,
         bootstrap_servers=settings.kafka.bootstrap,
@@ -240,7 +262,7 @@ def release_controller(settings: Settings) -> ReleaseController:
     from offline_training.release_controller import ReleaseController
 
     release, kafka, serving = settings.release, settings.kafka, settings.serving
-    policy = release.policy()
+    policy = release.policy(project(settings).labels.kind)
     urls = release.metrics_urls or [f"http://{serving.host}:{serving.http_port}/metrics"]
     topic = settings.feedback.examples_topic
 

@@ -40,7 +40,7 @@ def job_arguments(job: str, parallelism: int, image: FlinkImage | None = None) -
     # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
     if job == FEATURE_JOB:
         features = dataclasses.replace(job_settings(settings, image), metrics_port=None, parallelism=parallelism)
-        return "streams.feature_job", [features.to_json(), settings.stream.source_topic or ""]
+        return "streams.feature_job", [features.to_json()]
     if job == JOINER:
         joiner = dataclasses.replace(joiner_settings(settings, image), metrics_port=None, parallelism=parallelism)
         return "feedback_loop.joiner_job", [joiner.to_json()]

@@ -14,11 +14,8 @@ from pathlib import Path
 from infra.service import wait_until
 from loopline.settings import Settings, settings_environment
 from offline_training.launch import lower_priority
-from schemas.topics import TRANSACTIONS
+from streams.feature_plan import FeaturePlan
 from streams.producer import EventProducer
-from streams.synthetic import SyntheticConfig, SyntheticStream
-
-_USER_VIEW = "user_transaction_features"
 
 
 def start_loopline(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
@@ -75,16 +72,19 @@ def stop_process_group(process: subprocess.Popen, sig: int = signal.SIGTERM, tim
     process.wait(timeout_s)
 
 
-def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, timeout_s: float) -> None:
-    """Publish one probe transaction and wait until its row is readable online (the job has started)."""
-    stream = SyntheticStream(SyntheticConfig(users=1), seed=1, start_ms=int(time.time() * 1000))
-    probe = next(e for e in stream if e.record is not None and e.topic == TRANSACTIONS.name)
+def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, plan: FeaturePlan, timeout_s: float) -> None:
+    """Publish one probe event of the project's world and wait until a row of it is readable online (the job has
+    started)."""
+    from loopline.components import world
+
+    view = plan.views[0]
+    probe = next(e for e in world(settings, 1.0, seed=1, start_ms=int(time.time() * 1000)) if e.record is not None and e.topic == view.topic)
     EventProducer(settings.kafka.bootstrap, client_config=settings.kafka.client_config).publish([probe])
+    keys = {key: getattr(probe.record, key) for key in view.entity_keys}
+    event_time_us = getattr(probe.record, view.time_field) * 1000
 
     def probe_visible_or_job_gone() -> bool:
-        return job.poll() is not None or (reader.row_timestamps_us(_USER_VIEW, [probe.key])[0] or 0) >= (
-            probe.record.event_time_ms * 1000
-        )
+        return job.poll() is not None or (reader.row_timestamps_us(view.name, [keys])[0] or 0) >= event_time_us
 
     if not wait_until(probe_visible_or_job_gone, timeout_s, interval_s=0.2) or job.poll() is not None:
         raise RuntimeError(f"the feature job did not start within {timeout_s:.0f} s; see its log")

@@ -80,15 +80,15 @@ def consistency_replay(settings: Settings, plan: FeaturePlan) -> Callable[[list[
     the log read would be unbounded. One incremental reader serves every call: each reads only what was published
     since the one before. The monitor calls it from one timer, which awaits each replay before the next."""
     kafka = settings.kafka
-    log = EventLogWindow(plan, kafka.bootstrap, kafka.client_config)
+    logs = {topic: EventLogWindow(plan, topic, kafka.bootstrap, kafka.client_config) for topic in plan.topics}
     windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
 
     def replay(batch: list[PredictionRecord]) -> Mapping[str, FeatureConsistency]:
         since = events_needed_since(plan, batch, windowed)
         if since is None:
             return {}
-        accepted, _ = log.events(since)
-        return check_consistency(plan, accepted, batch, features=windowed) if len(accepted) else {}
+        accepted = {topic: log.events(since)[0] for topic, log in logs.items()}
+        return check_consistency(plan, accepted, batch, features=windowed) if any(len(e) for e in accepted.values()) else {}
 
     return replay
 

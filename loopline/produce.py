@@ -1,4 +1,4 @@
-"""Publishing the synthetic stream from the command line, with a progress bar."""
+"""Publishing the project's synthetic world from the command line, with a progress bar."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from datetime import UTC, datetime
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from loopline.components import synthetic_config
+from loopline.components import world
 from loopline.settings import Settings
 from streams.producer import EventProducer, PublishStats
-from streams.synthetic import SyntheticStream
 
 
 def _parse_start(start: str) -> int:
@@ -30,8 +29,8 @@ def produce_stream(
     console: Console,
     malformed_rate: float | None = None,
 ) -> PublishStats:
-    """Publish the synthetic stream for ``duration`` seconds at ``rate``, with a progress bar."""
-    stream = SyntheticStream(synthetic_config(config, rate, malformed_rate), seed, _parse_start(start))
+    """Publish the project's world for ``duration`` seconds at ``rate``, with a progress bar."""
+    stream = world(config, rate, seed, _parse_start(start), malformed_rate)
     producer = EventProducer(config.kafka.bootstrap, client_config=config.kafka.client_config)
     with Progress(
         TextColumn("producing"),
@@ -41,7 +40,7 @@ def produce_stream(
         console=console,
         transient=False,
     ) as progress:
-        # The stream's rate is an average over bursts, so the total is an estimate until the end.
+        # A world's rate may be an average over its bursts, so the total is an estimate until the end.
         task = progress.add_task("produce", total=int(rate * duration))
         stats = producer.publish(
             stream,

@@ -17,22 +17,16 @@ from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.retrain_trigger import FiringAlert, TriggerDecision, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from infra.errors import StackError
-from loopline.components import feature_plan, model_registry_reader, model_release
+from loopline.components import feature_plan, model_registry_reader, model_release, project
 from loopline.settings import Settings
-from schemas.topics import LABELS, TRANSACTIONS
 from streams.topics import read_topic
 
 if TYPE_CHECKING:
     from offline_training.candidate import CandidateReport, ProdModel
     from offline_training.kubernetes_api import Created, KubernetesApi
 
-#: The model's inputs when a snapshot is backfilled (no logged prediction names them): the demo model's.
-BACKFILL_INPUTS = (
-    "user_transaction_features:txn_count_5m", "user_transaction_features:txn_count_1h", "user_transaction_features:amount_sum_1h",
-    "user_transaction_features:amount_max_24h", "user_transaction_features:distinct_merchants_1h",
-    "user_transaction_features:distinct_countries_24h", "user_transaction_features:secs_since_prev_txn", "request:amount",
-)  # fmt: skip
-DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "offline_training" / "configs" / "fraud_mlp.yaml"
+#: The training config a project's model trains with unless the project or the settings name one.
+DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "offline_training" / "configs" / "mlp.yaml"
 #: Who the retrain trigger is in the alias history.
 TRIGGER_ACTOR = "retrain-trigger"
 #: The registered model's tag holding when the trigger last fired (epoch ms): the cooldown survives a restarted watcher,
@@ -47,24 +41,26 @@ def create_snapshot(
     settings: Settings, from_ms: int | None, to_ms: int | None, backfill: bool = False, model_name: str | None = None
 ) -> Manifest:
     """Snapshot the examples scored in ``[from_ms, to_ms)``: the joiner's (``training.examples``; only ``model_name``'s
-    when given), or with ``backfill`` examples recomputed point in time from the event log for every labeled
-    transaction."""
-    kafka = settings.kafka
+    when given), or with ``backfill`` examples recomputed point in time from the event log for every labeled scored
+    event, with the project's model inputs."""
+    kafka, declared = settings.kafka, project(settings)
     if backfill:
-        transactions = read_topic(kafka.bootstrap, TRANSACTIONS.name, kafka.client_config)
-        labels = read_topic(kafka.bootstrap, LABELS.name, kafka.client_config)
-        frame = backfill_examples(feature_plan(settings), transactions, labels, BACKFILL_INPUTS)
+        plan = feature_plan(settings)
+        events = {topic: read_topic(kafka.bootstrap, topic, kafka.client_config) for topic in plan.topics}
+        labels = read_topic(kafka.bootstrap, declared.labels.topic, kafka.client_config)
+        frame = backfill_examples(plan, declared, events, labels, declared.spec.model.inputs)
         if from_ms is not None:
             frame = frame[frame["predicted_at_ms"] >= from_ms]
         if to_ms is not None:
             frame = frame[frame["predicted_at_ms"] < to_ms]
-        source = {"backfill": {"transactions": TRANSACTIONS.name, "labels": LABELS.name, "events": len(transactions)}}
+        source = {"backfill": {"topics": sorted(events), "labels": declared.labels.topic,
+                               "events": sum(len(messages) for messages in events.values())}}  # fmt: skip
     else:
         examples, source = logged_examples(kafka.bootstrap, settings.feedback.examples_topic, from_ms, to_ms, kafka.client_config,
                                            model_name)  # fmt: skip
         frame = examples_frame(examples)
     return write_snapshot(frame, settings.snapshots_root, kind="backfill" if backfill else "feedback", source=source,
-                          time_range={"from_ms": from_ms, "to_ms": to_ms})  # fmt: skip
+                          time_range={"from_ms": from_ms, "to_ms": to_ms}, label_kind=declared.labels.kind)  # fmt: skip
 
 
 def train_on_snapshot(
@@ -149,8 +145,8 @@ def evaluate_run(
     release = model_release(settings)
     report = evaluate_and_register(
         run_dir, folder, config.holdout_fraction, release, name, prod, owner=owner or options.owner,
-        threshold=options.threshold, max_auc_drop=options.max_auc_drop, quantize=options.quantize if quantize is None else quantize,
-        max_quantized_auc_change=options.max_quantized_auc_change,
+        threshold=options.threshold, max_auc_drop=options.max_auc_drop, max_rmse_increase=options.max_rmse_increase,
+        quantize=options.quantize if quantize is None else quantize, max_quantized_change=options.max_quantized_change,
     )  # fmt: skip
     started = None
     if canary_percent and report.version is not None and prod is not None:
@@ -193,12 +189,13 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
     aliases and when the trigger last fired. Prometheus not answering is said in the reason; quality is still judged."""
     from mlflow.exceptions import MlflowException
 
-    from offline_training.evaluation import classification_metrics
+    from offline_training.evaluation import Quality
     from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
 
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     options, kafka = settings.retrain, settings.kafka
-    policy = options.trigger_policy()
+    kind = project(settings).labels.kind
+    policy = dataclasses.replace(options.trigger_policy(), label_kind=kind)
     try:
         model = model_release(settings).client.get_registered_model(settings.serving.model_name)
     except MlflowException as err:
@@ -221,7 +218,7 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
             unread = f"; alerts not read: {err}"
     decision = decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
                       canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
-                      quality=None if options.mode == "off" else lambda scores, labels: classification_metrics(scores, labels, options.threshold),
+                      quality=None if options.mode == "off" else lambda scores, labels: Quality(kind).metrics(scores, labels, options.threshold),
                       alerts=firing)  # fmt: skip
     return dataclasses.replace(decision, reason=decision.reason + unread)
 

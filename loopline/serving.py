@@ -28,6 +28,7 @@ from online.result_cache import ResultCache
 from online.scorer import Scorer
 from online.tracing import RequestTracer
 from online.vllm_runtime import VllmModel
+from schemas.model_contract import ModelInput
 from schemas.model_registry import PROD_ALIAS
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def llm_model(settings: Settings) -> VllmModel:
     """The LLM the settings name, as a client of its vLLM server."""
     llm, serving = settings.serving.llm, settings.serving
     return VllmModel(
-        llm.base_url, llm.served_model, serving.model_name, serving.model_version, llm.inputs, llm.prompt,
+        llm.base_url, llm.served_model, serving.model_name, serving.model_version, [ModelInput(name) for name in llm.inputs], llm.prompt,
         answers=tuple(llm.answers), max_concurrency=llm.max_concurrency, max_queue_size=serving.max_queue_size,
         timeout_s=llm.timeout_ms / 1000,
     )  # fmt: skip

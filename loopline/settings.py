@@ -182,20 +182,19 @@ class DashboardSettings(BaseModel):
 
 
 class ProducerSettings(BaseModel):
-    """Defaults of the synthetic transaction producer."""
+    """Defaults of the project's synthetic world (``streams/world.py``) as `loopline produce` and the demo publish it."""
 
-    users: int = Field(default=5_000, ge=1)
-    merchants: int = Field(default=500, ge=1)
     out_of_order_rate: float = Field(default=0.05, ge=0, le=1)
     max_out_of_order_s: float = Field(default=5.0, ge=0)
     late_rate: float = Field(default=0.005, ge=0, le=1)
     malformed_rate: float = Field(default=0.0, ge=0, le=1)
+    knobs: dict[str, Any] = Field(default_factory=dict, description="The world's own knobs (the fraud world's users and "
+                                  "merchants, the delivery world's restaurants and couriers).")
 
 
 class FeatureStoreSettings(BaseModel):
-    """The Feast repository and its Feast registry."""
+    """The project's Feast registry."""
 
-    repo_path: Path | None = Field(default=None, description="A Feast repo of your own; default: feature_store/repo.")
     feast_registry_path: Path | None = Field(
         default=None, description="Default: the Feast registry the repo's feature_store.yaml names, which `feast` in the repo uses too."
     )
@@ -218,7 +217,8 @@ class StreamSettings(BaseModel):
     """The streaming feature job (its defaults are the job's own, ``streams/job_settings.py``)."""
 
     group_id: str = JobSettings.group_id
-    source_topic: str | None = Field(default=None, description="Read this topic instead of the Feast source's.")
+    source_topics: dict[str, str] = Field(default_factory=dict, description="Read these topics instead of the ones the "
+                                          "project declares (declared -> read): a replay's, a test's.")
     dead_letter_topic: str = JobSettings.dead_letter_topic
     checkpoint_interval_ms: int = Field(default=JobSettings.checkpoint_interval_ms, ge=100)
     flush_interval_ms: int = Field(
@@ -273,12 +273,14 @@ class ServingSettings(BaseModel):
     host: str = Field(default="127.0.0.1", description="Where the HTTP and gRPC doors listen.")
     http_port: int = Field(default=8080, ge=1, le=65535)
     grpc_port: int = Field(default=50051, ge=1, le=65535)
-    model_name: str = Field(default="fraud", description="The registered model to serve (its prod and canary aliases).")
+    model_name: str = Field(default="model", description="The registered model to serve (its prod and canary aliases); "
+                            "default: the project's model.")
     model_path: Path | None = Field(default=None, description="Serve this ONNX file instead of the model registry's versions.")
     model_version: str = Field(default="file", description="The version a model_path file is reported as.")
     model_registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the model registry's aliases.")
     llm: LlmSettings | None = Field(default=None, description="Serve this LLM (vLLM) instead of ONNX models.")
-    feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
+    feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults (default: the "
+                                     "project's serving budget).")
     max_batch_size: int = Field(default=64, ge=1, description="Requests per model call (the dynamic batcher).")
     feature_batch_size: int = Field(default=64, ge=1, description="Entities per pipelined Redis read of concurrent requests.")
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
@@ -326,7 +328,8 @@ class FeedbackSettings(BaseModel):
     """The feedback loop: the joiner (predictions ⋈ labels; its topics' defaults are its own,
     ``feedback_loop/joiner_settings.py``), snapshots, training."""
 
-    horizon_s: float = Field(default=7 * 86_400, gt=0, description="How long a prediction waits for its label; then unlabeled.")
+    horizon_s: float = Field(default=7 * 86_400, gt=0, description="How long a prediction waits for its label; then unlabeled "
+                             "(default: the project's labels.horizon).")
     group_id: str = "loopline-feedback"
     out_of_orderness_ms: int = Field(default=5_000, ge=0, description="How far out of order records' Kafka timestamps may be.")
     checkpoint_interval_ms: int = Field(default=5_000, ge=100)
@@ -335,7 +338,8 @@ class FeedbackSettings(BaseModel):
     parallelism: int = Field(default=JoinerSettings.parallelism, ge=1)
     metrics_port: int | None = Field(default=9250, ge=0, le=65535, description="The joiner's Prometheus metrics; 0 or null: off.")
     snapshots: str | None = Field(default=None, description="Where snapshots go: a path or fsspec URL; default <home>/snapshots.")
-    train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default offline_training/configs/fraud_mlp.yaml.")
+    train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default: the project's "
+                                      "model.train_config, else offline_training/configs/mlp.yaml.")
     train_processes: int | None = Field(default=None, ge=1, description="Training processes per node (torchrun "
                                         "--nproc_per_node); default one per visible GPU (CUDA_VISIBLE_DEVICES, else "
                                         "nvidia-smi -L), else 2 on a CPU.")  # fmt: skip
@@ -347,7 +351,8 @@ class FeedbackSettings(BaseModel):
     train_max_restarts: int = Field(default=0, ge=0, description="How often torchrun restarts every node's workers after one "
                                     "fails or a node rejoins (they resume from the newest checkpoint); 0: a failure ends the run.")  # fmt: skip
     predictions_topic: str = Field(default=JoinerSettings.predictions_topic, description="The predictions the joiner joins.")
-    labels_topic: str = Field(default=JoinerSettings.labels_topic, description="... with the labels of this topic.")
+    labels_topic: str = Field(default="events.labels", description="... with the labels of this topic (default: the "
+                              "project's labels.topic).")
     examples_topic: str = Field(default=JoinerSettings.examples_topic, description="The labeled examples: the joiner writes them, "
                                 "snapshots, releases and the retrain trigger read them.")  # fmt: skip
     dead_letter_topic: str = Field(default=JoinerSettings.dead_letter_topic, description="The joiner's dead letters.")
@@ -365,12 +370,16 @@ class ReleaseSettings(BaseModel):
     max_error_rate_increase: float = Field(default=ReleasePolicy.max_error_rate_increase, ge=0)
     max_latency_ratio: float = Field(default=ReleasePolicy.max_latency_ratio, ge=1)
     min_labels: int = Field(default=ReleasePolicy.min_labels, ge=1, description="Labeled events per arm before quality counts.")
-    max_auc_drop: float = Field(default=ReleasePolicy.max_auc_drop, ge=0)
+    max_auc_drop: float = Field(default=ReleasePolicy.max_auc_drop, ge=0, description="A binary label: roll back a canary whose "
+                                "AUC falls this far below prod's.")
+    max_rmse_increase: float = Field(default=ReleasePolicy.max_rmse_increase, ge=0, description="A numeric label: roll back a "
+                                     "canary whose RMSE exceeds prod's by this share.")
     require_quality: bool = Field(default=ReleasePolicy.require_quality, description="Promote only with enough labels on both arms.")
 
-    def policy(self) -> ReleasePolicy:
-        """The policy these settings declare."""
-        return ReleasePolicy(**{name: getattr(self, name) for name in ReleasePolicy.__dataclass_fields__})
+    def policy(self, label_kind: Literal["binary", "numeric"]) -> ReleasePolicy:
+        """The policy these settings declare, for a label of ``label_kind``."""
+        values = {name: getattr(self, name) for name in ReleasePolicy.__dataclass_fields__ if name != "label_kind"}
+        return ReleasePolicy(**values, label_kind=label_kind)
 
 
 def os_user() -> str:
@@ -392,15 +401,22 @@ class RetrainSettings(BaseModel):
     ``feedback_loop/retrain_trigger.py``)."""
 
     threshold: float = Field(default=0.5, gt=0, lt=1, description="The operating threshold precision and recall are measured at.")
-    max_auc_drop: float = Field(default=0.01, ge=0, description="Register only if the holdout AUC is at most this below prod's.")
-    quantize: bool = Field(default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its AUC holds.")
-    max_quantized_auc_change: float = Field(default=0.005, ge=0, description="INT8 is kept only within this of the fp32 AUC.")
+    max_auc_drop: float = Field(default=0.01, ge=0, description="A binary label: register only if the holdout AUC is at most this "
+                                "below prod's.")
+    max_rmse_increase: float = Field(default=0.05, ge=0, description="A numeric label: register only if the holdout RMSE is at "
+                                     "most this share above prod's.")
+    quantize: bool = Field(default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its quality holds.")
+    max_quantized_change: float = Field(default=0.005, ge=0, description="INT8 is kept only within this of fp32's holdout AUC "
+                                        "(points, a binary label) or RMSE (a share, a numeric label).")
     mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What the trigger does when quality falls.")
     alert_mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What it does when one of `alerts` fires.")
     alerts: list[str] = Field(default_factory=lambda: list(RETRAIN_ALERTS),
                               description="Prometheus alerts (infra/prometheus/) that fire the trigger for the version they name.")  # fmt: skip
     window_s: float = Field(default=TriggerPolicy.window_s, gt=0, description="Judge prod on the examples it scored this far back.")
-    min_auc: float = Field(default=TriggerPolicy.min_auc, gt=0, lt=1, description="Below this labeled AUC, the trigger fires.")
+    min_auc: float = Field(default=TriggerPolicy.min_auc, gt=0, lt=1, description="A binary label: below this labeled AUC, the "
+                           "trigger fires.")
+    max_rmse: float | None = Field(default=TriggerPolicy.max_rmse, gt=0, description="A numeric label: above this labeled RMSE (in "
+                                   "the label's units), the trigger fires; unset: not judged.")
     max_calibration_error: float | None = Field(default=TriggerPolicy.max_calibration_error, gt=0,
                                                 description="Above this, it fires too; unset: not judged.")  # fmt: skip
     min_labels: int = Field(default=TriggerPolicy.min_labels, ge=1, description="Labeled examples of prod in the window before quality is judged.")
@@ -423,8 +439,8 @@ class RetrainSettings(BaseModel):
         return self
 
     def trigger_policy(self) -> TriggerPolicy:
-        """The trigger's policy these settings declare."""
-        return TriggerPolicy(**{name: getattr(self, name) for name in TriggerPolicy.__dataclass_fields__})
+        """The trigger's policy these settings declare (for a binary label; its kind is the project's)."""
+        return TriggerPolicy(**{name: getattr(self, name) for name in TriggerPolicy.__dataclass_fields__ if name != "label_kind"})
 
     def mode_for(self, causes: Collection[Literal["quality", "alert"]]) -> Literal["off", "notify", "retrain"]:
         """What the trigger does about a firing with ``causes``: the strongest of their modes (``mode`` for quality,
@@ -479,6 +495,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LOOPLINE_", env_nested_delimiter="__", extra="forbid")
 
+    project: Path | None = Field(default=None, description="The Loopline project (a folder with loopline_project.yaml; "
+                                 "`loopline --project`); default: the working directory's, or the nearest folder above it.")
     home: Path = Field(default=Path(".loopline"), description="Root of the local stack's state.")
     data_dir: Path | None = Field(default=None, description="Service data; default <home>/data.")
     logs_dir: Path | None = Field(default=None, description="Service logs; default <home>/logs.")
@@ -515,7 +533,7 @@ class Settings(BaseSettings):
             raise FileNotFoundError(f"LOOPLINE_CONFIG names {config_file}, which does not exist")
         yaml_source = YamlConfigSettingsSource(settings_cls, yaml_file=config_file)
         explicit = (init_settings, env_settings, yaml_source)
-        return *explicit, _StackShapeSource(settings_cls, explicit)
+        return *explicit, _ProjectSource(settings_cls, explicit), _StackShapeSource(settings_cls, explicit)
 
     @property
     def resolved_data_dir(self) -> Path:
@@ -533,11 +551,18 @@ class Settings(BaseSettings):
         return (self.jars_dir or self.home / "jars").absolute()
 
     @property
-    def repo_path(self) -> Path:
-        """The Feast repository (definitions and feature_store.yaml)."""
-        from feature_store.config import REPO_PATH
+    def project_path(self) -> Path:
+        """The project in force: ``project``, else the one holding the working directory (ProjectError when none)."""
+        from loopline.project import project_path
 
-        return (self.feature_store.repo_path or REPO_PATH).absolute()
+        return project_path(self.project)
+
+    @property
+    def repo_path(self) -> Path:
+        """The project's Feast repository (definitions and feature_store.yaml)."""
+        from loopline.project import loaded_project
+
+        return loaded_project(self.project_path).feature_repo
 
     @property
     def feast_registry_path(self) -> Path:
@@ -611,6 +636,33 @@ class Settings(BaseSettings):
     def run_dir(self) -> Path:
         """Pid files of the services the stack started."""
         return (self.home / "run").absolute()
+
+
+class _ProjectSource(PydanticBaseSettingsSource):
+    """The project's serving budget, model, labels and training config as settings, beneath every explicit source:
+    what the domain declares is the default an operator may still override."""
+
+    def __init__(self, settings_cls: type[BaseSettings], explicit: tuple[PydanticBaseSettingsSource, ...]) -> None:
+        super().__init__(settings_cls)
+        self.explicit = explicit
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        from loopline.project import loaded_project
+        from schemas.project import duration_ms, find_project
+
+        named = next((source().get("project") for source in self.explicit if source().get("project")), None)
+        path = Path(named) if named else find_project(Path.cwd())
+        if path is None or not (path / "loopline_project.yaml").is_file():
+            return {}
+        project = loaded_project(path.absolute())
+        spec = project.spec
+        feedback: dict[str, Any] = {"labels_topic": spec.labels.topic, "horizon_s": duration_ms(spec.labels.horizon) / 1000}
+        if spec.model.train_config:
+            feedback["train_config"] = project.resolve(spec.model.train_config)
+        return {"serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms}, "feedback": feedback}
 
 
 class _StackShapeSource(PydanticBaseSettingsSource):

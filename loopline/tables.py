@@ -16,6 +16,7 @@ from streams.validating_consumer import TopicCounts
 if TYPE_CHECKING:
     from loopline.scenarios.demo_scoring import ScoringStats
     from offline_training.candidate import CandidateReport
+    from offline_training.evaluation import Quality
     from offline_training.gpu_plan import ModelShape
     from offline_training.release_policy import ArmStats, Decision
     from schemas.model_registry import AliasChange
@@ -113,12 +114,11 @@ def snapshot_table(manifests, title: str) -> Table:
     from feedback_loop.snapshots import time_range_label
 
     table = Table(title=title)
-    for column in ("snapshot", "kind", "rows", "fraud / legit / unlabeled", "scored", "features"):
+    for column in ("snapshot", "kind", "rows", "labels", "scored", "features"):
         table.add_column(column, justify="right" if column == "rows" else "left")
     for m in manifests:
-        balance = m.label_balance
-        table.add_row(m.snapshot_id, m.kind, f"{m.rows:,}", f"{balance['positive']:,} / {balance['negative']:,} / {balance['unlabeled']:,}",
-                      time_range_label(m), str(len(m.features)))  # fmt: skip
+        labels = f"{m.label_kind}: " + ", ".join(f"{n:,} {what}" for what, n in m.label_balance.items())
+        table.add_row(m.snapshot_id, m.kind, f"{m.rows:,}", labels, time_range_label(m), str(len(m.features)))
     return table
 
 
@@ -148,13 +148,13 @@ def alias_history_table(changes: Iterable[AliasChange], title: str) -> Table:
     return table
 
 
-def release_step_line(decision: Decision, canary: ArmStats, prod: ArmStats) -> str:
-    """One line per look of the release controller: both arms and the verdict."""
+def release_step_line(decision: Decision, canary: ArmStats, prod: ArmStats, quality: Quality) -> str:
+    """One line per look of the release controller: both arms (their labeled quality by ``quality``) and the verdict."""
 
     def arm(name: str, stats: ArmStats) -> str:
         p99 = "—" if stats.p99_s is None else f"{stats.p99_s * 1000:.1f} ms"
-        auc = "—" if stats.auc is None else f"{stats.auc:.3f}"
-        return f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 {p99}, {stats.labeled} labeled, AUC {auc}"
+        return (f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 {p99}, {stats.labeled} labeled, "
+                f"{quality.describe(stats.quality)}")  # fmt: skip
 
     return f"{arm('canary', canary)} | {arm('prod', prod)} → {decision.action}: {decision.reason}"
 
@@ -169,8 +169,9 @@ def candidate_table(report: CandidateReport, name: str) -> Table:
         columns[f"prod v{comparison.prod_version}"] = comparison.prod or {}
     if quantization is not None:
         columns["INT8 " + ("kept" if quantization.kept else "refused")] = quantization.int8
-    table = Table(title=f"{name}: candidate on snapshot {comparison.snapshot_id}, {comparison.holdout_rows:,} holdout rows "
-                        f"({comparison.holdout_positives:,} fraud), threshold {comparison.threshold:g}")  # fmt: skip
+    binary = comparison.label_kind == "binary"
+    table = Table(title=f"{name}: candidate on snapshot {comparison.snapshot_id}, {comparison.holdout_rows:,} holdout rows"
+                        + (f" ({comparison.holdout_positives:,} positive), threshold {comparison.threshold:g}" if binary else ""))  # fmt: skip
     table.add_column("metric")
     for column in columns:
         table.add_column(column, justify="right")
@@ -178,7 +179,7 @@ def candidate_table(report: CandidateReport, name: str) -> Table:
     def number(value: float | None, digits: int = 4) -> str:
         return "—" if value is None or value != value else f"{value:.{digits}f}"  # NaN != NaN
 
-    for key, label in METRIC_LABELS.items():
+    for key, label in METRIC_LABELS[comparison.label_kind].items():
         table.add_row(label, *(number(metrics.get(key)) for metrics in columns.values()))
     if quantization is not None:
         for label, field in (("latency median ms", "median_ms"), ("latency p99 ms", "p99_ms")):

@@ -30,9 +30,9 @@ class ArmResult:
     snapshot_id: str
     metrics: dict[str, Any]
 
-    @property
-    def holdout_auc(self) -> float:
-        return float(self.metrics["holdout"]["auc"])
+    def holdout(self, metric: str) -> float:
+        """The run's holdout ``metric`` (``auc``, ``rmse``, ...)."""
+        return float(self.metrics["holdout"][metric])
 
 
 def train_arms(
@@ -42,9 +42,11 @@ def train_arms(
     config: Path,
     processes: int = 2,
     echo: TextIO | None = None,
+    label_kind: str = "binary",
 ) -> dict[str, ArmResult]:
-    """Train ``config`` on the rows of ``frame`` (snapshot columns) once per arm (name → its inputs), one after
-    the other; each arm's snapshot goes under ``root/snapshots``, its run into ``root/runs/<arm>`` (replaced)."""
+    """Train ``config`` on the rows of ``frame`` (snapshot columns, labels of ``label_kind``) once per arm (name → its
+    inputs), one after the other; each arm's snapshot goes under ``root/snapshots``, its run into ``root/runs/<arm>``
+    (replaced)."""
     missing = sorted({name for inputs in arms.values() for name in inputs} - set(frame.columns))
     if missing:
         raise ValueError(f"the rows have no column for the inputs {missing}: backfill or log them first")
@@ -52,7 +54,7 @@ def train_arms(
     results = {}
     for arm, inputs in arms.items():
         manifest = write_snapshot(frame[[*BASE_COLUMNS, *inputs]], str(root / "snapshots"), kind="ablation",
-                                  source={"ablation": arm}, time_range={"from_ms": None, "to_ms": None})  # fmt: skip
+                                  source={"ablation": arm}, time_range={"from_ms": None, "to_ms": None}, label_kind=label_kind)  # fmt: skip
         out = root / "runs" / arm
         shutil.rmtree(out, ignore_errors=True)
         launch_training(root / "snapshots" / manifest.snapshot_id, config, out, processes, echo=echo)

@@ -5,9 +5,10 @@ version, a model card, and registration only when the candidate is not worse tha
   used, so no row either trained on) through ONNX Runtime, each taking the snapshot's columns its
   metadata names. A prod whose inputs the snapshot lacks, or whose file could not be had, is
   reported as not comparable; the candidate is then judged on its own.
-* The gate: the model to be registered (INT8 when it was kept, else fp32) must have a holdout AUC no
-  more than ``max_auc_drop`` below prod's. No prod, or none comparable, passes; an AUC that cannot be
-  measured (a holdout of one class) does not.
+* The gate, by the label's kind (``offline_training/evaluation.Quality``): the model to be registered (INT8 when it
+  was kept, else fp32) must have a holdout AUC no more than ``max_auc_drop`` below prod's (binary), or a holdout RMSE
+  no more than ``max_rmse_increase`` (relative) above prod's (numeric). No prod, or none comparable, passes; a
+  headline that cannot be measured (an AUC over a holdout of one class) does not.
 * A registered version is tagged with its snapshot id, its holdout metrics, the prod version it was
   compared with, its precision (fp32 or int8), its owner, its known defects (a JSON list of statements)
   and the model card as JSON; its description is the card in brief (``ModelCard.model_registry_description``).
@@ -16,15 +17,14 @@ version, a model card, and registration only when the candidate is not worse tha
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from offline_training.evaluation import classification_metrics
+from offline_training.evaluation import Quality
 from offline_training.known_defects import DefectBounds, known_defects
 from offline_training.model_card import ModelCard, caveats, write_card
-from offline_training.onnx_scoring import columns_for, cpu_session, model_inputs, scores
+from offline_training.onnx_scoring import cpu_session, scores
 from offline_training.quantization import QuantizationResult, quantize_int8
 from offline_training.release import ModelRelease
 from offline_training.training_data import Snapshot, load_snapshot
@@ -55,11 +55,17 @@ class Comparison:
     snapshot_id: str
     threshold: float
     holdout_rows: int
-    holdout_positives: int
+    #: Binary labels: how many holdout rows are positive (None for a numeric label).
+    holdout_positives: int | None
     candidate: dict[str, float]
     prod_version: str | None = None
     prod: dict[str, float] | None = None
     not_comparable: str | None = None
+    label_kind: str = "binary"
+
+    @property
+    def quality(self) -> Quality:
+        return Quality(self.label_kind)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -85,16 +91,16 @@ class CandidateReport:
 
 
 def holdout_metrics(model_path: Path, snapshot: Snapshot, threshold: float) -> dict[str, float]:
-    """The model file's metrics on the snapshot's holdout; :class:`NotComparable` when it needs inputs the snapshot lacks."""
-    session = cpu_session(model_path)
-    rows = columns_for(model_inputs(session), snapshot.inputs, snapshot.holdout_x)
-    return classification_metrics(scores(session, rows), snapshot.holdout_y, threshold)
+    """The model file's metrics on the snapshot's holdout, by its label's kind; :class:`NotComparable` when it needs
+    inputs the snapshot lacks."""
+    return Quality(snapshot.label_kind).metrics(scores(cpu_session(model_path), snapshot.holdout), snapshot.holdout_y, threshold)
 
 
 def compare_with_prod(candidate_path: Path, snapshot: Snapshot, prod: ProdModel | None, threshold: float = 0.5) -> Comparison:
     """The candidate at ``candidate_path`` and ``prod`` scored on the same holdout rows of ``snapshot``."""
-    comparison = Comparison(snapshot.snapshot_id, threshold, len(snapshot.holdout_y), int((snapshot.holdout_y == 1).sum()),
-                            holdout_metrics(candidate_path, snapshot, threshold))  # fmt: skip
+    positives = int((snapshot.holdout_y == 1).sum()) if snapshot.label_kind == "binary" else None
+    comparison = Comparison(snapshot.snapshot_id, threshold, len(snapshot.holdout_y), positives,
+                            holdout_metrics(candidate_path, snapshot, threshold), label_kind=snapshot.label_kind)  # fmt: skip
     if prod is None:
         return comparison
     if prod.path is None:
@@ -105,25 +111,29 @@ def compare_with_prod(candidate_path: Path, snapshot: Snapshot, prod: ProdModel 
         return replace(comparison, prod_version=prod.version, not_comparable=str(err))
 
 
-def registration_gate(comparison: Comparison, max_auc_drop: float, quantization: QuantizationResult | None = None) -> GateVerdict:
-    """Register the model to be registered (INT8 when kept) only if its AUC is at most ``max_auc_drop`` below prod's."""
+def registration_gate(comparison: Comparison, allowed: float, quantization: QuantizationResult | None = None) -> GateVerdict:
+    """Register the model to be registered (INT8 when kept) only if its headline metric falls short of prod's by at
+    most ``allowed`` in the headline's terms (AUC points for a binary label, a relative RMSE increase for a numeric
+    one)."""
+    quality = comparison.quality
     kept = quantization is not None and quantization.kept
-    auc = quantization.int8["auc"] if kept else comparison.candidate["auc"]
+    ours = (quantization.int8 if kept else comparison.candidate)[quality.headline]
     which = "INT8 candidate" if kept else "candidate"
     rows = f"{comparison.holdout_rows:,} holdout rows"
-    if math.isnan(auc):
-        return GateVerdict(False, f"the {which}'s AUC cannot be measured on {rows} of one class: a snapshot with both "
-                                  "outcomes is needed")  # fmt: skip
+    if not quality.measurable(ours):
+        return GateVerdict(False, f"the {which}'s {quality.headline.upper()} cannot be measured on {rows} (a binary label of "
+                                  "one class): a snapshot with both outcomes is needed")  # fmt: skip
     if comparison.prod_version is None:
-        return GateVerdict(True, f"no prod model to compare with; {which} AUC {auc:.4f} on {rows}")
+        return GateVerdict(True, f"no prod model to compare with; {which} {quality.describe(ours)} on {rows}")
     if comparison.prod is None:
         return GateVerdict(True, f"prod v{comparison.prod_version} is not comparable ({comparison.not_comparable}); "
-                                 f"{which} AUC {auc:.4f} on {rows}, the canary will compare them on live traffic")  # fmt: skip
-    prod_auc = comparison.prod["auc"]
-    versus = f"{which} AUC {auc:.4f} vs prod v{comparison.prod_version} {prod_auc:.4f} on the same {rows}"
-    if auc < prod_auc - max_auc_drop:
-        return GateVerdict(False, f"{versus}: {prod_auc - auc:.4f} worse, more than the allowed {max_auc_drop:g}")
-    return GateVerdict(True, f"{versus} (allowed drop {max_auc_drop:g})")
+                                 f"{which} {quality.describe(ours)} on {rows}, the canary will compare them on live traffic")  # fmt: skip
+    prods = comparison.prod[quality.headline]
+    versus = f"{which} {quality.describe(ours)} vs prod v{comparison.prod_version} {quality.describe(prods)} on the same {rows}"
+    shortfall = quality.shortfall(ours, prods)
+    if shortfall > allowed:
+        return GateVerdict(False, f"{versus}: {shortfall:.4f} worse, more than the allowed {quality.describe_allowance(allowed)}")
+    return GateVerdict(True, f"{versus} (allowed {quality.describe_allowance(allowed)} worse)")
 
 
 def _version_tags(card: ModelCard, comparison: Comparison, int8: bool) -> dict[str, str]:
@@ -141,13 +151,15 @@ def _version_tags(card: ModelCard, comparison: Comparison, int8: bool) -> dict[s
 
 def evaluate_and_register(
     run_dir: Path, snapshot_dir: Path | str, holdout_fraction: float, release: ModelRelease, name: str, prod: ProdModel | None, *,
-    owner: str, threshold: float = 0.5, max_auc_drop: float = 0.01, quantize: bool = False,
-    max_quantized_auc_change: float = 0.005, defect_bounds: DefectBounds = DefectBounds(),
+    owner: str, threshold: float = 0.5, max_auc_drop: float = 0.01, max_rmse_increase: float = 0.05, quantize: bool = False,
+    max_quantized_change: float = 0.005, defect_bounds: DefectBounds = DefectBounds(),
 ) -> CandidateReport:  # fmt: skip
     """Judge the run in ``run_dir`` (``model.onnx``, ``metrics.json``) trained on the snapshot at ``snapshot_dir`` (a path
-    or an fsspec URL) with ``holdout_fraction``: compare with ``prod``, optionally quantize, register it as a new version
-    of ``name`` when the gate passes, and write the model card (``owner``'s, its known defects found within
-    ``defect_bounds``) with the version registered. ValueError when the run's holdout is not this one (another split)."""
+    or an fsspec URL) with ``holdout_fraction``: compare with ``prod``, optionally quantize (kept within
+    ``max_quantized_change`` of fp32, in the headline's terms), register it as a new version of ``name`` when the gate
+    passes (``max_auc_drop`` for a binary label, ``max_rmse_increase`` for a numeric one), and write the model card
+    (``owner``'s, its known defects found within ``defect_bounds``) with the version registered. ValueError when the
+    run's holdout is not this one (another split)."""
     run_dir = Path(run_dir)
     snapshot = load_snapshot(snapshot_dir, holdout_fraction)
     training = json.loads((run_dir / "metrics.json").read_text())
@@ -158,19 +170,20 @@ def evaluate_and_register(
                          "count")  # fmt: skip
     candidate_path = run_dir / "model.onnx"
     comparison = compare_with_prod(candidate_path, snapshot, prod, threshold)
+    quality = comparison.quality
     quantization = None
     if quantize:
-        quantization = quantize_int8(candidate_path, snapshot.holdout_x, snapshot.holdout_y,
-                                     max_auc_change=max_quantized_auc_change, threshold=threshold)  # fmt: skip
-    verdict = registration_gate(comparison, max_auc_drop, quantization)
+        quantization = quantize_int8(candidate_path, snapshot.holdout, snapshot.holdout_y, quality, max_change=max_quantized_change,
+                                     threshold=threshold)  # fmt: skip
+    verdict = registration_gate(comparison, quality.allowance(max_auc_drop, max_rmse_increase), quantization)
     int8 = quantization is not None and quantization.kept
     model_path = quantization.path if int8 else candidate_path
     manifest = snapshot.manifest
     metrics = quantization.int8 if int8 else comparison.candidate
     card = ModelCard(
         model=name, version=None, registered=verdict.register, decision=verdict.reason, owner=owner,
-        snapshot={"id": snapshot.snapshot_id, **{key: manifest.get(key) for key in ("kind", "rows", "time_range", "label_balance",
-                                                                                      "model_versions")}},
+        snapshot={"id": snapshot.snapshot_id, **{key: manifest.get(key) for key in ("kind", "label_kind", "rows", "time_range",
+                                                                                      "label_balance", "model_versions")}},
         training=training, metrics=metrics, evaluation=asdict(comparison),
         quantization=None if quantization is None else asdict(quantization),
         known_defects=known_defects(snapshot, comparison, metrics, quantization, defect_bounds),

@@ -1,10 +1,11 @@
 """A trained candidate's known defects: measured problems, each stated with the figure that shows it and the bound it
 crossed, for its model card and its registry version.
 
-The checks look at what the card's numbers rest on: how the model to be registered scores the holdout (calibration,
-recall at the operating threshold), how much the holdout can tell (rows of each class), what the training rows held
-(inputs mostly defaulted or missing, inputs constant), INT8's measured latency, and prod (not comparable, or ranking
-the same rows better). A check that finds nothing adds nothing; a card without defects names the checks that ran.
+The checks look at what the card's numbers rest on: how the model to be registered scores the holdout (for a binary
+label: calibration, recall at the operating threshold), how much the holdout can tell (rows of each class, or rows),
+what the training rows held (inputs mostly defaulted or missing, inputs constant), INT8's measured latency, and prod
+(not comparable, or scoring the same rows better by the label's headline metric). A check that finds nothing adds
+nothing; a card without defects names the checks that ran.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from offline_training.evaluation import Quality
 
 if TYPE_CHECKING:
     from offline_training.candidate import Comparison
@@ -35,14 +38,14 @@ class DefectBounds:
     def checks(self) -> list[str]:
         """What the checks look for, with these bounds (what a card without defects was checked for)."""
         return [
-            f"holdout calibration error above {self.max_calibration_error:g}",
-            f"recall at the operating threshold below {self.min_recall:g}",
-            f"fewer than {self.min_holdout_class_rows} holdout rows of a class",
+            f"holdout calibration error above {self.max_calibration_error:g} (binary labels)",
+            f"recall at the operating threshold below {self.min_recall:g} (binary labels)",
+            f"fewer than {self.min_holdout_class_rows} holdout rows of a class (binary labels) or in all (numeric)",
             f"more than {self.max_defaulted_share:.0%} of training rows scored with a defaulted input",
             f"an input missing in more than {self.max_missing_share:.0%} of training rows",
             "an input constant in training",
             "a kept INT8 model slower than fp32",
-            "prod not comparable, or ranking the holdout better",
+            "prod not comparable, or scoring the holdout better",
         ]
 
 
@@ -66,26 +69,32 @@ def known_defects(
 
 
 def _holdout_defects(comparison: Comparison, metrics: dict[str, float], bounds: DefectBounds) -> list[KnownDefect]:
+    if comparison.label_kind == "numeric":
+        rows = comparison.holdout_rows
+        if rows >= bounds.min_holdout_class_rows:
+            return []
+        return [KnownDefect("small_holdout", f"the holdout holds {rows:,} rows, fewer than {bounds.min_holdout_class_rows}: its "
+                            "RMSE and MAE are noisy", {"rows": rows, "bound": bounds.min_holdout_class_rows})]  # fmt: skip
     defects = []
     positives, negatives = comparison.holdout_positives, comparison.holdout_rows - comparison.holdout_positives
     calibration, recall = metrics["calibration_error"], metrics["recall"]
     if calibration > bounds.max_calibration_error:
         defects.append(KnownDefect("calibration_error",
             f"holdout calibration error {calibration:.3f}, above {bounds.max_calibration_error:g}: its scores are off the "
-            f"observed fraud rates by {calibration:.1%} on average, so a score is not a probability to act on as it is",
+            f"observed positive rates by {calibration:.1%} on average, so a score is not a probability to act on as it is",
             {"calibration_error": calibration, "bound": bounds.max_calibration_error}))  # fmt: skip
     if recall < bounds.min_recall:  # NaN (a holdout without fraud) compares False: the small holdout is the defect then
         caught = round(recall * positives)
         defects.append(KnownDefect("recall_at_threshold",
             f"recall {recall:.3f} at the operating threshold {comparison.threshold:g}, below {bounds.min_recall:g}: it "
-            f"flags {caught:,} of the holdout's {positives:,} fraud",
-            {"recall": recall, "threshold": comparison.threshold, "flagged_fraud": caught, "fraud": positives,
+            f"flags {caught:,} of the holdout's {positives:,} positives",
+            {"recall": recall, "threshold": comparison.threshold, "flagged_positives": caught, "positives": positives,
              "bound": bounds.min_recall}))  # fmt: skip
     if min(positives, negatives) < bounds.min_holdout_class_rows:
         defects.append(KnownDefect("small_holdout",
-            f"the holdout holds {positives:,} fraud and {negatives:,} legitimate rows, fewer than "
+            f"the holdout holds {positives:,} positive and {negatives:,} negative rows, fewer than "
             f"{bounds.min_holdout_class_rows} of a class: its AUC, recall and calibration are noisy",
-            {"fraud": positives, "legitimate": negatives, "bound": bounds.min_holdout_class_rows}))  # fmt: skip
+            {"positives": positives, "negatives": negatives, "bound": bounds.min_holdout_class_rows}))  # fmt: skip
     return defects
 
 
@@ -102,8 +111,9 @@ def _training_defects(snapshot: Snapshot, bounds: DefectBounds) -> list[KnownDef
                 "model learned from declared defaults, not the entities' values",
                 {"rows_defaulted": defaulted, "rows": rows, "mean_inputs_defaulted": mean,
                  "bound": bounds.max_defaulted_share}))  # fmt: skip
-    for name, column in zip(snapshot.inputs, snapshot.train_x.T, strict=True):
-        present = column[~np.isnan(column)]
+    for spec in snapshot.inputs:
+        name, column = spec.name, snapshot.train[spec.name]
+        present = column[column.notna() & (column != "")].to_numpy()
         missing = rows - len(present)
         if missing / rows > bounds.max_missing_share:
             defects.append(KnownDefect("missing_input",
@@ -111,10 +121,11 @@ def _training_defects(snapshot: Snapshot, bounds: DefectBounds) -> list[KnownDef
                 f"{bounds.max_missing_share:.0%}: the model reads a missing value as the training mean",
                 {"input": name, "rows_missing": missing, "rows": rows, "bound": bounds.max_missing_share}))  # fmt: skip
         if len(present) and np.all(present == present[0]):
+            value = present[0] if spec.kind == "text" else float(present[0])
             defects.append(KnownDefect("constant_input",
-                f"{name} is {present[0]:g} in all {len(present):,} training rows that have it: the model cannot have "
+                f"{name} is {value!r:.40} in all {len(present):,} training rows that have it: the model cannot have "
                 "learned from it, and any other value it meets online is one it never trained on",
-                {"input": name, "value": float(present[0]), "rows": len(present)}))  # fmt: skip
+                {"input": name, "value": value, "rows": len(present)}))  # fmt: skip
     return defects
 
 
@@ -135,10 +146,11 @@ def _prod_defects(comparison: Comparison, metrics: dict[str, float]) -> list[Kno
     if comparison.not_comparable:
         return [KnownDefect("not_comparable", f"not compared with prod v{version} on the holdout: {comparison.not_comparable}",
                             {"prod_version": version, "reason": comparison.not_comparable})]  # fmt: skip
-    auc, prod_auc = metrics["auc"], comparison.prod["auc"]
-    if math.isnan(auc) or math.isnan(prod_auc) or auc >= prod_auc:
+    quality = Quality(comparison.label_kind)
+    ours, prods = metrics[quality.headline], comparison.prod[quality.headline]
+    if math.isnan(ours) or math.isnan(prods) or quality.shortfall(ours, prods) <= 0:
         return []
     return [KnownDefect("worse_than_prod",
-        f"holdout AUC {auc:.4f}, {prod_auc - auc:.4f} below prod v{version}'s {prod_auc:.4f} on the same "
+        f"holdout {quality.describe(ours)}, worse than prod v{version}'s {quality.describe(prods)} on the same "
         f"{comparison.holdout_rows:,} rows",
-        {"auc": auc, "prod_auc": prod_auc, "prod_version": version})]  # fmt: skip
+        {quality.headline: ours, f"prod_{quality.headline}": prods, "prod_version": version})]  # fmt: skip

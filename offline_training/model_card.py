@@ -5,7 +5,7 @@ Written into the run's folder as ``model_card.json`` and ``model_card.md`` for p
 carries the registered version (a refused candidate's card says it was not registered, and why). A registered
 version carries the same JSON on its ``loopline.model_card`` tag and :meth:`ModelCard.model_registry_description` as its
 description. Missing values (an AUC on one class, a precision with nothing flagged) are ``null`` in the JSON and "—"
-in the text.
+in the text. Its metrics follow the label's kind: ranking and calibration for a binary label, errors for a numeric one.
 """
 
 from __future__ import annotations
@@ -22,9 +22,12 @@ from offline_training.known_defects import KnownDefect
 JSON_FILE, MARKDOWN_FILE = "model_card.json", "model_card.md"
 #: The longest description MLflow's SQL stores keep for a model version (its column is 5,000 characters).
 DESCRIPTION_LIMIT = 5000
-#: The metrics the card's table shows, in order, with their labels.
-METRIC_LABELS = {"auc": "AUC", "log_loss": "log loss", "brier": "Brier", "precision": "precision @ t", "recall": "recall @ t",
-                 "calibration_error": "calibration error"}  # fmt: skip
+#: The metrics the card's table shows, by the label's kind, in order, with their labels.
+METRIC_LABELS = {
+    "binary": {"auc": "AUC", "log_loss": "log loss", "brier": "Brier", "precision": "precision @ t", "recall": "recall @ t",
+               "calibration_error": "calibration error"},
+    "numeric": {"rmse": "RMSE", "mae": "MAE", "mean_error": "mean error", "r2": "R²"},
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -63,10 +66,10 @@ class ModelCard:
             columns["candidate INT8" + ("" if quantization["kept"] else " (refused)")] = quantization["int8"]
         state = "Registered" if self.registered else "Not registered"
         lines = [f"# Model card: {title}", "", f"**{state}**: {self.decision}", "", f"**Owner**: {self.owner}", "",
-                 f"Holdout: the latest {evaluation['holdout_rows']:,} labeled rows of snapshot `{self.snapshot['id']}` "
-                 f"({evaluation['holdout_positives']:,} fraud); operating threshold t = {evaluation['threshold']:g}.", "",
+                 f"Holdout: the latest {evaluation['holdout_rows']:,} labeled rows of snapshot `{self.snapshot['id']}`"
+                 f"{self._holdout_detail()}.", "",
                  "| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]  # fmt: skip
-        for key, label in METRIC_LABELS.items():
+        for key, label in self._labels().items():
             lines.append(f"| {label} | " + " | ".join(_number(metrics.get(key)) for metrics in columns.values()) + " |")
         lines += ["", "## Data", "", _snapshot_line(self.snapshot), "", "## Training", "", _training_line(self.training), "",
                   "## Comparison with prod", "", _comparison_line(evaluation)]  # fmt: skip
@@ -86,10 +89,10 @@ class ModelCard:
         decision, the registered file's holdout metrics and the known defects, within :data:`DESCRIPTION_LIMIT`
         (defects that do not fit are counted; all of them are on the ``loopline.known_defects`` tag)."""
         evaluation = self.evaluation
-        scores = ", ".join(f"{label} {_number(self.metrics.get(key))}" for key, label in METRIC_LABELS.items())
+        scores = ", ".join(f"{label} {_number(self.metrics.get(key))}" for key, label in self._labels().items())
         head = [f"**Owner**: {self.owner}", "", f"**Trained on** snapshot `{self.snapshot['id']}`; {self.decision}.", "",
-                f"**Holdout** ({evaluation['holdout_rows']:,} rows, {evaluation['holdout_positives']:,} fraud, threshold "
-                f"{evaluation['threshold']:g}): {scores}.", "", "**Known defects**:", ""]  # fmt: skip
+                f"**Holdout** ({evaluation['holdout_rows']:,} rows{self._holdout_detail()}): {scores}.", "", "**Known defects**:",
+                ""]  # fmt: skip
         lines = self._defect_lines()
         for kept in range(len(lines), -1, -1):
             left_out = [f"- … and {len(lines) - kept} more: see the `loopline.known_defects` tag"] if kept < len(lines) else []
@@ -97,6 +100,16 @@ class ModelCard:
             if len(text) <= DESCRIPTION_LIMIT:
                 return text
         return text[:DESCRIPTION_LIMIT]  # a decision too long on its own
+
+    def _labels(self) -> dict[str, str]:
+        return METRIC_LABELS[self.evaluation.get("label_kind", "binary")]
+
+    def _holdout_detail(self) -> str:
+        """Of a binary label's holdout, its positives and the operating threshold; nothing for a numeric one."""
+        evaluation = self.evaluation
+        if evaluation.get("label_kind", "binary") == "numeric":
+            return ""
+        return f", {evaluation['holdout_positives']:,} positive; operating threshold t = {evaluation['threshold']:g}"
 
     def _defect_lines(self) -> list[str]:
         if self.known_defects:
@@ -108,12 +121,16 @@ def caveats(manifest: dict[str, Any]) -> list[str]:
     """What the card's numbers do not say (beside its known defects), from the snapshot's manifest."""
     notes = []
     unlabeled = manifest.get("label_balance", {}).get("unlabeled", 0)
-    if unlabeled:
+    if unlabeled and manifest.get("label_kind", "binary") == "binary":
         notes.append(f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
-                     "are left out of training and evaluation; most are legitimate, but a fraud never reported looks the same "
-                     "(positive-unlabeled), so these metrics describe labeled rows only")  # fmt: skip
+                     "are left out of training and evaluation; most are negatives, but a positive never reported looks the "
+                     "same (positive-unlabeled), so these metrics describe labeled rows only")  # fmt: skip
+    elif unlabeled:
+        notes.append(f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
+                     "are left out of training and evaluation: if outcomes go missing for a reason (the longest ones, say), "
+                     "these metrics describe the rest only")  # fmt: skip
     notes.append("labels arrive late: the holdout is the most recent rows, whose labels are the least complete when the "
-                 "snapshot was taken, and a late fraud label would move its figures")  # fmt: skip
+                 "snapshot was taken, and a late label would move its figures")  # fmt: skip
     if manifest.get("kind") == "backfill":
         notes.append("a backfilled snapshot: features were recomputed from the event log, not the values a scorer served")
     return notes

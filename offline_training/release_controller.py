@@ -1,8 +1,8 @@
 """The release controller (`loopline release watch`): watches the canary against prod and applies the policy.
 
 Each look gathers, since the canary started: per arm, requests, errors and the latency histogram from
-every scorer's ``/metrics`` (summed over scorers), and the AUC of its scores on the events labeled since
-(``training.examples``). ``offline_training/release_policy.py`` decides; a promotion or a rollback is
+every scorer's ``/metrics`` (summed over scorers), and the quality of its scores on the events labeled since
+(``training.examples``; AUC for a binary label, RMSE for a numeric one). ``offline_training/release_policy.py`` decides; a promotion or a rollback is
 applied to the model registry, recorded with the controller as the actor and the policy's reason.
 
 Like for like: a scorer restarts both arms' per-version counts when it starts a canary
@@ -23,7 +23,7 @@ import numpy as np
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from offline_training.evaluation import roc_auc
+from offline_training.evaluation import Quality
 from offline_training.release import ModelRelease
 from offline_training.release_policy import ArmStats, Decision, ReleasePolicy, decide
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS
@@ -85,13 +85,14 @@ def scrape(urls: Sequence[str], arms: Mapping[str, str]) -> dict[str, _Counts]:
     return counts
 
 
-def labeled_quality(examples: Sequence[TrainingExample], name: str, version: str) -> tuple[int, float | None]:
-    """(labeled events, AUC of the scores) of the examples model ``name`` v``version`` scored (one topic may carry
-    the examples of several models, whose version numbers overlap)."""
+def labeled_quality(examples: Sequence[TrainingExample], name: str, version: str, quality: Quality) -> tuple[int, float | None]:
+    """(labeled events, ``quality``'s headline of the scores) of the examples model ``name`` v``version`` scored (one
+    topic may carry the examples of several models, whose version numbers overlap)."""
     mine = [e for e in examples if e.model_name == name and e.model_version == version and e.label is not None]
     if not mine:
         return 0, None
-    return len(mine), roc_auc(np.array([e.score for e in mine]), np.array([float(e.label) for e in mine]))
+    metrics = quality.metrics(np.array([e.score for e in mine]), np.array([float(e.label) for e in mine]))
+    return len(mine), metrics[quality.headline]
 
 
 class ReleaseController:
@@ -121,9 +122,9 @@ class ReleaseController:
         arms = []
         for alias, version in ((CANARY_ALIAS, canary), (PROD_ALIAS, prod)):
             counts = scraped[alias]
-            labeled, auc = labeled_quality(feedback, self.name, version)
+            labeled, quality = labeled_quality(feedback, self.name, version, self.policy.quality)
             requests_ = int(counts.ok + counts.errors)
-            arms.append(ArmStats(version, requests_, int(counts.errors), counts.p99_s(), labeled, auc))
+            arms.append(ArmStats(version, requests_, int(counts.errors), counts.p99_s(), labeled, quality))
         return arms[0], arms[1], time.time() - started / 1000
 
     def step(self) -> tuple[Decision, ArmStats, ArmStats] | None:

@@ -3,12 +3,13 @@
 The release controller gathers, for each arm (canary, prod) over the canary's time so far: requests
 and errors (the scorers' ``loopline_scoring_model_requests_total``), the 99th-percentile latency
 (``loopline_scoring_model_latency_seconds``) and the quality of its scores on the events labeled
-since (AUC). ``decide`` turns that into one of three verdicts, with the reason:
+since (the label kind's headline, ``offline_training/evaluation.Quality``: AUC for a binary label,
+RMSE for a numeric one). ``decide`` turns that into one of three verdicts, with the reason:
 
 * roll back at once when, over at least the minimum requests, the canary's error rate exceeds prod's
   by more than the allowance or (both arms past the minimum) its p99 exceeds prod's by more than the
-  ratio; or when, once both arms have enough labels, its AUC falls short of prod's by more than the
-  allowance;
+  ratio; or when, once both arms have enough labels, its quality falls short of prod's by more than the
+  allowance (AUC points, or a relative RMSE increase);
 * promote once the canary has been watched for the minimum time and served enough requests, and
   its quality held (or, when the policy does not require labels, none have come yet);
 * otherwise keep watching, up to the longest watch, after which a canary without the required
@@ -17,9 +18,10 @@ since (AUC). ``decide`` turns that into one of three verdicts, with the reason:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
+
+from offline_training.evaluation import Quality
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,18 @@ class ReleasePolicy:
     max_latency_ratio: float = 1.5
     min_labels: int = 50
     max_auc_drop: float = 0.02
+    max_rmse_increase: float = 0.05
     require_quality: bool = False
+    #: The label's kind: what quality is measured by.
+    label_kind: Literal["binary", "numeric"] = "binary"
+
+    @property
+    def quality(self) -> Quality:
+        return Quality(self.label_kind)
+
+    @property
+    def allowed_shortfall(self) -> float:
+        return self.quality.allowance(self.max_auc_drop, self.max_rmse_increase)
 
 
 @dataclass(frozen=True)
@@ -45,7 +58,8 @@ class ArmStats:
     errors: int
     p99_s: float | None
     labeled: int
-    auc: float | None
+    #: The label kind's headline (AUC, RMSE) of its scores on the labeled events; None or NaN when not measured.
+    quality: float | None
 
     @property
     def error_rate(self) -> float:
@@ -53,8 +67,8 @@ class ArmStats:
         return self.errors / self.requests if self.requests else 0.0
 
     def quality_known(self, min_labels: int) -> bool:
-        """Whether at least ``min_labels`` labeled events gave an AUC (both classes among them)."""
-        return self.labeled >= min_labels and self.auc is not None and not math.isnan(self.auc)
+        """Whether at least ``min_labels`` labeled events gave a quality (an AUC needs both classes among them)."""
+        return self.labeled >= min_labels and self.quality is not None and self.quality == self.quality
 
 
 @dataclass(frozen=True)
@@ -76,13 +90,14 @@ def decide(policy: ReleasePolicy, canary: ArmStats, prod: ArmStats, watched_s: f
     if latency_known and canary.p99_s > prod.p99_s * policy.max_latency_ratio:
         return Decision("rollback", f"canary p99 {canary.p99_s * 1000:.1f} ms against prod {prod.p99_s * 1000:.1f} ms "
                                     f"(allowed ×{policy.max_latency_ratio})")  # fmt: skip
+    measure = policy.quality
     quality_known = canary.quality_known(policy.min_labels) and prod.quality_known(policy.min_labels)
-    if quality_known and canary.auc < prod.auc - policy.max_auc_drop:
-        return Decision("rollback", f"canary AUC {canary.auc:.3f} against prod {prod.auc:.3f} on labeled events "
-                                    f"(allowed −{policy.max_auc_drop})")  # fmt: skip
+    if quality_known and measure.shortfall(canary.quality, prod.quality) > policy.allowed_shortfall:
+        return Decision("rollback", f"canary {measure.describe(canary.quality)} against prod {measure.describe(prod.quality)} on "
+                                    f"labeled events (allowed {measure.describe_allowance(policy.allowed_shortfall)} worse)")  # fmt: skip
     evidence = canary.requests >= policy.min_requests and (quality_known or not policy.require_quality)
     if watched_s >= policy.min_watch_s and evidence:
-        quality = f", AUC {canary.auc:.3f} vs {prod.auc:.3f}" if quality_known else ", no labels yet"
+        quality = f", {measure.describe(canary.quality)} vs {measure.describe(prod.quality)}" if quality_known else ", no labels yet"
         return Decision("promote", f"{canary.requests} requests, error rate {canary.error_rate:.2%} vs {prod.error_rate:.2%}{quality}")
     if watched_s >= policy.max_watch_s:
         return Decision("rollback", f"not enough evidence after {watched_s:.0f} s ({canary.requests} requests, "

@@ -3,7 +3,7 @@
     python -m offline_training.train --snapshot DIR|URL --config YAML --out DIR [--resume [--universal]]
         [--tracking-uri URI] [--stop-after-steps N]
 
-Each process trains :class:`FraudMLP` on its share of a feedback snapshot's labelled rows through
+Each process trains :class:`TabularMLP` on its share of a feedback snapshot's labelled rows through
 ``deepspeed.initialize`` (ZeRO stage and precision from the DeepSpeed JSON the config names, and a
 ``torch.optim.AdamW``: a DeepSpeed-config optimizer would JIT-compile fused Adam first). The JSONs
 under ``infra/deepspeed/`` train in fp32: their ``bf16`` section is there to switch on on GPUs that
@@ -25,7 +25,8 @@ Guarantees:
   the same ``--out`` (a volume every node mounts); ``latest`` names a checkpoint only once every rank
   has written its part of it.
 * Evaluated on time: the latest ``holdout_fraction`` of labelled rows by prediction time never
-  trains; each epoch reports its AUC, log loss and Brier score.
+  trains; each epoch reports its metrics by the label's kind (AUC, log loss and Brier score for a binary label;
+  RMSE, MAE and R² for a numeric one).
 
 Rank 0 shows a progress bar, tracks the run in MLflow with ``--tracking-uri`` (parameters, per-epoch
 metrics, snapshot id, code version; a resumed run continues its MLflow run) and at the end writes
@@ -52,7 +53,6 @@ from pathlib import Path
 import deepspeed
 import numpy as np
 import torch
-import torch.nn.functional as F
 from deepspeed import comm as dist
 from deepspeed.checkpoint.constants import (
     UNIVERSAL_CHECKPOINT_INFO,
@@ -62,12 +62,12 @@ from deepspeed.checkpoint.constants import (
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from tqdm import tqdm
 
-from offline_training.evaluation import classification_metrics
-from offline_training.export import export_onnx, verify_onnx
+from offline_training.evaluation import Quality
+from offline_training.export import export_onnx, torch_scores, verify_onnx
 from offline_training.launch import CHECKPOINTS, CUBLAS_WORKSPACE_CONFIG, LATEST, checkpoint_world_size, latest_tag
-from offline_training.model import FraudMLP, fit_standardisation, state_fingerprint
+from offline_training.model import TabularMLP, encode_texts, fit_standardisation, state_fingerprint, vocabulary
 from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
-from offline_training.training_data import Snapshot, load_snapshot
+from offline_training.training_data import Snapshot, load_snapshot, texts_of
 
 log = logging.getLogger(__name__)
 #: The MLflow experiment training runs are tracked in (registered versions live in ``loopline-models``).
@@ -205,6 +205,17 @@ def _resume_when_restarted(args: argparse.Namespace) -> argparse.Namespace:
     return argparse.Namespace(**{**vars(args), "resume": True, "universal": universal})
 
 
+def build_model(snapshot: Snapshot, config: TrainConfig) -> TabularMLP:
+    """A freshly seeded model of the snapshot's inputs: numbers standardised, texts' vocabularies and a numeric
+    label's scale from the training split (so every rank, and the export after training, builds the same one)."""
+    mean, std = fit_standardisation(snapshot.train_x)
+    texts = [spec.name for spec in snapshot.inputs if spec.kind == "text"]
+    vocabularies = {name: vocabulary(snapshot.train[name].tolist()) for name in texts}
+    target = (float(np.mean(snapshot.train_y)), float(np.std(snapshot.train_y))) if snapshot.label_kind == "numeric" else (0.0, 1.0)
+    return TabularMLP(snapshot.inputs, config.hidden, mean, std, vocabularies=vocabularies, kind=snapshot.label_kind, target=target,
+                      seed=config.seed)  # fmt: skip
+
+
 def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
     """The DeepSpeed engine over a freshly seeded model, standardised on the training split."""
     torch.manual_seed(config.seed)
@@ -216,8 +227,7 @@ def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
     # Deterministic mode also fills every torch.empty with NaN; ZeRO allocates its (large) gradient buckets
     # that way each step, which made a step ~400x slower. Nothing reads those buffers before writing them.
     torch.utils.deterministic.fill_uninitialized_memory = False
-    mean, std = fit_standardisation(snapshot.train_x)
-    model = FraudMLP(snapshot.inputs, config.hidden, mean, std, seed=config.seed)
+    model = build_model(snapshot, config)
     ds_config = deepspeed_config(config)
     if universal:
         ds_config["checkpoint"] = {**ds_config.get("checkpoint", {}), "load_universal": True}
@@ -264,8 +274,11 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
     engine = _engine(snapshot, config, args.universal)
     rank, world = dist.get_rank(), dist.get_world_size()
     dtype = next(engine.module.parameters()).dtype  # bf16 when the DeepSpeed config turns it on
+    model: TabularMLP = engine.module
+    quality = Quality(snapshot.label_kind)
     train_x, train_y = (torch.from_numpy(a.astype(np.float32)) for a in (snapshot.train_x, snapshot.train_y))
-    sampler = DistributedSampler(TensorDataset(train_x, train_y), num_replicas=world, rank=rank, seed=config.seed)
+    train_codes = torch.from_numpy(encode_texts(texts_of(snapshot.train, snapshot.inputs), model.vocabularies))
+    sampler = DistributedSampler(TensorDataset(train_x, train_codes, train_y), num_replicas=world, rank=rank, seed=config.seed)
     loader = DataLoader(sampler.dataset, batch_size=config.micro_batch_per_process, sampler=sampler)
     accumulation = engine.gradient_accumulation_steps()
     # An epoch ends on an optimizer step, so epoch-end checkpoints never hold half-accumulated gradients.
@@ -305,12 +318,14 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
     bar = tqdm(total=engine.global_steps + remaining, initial=engine.global_steps, disable=rank != 0, unit="step",
                desc=f"train {snapshot.snapshot_id}", mininterval=1.0)  # fmt: skip
     holdout = torch.from_numpy(snapshot.holdout_x.astype(np.float32)).to(engine.device, dtype)
+    holdout_codes = torch.from_numpy(encode_texts(texts_of(snapshot.holdout, snapshot.inputs), model.vocabularies)).to(engine.device)
     started, rows_trained = time.perf_counter(), 0
     for epoch in range(position.epoch, config.epochs):
         sampler.set_epoch(epoch)
         first = skip if epoch == position.epoch else 0
-        for index, (x, y) in enumerate(islice(loader, first, batches), start=first):
-            batch_loss = F.binary_cross_entropy_with_logits(engine(x.to(engine.device, dtype)), y.to(engine.device, dtype))
+        for index, (x, codes, y) in enumerate(islice(loader, first, batches), start=first):
+            raw = engine(x.to(engine.device, dtype), codes.to(engine.device))
+            batch_loss = model.loss(raw, y.to(engine.device, dtype))
             engine.backward(batch_loss)
             engine.step()
             loss += torch.tensor([batch_loss.item() * len(x), len(x)], dtype=torch.float64)
@@ -322,10 +337,10 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
                 totals = _fold(loss, engine.device)
                 # Every rank scores the holdout: under ZeRO 3 a forward pass gathers the parameters from all of them.
                 with torch.no_grad():
-                    scores = engine.module.predict_proba(holdout).float().cpu().numpy()
+                    scores = model.predict(holdout, holdout_codes).float().cpu().numpy()
                 if rank == 0:
                     metrics = {"train_loss": float(totals[0] / totals[1])} | {
-                        f"holdout_{name}": value for name, value in classification_metrics(scores, snapshot.holdout_y).items()
+                        f"holdout_{name}": value for name, value in quality.metrics(scores, snapshot.holdout_y).items()
                     }
                     tracking.log(metrics, step=epoch + 1)
                     bar.write(f"epoch {epoch + 1}/{config.epochs}: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
@@ -364,17 +379,17 @@ def _write_outputs(
 ) -> None:  # fmt: skip
     """Write the trained weights ``state`` (float32, on the CPU) as ``model.pt``, ``model.onnx`` (verified against
     torch on the holdout) and ``metrics.json``."""
-    model = FraudMLP(snapshot.inputs, config.hidden, np.zeros(len(snapshot.inputs)), np.ones(len(snapshot.inputs)))
+    model = build_model(snapshot, config)
     model.load_state_dict(state)
     model.eval()
     torch.save(model.state_dict(), out / "model.pt")
-    onnx_path = export_onnx(model, snapshot.inputs, out / "model.onnx")
-    difference = verify_onnx(model, onnx_path, snapshot.holdout_x)
-    with torch.no_grad():
-        scores = model.predict_proba(torch.from_numpy(snapshot.holdout_x.astype(np.float32))).numpy()
-    holdout = classification_metrics(scores, snapshot.holdout_y)
+    onnx_path = export_onnx(model, out / "model.onnx")
+    difference = verify_onnx(model, onnx_path, snapshot.holdout)
+    quality = Quality(snapshot.label_kind)
+    holdout = quality.metrics(torch_scores(model, snapshot.holdout), snapshot.holdout_y)
     metrics = {
-        "snapshot_id": snapshot.snapshot_id, "rows": {"train": len(snapshot.train_y), "holdout": len(snapshot.holdout_y)},
+        "snapshot_id": snapshot.snapshot_id, "label_kind": snapshot.label_kind,
+        "rows": {"train": len(snapshot.train_y), "holdout": len(snapshot.holdout_y)},
         "epochs": config.epochs, "global_steps": global_steps, "world_size": world,
         "holdout": holdout, "onnx_max_abs_diff": difference, "seconds": round(seconds, 3),
         # Rows trained in this process's run (a resumed run counts from where it resumed).
@@ -385,7 +400,7 @@ def _write_outputs(
     tracking.finish(
         {f"final_holdout_{k}": v for k, v in holdout.items()} | {"samples_per_second": metrics["samples_per_second"] or 0.0}
     )
-    log.info("wrote %s, %s and metrics.json: holdout AUC %.4f", out / "model.pt", onnx_path, holdout["auc"])
+    log.info("wrote %s, %s and metrics.json: holdout %s", out / "model.pt", onnx_path, quality.describe(holdout[quality.headline]))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,7 +32,7 @@ class ModelLane:
         self.alias = alias
         self.model = model
         self.fetcher = fetcher
-        self._batcher: DynamicBatcher[list[float], float] | None = None
+        self._batcher: DynamicBatcher[list[float | str], float] | None = None
         if isinstance(model, OnnxModel):
             self._batcher = DynamicBatcher(self._run_batch, on_batch=metrics.observe_batch, **asdict(knobs))
             self.infer = self._batcher.submit
@@ -42,8 +42,11 @@ class ModelLane:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def _run_batch(self, rows: list[list[float]]) -> list[float]:
-        return self.model.predict(np.asarray(rows, dtype=np.float32)).tolist()
+    def _run_batch(self, rows: list[list[float | str]]) -> list[float]:
+        model = self.model
+        numbers = np.array([[row[i] for i in model.numbers] for row in rows], dtype=np.float32).reshape(len(rows), len(model.numbers))
+        texts = np.array([[row[i] for i in model.texts] for row in rows], dtype=object).reshape(len(rows), len(model.texts))
+        return model.predict(numbers, texts).tolist()
 
     def enter(self) -> None:
         """A request starts on this lane."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from schemas.model_contract import FEATURES_METADATA_KEY, INPUT_NAME, OUTPUT_NAME, parse_features_metadata
+from schemas.model_contract import INPUT_NAME, OUTPUT_NAME, TEXT_INPUT_NAME, parse_features_metadata
 
 PREFERRED_PROVIDERS = ("CUDAExecutionProvider", "CPUExecutionProvider")
 
@@ -37,7 +37,7 @@ def gpu_visible() -> bool:
 
 
 class OnnxModel:
-    """One loaded model version: ``predict`` scores a batch of input rows."""
+    """One loaded model version: ``predict`` scores a batch of input rows (numbers, and texts when it takes any)."""
 
     def __init__(
         self,
@@ -69,25 +69,40 @@ class OnnxModel:
                 why = "this ONNX Runtime is the CPU build — fix: install loopline[gpu] (onnxruntime-gpu) instead of loopline[cpu]"
             log.warning("model %s v%s scores on %s although this host appears to have an NVIDIA GPU (nvidia-smi is on PATH): %s",
                         name, version, self.provider, why)  # fmt: skip
-        metadata = self._session.get_modelmeta().custom_metadata_map
-        #: The model's inputs in order (see schemas/model_contract.py).
-        self.inputs = parse_features_metadata(metadata.get(FEATURES_METADATA_KEY))
-        shape = self._session.get_inputs()[0].shape
-        if shape[-1] != len(self.inputs):
-            raise ValueError(f"model {name} v{version}: input width {shape[-1]} but {len(self.inputs)} named inputs")
+        #: The model's inputs in order, with their kinds (see schemas/model_contract.py).
+        self.inputs = parse_features_metadata(self._session.get_modelmeta().custom_metadata_map)
+        #: Where the numbers and the texts are among the inputs.
+        self.numbers = [i for i, spec in enumerate(self.inputs) if spec.kind == "number"]
+        self.texts = [i for i, spec in enumerate(self.inputs) if spec.kind == "text"]
+        check_inputs(self._session, self.inputs, f"model {name} v{version}")
         self.warm = False
         for size in warmup_batch_sizes:
-            self.predict(np.zeros((size, len(self.inputs)), dtype=np.float32))
+            self.predict(np.zeros((size, len(self.numbers)), dtype=np.float32), np.full((size, len(self.texts)), "", dtype=object))
         self.warm = True
 
-    def predict(self, rows: np.ndarray) -> np.ndarray:
-        """Scores of a ``[batch, n]`` float32 array, as a ``[batch]`` array."""
+    def predict(self, numbers: np.ndarray, texts: np.ndarray) -> np.ndarray:
+        """Scores of a batch, as a ``[batch]`` array: its numeric inputs as a ``[batch, n]`` float32 array, its texts as a
+        ``[batch, m]`` array of strings (``m`` may be 0)."""
+        feeds = {INPUT_NAME: numbers} if not self.texts else {INPUT_NAME: numbers, TEXT_INPUT_NAME: texts}
         if self.provider == "CUDAExecutionProvider":
             binding = self._session.io_binding()
-            binding.bind_cpu_input(INPUT_NAME, np.ascontiguousarray(rows))
+            for feed, array in feeds.items():
+                binding.bind_cpu_input(feed, np.ascontiguousarray(array))
             binding.bind_output(OUTPUT_NAME, "cuda")
             self._session.run_with_iobinding(binding)
             scores = binding.copy_outputs_to_cpu()[0]
         else:
-            scores = self._session.run([OUTPUT_NAME], {INPUT_NAME: rows})[0]
-        return scores.reshape(len(rows))
+            scores = self._session.run([OUTPUT_NAME], feeds)[0]
+        return scores.reshape(len(numbers))
+
+
+def check_inputs(session, inputs, what: str) -> None:
+    """ValueError naming ``what`` unless the ONNX ``session``'s inputs are the contract's for ``inputs``: ``features``
+    as wide as the numbers, and ``categories``, as wide as the texts, when there are texts."""
+    declared = {i.name: i for i in session.get_inputs()}
+    numbers = sum(spec.kind == "number" for spec in inputs)
+    texts = len(inputs) - numbers
+    if INPUT_NAME not in declared or declared[INPUT_NAME].shape[-1] != numbers:
+        raise ValueError(f"{what}: its '{INPUT_NAME}' input must be float32 [batch, {numbers}] (its numeric inputs)")
+    if texts and (TEXT_INPUT_NAME not in declared or declared[TEXT_INPUT_NAME].shape[-1] != texts):
+        raise ValueError(f"{what}: its '{TEXT_INPUT_NAME}' input must be string [batch, {texts}] (its text inputs)")

@@ -28,10 +28,12 @@ class ResultCache:
         self._redis = redis_client(redis_connection, timeout_s, cluster=redis_cluster, asynchronous=True)
 
     @staticmethod
-    def key(model: str, version: str, row: list[float]) -> str:
-        """The cache key of ``row`` scored by ``model`` ``version``."""
-        digest = hashlib.sha256(f"{model}\0{version}\0".encode() + struct.pack(f"<{len(row)}d", *row)).hexdigest()
-        return f"loopline:score:{digest}"
+    def key(model: str, version: str, row: list[float | str]) -> str:
+        """The cache key of ``row`` (numbers and texts, in the model's input order) scored by ``model`` ``version``."""
+        digest = hashlib.sha256(f"{model}\0{version}\0".encode())
+        for value in row:
+            digest.update(struct.pack("<d", value) if isinstance(value, float) else b"\1" + value.encode() + b"\0")
+        return f"loopline:score:{digest.hexdigest()}"
 
     async def get(self, key: str) -> float | None:
         """The cached score, or None (also when Redis fails)."""

@@ -22,7 +22,6 @@ from online.metrics import ScorerMetrics
 from online.model_lane import ModelLane, ServedModel
 from online.result_cache import ResultCache
 from online.tracing import RequestTrace
-from schemas.model_contract import REQUEST_PREFIX
 from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord, ScoreRequest
 
@@ -97,7 +96,7 @@ class Scorer:
 
     def _put(self, alias: str, model: ServedModel) -> ModelLane | None:
         """Route ``alias`` to a new lane for ``model``; the lane it replaces, if any."""
-        features = [name for name in model.inputs if not name.startswith(REQUEST_PREFIX)]
+        features = [spec.name for spec in model.inputs if not spec.from_request]
         fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size)
         previous = self._lanes.get(alias)
         self._lanes[alias] = ModelLane(alias, model, fetcher, self.knobs, self.metrics)
@@ -136,35 +135,43 @@ class Scorer:
         return prod
 
     @staticmethod
-    def _request_inputs(model: ServedModel, request: ScoreRequest) -> dict[str, float | int]:
-        """The model's request-time inputs by input name; InvalidRequest naming a field that is missing
-        or not a number the model can take (checked before any feature is read or model run)."""
+    def _request_inputs(model: ServedModel, request: ScoreRequest) -> dict[str, float | int | str]:
+        """The model's request-time inputs by input name; InvalidRequest naming a field that is missing, or not what
+        the model takes there: a number (within a 32-bit float) or a text (checked before any feature is read or
+        model run)."""
         values = {}
-        for name in model.inputs:
-            if not name.startswith(REQUEST_PREFIX):
+        for spec in model.inputs:
+            if not spec.from_request:
                 continue
-            field = f"request_fields.{name[len(REQUEST_PREFIX):]}"
-            value = request.request_fields.get(name[len(REQUEST_PREFIX):])
+            field = f"request_fields.{spec.request_field}"
+            value = request.request_fields.get(spec.request_field)
             if value is None:
                 raise InvalidRequest(field, f"required by model {model.name} v{model.version}")
-            if isinstance(value, (bool, str)):
+            if spec.kind == "text":
+                if not isinstance(value, str):
+                    raise InvalidRequest(field, f"must be a text for model {model.name}, got {type(value).__name__} {value!r:.40}")
+            elif isinstance(value, (bool, str)):
                 raise InvalidRequest(field, f"must be a number for model {model.name}, got {type(value).__name__} {value!r:.40}")
-            if abs(value) > _FLOAT32_MAX:
+            elif abs(value) > _FLOAT32_MAX:
                 raise InvalidRequest(field, f"{value:.4g} is beyond the model's 32-bit float range")
-            values[name] = value
+            values[spec.name] = value
         return values
 
     @staticmethod
-    def _vector(model: ServedModel, request_inputs: dict, features: dict) -> tuple[list[float], dict]:
-        """The model's input row, and the values used by input name (a missing feature is NaN)."""
+    def _vector(model: ServedModel, request_inputs: dict, features: dict) -> tuple[list[float | str], dict]:
+        """The model's input row (numbers as floats, texts as strings), and the values used by input name (a missing
+        number is NaN, a missing text the empty string)."""
         used, row = {}, []
-        for name in model.inputs:
-            value = request_inputs[name] if name in request_inputs else features.get(name)
-            used[name] = value
-            row.append(math.nan if value is None or isinstance(value, str) else float(value))
+        for spec in model.inputs:
+            value = request_inputs[spec.name] if spec.name in request_inputs else features.get(spec.name)
+            used[spec.name] = value
+            if spec.kind == "text":
+                row.append("" if value is None else str(value))
+            else:
+                row.append(math.nan if value is None or isinstance(value, str) else float(value))
         return row, used
 
-    async def _infer(self, lane: ModelLane, row: list[float]) -> tuple[float, BatchTiming | None]:
+    async def _infer(self, lane: ModelLane, row: list[float | str]) -> tuple[float, BatchTiming | None]:
         """The score for one input row, and its wait and its batch's run (None: from the result cache)."""
         key = None
         if self.cache is not None:

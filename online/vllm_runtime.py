@@ -19,6 +19,7 @@ import time
 
 from online.batcher import BatchTiming
 from online.errors import Overloaded
+from schemas.model_contract import ModelInput
 
 #: How many top tokens the server reports: the answer tokens must be among them (vLLM's default cap).
 TOP_LOGPROBS = 20
@@ -39,7 +40,7 @@ class VllmModel:
         served_model: str,
         name: str,
         version: str,
-        inputs: list[str],
+        inputs: list[ModelInput],
         prompt: str,
         answers: tuple[str, str] = ("yes", "no"),
         max_concurrency: int = 32,
@@ -62,7 +63,7 @@ class VllmModel:
         served = [model.id async for model in self._client.models.list()]
         if self.served_model not in served:
             raise LookupError(f"the vLLM server serves {served}, not {self.served_model}")
-        await self.infer([0.0] * len(self.inputs))
+        await self.infer([0.0 if spec.kind == "number" else "" for spec in self.inputs])
         self.warm = True
 
     def _score(self, top_logprobs: dict[str, float]) -> float:
@@ -75,7 +76,7 @@ class VllmModel:
             raise ValueError(f"neither of {self.answers} is among the model's top {TOP_LOGPROBS} first tokens")
         return yes / (yes + no)
 
-    async def infer(self, row: list[float]) -> tuple[float, BatchTiming]:
+    async def infer(self, row: list[float | str]) -> tuple[float, BatchTiming]:
         """The score for one input row, and how long it waited for a slot and for the server."""
         if self._waiting >= self.max_queue_size:
             raise Overloaded(f"vLLM queue full ({self.max_queue_size} waiting); retry later")

@@ -1,4 +1,5 @@
-"""Loopline's contracts: event and record types, their validation, topic specs and compatibility rules.
+"""Loopline's contracts: its own records, the contracts a project declares for its events, their validation, topic
+specs, compatibility rules and the project file.
 
 This package is the one source of truth for what travels on Loopline's topics. It imports
 nothing else of Loopline's.
@@ -8,14 +9,12 @@ from schemas.compatibility import CompatibilityError, check_compatible
 from schemas.records import (
     RECORD_TYPES,
     DeadLetterRecord,
-    LabelEvent,
     PredictionRecord,
     Record,
     ScoreRequest,
     TrainingExample,
-    TransactionEvent,
 )
-from schemas.topics import TOPICS, TopicSpec, topic_spec
+from schemas.topics import TOPICS, TopicSpec
 from schemas.validation import ContractViolation, FieldError, decode, encode
 
 __all__ = [
@@ -25,15 +24,12 @@ __all__ = [
     "ContractViolation",
     "DeadLetterRecord",
     "FieldError",
-    "LabelEvent",
     "PredictionRecord",
     "Record",
     "ScoreRequest",
     "TopicSpec",
     "TrainingExample",
-    "TransactionEvent",
     "check_compatible",
     "decode",
     "encode",
-    "topic_spec",
 ]

@@ -1,6 +1,10 @@
-"""Schema compatibility: refuse a change to a record contract that would break existing readers.
+"""Schema compatibility: refuse a change to a contract that would break existing readers.
 
-Each record type's JSON Schema is registered (committed) under ``schemas/registered/`` per
+A project's event contracts (``schemas/contracts.py``) are registered by copying each, as it is, under the
+project's ``contracts/registered/``; a changed contract is compared with its registered copy by Avro's rules, both
+ways (``contracts.breaking_changes``). A breaking change goes to a new topic with a contract of its own.
+
+Loopline's own records: each record type's JSON Schema is registered (committed) under ``schemas/registered/`` per
 schema version. A change to a model is compared with the registered schema of the same version:
 
 * Old readers meet new records: removing a field they require, or changing any field's type
@@ -19,9 +23,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from schemas.contracts import breaking_changes as breaking_contract_changes
+from schemas.contracts import load_contract
+from schemas.project import Project
 from schemas.records import RECORD_TYPES, Record
 
 REGISTERED_SCHEMAS_DIR = Path(__file__).parent / "registered"
+#: Under a project: where its registered contracts are kept.
+REGISTERED_CONTRACTS = "contracts/registered"
 
 #: JSON Schema keys that document a field without changing what values it accepts.
 _DOCUMENTATION_KEYS = frozenset({"title", "description", "default", "examples"})
@@ -109,5 +118,39 @@ def register_schemas(directory: Path = REGISTERED_SCHEMAS_DIR) -> list[Path]:
     for record_type in RECORD_TYPES:
         path = registered_schema_path(record_type, directory)
         path.write_text(json.dumps(json_schema(record_type), indent=2, sort_keys=True) + "\n")
+        written.append(path)
+    return written
+
+
+def _registered_contract(project: Project, topic: str) -> Path:
+    """Where the registered copy of ``topic``'s contract is kept: ``contracts/registered/<its file's name>``."""
+    return project.path / REGISTERED_CONTRACTS / Path(project.spec.topics[topic].contract).name
+
+
+def check_project_contracts(project: Project) -> dict[str, str]:
+    """Compare each of the project's contracts with its registered copy; CompatibilityError on a break. Per contract
+    file, ``"unchanged"``, ``"compatible change"`` or ``"not registered"``."""
+    outcome: dict[str, str] = {}
+    for topic, contract in project.contracts.items():
+        path = _registered_contract(project, topic)
+        if not path.exists():
+            outcome[path.name] = "not registered"
+            continue
+        registered = load_contract(path)
+        problems = breaking_contract_changes(registered, contract)
+        if problems:
+            raise CompatibilityError(f"{contract.name} ({topic})", problems)
+        outcome[path.name] = "unchanged" if dict(registered.schema) == dict(contract.schema) else "compatible change"
+    return outcome
+
+
+def register_project_contracts(project: Project) -> list[Path]:
+    """Copy each of the project's contracts as its registered copy, after checking every one against the copy there."""
+    check_project_contracts(project)
+    written = []
+    for topic, contract in project.contracts.items():
+        path = _registered_contract(project, topic)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(contract.schema), indent=2) + "\n")
         written.append(path)
     return written

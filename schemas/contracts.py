@@ -131,6 +131,11 @@ class EventContract:
         """The contract as the job's JVM decoder takes it: its name, fields and Avro schema, as JSON."""
         return json.dumps({"name": self.name, "fields": [f.spec() for f in self.fields], "avroSchema": self.avro_schema_json()})
 
+    def __getstate__(self) -> dict:
+        """The contract without what is derived from it (rebuilt on first use): it travels to Flink's workers pickled,
+        and a model class made at run time does not."""
+        return {key: value for key, value in self.__dict__.items() if key not in ("record_type", "_avro")}
+
     @cached_property
     def record_type(self) -> type[Event]:
         """The pydantic model of one valid event (what :meth:`decode` returns, and what producers build)."""
@@ -258,8 +263,7 @@ def _record_type(contract: EventContract) -> type[Event]:
             elif key in ("minLength", "maxLength"):
                 options[_STRING_CONSTRAINTS[key]] = value
         if f.type in _INTEGER_RANGE:
-            low, high = _INTEGER_RANGE[f.type]
-            annotation = Annotated[annotation, Field(ge=low, le=high)]
+            annotation = Annotated[annotation, AfterValidator(_fits_integer(*_INTEGER_RANGE[f.type]))]
         if f.type in ("float", "double"):
             options["allow_inf_nan"] = False
             if f.type == "float":
@@ -273,6 +277,15 @@ def _record_type(contract: EventContract) -> type[Event]:
     model = create_model(contract.name, __base__=Event, **definitions)
     model.RECORD_NAME = contract.name
     return model
+
+
+def _fits_integer(low: int, high: int):
+    def check(value: int) -> int:
+        if not low <= value <= high:
+            raise ValueError(f"beyond a {64 if high > 2**31 else 32}-bit integer")
+        return value
+
+    return check
 
 
 def _fits_float32(value: float) -> float:

@@ -186,6 +186,15 @@ class Project:
         return LabelPlan(declared.topic, self.contract(declared.topic), self.spec.topics[declared.topic].format, declared.joins_on, declared.value,
                          declared.kind, duration_ms(declared.horizon), declared.time, declared.source)  # fmt: skip
 
+    def encode(self, topic: str, event) -> bytes:
+        """An event of ``topic`` (a record of its contract, or its fields) in the topic's wire format."""
+        return self.contract(topic).encode(event, self.spec.topics[topic].format)
+
+    def decoder(self, topic: str):
+        """How ``topic``'s records are read: bytes to an event of its contract (ContractViolation when not one)."""
+        contract, wire = self.contract(topic), self.spec.topics[topic].format
+        return lambda payload: contract.decode(payload, wire)
+
     def resolve(self, relative: str) -> Path:
         """A path the project file names, relative to the project."""
         return (self.path / relative).resolve()

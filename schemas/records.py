@@ -17,8 +17,6 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 EpochMillis = int
-Channel = Literal["online", "pos", "atm"]
-LabelSource = Literal["chargeback", "manual_review", "customer_report"]
 
 
 def _request_value(value: object) -> float | int | str | bool:
@@ -42,44 +40,23 @@ RequestValue = Annotated[float | int | str | bool, PlainValidator(_request_value
 
 
 class Record(BaseModel):
-    """Base of every contract: strict types, extra fields ignored, immutable."""
+    """Base of Loopline's own records: strict types, extra fields ignored, immutable."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
-    #: The schema version this reader understands; records carrying another are refused.
-    SCHEMA_VERSION: ClassVar[int] = 1
+    #: The schema version this reader writes; records carrying another are refused unless it reads them too.
+    SCHEMA_VERSION: ClassVar[int | None] = 1
+    #: Earlier versions this reader still reads, each turned into the current form by ``upgrade``.
+    READS: ClassVar[frozenset[int]] = frozenset()
     #: The stable name of the record type, used for registered schema snapshots.
     RECORD_NAME: ClassVar[str] = ""
 
     schema_version: int = Field(description="Version of this record's schema.")
 
-
-class TransactionEvent(Record):
-    """A card transaction, the main event domain (topic ``events.transactions``)."""
-
-    RECORD_NAME: ClassVar[str] = "transaction"
-
-    event_id: str = Field(min_length=1, description="Globally unique event id.")
-    event_time_ms: EpochMillis = Field(gt=0, description="When the transaction happened.")
-    user_id: str = Field(min_length=1)
-    merchant_id: str = Field(min_length=1)
-    amount: float = Field(ge=0, allow_inf_nan=False, description="Amount in the currency's major unit.")
-    currency: str = Field(pattern=r"^[A-Z]{3}$")
-    merchant_category: str = Field(min_length=1)
-    channel: Channel
-    country: str = Field(pattern=r"^[A-Z]{2}$")
-
-
-class LabelEvent(Record):
-    """The outcome of a transaction, known later (topic ``events.labels``)."""
-
-    RECORD_NAME: ClassVar[str] = "label"
-
-    event_id: str = Field(min_length=1, description="The transaction this label is about.")
-    user_id: str = Field(min_length=1)
-    is_fraud: bool
-    label_time_ms: EpochMillis = Field(gt=0)
-    source: LabelSource
+    @classmethod
+    def upgrade(cls, data: dict, version: int) -> dict:
+        """The fields of a record of an earlier ``version`` (one of ``READS``) in the current version's form."""
+        raise NotImplementedError(f"{cls.RECORD_NAME} v{version} is not read")
 
 
 class ScoreRequest(Record):
@@ -95,7 +72,7 @@ class ScoreRequest(Record):
     requested_at_ms: EpochMillis = Field(gt=0)
     model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")
     event_id: str | None = Field(
-        default=None, min_length=1, description="The event (transaction) this request scores: labels join predictions by it."
+        default=None, min_length=1, description="The event this request scores (an order, a transaction): labels join predictions by it."
     )
 
 
@@ -133,10 +110,13 @@ class PredictionRecord(Record):
 class TrainingExample(Record):
     """A scored event with the exact features the scorer used and, once known, its label (topic ``training.examples``).
 
-    ``label`` is None for an event still unlabeled when the feedback horizon passed (positive-unlabeled:
-    most such events are legitimate, but not all)."""
+    ``label`` is the outcome as a number: 1.0 or 0.0 for a binary label, the value itself for a numeric one; None for
+    an event still unlabeled when the feedback horizon passed (for a binary label such as fraud, positive-unlabeled:
+    most such events are negatives, but not all). Version 1 carried binary labels only, as booleans; it is still read."""
 
     RECORD_NAME: ClassVar[str] = "training_example"
+    SCHEMA_VERSION: ClassVar[int] = 2
+    READS: ClassVar[frozenset[int]] = frozenset({1})
 
     event_id: str = Field(min_length=1)
     request_id: str = Field(min_length=1)
@@ -146,12 +126,18 @@ class TrainingExample(Record):
     model_name: str = Field(min_length=1)
     model_version: str = Field(min_length=1)
     score: float = Field(allow_inf_nan=False)
-    label: bool | None = Field(description="The outcome (is fraud); None when unlabeled at the horizon.")
-    label_source: LabelSource | None = None
+    label: float | None = Field(allow_inf_nan=False, description="The outcome (binary: 1.0 or 0.0); None when unlabeled at the horizon.")
+    label_source: str | None = Field(default=None, description="Where the outcome came from, when the label source says.")
     requested_at_ms: EpochMillis = Field(gt=0)
     predicted_at_ms: EpochMillis = Field(gt=0, description="When the scorer scored it.")
     label_time_ms: EpochMillis | None = Field(default=None, gt=0)
     joined_at_ms: EpochMillis = Field(gt=0, description="When the joiner emitted it.")
+
+    @classmethod
+    def upgrade(cls, data: dict, version: int) -> dict:
+        """Version 1 (binary labels as booleans) in version 2's form: the label as 1.0 or 0.0."""
+        label = data.get("label")
+        return {**data, "schema_version": cls.SCHEMA_VERSION, "label": float(label) if isinstance(label, bool) else label}
 
 
 class DeadLetterRecord(Record):
@@ -208,8 +194,6 @@ class DeadLetterRecord(Record):
 
 
 RECORD_TYPES: tuple[type[Record], ...] = (
-    TransactionEvent,
-    LabelEvent,
     ScoreRequest,
     PredictionRecord,
     TrainingExample,

@@ -1,19 +1,14 @@
-"""Topic specs: the name, shape and retention of every topic Loopline reads or writes."""
+"""Topic specs: the name, shape and retention of a topic; Loopline's own topics here, a project's in its project file
+(``schemas/project.py``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.records import (
-    DeadLetterRecord,
-    LabelEvent,
-    PredictionRecord,
-    Record,
-    ScoreRequest,
-    TrainingExample,
-    TransactionEvent,
-)
+from pydantic import BaseModel
+
+from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest, TrainingExample
 
 DAY_MS = 24 * 60 * 60 * 1000
 
@@ -27,7 +22,7 @@ class TopicSpec:
     """
 
     name: str
-    record_type: type[Record]
+    record_type: type[BaseModel]
     key: str
     partitions: int
     retention_ms: int
@@ -38,8 +33,6 @@ class TopicSpec:
         return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
 
 
-TRANSACTIONS = TopicSpec("events.transactions", TransactionEvent, key="user_id", partitions=6, retention_ms=7 * DAY_MS)
-LABELS = TopicSpec("events.labels", LabelEvent, key="event_id", partitions=3, retention_ms=30 * DAY_MS)
 SCORE_REQUESTS = TopicSpec("scoring.requests", ScoreRequest, key="request_id", partitions=6, retention_ms=1 * DAY_MS)
 PREDICTIONS = TopicSpec(
     "scoring.predictions", PredictionRecord, key="request_id", partitions=6, retention_ms=30 * DAY_MS
@@ -47,12 +40,5 @@ PREDICTIONS = TopicSpec(
 DEAD_LETTERS = TopicSpec("events.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=30 * DAY_MS)
 TRAINING_EXAMPLES = TopicSpec("training.examples", TrainingExample, key="event_id", partitions=3, retention_ms=90 * DAY_MS)
 
-TOPICS: tuple[TopicSpec, ...] = (TRANSACTIONS, LABELS, SCORE_REQUESTS, PREDICTIONS, DEAD_LETTERS, TRAINING_EXAMPLES)
-
-
-def topic_spec(name: str) -> TopicSpec:
-    """The spec of the topic called ``name``; KeyError names the known topics when there is none."""
-    for spec in TOPICS:
-        if spec.name == name:
-            return spec
-    raise KeyError(f"no topic spec named {name!r}; known: {', '.join(s.name for s in TOPICS)}")
+#: Loopline's own topics, whatever the project: requests, predictions, dead letters, training examples.
+TOPICS: tuple[TopicSpec, ...] = (SCORE_REQUESTS, PREDICTIONS, DEAD_LETTERS, TRAINING_EXAMPLES)

@@ -104,12 +104,11 @@ def decode(record_type: type[R], payload: bytes | str, max_depth: int = MAX_JSON
     version = data.get("schema_version")
     if version is None:
         raise _violation(record_type, "schema_version", "missing")
-    if version != record_type.SCHEMA_VERSION:
-        raise _violation(
-            record_type,
-            "schema_version",
-            f"unsupported schema version {version!r} (this reader knows {record_type.SCHEMA_VERSION})",
-        )
+    if version in record_type.READS and not isinstance(version, bool):
+        data = record_type.upgrade(data, version)
+    elif version != record_type.SCHEMA_VERSION:
+        known = sorted({record_type.SCHEMA_VERSION, *record_type.READS})
+        raise _violation(record_type, "schema_version", f"unsupported schema version {version!r} (this reader knows {known})")
     return validate(record_type, data)
 
 

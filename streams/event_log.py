@@ -22,29 +22,32 @@ from collections.abc import Mapping
 import pandas as pd
 
 from streams.feature_plan import FeaturePlan
-from streams.recompute import EVENT_TIME, split_late, valid_events
+from streams.recompute import split_late, valid_events
 from streams.topics import read_topic_from
 
 
-def events_since(events: pd.DataFrame, since_ms: int) -> pd.DataFrame:
-    """The events whose event time is at or after ``since_ms``. ``split_late`` judges each of them over these alone as
-    it does over all of ``events`` (module docstring)."""
-    return events[events[EVENT_TIME] >= since_ms]
+def events_since(events: pd.DataFrame, since_ms: int, time_field: str) -> pd.DataFrame:
+    """The events whose event time (``time_field``) is at or after ``since_ms``. ``split_late`` judges each of them
+    over these alone as it does over all of ``events`` (module docstring)."""
+    return events[events[time_field] >= since_ms]
 
 
 class EventLogWindow:
-    """The valid events of ``plan``'s topic from an event time on, read incrementally, judged as the job judges them.
+    """The valid events of one of ``plan``'s topics from an event time on, read incrementally, judged as the job judges
+    them.
 
     One caller at a time (it keeps positions and events between calls without a lock)."""
 
     def __init__(
-        self, plan: FeaturePlan, bootstrap_servers: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0
-    ) -> None:
+        self, plan: FeaturePlan, topic: str, bootstrap_servers: str, client_config: Mapping[str, str] | None = None,
+        timeout_s: float = 60.0,
+    ) -> None:  # fmt: skip
         """``timeout_s``: the longest one call may take to read the topic to its end."""
-        self.plan, self.bootstrap_servers, self.client_config, self.timeout_s = plan, bootstrap_servers, client_config, timeout_s
+        self.plan, self.topic, self.bootstrap_servers, self.client_config, self.timeout_s = plan, topic, bootstrap_servers, client_config, timeout_s
+        self.source = plan.source(topic)
         self._positions: dict[int, int] | None = None
         self._since_ms = 0
-        self._events = valid_events(plan, [])
+        self._events = valid_events(plan, topic, [])
         #: Records the last call read and decoded: those published since the call before (all of them on a first read).
         self.records_read = 0
 
@@ -58,15 +61,16 @@ class EventLogWindow:
         before (those events were let go): then it starts again, as a first call."""
         if self._positions is None or since_ms < self._since_ms:
             self._positions = None
-        read = read_topic_from(self.bootstrap_servers, self.plan.topic, self.client_config, self.timeout_s, since_ms=since_ms,
+        read = read_topic_from(self.bootstrap_servers, self.topic, self.client_config, self.timeout_s, since_ms=since_ms,
                                positions=self._positions)  # fmt: skip
-        kept = [] if self._positions is None else [events_since(self._events, since_ms)]
-        new = events_since(valid_events(self.plan, read.messages), since_ms)
+        time_field = self.source.time_field
+        kept = [] if self._positions is None else [events_since(self._events, since_ms, time_field)]
+        new = events_since(valid_events(self.plan, self.topic, read.messages), since_ms, time_field)
         # An empty frame in a concatenation would turn typed columns into objects.
         frames = [frame for frame in (*kept, new) if len(frame)]
         self._events = pd.concat(frames, ignore_index=True) if frames else new
         self._positions, self._since_ms, self.records_read = read.positions, since_ms, len(read.messages)
-        return split_late(self._events, self.plan.out_of_orderness_ms)
+        return split_late(self._events, self.source.out_of_orderness_ms, time_field)
 
     @property
     def retained_bytes(self) -> int:

@@ -1,24 +1,29 @@
-"""The streaming feature job, compiled from the Feast stream feature views (a FeaturePlan).
+"""The streaming feature job, compiled from a project's Feast stream feature views (a FeaturePlan).
 
-    Kafka (raw bytes + partition/offset) ─► decode & validate [Python, Arrow batches] ──invalid──► events.dlq
-        ─► per-partition watermark (bounded out-of-orderness) [JVM] ──late──► events.dlq
-        ─► per view: key by entity ─► sliding windows updated per event [JVM keyed state]
-           ├─► an entity's newest row, with its windows' steps, at most once per ``online_interval_ms``
-           │   [JVM timers] ─► batched, idempotent writes to Redis in Feast's layout [JVM, Jedis pipelines]
-           └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
+    Kafka, every topic the views read (raw bytes + topic/partition/offset)
+        ─► key by topic and partition ─► decode by the topic's contract, range, per-partition watermark [JVM]
+           ──invalid, out of range, late──► events.dlq
+        ─► per topic: its events ─► per view over it: key by the entity's join keys
+           ─► sliding windows updated per event [JVM keyed state]
+              ├─► an entity's newest row, with its windows' steps, at most once per ``online_interval_ms``
+              │   [JVM timers] ─► batched, idempotent writes to Redis in Feast's layout [JVM, Jedis pipelines]
+              └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
 
-Python runs only where the contracts are needed (decoding, dead letters) and for the parquet log, on Arrow batches
-of rows (pandas UDFs); the per-event state work and the online writes run in the JVM operators of ``streams/jvm``
-(see ``streams/operators_jar.py``), whose Redis layout Python takes from Feast once, when it builds the job
-(``OnlineWriter.jvm_layout``). Kafka offsets and all state are checkpointed together, and every step, Python or
-JVM, finishes its batch before a checkpoint completes, so every row before the checkpoint is written. A restarted job resumes from
-the last checkpoint; the online store orders an entity's rows by its latest event time, then the
-events absorbed (``feature_store/online_write.py``), so whatever order the replay interleaves the
-partitions in, the store ends with the row of every event, never with one written before the failure.
+One job reads all the project's topics: one checkpoint holds every view's state with every topic's offsets, one
+deployment runs them, and the decoder and the windows share the job's slots; a change to any view restarts them all
+(they restore from the same checkpoint). Events are decoded in the JVM by their contract (``EventContract``: JSON or
+Avro, as each topic is encoded), so Python runs only for the parquet log, on Arrow batches of rows (pandas UDFs); the
+online writes go from the JVM, whose Redis layout Python takes from Feast once, when it builds the job
+(``OnlineWriter.jvm_layout``). Kafka offsets and all state are checkpointed together, and every step, Python or JVM,
+finishes its batch before a checkpoint completes, so every row before the checkpoint is written. A restarted job
+resumes from the last checkpoint; the online store orders an entity's rows by its latest event time, then the events
+absorbed (``feature_store/online_write.py``), so whatever order the replay interleaves the partitions in, the store
+ends with the row of every event, never with one written before the failure.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -27,102 +32,61 @@ from pathlib import Path
 
 import pandas as pd
 from pyflink.common import Types
-from pyflink.datastream import OutputTag
 from pyflink.datastream.data_stream import DataStream
 from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
-from pyflink.table.udf import FunctionContext, ScalarFunction, udf
+from pyflink.table.udf import ScalarFunction, udf
 
 from feature_store.window_tiles import view_windows
-from schemas.ddl import column_types
-from schemas.records import TransactionEvent
-from streams.feature_plan import SCALE, FeaturePlan, ViewPlan, registered_plan
+from schemas.project import load_project
+from streams.feature_plan import MAX_EVENT_TIME_MS, MAX_EXACT_VALUE, SCALE, FeaturePlan, SourcePlan, ViewPlan, registered_plan
 from streams.flink_job import new_environment as flink_environment
 from streams.flink_job import run_job
 from streams.flink_submit import JobArchives, flink_run_command
 from streams.job_settings import JOB_NAME, JobSettings
-from streams.kafka_tables import RAW_COLUMNS, KafkaTables, dead_letter, decode_or_dead_letter
+from streams.kafka_tables import KafkaTables
 
-#: SQL type -> (DataStream type, Table type) for the columns the job carries.
+#: SQL type -> DataStream type, for the columns the job carries.
 _TYPES = {
-    "BYTES": (Types.PRIMITIVE_ARRAY(Types.BYTE()), DataTypes.BYTES()),
-    "INT": (Types.INT(), DataTypes.INT()),
-    "BIGINT": (Types.LONG(), DataTypes.BIGINT()),
-    "DOUBLE": (Types.DOUBLE(), DataTypes.DOUBLE()),
-    "STRING": (Types.STRING(), DataTypes.STRING()),
-    "BOOLEAN": (Types.BOOLEAN(), DataTypes.BOOLEAN()),
+    "BYTES": Types.PRIMITIVE_ARRAY(Types.BYTE()),
+    "BIGINT": Types.LONG(),
+    "DOUBLE": Types.DOUBLE(),
+    "STRING": Types.STRING(),
+    "BOOLEAN": Types.BOOLEAN(),
 }
-_EVENT_COLUMNS = column_types(TransactionEvent)
-#: A decoded row: the Kafka record as read, its dead letter when invalid, and the event's fields.
-_DECODED_COLUMNS = {**RAW_COLUMNS, "dead_letter": "STRING", **_EVENT_COLUMNS}
-_EVENT_TIME = "event_time_ms"
+#: The raw source's columns: each record as read, and where it was read.
+_RAW = ("key", "value", "partition", "offset", "topic")
+#: The Python types of the columns of the offline log's rows (Feast's value types).
+_VALUE_SQL = {"INT64": "BIGINT", "DOUBLE": "DOUBLE", "STRING": "STRING", "BOOL": "BOOLEAN"}
 
 
 def row_type(columns: dict[str, str]):
     """The DataStream type of rows of ``columns`` (name -> SQL type)."""
-    return Types.ROW_NAMED(list(columns), [_TYPES[sql][0] for sql in columns.values()])
+    return Types.ROW_NAMED(list(columns), [_TYPES[sql] for sql in columns.values()])
 
 
-class DecodeEvents(ScalarFunction):
-    """Validate a batch of records against their contract and the engine's range: the event's fields, or a
-    dead letter saying why not (``invalid``, ``out_of_range``, or ``unprocessable`` for anything else)."""
-
-    def __init__(self, plan: FeaturePlan) -> None:
-        self.plan = plan
-
-    def open(self, function_context: FunctionContext) -> None:
-        self.invalid = function_context.get_metric_group().counter("invalid_events")
-
-    def _event(self, key, value, partition, offset) -> dict:
-        topic = self.plan.topic
-        record, letter = decode_or_dead_letter(TransactionEvent, JOB_NAME, topic, partition, offset, key, value)
-        if record is None:
-            return {"dead_letter": letter}
-        event = record.model_dump()
-        problem = self.plan.out_of_range(event)
-        if problem is not None:
-            return {"dead_letter": dead_letter(JOB_NAME, "out_of_range", f"{problem[0]}: {problem[1]}", problem[0], topic, partition,
-                                               offset, key, value)}  # fmt: skip
-        return event
-
-    def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
-        columns: dict[str, list] = {name: [] for name in ("dead_letter", *_EVENT_COLUMNS)}
-        for k, v, p, o in zip(key, value, partition, offset, strict=True):
-            event = self._event(k, v, p, o)
-            if event.get("dead_letter") is not None:
-                self.invalid.inc()
-            for name, values in columns.items():
-                values.append(event.get(name))
-        return pd.DataFrame({name: pd.Series(values, dtype=object) for name, values in columns.items()})
-
-
-class LateDeadLetters(ScalarFunction):
-    """The dead letters of a batch of late events."""
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-
-    def eval(self, key, value, partition, offset, behind_ms) -> pd.Series:
-        return pd.Series(
-            [
-                dead_letter(JOB_NAME, "late", f"event time is {b} ms behind the partition's watermark", _EVENT_TIME, self.topic, p, o, k, v)
-                for k, v, p, o, b in zip(key, value, partition, offset, behind_ms, strict=True)
-            ]
-        )
+def _ints(values) -> object:
+    """A Java int[] of ``values`` (for the JVM operators' constructors)."""
+    gateway = get_gateway()
+    array = gateway.new_array(gateway.jvm.int, len(values))
+    for i, value in enumerate(values):
+        array[i] = int(value)
+    return array
 
 
 class AppendOffline(ScalarFunction):
-    """Append a batch of one view's rows to its offline log as a parquet file: join key, event_timestamp, features."""
+    """Append a batch of one view's rows to its offline log as a parquet file: join keys, event_timestamp, features."""
 
     def __init__(self, view: ViewPlan, directory: Path) -> None:
-        self.join_key = view.entity_key
+        self.join_keys = view.entity_keys
         self.features = view.feature_names
         self.directory = directory
 
-    def eval(self, entity: pd.Series, version_us: pd.Series, *features: pd.Series) -> pd.Series:
+    def eval(self, *columns: pd.Series) -> pd.Series:
+        keys, version_us, features = columns[: len(self.join_keys)], columns[len(self.join_keys)], columns[len(self.join_keys) + 1 :]
         frame = pd.DataFrame(
             {
-                self.join_key: entity,
+                **dict(zip(self.join_keys, keys, strict=True)),
                 # The row version is a timestamp in microseconds (see streams/jvm SlidingWindows): the entity's
                 # latest event time, and a count of the events absorbed since it, strictly growing, so a
                 # point-in-time read finds each row.
@@ -135,10 +99,10 @@ class AppendOffline(ScalarFunction):
         # Written under a hidden name and renamed, so readers of the folder never see half a file.
         frame.to_parquet(self.directory / f".{name}", index=False)
         os.replace(self.directory / f".{name}", self.directory / name)
-        return pd.Series([True] * len(entity))
+        return pd.Series([True] * len(version_us))
 
 
-#: The columns of a view's rows ``SlidingWindows`` emits before the features (see its javadoc).
+#: The columns of a view's rows ``SlidingWindows`` emits after the join keys and before the features (its javadoc).
 _ROW_VERSION, _ROW_ORDER = "version_us", ("latest_ms", "events")
 
 
@@ -148,13 +112,12 @@ def steps_columns(view: ViewPlan) -> tuple[str, ...]:
 
 
 def feature_columns(view: ViewPlan, online: bool = False) -> dict[str, str]:
-    """A view's rows: entity, row version (µs, for the offline log), the latest event time (ms) and the number of
-    events absorbed (the online store's order), in ``online`` rows each window's steps, then each feature (counts are
-    integers)."""
-    integral = {"count", "count_distinct"}
-    features = {a.name: "BIGINT" if a.function in integral else "DOUBLE" for a in view.aggregations}
+    """A view's rows: its join keys, row version (µs, for the offline log), the latest event time (ms) and the number
+    of events absorbed (the online store's order), in ``online`` rows each window's steps, then each feature (of the
+    type its function gives)."""
+    features = {a.name: _VALUE_SQL[view.value_types[a.name]] for a in view.aggregations}
     steps = dict.fromkeys(steps_columns(view), "BYTES") if online else {}
-    return {view.entity_key: "STRING", **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **steps, **features}
+    return {**dict.fromkeys(view.entity_keys, "STRING"), **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **steps, **features}
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
@@ -177,16 +140,28 @@ def _quoted(names) -> str:
     return ", ".join(f"`{name}`" for name in names)
 
 
-def windowed_rows(events, view: ViewPlan, positions: dict[str, int], online_interval_ms: int):
+def decoder_spec(plan: FeaturePlan) -> str:
+    """What the job's ``EventDecoder`` takes: the sources, the raw rows' layout and the engine's ranges, as JSON."""
+    return json.dumps({
+        "consumer": JOB_NAME, "raw": {name: i for i, name in enumerate(_RAW)}, "maxEventTimeMs": MAX_EVENT_TIME_MS,
+        "maxExactValue": repr(MAX_EXACT_VALUE), "sources": json.loads(plan.jvm_sources()),
+    })  # fmt: skip
+
+
+def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms: int):
     """The rows of ``view`` (``feature_columns``) from the sliding windows of its entity (``SlidingWindows``) over
-    ``events`` (a Java DataStream of rows holding each event column at its index in ``positions``): one per event
-    (for the offline log), and the rows for the online store, an entity's newest at most once per
-    ``online_interval_ms``, with its windows' steps."""
+    ``events`` (a Java DataStream of its topic's events, the contract's fields in order): one per event (for the
+    offline log), and the rows for the online store, an entity's newest at most once per ``online_interval_ms``, with
+    its windows' steps."""
+    from pyflink.datastream import OutputTag
+
     operators = get_gateway().jvm.dev.loopline.streams
+    positions = {name: i for i, name in enumerate(source.contract.field_names)}
     online = OutputTag(f"online-{view.name}", row_type(feature_columns(view, online=True))).get_java_output_tag()
-    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[_EVENT_TIME], SCALE, online, online_interval_ms)
+    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, online, online_interval_ms,
+                                       len(view.entity_keys))  # fmt: skip
     rows = (
-        events.keyBy(operators.FieldKey(positions[view.entity_key]))
+        events.keyBy(operators.FieldKey(_ints([positions[key] for key in view.entity_keys])))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
         .name(f"aggregate {view.name}")
         .uid(f"aggregate-{view.name}")
@@ -208,60 +183,38 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     t_env = StreamTableEnvironment.create(env)
     tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
     fetch = {"properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "20"}
-    t_env.execute_sql(tables.raw_source("raw_events", plan.topic, {**fetch, **_startup(settings, from_earliest)}))
+    t_env.execute_sql(tables.raw_source("raw_events", ";".join(plan.topics), {**fetch, **_startup(settings, from_earliest)},
+                                        ["`topic` STRING METADATA VIRTUAL"]))  # fmt: skip
     t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
     t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
 
-    decoded_row = DataTypes.ROW(
-        [DataTypes.FIELD(name, _TYPES[sql][1]) for name, sql in {"dead_letter": "STRING", **_EVENT_COLUMNS}.items()]
-    )
-    t_env.create_temporary_function("decode_event", udf(DecodeEvents(plan), result_type=decoded_row, func_type="pandas"))
-    t_env.create_temporary_function(
-        "late_dead_letter", udf(LateDeadLetters(plan.topic), result_type=DataTypes.STRING(), func_type="pandas")
-    )
-    decoded = t_env.sql_query(
-        f"SELECT {_quoted(RAW_COLUMNS)}, {', '.join(f'e.`{c}`' for c in ('dead_letter', *_EVENT_COLUMNS))} "
-        f"FROM (SELECT *, decode_event({_quoted(RAW_COLUMNS)}) AS e FROM raw_events)"
-    )
-
     operators = get_gateway().jvm.dev.loopline.streams
-    positions = {name: i for i, name in enumerate(_DECODED_COLUMNS)}
-    decoded_type = row_type(_DECODED_COLUMNS).get_java_type_info()
-    invalid = OutputTag("invalid", Types.STRING()).get_java_output_tag()
-    late = OutputTag("late", row_type({**_DECODED_COLUMNS, "behind_ms": "BIGINT"})).get_java_output_tag()
-    valid = (
-        t_env.to_data_stream(decoded)
-        ._j_data_stream.process(operators.DeadLetterSplit(positions["dead_letter"], invalid), decoded_type)
-        .name("route invalid events")
-        .uid("route-invalid-events")
+    raw = t_env.to_data_stream(t_env.sql_query(f"SELECT {_quoted(_RAW)} FROM raw_events"))._j_data_stream
+    decoder = operators.EventDecoder(decoder_spec(plan))
+    letters = (
+        raw.keyBy(operators.FieldKey(_ints([_RAW.index("topic"), _RAW.index("partition")])))
+        .process(decoder, Types.STRING().get_java_type_info())
+        .name("decode events by their contracts")
+        .uid("decode-events")
     )
-    on_time = (
-        valid.keyBy(operators.FieldKey(positions["partition"]))
-        .process(operators.PartitionLateness(positions[_EVENT_TIME], plan.out_of_orderness_ms, late), decoded_type)
-        .name("drop late events")
-        .uid("drop-late-events")
-    )
-    t_env.create_temporary_view("invalid_events", t_env.from_data_stream(DataStream(valid.getSideOutput(invalid))))
-    t_env.create_temporary_view("late_events", t_env.from_data_stream(DataStream(on_time.getSideOutput(late))))
+    t_env.create_temporary_view("refused_events", t_env.from_data_stream(DataStream(letters)))
     statements = t_env.create_statement_set()
-    statements.add_insert_sql(
-        "INSERT INTO dead_letters SELECT f0 FROM invalid_events UNION ALL "
-        f"SELECT late_dead_letter({_quoted(RAW_COLUMNS)}, behind_ms) FROM late_events"
-    )
+    statements.add_insert_sql("INSERT INTO dead_letters SELECT * FROM refused_events")
 
     from feature_store.online_write import OnlineWriter  # Feast: on the client that builds the job, not on its workers
 
     offline_dirs = _offline_dirs(plan, settings)
-    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, *_repo(settings), redis_cluster=settings.redis_cluster)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
-        rows, online_rows = windowed_rows(on_time, view, positions, settings.online_interval_ms)
+        events = letters.getSideOutput(decoder.events(view.topic))
+        rows, online_rows = windowed_rows(events, plan.source(view.topic), view, settings.online_interval_ms)
         if tuple(writer.layout.views[view.name].windows) != tuple(view_windows(view.aggregations)):  # the rows' steps, in order
             raise ValueError(f"{view.name}: the registry's windows are not the plan's; compile the plan from the same registry")
         layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows)
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
-            rows.keyBy(operators.FieldKey(-1))
+            rows.keyBy(operators.FieldKey(_ints([])))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
             .name(f"hold {view.name} for the offline log")
             .uid(f"hold-offline-{view.name}")
@@ -271,21 +224,14 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
             f"append_offline_{index}",
             udf(AppendOffline(view, offline_dirs[view.name]), result_type=DataTypes.BOOLEAN(), func_type="pandas"),
         )
-        columns = _quoted([view.entity_key, _ROW_VERSION, *view.feature_names])
+        columns = _quoted([*view.entity_keys, _ROW_VERSION, *view.feature_names])
         statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({columns}) FROM held_{index}")
     statements.attach_as_datastream()
 
 
-def _repo(settings: JobSettings) -> tuple[Path, ...]:
-    """The repo-path argument of the feature store's helpers: the settings' repo, or none for the default."""
-    return () if settings.repo_path is None else (settings.repo_path,)
-
-
 def _offline_dirs(plan: FeaturePlan, settings: JobSettings) -> dict[str, Path]:
     """Where each view's rows are appended: ``<offline_dir>/<view>``, or the path its FileSource declares in the repo."""
-    from feature_store.config import REPO_PATH
-
-    root, repo = settings.offline_dir, settings.repo_path or REPO_PATH
+    root, repo = settings.offline_dir, settings.repo_path
     return {
         view.name: root / view.name if root is not None else repo / (view.offline_path or f"data/offline/{view.name}")
         for view in plan.views
@@ -319,22 +265,23 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
             bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties)
 
 
-def submit_command(flink: Path, jobmanager: str, settings: JobSettings, source_topic: str | None, archives: JobArchives,
-                   from_savepoint: str | None) -> list[str]:  # fmt: skip
+def submit_command(flink: Path, jobmanager: str, settings: JobSettings, archives: JobArchives, from_savepoint: str | None) -> list[str]:
     """The ``flink run`` command that submits this job, detached, to the cluster at ``jobmanager`` (REST host:port) at
     ``settings.parallelism``, with its environment and code (``archives``), restored from ``from_savepoint`` if given."""
-    return flink_run_command(flink, jobmanager, "streams.feature_job", [settings.to_json(), source_topic or ""], archives,
+    return flink_run_command(flink, jobmanager, "streams.feature_job", [settings.to_json()], archives,
                              parallelism=settings.parallelism, from_savepoint=from_savepoint)  # fmt: skip
 
 
-def _main(settings_json: str, source_topic: str) -> None:
-    """Entry point under ``flink run``: compile the plan from the Feast registry and submit the job to that cluster."""
+def _main(settings_json: str) -> None:
+    """Entry point under ``flink run``: compile the plan from the project's Feast registry and submit the job to that
+    cluster."""
     settings = JobSettings.from_json(settings_json)
-    plan = registered_plan(settings.feast_registry_path, settings.redis_connection, settings.repo_path, source_topic or None)
+    plan = registered_plan(load_project(settings.project_path), settings.feast_registry_path, settings.redis_connection,
+                           settings.source_topics)  # fmt: skip
     env = new_environment(settings)
     build_job(env, plan, settings)
     env.execute(JOB_NAME)
 
 
 if __name__ == "__main__":
-    _main(*sys.argv[1:3])
+    _main(sys.argv[1])

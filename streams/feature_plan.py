@@ -1,27 +1,34 @@
-"""Compile Feast stream feature views into a plan the Flink job and the offline recompute both run.
+"""Compile a project's Feast stream feature views into a plan the Flink job and the offline recompute both run.
 
-The plan is plain, picklable data: for each view the entity key, the source topic, the allowed
-out-of-orderness and the aggregations with their windows in milliseconds. Anything the engine
-cannot compute is refused here, at compile time, naming the view.
+The plan is plain, picklable data: the topics the job reads (each with its contract, wire format, event time field
+and allowed out-of-orderness) and, per view, its topic, its entity's join keys and its aggregations with their
+windows in milliseconds. Anything the engine cannot compute is refused here, at compile time, naming the view and
+what to change: a source over a topic the project does not declare, a format or a schema that is not the one its
+contract derives, a join key or column the contract lacks, a feature declared with another type than its function
+gives.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, replace
+import json
+from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import cached_property
-from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, millis
-from schemas.topics import TopicSpec, topic_spec
+from schemas.contracts import EventContract
+from schemas.project import Project
 
 if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled here
+    import pandas as pd
     from feast import StreamFeatureView
 
-#: Functions the engine computes. ``time_since_previous`` is Loopline's own (no window).
-SUPPORTED_FUNCTIONS = TILED_FUNCTIONS | {"time_since_previous"}
+#: Functions the engine computes without a window: ``time_since_previous`` (seconds since the entity's previous
+#: event) and ``last`` (the column's value in the entity's latest event that has one), both Loopline's own.
+UNWINDOWED_FUNCTIONS = frozenset({"time_since_previous", "last"})
+SUPPORTED_FUNCTIONS = TILED_FUNCTIONS | UNWINDOWED_FUNCTIONS
 _NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
 #: The largest magnitude an aggregated value may have: its integer of 1/SCALE stays exact in a double
 #: (2**53), and over a thousand of them still sum within a 64-bit integer.
@@ -29,6 +36,12 @@ MAX_EXACT_VALUE = 2**53 / SCALE
 #: The latest event time the engine takes (2255): row versions (microseconds) and the offline log's
 #: timestamps (nanoseconds in pandas) stay within 64 bits.
 MAX_EVENT_TIME_MS = 9_000_000_000_000
+#: The Feast value type of each function's result (``last``: its column's, ``_LAST_TYPES``).
+_RESULT_TYPES = {"count": "INT64", "count_distinct": "INT64", "sum": "DOUBLE", "mean": "DOUBLE", "max": "DOUBLE", "min": "DOUBLE",
+                 "time_since_previous": "DOUBLE"}  # fmt: skip
+_LAST_TYPES = {"string": "STRING", "enum": "STRING", "int": "INT64", "long": "INT64", "float": "DOUBLE", "double": "DOUBLE",
+               "boolean": "BOOL"}  # fmt: skip
+_FEAST_TYPE_NAMES = {"INT64": "Int64", "DOUBLE": "Float64", "STRING": "String", "BOOL": "Bool"}
 
 
 class PlanError(ValueError):
@@ -36,50 +49,107 @@ class PlanError(ValueError):
 
 
 @dataclass(frozen=True)
+class SourcePlan:
+    """One topic the job reads: its events' contract and wire format, which field is their event time, and how far
+    out of order they may come (the most any view over it allows)."""
+
+    topic: str
+    contract: EventContract
+    wire: Literal["json", "avro"]
+    time_field: str
+    out_of_orderness_ms: int
+
+    @property
+    def columns(self) -> dict[str, str]:
+        """The SQL type of each of the events' fields, in the contract's order (the job's rows of this topic)."""
+        return self.contract.column_types()
+
+
+@dataclass(frozen=True)
 class ViewPlan:
     """What the job computes for one stream feature view."""
 
     name: str
-    entity_key: str
     topic: str
+    entity_keys: tuple[str, ...]
+    time_field: str
     out_of_orderness_ms: int
     aggregations: tuple[AggregationSpec, ...]
     offline_path: str | None
+    #: Each feature's Feast value type (INT64, DOUBLE, STRING or BOOL), as its function and column give it.
+    value_types: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def feature_names(self) -> tuple[str, ...]:
         """The view's features, in declaration order."""
         return tuple(a.name for a in self.aggregations)
 
+    @property
+    def last_columns(self) -> frozenset[str]:
+        """The columns some ``last`` aggregation takes (kept as they are, None where an event has no value)."""
+        return frozenset(a.column for a in self.aggregations if a.function == "last")
+
+    @property
+    def entity_key(self) -> str:
+        """The column naming the entity in frames of the view's events: its join key, or for several join keys the
+        column :meth:`with_entity` adds (each entity as the tuple of its join keys' values)."""
+        return self.entity_keys[0] if len(self.entity_keys) == 1 else "(" + ",".join(self.entity_keys) + ")"
+
+    def entity(self, keys: Mapping[str, str]) -> Hashable:
+        """The entity named by ``keys`` (join key -> value) as :attr:`entity_key` holds it."""
+        return keys[self.entity_keys[0]] if len(self.entity_keys) == 1 else tuple(keys[k] for k in self.entity_keys)
+
+    def with_entity(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame`` (holding the join keys) with the :attr:`entity_key` column, when the view has several join keys."""
+        if len(self.entity_keys) == 1 or self.entity_key in frame.columns:
+            return frame
+        values = list(zip(*(frame[key].tolist() for key in self.entity_keys), strict=True))
+        import pandas as pd
+
+        return frame.assign(**{self.entity_key: pd.Series(values, index=frame.index, dtype=object)})
+
 
 @dataclass(frozen=True)
 class FeaturePlan:
-    """Every view of the job; all of them read the same topic."""
+    """Every topic and view of the job."""
 
+    sources: tuple[SourcePlan, ...]
     views: tuple[ViewPlan, ...]
 
     @property
-    def topic(self) -> str:
-        """The one source topic."""
-        return self.views[0].topic
+    def topics(self) -> tuple[str, ...]:
+        return tuple(source.topic for source in self.sources)
+
+    def source(self, topic: str) -> SourcePlan:
+        """The source reading ``topic``; KeyError naming the plan's topics when there is none."""
+        for source in self.sources:
+            if source.topic == topic:
+                return source
+        raise KeyError(f"the plan reads no topic {topic!r}; it reads {', '.join(self.topics)}")
+
+    def views_of(self, topic: str) -> tuple[ViewPlan, ...]:
+        """The views over ``topic``'s events."""
+        return tuple(view for view in self.views if view.topic == topic)
 
     @property
     def out_of_orderness_ms(self) -> int:
-        """The job's watermark bound: the most any view allows."""
-        return max(view.out_of_orderness_ms for view in self.views)
+        """The most any topic allows."""
+        return max(source.out_of_orderness_ms for source in self.sources)
 
-    @cached_property  # read for every event the job decodes (out_of_range)
-    def numeric_columns(self) -> frozenset[str]:
-        """The source columns some view sums, averages or takes the extremes of."""
-        return frozenset(a.column for view in self.views for a in view.aggregations if a.function in _NUMERIC_FUNCTIONS)
+    @cached_property  # read for every event the recompute decodes (out_of_range)
+    def range_fields(self) -> dict[str, tuple[str, ...]]:
+        """Per topic, the fields some view over it sums, averages or takes the extremes of, in the contract's order."""
+        aggregated = {(view.topic, a.column) for view in self.views for a in view.aggregations if a.function in _NUMERIC_FUNCTIONS}
+        return {s.topic: tuple(name for name in s.contract.field_names if (s.topic, name) in aggregated) for s in self.sources}
 
-    def out_of_range(self, event: dict, event_time: str = "event_time_ms") -> tuple[str, str] | None:
-        """(field, reason) when a valid event holds a value the engine cannot aggregate exactly, else None.
-
-        The job dead-letters such an event (reason ``out_of_range``); the recompute leaves it out too."""
-        if not 0 < event[event_time] <= MAX_EVENT_TIME_MS:
-            return event_time, f"{event[event_time]} is beyond the latest event time the engine takes ({MAX_EVENT_TIME_MS})"
-        for column in self.numeric_columns:
+    def out_of_range(self, topic: str, event: Mapping) -> tuple[str, str] | None:
+        """(field, reason) when a valid event of ``topic`` holds a value the engine cannot aggregate exactly, else None
+        (the event time first, then the aggregated numbers in the contract's order). The job dead-letters such an
+        event (reason ``out_of_range``); the recompute leaves it out too."""
+        time_field = self.source(topic).time_field
+        if not 0 < event[time_field] <= MAX_EVENT_TIME_MS:
+            return time_field, f"{event[time_field]} is beyond the latest event time the engine takes ({MAX_EVENT_TIME_MS})"
+        for column in self.range_fields[topic]:
             if abs(event[column]) > MAX_EXACT_VALUE:
                 return column, f"{event[column]:.6g} is beyond ±{MAX_EXACT_VALUE:.6g}, the largest value summed exactly"
         return None
@@ -89,16 +159,58 @@ class FeaturePlan:
         are passed over) reach: the longest window among them plus its slide, the oldest bucket it still counts. A
         stream that starts this far back has every one of their windows full."""
         wanted = set(features)
-        return max((a.window_ms + a.slide_ms for view in self.views for a in view.aggregations
-                    if f"{view.name}:{a.name}" in wanted and a.window_ms is not None and a.slide_ms is not None), default=0)  # fmt: skip
+        return max(
+            (a.window_ms + a.slide_ms for view in self.views for a in view.aggregations
+             if f"{view.name}:{a.name}" in wanted and a.window_ms is not None and a.slide_ms is not None),
+            default=0,
+        )  # fmt: skip
 
-    def reading(self, topic: str) -> FeaturePlan:
-        """The same plan with every view reading ``topic`` (a replay or a test topic)."""
-        return FeaturePlan(tuple(replace(view, topic=topic) for view in self.views))
+    def reading(self, topics: Mapping[str, str]) -> FeaturePlan:
+        """The same plan reading other topics (``topics``: declared topic -> the topic to read, a replay or a test's)."""
+        if not topics:
+            return self
+        unknown = sorted(set(topics) - set(self.topics))
+        if unknown:
+            raise PlanError(f"no view reads {', '.join(unknown)}; the plan reads {', '.join(self.topics)}")
+        return FeaturePlan(
+            tuple(replace(s, topic=topics.get(s.topic, s.topic)) for s in self.sources),
+            tuple(replace(v, topic=topics.get(v.topic, v.topic)) for v in self.views),
+        )
+
+    def jvm_sources(self) -> str:
+        """The sources as the job's JVM decoder takes them (``EventDecoder``), as JSON."""
+        return json.dumps([
+            {"topic": s.topic, "wire": s.wire, "contract": s.contract.jvm_spec(), "timeField": s.time_field,
+             "outOfOrdernessMs": s.out_of_orderness_ms, "rangeFields": list(self.range_fields[s.topic])}
+            for s in self.sources
+        ])  # fmt: skip
 
 
-def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields: dict[str, str]) -> AggregationSpec:
-    """One aggregation's spec, or PlanError; ``schema_fields``: the view's features' value types by name."""
+def _wire_format(view: str, topic: str, message_format, contract: EventContract) -> Literal["json", "avro"]:
+    """The wire format a Kafka source's message format names, checked against the schema its contract derives."""
+    kind = type(message_format).__name__
+    schema = getattr(message_format, "schema_json", None)
+    where = f"stream feature view '{view}', source over {topic}"
+    if kind == "JsonFormat":
+        if schema != contract.ddl():
+            raise PlanError(f"{where}: its JsonFormat schema is not its contract's ({contract.source}); derive it: "
+                            f"JsonFormat(schema_json=load_contract(...).ddl()), which gives {contract.ddl()!r}")  # fmt: skip
+        return "json"
+    if kind == "AvroFormat":
+        try:
+            declared = json.loads(schema or "")
+        except ValueError:
+            declared = None
+        if declared != dict(contract.schema):
+            raise PlanError(f"{where}: its AvroFormat schema is not its contract ({contract.source}); derive it: "
+                            "AvroFormat(schema_json=load_contract(...).avro_schema_json())")  # fmt: skip
+        return "avro"
+    raise PlanError(f"{where}: message_format {kind} is not one Loopline decodes (JsonFormat or AvroFormat)")
+
+
+def _compile_aggregation(view: str, contract: EventContract, aggregation, schema_fields: dict[str, str]) -> tuple[AggregationSpec, str]:
+    """One aggregation's spec and its Feast value type, or PlanError; ``schema_fields``: the view's features' declared
+    value types by name."""
     function, column, name = aggregation.function, aggregation.column, aggregation.name
     where = f"stream feature view '{view}', aggregation '{name or function}'"
     if not name:
@@ -107,72 +219,88 @@ def _compile_aggregation(view: str, spec: TopicSpec, aggregation, schema_fields:
         raise PlanError(f"{where}: no field named '{name}' in the view's schema")
     if function not in SUPPORTED_FUNCTIONS:
         raise PlanError(f"{where}: unsupported function '{function}'; supported: {', '.join(sorted(SUPPORTED_FUNCTIONS))}")
-    columns = spec.record_type.model_fields
-    if column not in columns:
-        raise PlanError(f"{where}: column '{column}' is not a field of {spec.record_type.__name__}")
-    if function in _NUMERIC_FUNCTIONS and columns[column].annotation not in (int, float):
-        raise PlanError(f"{where}: '{function}' needs a numeric column, '{column}' is not")
+    if column not in contract.field_names:
+        raise PlanError(f"{where}: column '{column}' is not a field of {contract.name} ({', '.join(contract.field_names)})")
+    declared = contract.field(column)
+    if function in _NUMERIC_FUNCTIONS and not declared.numeric:
+        raise PlanError(f"{where}: '{function}' needs a numeric column, '{column}' is a {declared.type}")
+    if function in TILED_FUNCTIONS and not declared.required:
+        raise PlanError(f"{where}: '{column}' may be null or absent in {contract.name}; a window aggregates required fields only "
+                        "(make it required in the contract, or take its last value)")  # fmt: skip
+    result = _LAST_TYPES[declared.type] if function == "last" else _RESULT_TYPES[function]
+    if schema_fields[name] != result:
+        raise PlanError(f"{where}: '{function}' of {declared.type} '{column}' gives {result}: declare the feature "
+                        f"Field(name='{name}', dtype={_FEAST_TYPE_NAMES[result]}), not {schema_fields[name]}")  # fmt: skip
+    if function in UNWINDOWED_FUNCTIONS:
+        return AggregationSpec(name, function, column, None, None), result
     window, slide = millis(aggregation.time_window), millis(aggregation.slide_interval)
-    if function == "time_since_previous":
-        return AggregationSpec(name, function, column, None, None)
     if not window or window <= 0:
         raise PlanError(f"{where}: '{function}' needs a positive time_window")
     if not slide or slide <= 0 or window % slide != 0:
         raise PlanError(f"{where}: slide_interval must be positive and divide time_window ({window} ms)")
-    if schema_fields[name] == "FLOAT":
-        # A window's values at request time come from its steps, which hold 64-bit numbers: a Float32 feature
-        # would read otherwise than Feast reads its stored value.
-        raise PlanError(f"{where}: declare the feature '{name}' Float64 (or Int64 for a count), not Float32")
-    return AggregationSpec(name, function, column, window, slide)
+    return AggregationSpec(name, function, column, window, slide), result
 
 
-def compile_view(view: StreamFeatureView) -> ViewPlan:
-    """The plan of one stream feature view, or PlanError naming the view and the problem."""
+def compile_view(view: StreamFeatureView, project: Project) -> tuple[ViewPlan, SourcePlan]:
+    """The plan of one stream feature view, and of the source it reads, or PlanError naming the view and the problem."""
     source = view.stream_source
     if source is None or getattr(source, "kafka_options", None) is None:
         raise PlanError(f"stream feature view '{view.name}': needs a KafkaSource")
-    try:
-        spec = topic_spec(source.kafka_options.topic)
-    except KeyError as err:
-        raise PlanError(f"stream feature view '{view.name}': {err.args[0]}") from None
-    keys = [column.name for column in view.entity_columns]
-    if len(keys) != 1:
-        raise PlanError(f"stream feature view '{view.name}': needs exactly one entity join key, has {keys}")
-    if keys[0] not in spec.record_type.model_fields:
-        raise PlanError(f"stream feature view '{view.name}': join key '{keys[0]}' is not in {spec.name}")
+    topic = source.kafka_options.topic
+    if topic not in project.contracts:
+        raise PlanError(f"stream feature view '{view.name}': its source reads {topic!r}, which the project does not declare; add it "
+                        f"under topics: in {project.path / 'loopline_project.yaml'} with its contract")  # fmt: skip
+    contract = project.contracts[topic]
+    wire = _wire_format(view.name, topic, source.kafka_options.message_format, contract)
+    if wire != project.spec.topics[topic].format:
+        raise PlanError(f"stream feature view '{view.name}': its source decodes {topic} as {wire}, the project declares "
+                        f"format {project.spec.topics[topic].format}")  # fmt: skip
+    time_field = source.timestamp_field
+    if time_field not in contract.field_names or contract.field(time_field).type != "long" or not contract.field(time_field).required:
+        raise PlanError(f"stream feature view '{view.name}': its source's timestamp_field '{time_field}' must be a required long "
+                        f"field of {contract.name} (epoch milliseconds)")  # fmt: skip
+    keys = tuple(column.name for column in view.entity_columns)
+    if not keys:
+        raise PlanError(f"stream feature view '{view.name}': needs an entity (its join keys name the entity in each event)")
+    for key in keys:
+        if key not in contract.field_names or contract.field(key).type != "string" or not contract.field(key).required:
+            raise PlanError(f"stream feature view '{view.name}': join key '{key}' must be a required string field of "
+                            f"{contract.name} ({contract.source})")  # fmt: skip
     if not view.aggregations:
         raise PlanError(f"stream feature view '{view.name}': declares no aggregations")
-    schema_fields = {field.name: field.dtype.to_value_type().name for field in view.features}
-    delay = source.kafka_options.watermark_delay_threshold or timedelta(0)
+    schema_fields = {f.name: f.dtype.to_value_type().name for f in view.features}
+    compiled = [_compile_aggregation(view.name, contract, a, schema_fields) for a in view.aggregations]
+    delay = millis(source.kafka_options.watermark_delay_threshold or timedelta(0)) or 0
     batch = view.batch_source
-    return ViewPlan(
-        name=view.name,
-        entity_key=keys[0],
-        topic=spec.name,
-        out_of_orderness_ms=millis(delay) or 0,
-        aggregations=tuple(_compile_aggregation(view.name, spec, a, schema_fields) for a in view.aggregations),
-        offline_path=getattr(batch, "path", None),
-    )
+    plan = ViewPlan(
+        name=view.name, topic=topic, entity_keys=keys, time_field=time_field, out_of_orderness_ms=delay,
+        aggregations=tuple(spec for spec, _ in compiled), offline_path=getattr(batch, "path", None),
+        value_types={spec.name: value_type for spec, value_type in compiled},
+    )  # fmt: skip
+    return plan, SourcePlan(topic, contract, wire, time_field, delay)
 
 
-def compile_plan(views: Iterable[StreamFeatureView]) -> FeaturePlan:
-    """The plan for all ``views``; they must read one topic (one Flink source)."""
-    plans = tuple(sorted((compile_view(v) for v in views), key=lambda p: p.name))
-    if not plans:
+def compile_plan(views: Iterable[StreamFeatureView], project: Project) -> FeaturePlan:
+    """The plan for all ``views`` of ``project``: one job reads every topic they read (one checkpoint for all)."""
+    compiled = sorted((compile_view(v, project) for v in views), key=lambda pair: pair[0].name)
+    if not compiled:
         raise PlanError("the Feast registry has no stream feature views; run `loopline apply` first")
-    topics = {p.topic for p in plans}
-    if len(topics) != 1:
-        raise PlanError(f"stream feature views read several topics ({', '.join(sorted(topics))}); one job reads one")
-    return FeaturePlan(plans)
+    sources: dict[str, SourcePlan] = {}
+    for _, source in compiled:
+        known = sources.get(source.topic)
+        if known is not None and known.time_field != source.time_field:
+            raise PlanError(f"the sources over {source.topic} take their event time from different fields "
+                            f"({known.time_field}, {source.time_field}); one topic has one event time")  # fmt: skip
+        if known is None or source.out_of_orderness_ms > known.out_of_orderness_ms:
+            sources[source.topic] = source
+    return FeaturePlan(tuple(sources[t] for t in sorted(sources)), tuple(view for view, _ in compiled))
 
 
-def registered_plan(
-    feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path | None = None, source_topic: str | None = None
-) -> FeaturePlan:
-    """The plan compiled from the stream feature views in the Feast registry at ``feast_registry_path`` (None: the one the
-    repo's feature_store.yaml names) of the repo at ``repo_path`` (None: feature_store/repo), reading ``source_topic``
-    instead of their source's when given."""
-    from feature_store.config import REPO_PATH, feature_store
+def registered_plan(project: Project, feast_registry_path, redis_connection: str | None, topics: Mapping[str, str] | None = None) -> FeaturePlan:
+    """The plan compiled from the stream feature views in ``project``'s Feast registry (at ``feast_registry_path``;
+    None: the one its feature_store.yaml names), reading ``topics`` (declared topic -> the topic to read) instead of
+    their sources' where given."""
+    from feature_store.config import feature_store
 
-    plan = compile_plan(feature_store(feast_registry_path, redis_connection, repo_path or REPO_PATH).list_stream_feature_views())
-    return plan.reading(source_topic) if source_topic else plan
+    views = feature_store(feast_registry_path, redis_connection, project.feature_repo).list_stream_feature_views()
+    return compile_plan(views, project).reading(topics or {})

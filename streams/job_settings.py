@@ -37,12 +37,16 @@ class JobSettings:
     operators_jar: Path
     #: A path or any Flink filesystem URI (``file:///shared/...``, ``s3://bucket/...``): checkpoints and savepoints.
     checkpoint_dir: str
+    #: The project (``schemas/project.py``) whose views the job computes, and its Feast repo (its feature_store.yaml and
+    #: FileSource paths).
+    project_path: Path
+    repo_path: Path
     feast_registry_path: Path | None = None
     redis_connection: str | None = None
     #: The connection names a Redis Cluster's nodes (Feast's ``redis_type: redis_cluster``).
     redis_cluster: bool = False
-    #: The Feast repo (its feature_store.yaml and FileSource paths); None: feature_store/repo.
-    repo_path: Path | None = None
+    #: Topics read instead of those the project declares (declared -> read): a replay's, or a test's.
+    source_topics: dict[str, str] = field(default_factory=dict)
     #: Extra Kafka client properties for the job's source and sinks (security.protocol, sasl.*, ssl.*).
     kafka_properties: dict[str, str] = field(default_factory=dict)
     #: Feature rows are appended under <offline_dir>/<view>; None: where each view's FileSource points.

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from streams.synthetic import Emitted
+from streams.world import Emitted
 
 
 @dataclass

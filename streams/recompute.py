@@ -8,6 +8,7 @@ streaming path.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Literal
 
@@ -19,21 +20,22 @@ from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
 if TYPE_CHECKING:
     from confluent_kafka import Message
 
-EVENT_TIME = "event_time_ms"
+#: The column of a recomputed row holding the time of the latest event it counts (whatever the events' time field).
+LATEST_EVENT = "event_time_ms"
 #: Where an event lies in the log, beside its record's fields: partition, offset, and when it reached Kafka.
 LOG_POSITION = ("partition", "offset", "kafka_ms")
 
 
-def split_late(events: pd.DataFrame, out_of_orderness_ms: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def split_late(events: pd.DataFrame, out_of_orderness_ms: int, time_field: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Reproduce the job's lateness verdicts from the log: ``(accepted, late)``.
 
-    ``events`` needs ``partition`` and ``offset`` columns besides the record's. Within each
-    partition, in offset order, an event is late when its time is more than the bound behind the
+    ``events`` needs ``partition`` and ``offset`` columns besides the record's (one topic's). Within each
+    partition, in offset order, an event is late when its time (``time_field``) is more than the bound behind the
     newest event time seen before it in that partition (the job's per-partition watermark).
     """
     ordered = events.sort_values(["partition", "offset"], kind="stable")
-    newest_before = ordered.groupby("partition")[EVENT_TIME].transform(lambda t: t.cummax().shift())
-    late = ordered[EVENT_TIME] < newest_before - out_of_orderness_ms
+    newest_before = ordered.groupby("partition")[time_field].transform(lambda t: t.cummax().shift())
+    late = ordered[time_field] < newest_before - out_of_orderness_ms
     return ordered[~late], ordered[late]
 
 
@@ -41,24 +43,27 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
     """Features of ``plan`` for entities at points in time, with the request-time semantics of the online read
     (``feature_store/window_tiles.py``).
 
-    ``events`` holds the accepted events (columns of the source record). ``at`` holds
-    ``(<entity key>, at_ms)`` pairs; without it, each entity is evaluated at its latest event.
+    ``events`` holds the accepted events of the view's topic (the contract's fields). ``at`` holds
+    ``(<entity key>, at_ms)`` pairs (``plan.entity_key``, or the view's join keys); without it, each entity is evaluated
+    at its latest event.
     Each row is what a read at ``at_ms`` returns when the store has absorbed the entity's events up to
     that time: over the events at or before it, each window as of ``at_ms`` (its slide's tiles from
     ``floor(at_ms / slide) - window / slide`` exclusive), ``time_since_previous`` as of the latest of
-    them. Pairs with no event before ``at_ms`` are left out. Columns: the entity key, ``event_time_ms``
-    (that latest event), ``at_ms`` when ``at`` is given, and one per feature. Rows come entity by entity
-    (in order of their first event), each entity's points in the order asked.
+    them, ``last`` the value of the latest of them that has one. Pairs with no event before ``at_ms`` are left out.
+    Columns: the entity key, ``LATEST_EVENT`` (that latest event's time), ``at_ms`` when ``at`` is given, and one per
+    feature. Rows come entity by entity (in order of their first event), each entity's points in the order asked.
     """
-    key = plan.entity_key
+    key, time_field = plan.entity_key, plan.time_field
+    events = plan.with_entity(events)
     asked_times = at is not None
     if at is None:
-        at = events.groupby(key, as_index=False)[EVENT_TIME].max().rename(columns={EVENT_TIME: "at_ms"})
-    ordered = events.sort_values(EVENT_TIME, kind="stable")
+        at = events.groupby(key, as_index=False)[time_field].max().rename(columns={time_field: "at_ms"})
+    at = plan.with_entity(at)
+    ordered = events.sort_values(time_field, kind="stable")
     codes, entities = pd.factorize(ordered[key])  # numbered in order of first event; no key: -1, left out
     order = np.argsort(codes, kind="stable")
     order = order[codes[order] >= 0]
-    timeline = _Timeline(codes[order], ordered[EVENT_TIME].to_numpy()[order])
+    timeline = _Timeline(codes[order], ordered[time_field].to_numpy()[order])
     point_codes = entities.get_indexer(at[key])
     asked = np.argsort(point_codes, kind="stable")
     asked = asked[point_codes[asked] >= 0]
@@ -68,10 +73,11 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
     has_event = end > first
     times = ["at_ms"] if asked_times else []
     if not has_event.any():
-        return pd.DataFrame([], columns=[key, EVENT_TIME, *times, *plan.feature_names])
+        return pd.DataFrame([], columns=[key, LATEST_EVENT, *times, *plan.feature_names])
     first, end, at_ms = first[has_event], end[has_event], at_ms[has_event]
-    columns = {column: ordered[column].to_numpy()[order] for column in {agg.column for agg in plan.aggregations if agg.column}}
-    return pd.DataFrame({key: entities.to_numpy()[timeline.codes[end - 1]], EVENT_TIME: timeline.times[end - 1],
+    columns = {column: ordered[column].to_numpy(dtype=object if column in plan.last_columns else None)[order]
+               for column in {agg.column for agg in plan.aggregations if agg.column}}  # fmt: skip
+    return pd.DataFrame({key: entities.to_numpy()[timeline.codes[end - 1]], LATEST_EVENT: timeline.times[end - 1],
                          **dict.fromkeys(times, at_ms), **_features(plan, columns, timeline, first, end, at_ms)})  # fmt: skip
 
 
@@ -108,6 +114,9 @@ def _features(
             has_previous = before > first
             features[agg.name] = _with_gaps((latest - timeline.times[before - 1])[has_previous] / 1000, has_previous)
             continue
+        if agg.function == "last":
+            features[agg.name] = _last_values(columns[agg.column], timeline, end)
+            continue
         window = (agg.slide_ms, agg.window_buckets)
         if window not in starts:
             first_bucket = at_ms // agg.slide_ms - agg.window_buckets + 1
@@ -130,6 +139,36 @@ def _features(
                 result = _extremes(values, start[full], end[full], agg.function)
             features[agg.name] = _with_gaps(result, full)
     return features
+
+
+def _value_order(value) -> tuple:
+    """Where a value of one column orders among the others when events tie in time: as the job's ``WindowPlan`` orders
+    them (strings by UTF-16 units, numbers as Java's ``Double.compare``: -0.0 before 0.0, false before true)."""
+    if isinstance(value, str):
+        return (value.encode("utf-16-be"),)
+    return (value, math.copysign(1.0, value)) if isinstance(value, float) else (value,)
+
+
+def _last_values(values: np.ndarray, timeline: _Timeline, end: np.ndarray) -> list:
+    """Per row, the value of the latest event up to ``end - 1`` of its entity that has one (of events at one time,
+    the greatest value); None when none has. Each event gets a rank by (time, value), and a running maximum of
+    ``code * (events + 1) + rank`` (codes ascending) keeps each entity's best so far without crossing entities."""
+    present = np.array([value is not None and value == value for value in values.tolist()], dtype=bool)
+    count = len(values)
+    ranks = np.zeros(count, dtype=np.int64)
+    if present.any():
+        listed = values.tolist()
+        distinct = sorted({v for v, p in zip(listed, present.tolist(), strict=True) if p}, key=_value_order)
+        where = {(type(v), v): i for i, v in enumerate(distinct)}
+        value_rank = np.array([where[(type(v), v)] if p else -1 for v, p in zip(listed, present.tolist(), strict=True)])
+        order = np.lexsort((value_rank, timeline.times))  # by time, then by value
+        order = order[present[order]]
+        ranks[order] = np.arange(1, len(order) + 1)
+    best = np.maximum.accumulate(timeline.codes.astype(np.int64) * (count + 1) + ranks)
+    rows = best[end - 1] - timeline.codes[end - 1].astype(np.int64) * (count + 1)
+    by_rank = np.empty(count + 1, dtype=object)
+    by_rank[ranks[present]] = values[present]
+    return [None if rank == 0 else by_rank[rank] for rank in rows.tolist()]
 
 
 def _scaled_running_totals(values: np.ndarray) -> np.ndarray:
@@ -176,10 +215,12 @@ def _with_gaps(values: np.ndarray, present: np.ndarray) -> np.ndarray | list:
 
 
 def same_feature_value(feature: str, offline, online) -> bool:
-    """Whether an online value equals the recompute's: exactly, except a mean within a relative 1e-9 (one division
-    of exact sums); both missing counts as equal."""
-    if pd.isna(offline) or online is None or pd.isna(online):
-        return bool(pd.isna(offline)) and (online is None or bool(pd.isna(online)))
+    """Whether an online value equals the recompute's: exactly (texts and booleans too), except a mean within a relative
+    1e-9 (one division of exact sums); both missing counts as equal."""
+    if offline is None or online is None or pd.isna(offline) or pd.isna(online):
+        return (offline is None or bool(pd.isna(offline))) and (online is None or bool(pd.isna(online)))
+    if isinstance(offline, (str, bool, np.bool_)) or isinstance(online, (str, bool)):
+        return offline == online
     return abs(offline - online) <= (1e-9 * abs(offline) if "mean" in feature else 0)
 
 
@@ -187,7 +228,8 @@ def feature_differences(
     plan: FeaturePlan, expected: dict[str, pd.DataFrame], read: Callable[[ViewPlan, pd.DataFrame], pd.DataFrame]
 ) -> list[str]:
     """Every (view, entity, feature) where ``read(view, expected frame)`` differs from the recompute in
-    ``expected`` (by view): exact, except means within a relative 1e-9 (one division of exact sums)."""
+    ``expected`` (by view; both frames with the view's ``entity_key``): exact, except means within a relative 1e-9 (one
+    division of exact sums)."""
     problems = []
     for view in plan.views:
         offline = expected[view.name]
@@ -201,25 +243,26 @@ def feature_differences(
     return problems
 
 
-def valid_events(plan: FeaturePlan, messages: Iterable[Message]) -> pd.DataFrame:
-    """The events among a topic's Kafka ``messages`` that the job takes in: decoded by the contract and within the
-    engine's range; each with its partition, offset and the time it reached Kafka (``kafka_ms``). The same columns
-    when there is none."""
-    from schemas.records import TransactionEvent
-    from schemas.validation import ContractViolation, decode
+def valid_events(plan: FeaturePlan, topic: str, messages: Iterable[Message]) -> pd.DataFrame:
+    """The events among ``topic``'s Kafka ``messages`` that the job takes in: decoded by the topic's contract (JSON or
+    Avro, as the job decodes them) and within the engine's range; each with its partition, offset and the time it
+    reached Kafka (``kafka_ms``). The same columns when there is none."""
+    from schemas.validation import ContractViolation
 
+    source = plan.source(topic)
     valid = []
     for message in messages:
         try:
-            event = decode(TransactionEvent, message.value() or b"").model_dump()
+            event = source.contract.decode(message.value() or b"", source.wire).model_dump()
         except ContractViolation:
             continue
-        if plan.out_of_range(event) is None:
+        if plan.out_of_range(topic, event) is None:
             valid.append({**event, "partition": message.partition(), "offset": message.offset(), "kafka_ms": message.timestamp()[1]})
-    return pd.DataFrame(valid, columns=[*TransactionEvent.model_fields, *LOG_POSITION])
+    return pd.DataFrame(valid, columns=[*source.contract.field_names, *LOG_POSITION])
 
 
-def accepted_events(plan: FeaturePlan, messages) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(accepted, late)`` events among a topic's Kafka ``messages``, as the job judges them: the ``valid_events``,
+def accepted_events(plan: FeaturePlan, topic: str, messages) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(accepted, late)`` events among ``topic``'s Kafka ``messages``, as the job judges them: the ``valid_events``,
     split by ``split_late``."""
-    return split_late(valid_events(plan, messages), plan.out_of_orderness_ms)
+    source = plan.source(topic)
+    return split_late(valid_events(plan, topic, messages), source.out_of_orderness_ms, source.time_field)

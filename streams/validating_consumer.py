@@ -7,14 +7,17 @@ Kafka, so a crash can repeat work but never lose a record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from pydantic import BaseModel
 
-from schemas.records import DeadLetterRecord, Record
-from schemas.topics import TopicSpec
-from schemas.validation import ContractViolation, decode, encode
+from schemas.records import DeadLetterRecord
+from schemas.validation import ContractViolation, encode
+
+#: How a topic's records are read: the bytes of one record to its model, or ContractViolation.
+Decoder = Callable[[bytes], BaseModel]
 
 _BATCH = 500
 
@@ -34,13 +37,15 @@ class ValidatingConsumer:
         self,
         bootstrap_servers: str,
         group_id: str,
-        topics: Iterable[TopicSpec],
+        topics: Mapping[str, Decoder],
         dead_letter_topic: str,
         consumer_name: str = "validator",
         client_config: Mapping[str, str] | None = None,
     ) -> None:
-        """``client_config``: extra librdkafka settings (security.protocol, sasl.*, ssl.*)."""
-        self.specs = {spec.name: spec for spec in topics}
+        """``topics``: each topic read with how its records are decoded (a project's events by their contract, in their
+        wire format; Loopline's records by their type). ``client_config``: extra librdkafka settings (security.protocol,
+        sasl.*, ssl.*)."""
+        self.decoders = dict(topics)
         self.dead_letter_topic = dead_letter_topic
         self.consumer_name = consumer_name
         self._consumer = Consumer(
@@ -62,7 +67,7 @@ class ValidatingConsumer:
         """Assign every partition at the group's committed offset; return the end offsets to reach."""
         metadata = self._consumer.list_topics(timeout=10.0)
         partitions = []
-        for name in self.specs:
+        for name in self.decoders:
             if name not in metadata.topics:
                 raise KafkaException(KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, f"topic {name} does not exist"))
             partitions += [TopicPartition(name, p) for p in metadata.topics[name].partitions]
@@ -82,13 +87,13 @@ class ValidatingConsumer:
     def run_until_caught_up(
         self,
         timeout_s: float = 60.0,
-        on_valid: Callable[[str, Record], None] | None = None,
+        on_valid: Callable[[str, BaseModel], None] | None = None,
     ) -> dict[str, TopicCounts]:
         """Validate everything up to the end offsets seen at start; return counts per topic.
 
         Raises TimeoutError if not caught up within ``timeout_s``.
         """
-        counts = {name: TopicCounts() for name in self.specs}
+        counts = {name: TopicCounts() for name in self.decoders}
         remaining = self._assign_from_committed()
         deadline = time.monotonic() + timeout_s
         while remaining:
@@ -107,9 +112,8 @@ class ValidatingConsumer:
         return counts
 
     def _handle(self, msg, counts: dict[str, TopicCounts], on_valid) -> None:
-        spec = self.specs[msg.topic()]
         try:
-            record = decode(spec.record_type, msg.value() or b"")
+            record = self.decoders[msg.topic()](msg.value() or b"")
         except ContractViolation as violation:
             dead = DeadLetterRecord.for_payload(
                 reason="invalid",

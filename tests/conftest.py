@@ -20,6 +20,7 @@ from infra.helm_tool import helm_binary
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
 from loopline.components import apply_loopline_topics, build_stack, private_stack_settings
+from loopline.project import init_project
 from loopline.scenarios.fault_drill import DrillReport
 from loopline.serving import doors_in_thread
 from loopline.settings import Settings
@@ -80,13 +81,15 @@ def score_request(user: str, amount: float) -> dict:
     ).model_dump()  # fmt: skip
 
 
-def stack_settings(home: Path) -> Settings:
-    """Settings for a private stack under ``home`` on free ports."""
-    return private_stack_settings(home, JARS_DIR)
+def stack_settings(home: Path, project: Path | None = None) -> Settings:
+    """Settings for a private stack under ``home`` on free ports, acting on ``project`` (default: a fraud project made
+    under ``home``)."""
+    return private_stack_settings(home, JARS_DIR, project or init_project(home / "project", "fraud"))
 
 
 @pytest.fixture(scope="session")
 def settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    """The session's stack, acting on a fraud project made from the template (``loopline init``)."""
     return stack_settings(tmp_path_factory.mktemp("stack"))
 
 
@@ -125,7 +128,7 @@ def rendered(helm: Path) -> dict[str, list[dict]]:
 @pytest.fixture(scope="session")
 def applied(settings: Settings, stack: LocalStack) -> Settings:
     """The settings, with the Feast definitions applied to the stack's registry and Redis."""
-    apply_definitions(settings.feast_registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     return settings
 
 

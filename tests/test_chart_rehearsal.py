@@ -180,7 +180,7 @@ def test_the_apply_hook_job_applies_the_views_and_topics(hook: str, pods: Pods, 
     registry = pods.claims["loopline-shared"] / "feast" / "registry.db"
     assert registry.is_file(), f"the hook wrote no Feast registry where the chart's settings name it: {hook}"
     written = feature_store(registry, applied.redis_connection)
-    expected = feature_store(applied.feast_registry_path, applied.redis_connection)
+    expected = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     names = lambda store: sorted(v.name for v in [*store.list_feature_views(), *store.list_stream_feature_views()])  # noqa: E731
     assert names(written) == names(expected) and VIEW in names(written)
     topics = AdminClient({"bootstrap.servers": applied.kafka.bootstrap}).list_topics(timeout=10).topics
@@ -193,7 +193,7 @@ def test_the_scorer_answers_its_probes_and_scores_with_the_secrets_token(running
     scorer.wait_for(lambda: scorer.probe("startupProbe"), "its gRPC startup probe (health SERVING)", 180)
     scorer.wait_for(lambda: scorer.probe("readinessProbe") and scorer.probe("livenessProbe"), "its readiness and liveness", 30)
     user = f"rehearsal-{uuid.uuid4().hex[:8]}"
-    OnlineWriter(applied.feast_registry_path, applied.redis_connection).write(
+    OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write(
         [FeatureRow(VIEW, user, int(time.time() * 1_000_000), {"txn_count_5m": 4, "amount_sum_1h": 310.5})])
     (secret,) = [o for o in pods.chart if o["kind"] == "Secret"]
     url = f"http://127.0.0.1:{scorer.ports['http']}/v1/score"

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from templates import TransactionEvent
 
 from feature_store.config import REPO_PATH, feature_store
 from feature_store.online_read import OnlineReader
@@ -27,11 +28,11 @@ from loopline.components import feature_plan
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.monitoring import consistency_replay
 from loopline.settings import Settings
-from schemas import DeadLetterRecord, PredictionRecord, TransactionEvent, encode
+from schemas import DeadLetterRecord, PredictionRecord, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
 from streams.topics import apply_topics
+from streams.world import Emitted
 
 VIEW = "user_transaction_features"
 BROKEN = f"{VIEW}:txn_count_5m"

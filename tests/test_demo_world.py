@@ -7,14 +7,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from templates import LABELS, TRANSACTIONS, LabelEvent, TransactionEvent
+
 from infra.service import wait_until
 from loopline.scenarios.demo import unkept_promises
 from loopline.scenarios.demo_loop import DemoLoop
 from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.scenarios.demo_world import DemoWorld
 from loopline.settings import Settings
-from schemas.records import LabelEvent, ScoreRequest, TransactionEvent
-from schemas.topics import LABELS, SCORE_REQUESTS, TRANSACTIONS
+from schemas.records import ScoreRequest
+from schemas.topics import SCORE_REQUESTS
 from schemas.validation import decode
 from streams.topics import read_topic
 

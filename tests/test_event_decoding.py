@@ -29,7 +29,8 @@ CONTRACT = parse_contract({
         {"name": "amount", "type": "double", "constraints": {"minimum": 0, "exclusiveMaximum": 1e6}},
         {"name": "code", "type": "string", "constraints": {"pattern": "[A-Z]{2}\\d"}},
         {"name": "kind", "type": {"type": "enum", "name": "kind", "symbols": ["a", "b"]}},
-        {"name": "small", "type": "int"},
+        {"name": "small", "type": "int", "constraints": {"maximum": 1000}},
+        {"name": "count", "type": "long", "constraints": {"minimum": -5, "maximum": 99}},
         {"name": "ratio", "type": "float", "constraints": {"maximum": 2.5}},
         {"name": "flag", "type": "boolean"},
         {"name": "note", "type": ["null", "string"], "default": None},
@@ -113,7 +114,7 @@ def nested(depth: int) -> str:
 @st.composite
 def json_payloads(draw: st.DrawFn) -> bytes:
     """A JSON object close to a valid event: fields left out, given twice, of other types, plus unknown fields."""
-    good = {"id": '"e1"', "at_ms": "5", "amount": "1.5", "code": '"AB1"', "kind": '"a"', "small": "3", "ratio": "0.5",
+    good = {"id": '"e1"', "at_ms": "5", "amount": "1.5", "code": '"AB1"', "kind": '"a"', "small": "3", "count": "7", "ratio": "0.5",
             "flag": "true", "note": '"n"', "zone": '"z"'}  # fmt: skip
     changed = draw(st.sets(st.sampled_from(list(good)), max_size=2))
     pairs = []
@@ -143,7 +144,7 @@ def avro_payloads(draw: st.DrawFn) -> bytes:
     """An Avro record of the contract, maybe truncated, with bytes after it, or with a byte changed."""
     event = {"id": draw(st.text(max_size=9)), "at_ms": draw(st.integers(-5, 2**40)), "amount": draw(st.floats(-1, 2e6, allow_nan=False)),
              "code": draw(st.sampled_from(["AB1", "ab1", "AB12"])), "kind": draw(st.sampled_from(["a", "b"])),
-             "small": draw(st.integers(-(2**31), 2**31 - 1)), "ratio": draw(st.floats(-3, 3, width=32)), "flag": draw(st.booleans()),
+             "small": draw(st.integers(-(2**31), 2**31 - 1)), "count": draw(st.integers(-10, 120)), "ratio": draw(st.floats(-3, 3, width=32)), "flag": draw(st.booleans()),
              "note": draw(st.none() | st.text(max_size=3)), "zone": draw(st.text(max_size=3))}  # fmt: skip
     raw = CONTRACT.encode(event, "avro")
     change = draw(st.integers(0, 5))
@@ -176,8 +177,8 @@ def test_any_bytes_get_the_same_verdict(replay: Replay, payload: bytes, wire: st
 
 
 def test_a_valid_event_reads_the_same_on_both_wires(replay: Replay) -> None:
-    event = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "b", "small": -3, "ratio": 0.5, "flag": False, "note": None,
-             "zone": "z"}  # fmt: skip
+    event = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "b", "small": -3, "count": 99, "ratio": 0.5, "flag": False,
+             "note": None, "zone": "z"}  # fmt: skip
     for wire in ("json", "avro"):
         verdict = replay.decode(CONTRACT.encode(event, wire), wire)  # type: ignore[arg-type]
         assert verdict == ("ok", list(event.values()))
@@ -185,9 +186,10 @@ def test_a_valid_event_reads_the_same_on_both_wires(replay: Replay) -> None:
 
 
 def test_what_the_decoder_refuses_names_the_field(replay: Replay) -> None:
-    base = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "a", "small": 3, "ratio": 0.5, "flag": True}
+    base = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "a", "small": 3, "count": 0, "ratio": 0.5, "flag": True}
     cases = [({**base, "at_ms": 0}, "at_ms"), ({**base, "code": "AB1 "}, "code"), ({**base, "kind": "c"}, "kind"),
-             ({**base, "small": 2**31}, "small"), ({**base, "ratio": 2.6}, "ratio"), ({**base, "amount": 1e6}, "amount"),
+             ({**base, "small": 2**31}, "small"), ({**base, "small": 1001}, "small"), ({**base, "count": -6}, "count"),
+             ({**base, "ratio": 2.6}, "ratio"), ({**base, "amount": 1e6}, "amount"),
              ({k: v for k, v in base.items() if k != "flag"}, "flag"), ({**base, "id": "123456789"}, "id")]  # fmt: skip
     for event, field in cases:
         payload = json.dumps(event).encode()

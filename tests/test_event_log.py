@@ -18,12 +18,13 @@ import pandas as pd
 from confluent_kafka import Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from templates import EVENT_TIME, TransactionEvent
 
-from schemas import TransactionEvent, encode
+from schemas import encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.event_log import EventLogWindow, events_since
 from streams.feature_plan import MAX_EVENT_TIME_MS, AggregationSpec, FeaturePlan, ViewPlan
-from streams.recompute import EVENT_TIME, accepted_events, split_late
+from streams.recompute import accepted_events, split_late
 from streams.topics import apply_topics, read_topic
 
 OUT_OF_ORDERNESS_MS, ROUND_MS, PARTITIONS = 5_000, 60_000, 3

@@ -31,7 +31,7 @@ from offline_training.onnx_models import write_linear_model
 from schemas.topics import SCORE_REQUESTS
 from streams.flink_job import RERUN_NOTE
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
+from streams.world import Emitted
 
 
 @pytest.mark.timeout(600)
@@ -41,7 +41,7 @@ def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: P
     stack.up()
     try:
         apply_loopline_topics(settings)
-        apply_definitions(settings.feast_registry_path, settings.redis_connection)
+        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print).run()
     finally:
         stack.down(wipe=True)

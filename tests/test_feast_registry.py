@@ -15,18 +15,18 @@ import uuid
 from pathlib import Path
 
 import yaml
+from templates import TransactionEvent
 
 from feature_store.config import REPO_PATH
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import FeatureStoreSettings, Settings, settings_environment
-from schemas.records import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
 from streams.topics import apply_topics
+from streams.world import Emitted
 
 VIEW = "user_transaction_features"
 NEW_FEATURE = "amount_min_1h"

@@ -15,11 +15,12 @@ from collections import Counter
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from templates import LabelEvent
 
 from infra.service import wait_until
 from loopline.job_processes import start_joiner, stop_process_group
 from loopline.settings import Settings
-from schemas.records import DeadLetterRecord, LabelEvent, PredictionRecord, TrainingExample
+from schemas.records import DeadLetterRecord, PredictionRecord, TrainingExample
 from schemas.topics import DAY_MS, TopicSpec
 from schemas.validation import decode, encode
 from streams.topics import apply_topics, read_topic

@@ -29,21 +29,22 @@ import pandas as pd
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
+from templates import LabelEvent, SyntheticConfig, SyntheticStream, TransactionEvent
 
 from conftest import REPO
 from feature_store.config import apply_definitions, feature_store
 from infra.flink_cluster import cancel_job, list_jobs, rest_get
 from infra.service import free_ports, wait_until
 from loopline.settings import FlinkSettings, Settings, settings_environment
-from schemas import DeadLetterRecord, LabelEvent, PredictionRecord, TrainingExample, TransactionEvent, decode, encode
+from schemas import DeadLetterRecord, PredictionRecord, TrainingExample, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.checkpoint_origin import kafka_cluster_id, recorded_origin
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.flink_submit import ENVIRONMENT_DIR
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
-from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics, read_topic
+from streams.world import Emitted
 
 RUN = uuid.uuid4().hex[:6]
 SOURCE = TopicSpec(f"test.cluster.events.{RUN}", TransactionEvent, key="user_id", partitions=4, retention_ms=DAY_MS)
@@ -190,10 +191,10 @@ def topics(bootstrap: str) -> None:
 
 @pytest.fixture(scope="module")
 def plan(settings: Settings, topics: None) -> FeaturePlan:
-    apply_definitions(settings.feast_registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     # This module compares the whole online store with its own recompute: it starts from an empty one.
     redis.Redis(port=settings.redis.port).flushdb()
-    store = feature_store(settings.feast_registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     return compile_plan(store.list_stream_feature_views()).reading(SOURCE.name)
 
 
@@ -214,7 +215,7 @@ def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Setting
     def publish() -> None:
         producer.publish([dataclasses.replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"])
 
-    store = feature_store(cluster.feast_registry_path, cluster.redis_connection)
+    store = feature_store(cluster.feast_registry_path, cluster.redis_connection, cluster.repo_path)
 
     def agrees_with_the_recompute(timeout_s: float) -> list[str]:
         """Wait until online features equal the recompute of everything the topic holds; check the dead letters."""

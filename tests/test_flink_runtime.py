@@ -7,12 +7,11 @@ import itertools
 from collections import defaultdict
 
 from pyflink.table import EnvironmentSettings, TableEnvironment
+from templates import SyntheticConfig, SyntheticStream, TransactionEvent
 
 from infra.stack import LocalStack
-from schemas.records import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
-from streams.synthetic import SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics
 
 PROBE = TopicSpec("test.flink", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from templates import TransactionEvent
 
 from conftest import LogReader, score_request
 from feature_store.online_read import OnlineReader
@@ -31,12 +32,12 @@ from infra.images.engine import Podman
 from infra.service import free_ports, wait_until
 from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
-from schemas.records import PredictionRecord, TransactionEvent
+from schemas.records import PredictionRecord
 from schemas.topics import DAY_MS, PREDICTIONS, TopicSpec
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
 from streams.topics import apply_topics
+from streams.world import Emitted
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(600)]
 
@@ -81,7 +82,7 @@ def container(podman: Podman, image: str, options: Sequence[str], command: Seque
 
 def test_the_scorer_image_scores_with_the_stacks_features(podman: Podman, applied: Settings, tmp_path: Path) -> None:
     user = f"image-{uuid.uuid4().hex[:8]}"
-    OnlineWriter(applied.feast_registry_path, applied.redis_connection).write(
+    OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write(
         [FeatureRow(VIEW, user, int(time.time() * 1_000_000), {"txn_count_5m": 4, "amount_sum_1h": 310.5})]
     )
     # The container's user (uid 10001) reads what the host's root wrote: copies it may read.
@@ -213,7 +214,7 @@ def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does
           container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={taskmanager}"], ["taskmanager"]) as tm):
         logs = lambda: _logs(podman, jm, tm)  # noqa: E731
         assert wait_until(lambda: _job_runs_on(address, 1) or _exited(podman, jm), 300, 1) and not _exited(podman, jm), logs()
-        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
 
         def features() -> dict:
             read = reader.get_online_features([f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h"], [{"user_id": user}])

@@ -42,7 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
             kafka.start()
             redis.start()
             apply_loopline_topics(settings)
-            apply_definitions(settings.feast_registry_path, settings.redis_connection)
+            apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
             yield settings, kafka, network
         finally:
             redis.stop()

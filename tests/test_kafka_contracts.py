@@ -8,10 +8,11 @@ import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from templates import TRANSACTIONS, TransactionEvent
 
 from infra.service import wait_until
-from schemas import DeadLetterRecord, Record, TransactionEvent
-from schemas.topics import DEAD_LETTERS, TOPICS, TRANSACTIONS, TopicSpec
+from schemas import DeadLetterRecord, Record
+from schemas.topics import DEAD_LETTERS, TOPICS, TopicSpec
 from streams.topics import TopicSpecError, apply_topics
 from streams.validating_consumer import ValidatingConsumer
 

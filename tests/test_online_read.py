@@ -18,8 +18,8 @@ USER_VIEW, MERCHANT_VIEW = "user_transaction_features", "merchant_transaction_fe
 
 @pytest.fixture(scope="module")
 def written(settings: Settings, stack) -> list[str]:
-    apply_definitions(settings.feast_registry_path, settings.redis_connection)
-    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     now_us = int(time.time() * 1e6)
     rows = []
     for i in range(40):
@@ -41,8 +41,8 @@ def written(settings: Settings, stack) -> list[str]:
 
 @pytest.mark.parametrize("count", [1, 64])
 def test_fast_read_equals_feast(settings: Settings, written: list[str], count: int) -> None:
-    store = feature_store(settings.feast_registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     users = (written + ["read-missing", "read-stale"] * 32)[:count]
     features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     rows = [{"user_id": u} for u in users]
@@ -50,8 +50,8 @@ def test_fast_read_equals_feast(settings: Settings, written: list[str], count: i
 
 
 def test_fast_read_across_views_equals_feast(settings: Settings, written: list[str]) -> None:
-    store = feature_store(settings.feast_registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     features = [f"{USER_VIEW}:txn_count_5m", f"{USER_VIEW}:secs_since_prev_txn", f"{MERCHANT_VIEW}:merchant_amount_mean_1h"]
     rows = [{"user_id": written[3], "merchant_id": "read-m1"}, {"user_id": "read-stale", "merchant_id": "nope"}]
     got = reader.get_online_features(features, rows)
@@ -62,9 +62,9 @@ def test_fast_read_across_views_equals_feast(settings: Settings, written: list[s
 def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, written: list[str]) -> None:
     """What the demo does before its world's history: every row of the views goes, so a stream rebuilt from an hour
     ago writes rows older than the deleted ones (which the store would otherwise skip as not newer). Runs last here."""
-    store = feature_store(settings.feast_registry_path, settings.redis_connection)
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
-    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     features, rows = [f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"], [{"user_id": written[1], "merchant_id": "read-m1"}]
     assert reader.get_online_features(features, rows)["txn_count_5m"] == [1]
     older = FeatureRow(USER_VIEW, written[1], int(time.time() * 1e6) - 3_600 * 10**6, {"txn_count_5m": 99})
@@ -87,8 +87,8 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
     not read: both read the row's finished values."""
     from window_definition import steps_by_definition, window_by_definition
 
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection)
-    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection)
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     layout = writer.layout.views[USER_VIEW]
     start = (int(time.time() * 1000) - 7_200_000) // 900_000 * 900_000
     offsets_s = [0, 4, 30, 70, 75, 600, 3_000, 3_660, 3_700, 5_400, 5_430, 5_431]
@@ -108,7 +108,7 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
         assert client.hget(key, steps_field) == rows[-1].windows[window_key], "the newest row's steps stay"
 
     features = [f"{USER_VIEW}:{name}" for name in layout.aggregations]
-    store = feature_store(settings.feast_registry_path, settings.redis_connection)
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     without_time = reader.get_online_features(features, [{"user_id": "read-steps"}])  # the first step of each window
     assert without_time == store.get_online_features(features, [{"user_id": "read-steps"}]).to_dict()
     latest = events[-1]["event_time_ms"]

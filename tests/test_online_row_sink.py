@@ -56,7 +56,7 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
 
     plan = feature_plan(applied)
     settings = dataclasses.replace(job_settings(applied), checkpoint_dir=str(tmp_path / "checkpoints"), parallelism=1)
-    writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection)
+    writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     writer._ttl_s = TTL_S  # Feast's key_ttl_seconds, which the repo's config leaves unset: both writers expire keys
     rng = random.Random(20)
     env = new_environment(settings)
@@ -71,8 +71,8 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
     env.execute("online row sink test")
 
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
-    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
-    store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
+    store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     for view, rows in written.values():
         windows = list(reader.layout.views[view.name].windows)
         for entity, _, latest, events, *values in rows:  # one write each: Python's writer keeps a batch's newest too

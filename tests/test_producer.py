@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from templates import LABELS, LabelEvent, SyntheticConfig, SyntheticStream, SyntheticStream\n", TRANSACTIONS, TransactionEvent
+from streams.world import Emitted
+
 import hashlib
 import itertools
 import os
@@ -14,10 +17,9 @@ from collections import defaultdict
 from confluent_kafka import Consumer, TopicPartition
 
 from conftest import REPO
-from schemas import LabelEvent, TransactionEvent, decode
-from schemas.topics import DAY_MS, LABELS, TRANSACTIONS, TopicSpec
+from schemas import decode
+from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
-from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics
 
 START_MS = 1_760_000_000_000
@@ -34,8 +36,7 @@ def test_same_seed_same_events_across_processes() -> None:
     digest = hashlib.sha256(b"".join(e.topic.encode() + e.key.encode() + e.value for e in first(5_000, 11)))
     script = (
         "import hashlib, itertools\n"
-        "from streams.synthetic import SyntheticConfig, SyntheticStream\n"
-        f"s = SyntheticStream(SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01), 11, {START_MS})\n"
+        "        f"s = SyntheticStream(SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01), 11, {START_MS})\n"
         "print(hashlib.sha256(b''.join(e.topic.encode() + e.key.encode() + e.value"
         " for e in itertools.islice(s, 5_000))).hexdigest())\n"
     )

@@ -16,11 +16,12 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
+from templates import EVENT_TIME
 
 from feature_store.window_tiles import TILED_FUNCTIONS
 from feedback_loop.consistency import features_at
 from streams.feature_plan import SCALE, AggregationSpec, ViewPlan
-from streams.recompute import EVENT_TIME, recompute
+from streams.recompute import recompute
 
 START = 1_790_000_000_000
 AMOUNTS = st.one_of(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import pytest
 import redis
+from templates import SyntheticConfig, SyntheticStream, TransactionEvent
 
 from feature_store.config import apply_definitions, feature_fields, feature_store
 from feature_store.online_read import OnlineReader
@@ -34,12 +35,11 @@ from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import FeatureStoreSettings, RedisSettings, Settings
 from online.features import FeatureFetcher
 from online.result_cache import ResultCache
-from schemas import DeadLetterRecord, TransactionEvent
+from schemas import DeadLetterRecord
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import compile_plan
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
-from streams.synthetic import SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics, read_topic
 
 USER_VIEW, MERCHANT_VIEW = "user_transaction_features", "merchant_transaction_features"
@@ -68,7 +68,7 @@ def cluster_settings(settings: Settings, stack) -> Iterator[Settings]:
     assert isinstance(cluster, RedisCluster)
     try:
         cluster.start()
-        apply_definitions(ours.feast_registry_path, ours.redis_connection, redis_cluster=True)
+        apply_definitions(ours.feast_registry_path, ours.redis_connection, ours.repo_path, redis_cluster=True)
         yield ours
     finally:
         cluster.stop()
@@ -98,7 +98,7 @@ def _masters_of(client: redis.RedisCluster, keys: list[bytes]) -> set[str]:
 def test_settings_name_every_node_and_the_stack_runs_three_masters_with_a_replica_each(cluster_settings: Settings) -> None:
     ports = cluster_settings.redis.node_ports
     assert len(ports) == 6 and cluster_settings.redis_connection == ",".join(f"127.0.0.1:{p}" for p in ports)
-    config = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True).config
+    config = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True).config
     assert config.online_store.redis_type == "redis_cluster"
     statuses = [s for s in build_stack(cluster_settings).status() if s.name.startswith("redis")]
     assert [(s.name, s.state) for s in statuses] == [(f"redis-{i}", "ready") for i in range(1, 7)], "stack status covers every node"
@@ -111,7 +111,7 @@ def test_settings_name_every_node_and_the_stack_runs_three_masters_with_a_replic
 @pytest.fixture(scope="module")
 def written(cluster_settings: Settings) -> list[str]:
     """64 users' rows (and a merchant's) written by Feast's store through its cluster client."""
-    writer = OnlineWriter(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
+    writer = OnlineWriter(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
     now_us = int(time.time() * 1e6)
     users = [f"cluster-u{i}" for i in range(64)]
     rows = [_user_row(user, now_us - i, i) for i, user in enumerate(users)]
@@ -123,8 +123,8 @@ def written(cluster_settings: Settings) -> list[str]:
 
 @pytest.mark.parametrize("count", [1, 64])
 def test_fast_read_equals_feast_on_the_cluster(cluster_settings: Settings, written: list[str], count: int) -> None:
-    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
-    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
+    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
     users = (written + ["cluster-missing"])[-count:]
     features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     rows = [{"user_id": u} for u in users]
@@ -137,8 +137,8 @@ def test_fast_read_equals_feast_on_the_cluster(cluster_settings: Settings, writt
 
 
 def test_fast_read_across_views_equals_feast_on_the_cluster(cluster_settings: Settings, written: list[str]) -> None:
-    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
-    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
+    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
     features = [f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_amount_mean_1h"]
     rows = [{"user_id": written[3], "merchant_id": "cluster-m1"}, {"user_id": written[5], "merchant_id": "nope"}]
     got = reader.get_online_features(features, rows)
@@ -152,8 +152,8 @@ def test_an_external_cluster_named_by_one_of_its_nodes_is_read_whole(cluster_set
     external = cluster_settings.model_copy(update={"redis": cluster_settings.redis.model_copy(update={
         "nodes": [f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"], "port": 1})})  # fmt: skip
     assert external.redis_connection == f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"
-    store = feature_store(external.feast_registry_path, external.redis_connection, redis_cluster=True)
-    reader = OnlineReader(external.feast_registry_path, external.redis_connection, redis_cluster=True)
+    store = feature_store(external.feast_registry_path, external.redis_connection, external.repo_path, redis_cluster=True)
+    reader = OnlineReader(external.feast_registry_path, external.redis_connection, external.repo_path, redis_cluster=True)
     features, rows = [f"{USER_VIEW}:txn_count_5m"], [{"user_id": user} for user in written]
     got = reader.get_online_features(features, rows)
     assert got == store.get_online_features(features, rows).to_dict() and got["txn_count_5m"] == list(range(64))
@@ -185,11 +185,11 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
     events = [replace(e, topic=SOURCE.name) for e in itertools.islice(SyntheticStream(config, seed=16, start_ms=start_ms), 1_200)
               if e.topic == "events.transactions"]  # fmt: skip
     EventProducer(bootstrap).publish(events)
-    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
+    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
     plan = compile_plan(store.list_stream_feature_views()).reading(SOURCE.name)
     accepted, _ = accepted_events(plan, read_topic(bootstrap, SOURCE.name))
     expected = {view.name: recompute(view, accepted) for view in plan.views}
-    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, redis_cluster=True)
+    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
 
     def read(view, offline: pd.DataFrame) -> pd.DataFrame:
         rows = [{view.entity_key: key} for key in offline[view.entity_key]]
@@ -257,8 +257,8 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
     """Runs last here: it kills a master, then restarts it (it rejoins as a replica of the promoted one)."""
     cluster, client = _cluster(cluster_settings), _client(cluster_settings)
     connection = cluster_settings.redis_connection
-    writer = OnlineWriter(cluster_settings.feast_registry_path, connection, redis_cluster=True)
-    reader = OnlineReader(cluster_settings.feast_registry_path, connection, timeout_s=BUDGET_S, redis_cluster=True)
+    writer = OnlineWriter(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, redis_cluster=True)
+    reader = OnlineReader(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, timeout_s=BUDGET_S, redis_cluster=True)
     users = [f"failover-u{i}" for i in range(300)]
     start_us = int(time.time() * 1e6)
     writer.write([_user_row(user, start_us, 1) for user in users])
@@ -314,7 +314,7 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
         f"(sent after the kill, took, fallback): {hung[:10]}"
     )
     assert last_default < promoted + 5.0, "reads fresh again soon after the promotion"
-    store = feature_store(cluster_settings.feast_registry_path, connection, redis_cluster=True)
+    store = feature_store(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, redis_cluster=True)
     rows = [{"user_id": u} for u in users]
     got = reader.get_online_features([f"{USER_VIEW}:txn_count_5m"], rows)
     lost = sum(count != 2 for count in got["txn_count_5m"])

@@ -41,8 +41,8 @@ from schemas.records import TrainingExample
 from schemas.topics import DAY_MS, TopicSpec
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
 from streams.topics import apply_topics
+from streams.world import Emitted
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]

@@ -24,6 +24,7 @@ import redis
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from templates import TransactionEvent
 
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader
@@ -31,7 +32,6 @@ from feature_store.online_write import FeatureRow, OnlineWriter
 from loopline.components import job_settings
 from loopline.settings import Settings
 from schemas.ddl import column_types
-from schemas.records import TransactionEvent
 from streams.feature_plan import FeaturePlan, ViewPlan, compile_plan
 
 START_MS = 1_790_000_000_000
@@ -80,7 +80,7 @@ def _event(entity_key: str, entity: str, number: int, fields: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def plan(applied: Settings) -> FeaturePlan:
-    return compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection).list_stream_feature_views())
+    return compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views())
 
 
 @pytest.fixture(scope="module")
@@ -115,11 +115,11 @@ def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
     from feast.infra.online_stores.helpers import get_online_store_from_config
 
     view = next(v for v in plan.views if v.name == view_name)
-    writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection)
-    store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
+    store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     feast_store = get_online_store_from_config(store.config.online_store)
     feast_view = store.get_stream_feature_view(view.name)
-    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
     layout = reader.layout.views[view.name]
     examples = iter(range(1_000))
@@ -190,19 +190,19 @@ def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
 
-    store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     view = store.get_stream_feature_view("user_transaction_features")
     features = {"txn_count_5m": 3, "amount_sum_1h": 12.5, "secs_since_prev_txn": None, "distinct_merchants_1h": 2}
     values = {"txn_count_5m": Value(int64_val=3), "amount_sum_1h": Value(double_val=12.5), "secs_since_prev_txn": Value(),
               "distinct_merchants_1h": Value(int64_val=2)}  # fmt: skip
     at_us = START_MS * 1000 + 123
     ours, feasts = f"hash-{RUN}-ours", f"hash-{RUN}-feast"
-    OnlineWriter(applied.feast_registry_path, applied.redis_connection).write([FeatureRow(view.name, ours, at_us, features, 7)])
+    OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write([FeatureRow(view.name, ours, at_us, features, 7)])
     key = EntityKey(join_keys=["user_id"], entity_values=[Value(string_val=feasts)])
     at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=at_us)
     get_online_store_from_config(store.config.online_store).online_write_batch(store.config, view, [(key, values, at, None)], None)
 
-    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+    reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
     written = client.hgetall(reader.layout.redis_key("user_id", ours))
     assert written.pop(f"_order:{view.name}".encode()) == f"{at_us}:7".encode()

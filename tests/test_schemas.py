@@ -8,8 +8,9 @@ from typing import ClassVar
 
 import pytest
 from pydantic import Field
+from templates import TransactionEvent
 
-from schemas import ContractViolation, DeadLetterRecord, Record, TransactionEvent, decode, encode
+from schemas import ContractViolation, DeadLetterRecord, Record, decode, encode
 from schemas.compatibility import CompatibilityError, check_compatible, check_registered_schemas, json_schema, register_schemas
 
 GOOD = {

@@ -33,7 +33,7 @@ from schemas.records import PredictionRecord, ScoreRequest
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
+from streams.world import Emitted
 
 VIEW = "user_transaction_features"
 INPUTS = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", f"{VIEW}:secs_since_prev_txn", "request:amount"]
@@ -47,7 +47,7 @@ def _expected_score(values: list[float]) -> float:
 
 
 def _write_user(settings: Settings, redis_connection: str, user: str, features: dict) -> None:
-    writer = OnlineWriter(settings.feast_registry_path, redis_connection)
+    writer = OnlineWriter(settings.feast_registry_path, redis_connection, settings.repo_path)
     row = {name.split(":", 1)[1]: value for name, value in features.items()}
     full = {f: row.get(f) for f in ("txn_count_5m", "txn_count_1h", "txn_count_24h", "amount_sum_1h", "amount_sum_24h",
             "amount_mean_1h", "amount_mean_24h", "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h",

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from templates import score_requests
 
 from conftest import LogReader, start_group_at_end
 from infra.service import wait_until
@@ -30,7 +31,7 @@ from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
 from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted, score_requests
+from streams.world import Emitted
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 WEIGHTS, BIAS = np.array([0.2, 0.01]), -1.5

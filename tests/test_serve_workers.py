@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import requests
 from confluent_kafka.admin import AdminClient
+from templates import score_requests
 from test_hot_swap import INPUTS, USER, WEIGHTS, expected_score
 
 from conftest import LogReader, score_request, start_group_at_end
@@ -33,7 +34,6 @@ from schemas.model_registry import PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS
 from streams.producer import EventProducer
-from streams.synthetic import score_requests
 
 WORKERS = 2
 

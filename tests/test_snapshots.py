@@ -14,17 +14,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from templates import LABELS, TRANSACTIONS, SyntheticConfig, SyntheticStream
 
 from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.snapshots import SnapshotError, diff_snapshots, examples_frame, list_snapshots, read_snapshot, write_snapshot
 from loopline.components import feature_plan
 from loopline.settings import Settings
 from schemas.records import TrainingExample
-from schemas.topics import DAY_MS, LABELS, TRANSACTIONS, TopicSpec
+from schemas.topics import DAY_MS, TopicSpec
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics, read_topic
+from streams.world import Emitted
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 

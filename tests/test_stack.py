@@ -14,6 +14,7 @@ import redis
 import requests
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from templates import TransactionEvent
 
 from conftest import REPO, stack_settings
 from infra.errors import StackError
@@ -24,7 +25,6 @@ from infra.service import free_port_block, wait_until
 from infra.stack import LocalStack
 from loopline.components import build_stack
 from loopline.settings import STACK_SHAPE_FILE, Settings, settings_environment
-from schemas.records import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
 from streams.topics import apply_topics, topic_sizes
 

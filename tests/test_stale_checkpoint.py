@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from templates import LABELS, LabelEvent
 
 from conftest import stack_settings
 from feature_store.config import apply_definitions
@@ -29,8 +30,8 @@ from infra.service import free_port, wait_until
 from loopline.components import apply_loopline_topics, build_stack
 from loopline.job_processes import start_feature_job, start_joiner, start_loopline, stop_process_group, wait_until_serving
 from loopline.settings import Settings, settings_environment
-from schemas.records import LabelEvent, PredictionRecord, TrainingExample
-from schemas.topics import LABELS, PREDICTIONS, TRAINING_EXAMPLES
+from schemas.records import PredictionRecord, TrainingExample
+from schemas.topics import PREDICTIONS, TRAINING_EXAMPLES
 from schemas.validation import decode, encode
 from streams.checkpoint_origin import ORIGIN_FILE, kafka_cluster_id, recorded_origin
 from streams.flink_job import latest_checkpoint
@@ -55,7 +56,7 @@ class Wiped:
 
 def _prepare(settings: Settings) -> None:
     apply_loopline_topics(settings)
-    apply_definitions(settings.feast_registry_path, settings.redis_connection)
+    apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
 
 
 def _publish_scored_event(producer: Producer) -> str:

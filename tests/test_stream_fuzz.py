@@ -18,20 +18,21 @@ import pandas as pd
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
+from templates import TransactionEvent
 
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings
-from schemas.records import DeadLetterRecord, TransactionEvent
+from schemas.records import DeadLetterRecord
 from schemas.topics import DAY_MS, TopicSpec
 from schemas.validation import decode, encode
 from streams.feature_plan import compile_plan
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
-from streams.synthetic import Emitted
 from streams.topics import apply_topics, read_topic
+from streams.world import Emitted
 
 SOURCE = TopicSpec("test.fuzz", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
 DEAD = TopicSpec("test.fuzz.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=DAY_MS)
@@ -79,14 +80,14 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
     )  # fmt: skip
     try:
-        plan = compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection).list_stream_feature_views())
+        plan = compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views())
         plan = plan.reading(SOURCE.name)
         # A valid event sent after all of them is still aggregated: the job survived.
         probe = TransactionEvent(schema_version=1, event_id="probe", event_time_ms=int(time.time() * 1000), user_id="fz-probe",
                                  merchant_id="fm-1", amount=1.0, currency="EUR", merchant_category="grocery", channel="pos",
                                  country="DE")  # fmt: skip
         EventProducer(applied.kafka.bootstrap).publish([Emitted(SOURCE.name, "fz-probe", encode(probe), NOW_MS, probe)])
-        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
         seen = lambda: reader.row_timestamps_us("user_transaction_features", ["fz-probe"])[0] is not None  # noqa: E731
         assert wait_until(lambda: seen() or job.poll() is not None, 180, 0.5) and job.poll() is None, f"see {tmp_path / 'job.log'}"
         messages = read_topic(applied.kafka.bootstrap, SOURCE.name)

@@ -7,16 +7,17 @@ import time
 import uuid
 from pathlib import Path
 
+from templates import TransactionEvent
+
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings
-from schemas.records import TransactionEvent
 from schemas.topics import DAY_MS, TopicSpec
 from schemas.validation import encode
 from streams.producer import EventProducer
-from streams.synthetic import Emitted
 from streams.topics import apply_topics
+from streams.world import Emitted
 
 VIEW = "user_transaction_features"
 SOURCE = TopicSpec(f"test.start.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
@@ -42,7 +43,7 @@ def test_the_job_starts_at_the_events_published_since_the_time_given(applied: Se
                             LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__GROUP_ID=f"start-{uuid.uuid4().hex[:8]}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
     try:
-        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection)
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
 
         def features() -> dict:
             read = reader.get_online_features([f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h"], [{"user_id": user}])

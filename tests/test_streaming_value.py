@@ -16,15 +16,16 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
+from templates import LABELS, TRANSACTIONS, SyntheticConfig, SyntheticStream
 
 from feedback_loop.example_log import REQUEST_FIELDS, backfill_examples
 from loopline.components import feature_plan
 from loopline.retraining import BACKFILL_INPUTS, DEFAULT_TRAIN_CONFIG
 from loopline.settings import Settings
-from schemas.topics import DAY_MS, LABELS, TRANSACTIONS, TopicSpec
+from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
-from streams.synthetic import Emitted, SyntheticConfig, SyntheticStream
 from streams.topics import apply_topics, read_topic
+from streams.world import Emitted
 
 pytestmark = pytest.mark.skipif(
     find_spec("torch") is None or find_spec("deepspeed") is None,

@@ -49,7 +49,7 @@ def traced(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
     """The scorer's doors (HTTP, gRPC, Kafka) tracing into the stack's Jaeger, with no share of its own (ratio 0) and
     a slow threshold no request reaches: only what the caller samples and what fails is kept."""
     model = write_linear_model(tmp_path_factory.mktemp("model") / "fraud.onnx", INPUTS, np.array([0.3, 0.004]), -2.0)
-    OnlineWriter(applied.feast_registry_path, applied.redis_connection).write(
+    OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write(
         [FeatureRow(VIEW, "trace-user", int(time.time() * 1_000_000), {"txn_count_5m": 3})]
     )
     tracing = TracingSettings(sample_ratio=0.0, slow_ms=60_000)

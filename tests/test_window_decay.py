@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
+from templates import EVENT_TIME, TransactionEvent
 from window_definition import window_by_definition
 
 from conftest import serving_doors
@@ -29,12 +30,11 @@ from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.serving import build_scorer
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
-from schemas import DeadLetterRecord, PredictionRecord, ScoreRequest, TransactionEvent, encode
+from schemas import DeadLetterRecord, PredictionRecord, ScoreRequest, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
-from streams.recompute import EVENT_TIME
-from streams.synthetic import Emitted
 from streams.topics import apply_topics
+from streams.world import Emitted
 
 VIEW = "user_transaction_features"
 WINDOWED = ("txn_count_5m", "txn_count_1h", "txn_count_24h", "amount_sum_1h", "amount_mean_24h", "amount_max_24h",
@@ -70,7 +70,7 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
     job = start_feature_job(applied, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPIC=source.name,
                             LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name, LOOPLINE_STREAM__GROUP_ID=f"decay-{run}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
-    store = feature_store(applied.feast_registry_path, applied.redis_connection)
+    store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     try:
 
         def absorbed() -> bool:
@@ -87,7 +87,7 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
     after = {"burst": 55 * SECOND, "late tile the tail": 335 * SECOND, "late tile out": 345 * SECOND,
              "last tile out": 350 * SECOND, "5 minutes quiet": 6 * MINUTE, "hour quiet": 2 * HOUR,
              "a day less a second": 24 * HOUR - SECOND, "a day": 24 * HOUR, "day quiet": 25 * HOUR}  # fmt: skip
-    defaults = OnlineReader(applied.feast_registry_path, applied.redis_connection).defaults
+    defaults = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path).defaults
     seen: dict[str, dict] = {}
     with serving_doors(roomy, build_scorer(roomy, model)) as (url, _):
         for moment, offset in after.items():

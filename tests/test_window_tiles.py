@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from templates import EVENT_TIME
 from window_definition import steps_by_definition, window_by_definition
 
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, Window, view_windows
@@ -24,7 +25,7 @@ from infra.jars import operator_libraries
 from loopline.settings import Settings
 from streams.feature_plan import ViewPlan
 from streams.operators_jar import SOURCES, flink_classpath, operators_jar
-from streams.recompute import EVENT_TIME, recompute, same_feature_value
+from streams.recompute import recompute, same_feature_value
 
 START = 1_790_000_000_000
 AMOUNTS = st.one_of(

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from templates import EVENT_TIME
+
 from feature_store.window_tiles import SCALE, AggregationSpec, Window
-from streams.recompute import EVENT_TIME
 
 
 def window_by_definition(aggregation: AggregationSpec, events: Sequence[Mapping], at_ms: int):

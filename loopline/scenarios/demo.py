@@ -1,13 +1,15 @@
-"""``make demo``: the whole loop, end to end on the local stack, closed in every run.
+"""``make demo`` (the fraud template) and ``loopline demo --template NAME``: the whole loop of a project, end to end
+on the local stack, closed in every run.
 
 Stack up → `feast apply` + topics → the streaming feature job (embedded Flink, in its own process) reads the demo's
-world from its first record: the last hour of a synthetic world at once, so every window the models read is full,
-then live (``loopline/scenarios/demo_world.py``) → once the job has absorbed the history, every transaction is followed
-by a score request naming it, scored over Kafka by a hand-set model from the model registry (``demo_scoring.py``) → the loop
-closes (``demo_loop.py``): the feedback joiner meets predictions with their labels, a snapshot is made, a model trained on
-it, evaluated against prod, released as a canary, and the release controller promotes or rolls it back while the scorer
-hot-swaps; the skew monitor watches the prediction log against the loop's snapshot, one skew is injected on purpose
-(amounts in cents) and exactly that feature alerts (``demo_skew.py``) → every record validated (bad ones
+world (the project's, ``streams/world.py``) from its first record: the recent history of the world at once, so every
+window the model reads is full, then live (``loopline/scenarios/demo_world.py``) → once the job has absorbed the
+history, every scored event is followed by a score request naming it, scored over Kafka by the project's hand-set first
+model from the model registry (``demo_scoring.py``) → the loop closes (``demo_loop.py``): the feedback joiner meets
+predictions with their labels, a snapshot is made, a model trained on it, evaluated against prod, released as a canary,
+and the release controller promotes or rolls it back while the scorer hot-swaps; the skew monitor watches the
+prediction log against the loop's snapshot, one skew is injected on purpose (the project's ``demo.skew``: the fraud
+project's amounts in cents) and exactly that feature alerts (``demo_skew.py``) → every record validated (bad ones
 dead-lettered) → a summary, and a check of each promise. The demo goes on past its budget (bounded) until the loop and
 the skew alert have had their verdicts; a step that fails is named, and the demo exits non-zero. The stack stays up.
 """
@@ -26,18 +28,18 @@ from rich.table import Table
 
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import OnlineWriter
-from loopline.components import apply_loopline_topics, build_stack, feature_plan
+from loopline.components import apply_loopline_topics, build_stack, feature_plan, project
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.scenarios.demo_loop import TRAINING_STEP, DemoLoop, Step
-from loopline.scenarios.demo_scoring import MODEL_INPUTS, DemoScoring
-from loopline.scenarios.demo_skew import SKEW_ALERT, SKEWED_FEATURE, DemoSkew
+from loopline.scenarios.demo_scoring import DemoScoring
+from loopline.scenarios.demo_skew import SKEW_ALERT, DemoSkew
 from loopline.scenarios.demo_world import DemoWorld
 from loopline.settings import Settings
 from loopline.tables import counts_table, scoring_table, stack_table, topics_table
 from schemas.records import DeadLetterRecord
-from schemas.topics import DEAD_LETTERS, LABELS, TOPICS, TRANSACTIONS
+from schemas.topics import DEAD_LETTERS, TOPICS
+from schemas.validation import decode
 from streams.producer import PublishStats
-from streams.synthetic import synthetic_user_id
 from streams.topics import topic_sizes
 from streams.validating_consumer import ValidatingConsumer
 
@@ -57,33 +59,51 @@ _CANARY_MIN_REQUESTS = 500
 #: Past its budget, the demo goes on at most this long for the loop's verdict and the skew alert.
 OVERTIME_S = 240.0
 _REFRESH_S = 1.0
-_USER_VIEW = "user_transaction_features"
-_SHOWN = tuple(name.split(":")[1] for name in MODEL_INPUTS if name.startswith(f"{_USER_VIEW}:"))
-#: The synthetic stream's most active users (Zipf ranks 0-4): their rows change every second or so.
-_WATCHED_USERS = [synthetic_user_id(i) for i in range(5)]
 
 
-def _features_table(reader: OnlineReader, title: str) -> Table:
+@dataclass(frozen=True)
+class _Watched:
+    """What the live table shows: some entities of one view (the project's ``demo.watch``, its busiest), and the
+    features of it the model reads."""
+
+    view: str
+    features: tuple[str, ...]
+    entities: tuple[dict[str, str], ...]
+
+    @classmethod
+    def of(cls, settings: Settings) -> _Watched:
+        declared = project(settings)
+        watch = declared.spec.demo.get("watch", {})
+        view = next(v for v in feature_plan(settings).views if v.name == watch["view"])
+        features = tuple(name.split(":", 1)[1] for name in declared.spec.model.inputs if name.startswith(f"{view.name}:"))
+        entities = tuple(e if isinstance(e, dict) else {view.entity_keys[0]: str(e)} for e in watch.get("entities", ()))
+        return cls(view.name, features or view.feature_names, entities)
+
+    def label(self, entity: dict[str, str]) -> str:
+        return " × ".join(entity.values())
+
+
+def _features_table(reader: OnlineReader, watched: _Watched, title: str) -> Table:
     now_us = time.time() * 1e6
-    values = reader.get_online_features([f"{_USER_VIEW}:{f}" for f in _SHOWN], [{"user_id": u} for u in _WATCHED_USERS])
-    stamps = reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)
+    values = reader.get_online_features([f"{watched.view}:{f}" for f in watched.features], list(watched.entities))
+    stamps = reader.row_timestamps_us(watched.view, list(watched.entities))
     table = Table(title=title)
-    for column in ("user", *_SHOWN, "row age"):
-        table.add_column(column, justify="left" if column == "user" else "right")
-    for index, user in enumerate(_WATCHED_USERS):
-        cells = [values[f][index] for f in _SHOWN]
+    for column in ("entity", *watched.features, "row age"):
+        table.add_column(column, justify="left" if column == "entity" else "right")
+    for index, entity in enumerate(watched.entities):
+        cells = [values[f][index] for f in watched.features]
         age = "—" if stamps[index] is None else f"{(now_us - stamps[index]) / 1e6:.1f} s"
-        table.add_row(user, *("—" if v is None else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells), age)
+        table.add_row(watched.label(entity), *("—" if v is None else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells), age)
     return table
 
 
-def _newest_row_ms(reader: OnlineReader) -> int | None:
-    """The event time of the newest row among the watched users (the busiest: their rows follow the stream closely)."""
-    stamps = [s for s in reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS) if s is not None]
+def _newest_row_ms(reader: OnlineReader, watched: _Watched) -> int | None:
+    """The event time of the newest row among the watched entities (the busiest: their rows follow the stream closely)."""
+    stamps = [s for s in reader.row_timestamps_us(watched.view, list(watched.entities)) if s is not None]
     return int(max(stamps) / 1000) if stamps else None
 
 
-def _absorb_history(world: DemoWorld, job, reader: OnlineReader, console: Console) -> float:
+def _absorb_history(world: DemoWorld, job, reader: OnlineReader, watched: _Watched, console: Console) -> float:
     """Wait, showing progress, until the feature job has read the world's history and follows it live; its seconds."""
     began = time.monotonic()
     with Live(console=console, refresh_per_second=2) as live:
@@ -92,11 +112,11 @@ def _absorb_history(world: DemoWorld, job, reader: OnlineReader, console: Consol
                 raise RuntimeError("the feature job stopped while reading the history; see feature-job.log under the stack's logs")
             if not world.running:
                 world.stop()  # raises what stopped it
-            newest = _newest_row_ms(reader)
+            newest = _newest_row_ms(reader, watched)
             behind_s = None if newest is None else (world.stream_time_ms - newest) / 1000
             history_out = world.stream_time_ms >= time.time() * 1000 - 1000
             live.update(
-                f"history: {world.history_published:,} transactions of the world's last "
+                f"history: {world.history_published:,} events of the world's last "
                 f"{(world.published_from_ms - world.history_from_ms) / 60_000:.0f} min published"
                 f"{' (all of it)' if history_out else ''}; the feature job is "
                 + ("starting (a mini-cluster takes ~20 s)" if behind_s is None else f"{max(behind_s, 0):,.0f} s of stream time behind")
@@ -119,6 +139,7 @@ class _Run:
     loop: DemoLoop
     skew: DemoSkew
     reader: OnlineReader
+    watched: _Watched
 
 
 def _run_live(run: _Run, budget_end: float, console: Console) -> None:
@@ -134,8 +155,8 @@ def _run_live(run: _Run, budget_end: float, console: Console) -> None:
             what for what, done in (("the loop's verdict", run.loop.settled()), ("the skew alert", run.skew.settled())) if not done
         ) if now > budget_end else ""  # fmt: skip
         title = f"live features in Redis — {run.world.published:,} records published, live for {now - started:.0f} s{over}"
-        return Group(_features_table(run.reader, title),
-                     scoring_table(recent, whole, title=f"scoring every transaction over Kafka, p50/p99 — model versions {versions or '—'}"),
+        return Group(_features_table(run.reader, run.watched, title),
+                     scoring_table(recent, whole, title=f"scoring every scored event over Kafka, p50/p99 — model versions {versions or '—'}"),
                      run.loop.table(), run.skew.table())  # fmt: skip
 
     with Live(console=console, refresh_per_second=1) as live:
@@ -188,12 +209,15 @@ def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLett
     """Validate every record of the run (bad ones dead-lettered); the counts per topic and a few dead letters."""
     bootstrap, client = settings.kafka.bootstrap, settings.kafka.client_config
     dead_letters: list[DeadLetterRecord] = []
-    validator = ValidatingConsumer(bootstrap, "loopline-demo-validator", [TRANSACTIONS, LABELS], DEAD_LETTERS.name, client_config=client)
+    declared = project(settings)
+    events = {topic: declared.decoder(topic) for topic in declared.contracts}
+    validator = ValidatingConsumer(bootstrap, "loopline-demo-validator", events, DEAD_LETTERS.name, client_config=client)
     try:
         counts = validator.run_until_caught_up(timeout_s=120.0)
     finally:
         validator.close()
-    dlq = ValidatingConsumer(bootstrap, "loopline-demo-dlq-reader", [DEAD_LETTERS], DEAD_LETTERS.name, client_config=client)
+    letters = {DEAD_LETTERS.name: lambda payload: decode(DeadLetterRecord, payload)}
+    dlq = ValidatingConsumer(bootstrap, "loopline-demo-dlq-reader", letters, DEAD_LETTERS.name, client_config=client)
     try:
         counts |= dlq.run_until_caught_up(
             timeout_s=30.0,
@@ -231,8 +255,8 @@ def unkept_promises(summary: dict, loop: DemoLoop) -> list[str]:
 
 def run_demo(settings: Settings, seconds: float, rate: float, console: Console) -> list[str]:
     """The loop end to end within about ``seconds`` (longer, bounded, until the loop and the skew have their verdicts),
-    at ``rate`` transactions per second. Prints live tables and a summary; returns the promises not kept (empty when
-    every one was)."""
+    at ``rate`` events per second of the project's world. Prints live tables and a summary; returns the promises not kept
+    (empty when every one was)."""
     from feature_store.config import apply_definitions
 
     began = time.monotonic()
@@ -250,9 +274,10 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
                            redis_cluster=settings.redis_cluster).delete_rows()  # fmt: skip
     console.print(f"online rows of an earlier run deleted: {', '.join(cleared)}")
     console.print(topics_table(apply_loopline_topics(settings)))
-    history_s = feature_plan(settings).history_ms(MODEL_INPUTS) / 1000
+    history_s = feature_plan(settings).history_ms(project(settings).spec.model.inputs) / 1000
+    watched = _Watched.of(settings)
 
-    console.rule("3. the world's last hour at once: every window the models read is full before anything is scored")
+    console.rule(f"3. the world's last {history_s / 60:.0f} min at once: every window the model reads is full before anything is scored")
     # The demo watches its canary for seconds, not the policy's default minute: the verdict comes while you watch. Each
     # arm's p99 is judged over 500 requests (~10 s at half the rate each): over 100 it was their slowest one or two,
     # which on two busy cores is the scheduler's doing, not the model's.
@@ -287,15 +312,15 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         scoring.start_serving(settings.resolved_logs_dir / "scorer.log")
         loop.start(settings.resolved_logs_dir / "joiner.log")
         world.start()
-        history_took_s = _absorb_history(world, jobs[0], reader, console)
-        console.print(f"the feature job read {world.history_published:,} transactions of history in {history_took_s:.0f} s"
+        history_took_s = _absorb_history(world, jobs[0], reader, watched, console)
+        console.print(f"the feature job read {world.history_published:,} events of history in {history_took_s:.0f} s"
                       " and follows the world live", highlight=False)  # fmt: skip
         scoring.wait_ready()
 
-        console.rule("4. live: every transaction scored over Kafka, the loop closing, a skew injected")
+        console.rule("4. live: every scored event scored over Kafka, the loop closing, a skew injected")
         world.go_live()
         scoring.start_counting()
-        _run_live(_Run(world, scoring, loop, skew, reader), began + seconds, console)
+        _run_live(_Run(world, scoring, loop, skew, reader, watched), began + seconds, console)
         _, scored = scoring.stats()  # while the scorer still answers for its counters
         final_counts = scoring.over_budget_counts()
         skew_summary = skew.summary()
@@ -319,13 +344,13 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     summary = {
         "seconds": round(time.monotonic() - began, 1),
         "delivered": stats.total,
-        "history_transactions": world.history_published,
+        "history_events": world.history_published,
         "history_s": history_s,
         "history_absorbed_s": round(history_took_s, 1),
         "events_per_s": round(stats.total / max(stats.seconds, 1e-9)),
         "valid": sum(c.valid for t, c in counts.items() if t != DEAD_LETTERS.name),
         "dead_lettered": sum(c.dead_lettered for c in counts.values()),
-        "users_with_features": sum(s is not None for s in reader.row_timestamps_us(_USER_VIEW, _WATCHED_USERS)),
+        "watched_entities_with_features": sum(s is not None for s in reader.row_timestamps_us(watched.view, list(watched.entities))),
         "scored": sum(scored.versions.values()) if scored else 0,
         "scored_by_version": scored.versions if scored else {},
         "scorer_p99_ms": round(scored.scorer_p99_ms, 2) if scored else None,
@@ -335,7 +360,8 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "labeled_examples": len(loop.labeled()),
         "snapshot_id": loop.outcome.snapshot_id,
         "trained_version": loop.outcome.candidate_version,
-        "holdout_auc": {k: round(v, 4) for k, v in loop.outcome.holdout_auc.items()},
+        "holdout_metric": loop.quality.headline,
+        "holdout_quality": {k: round(v, 4) for k, v in loop.outcome.holdout_quality.items()},
         "release": loop.outcome.release,
         "loop_steps": {step.name: step.state for step in loop.steps.values()},
         **skew_summary,
@@ -350,10 +376,11 @@ def _report(summary: dict, settings: Settings, console: Console) -> None:
     """The summary's sentences, then the summary itself as one JSON line (the last line the demo prints)."""
     console.rule("summary")
     trained = summary["trained_version"]
-    aucs = ", ".join(f"{k} {v:.3f}" for k, v in summary["holdout_auc"].items()) or "none"
+    measured = ", ".join(f"{k} {v:.4g}" for k, v in summary["holdout_quality"].items()) or "none"
+    metric = summary["holdout_metric"].upper()
     console.print(f"The loop: {summary['labeled_examples']:,} labeled examples → snapshot {summary['snapshot_id']} → "
-                  + (f"v{trained} trained (holdout AUC {aucs}) → the release controller: {summary['release'] or 'no verdict'}."
-                     if trained else f"no model registered (holdout AUC {aucs})."), highlight=False)  # fmt: skip
+                  + (f"v{trained} trained (holdout {metric} {measured}) → the release controller: {summary['release'] or 'no verdict'}."
+                     if trained else f"no model registered (holdout {metric} {measured})."), highlight=False)  # fmt: skip
     steady = summary["over_feature_budget_rate_steady"]
     if steady is not None:
         verdict = "met" if steady < _STEADY_OVER_BUDGET_GOAL else "NOT met"
@@ -368,8 +395,9 @@ def _report(summary: dict, settings: Settings, console: Console) -> None:
     if summary["skew_injected"]:
         alerting = ", ".join(summary["skew_alerting_features"]) or "none"
         console.print(
-            f"Skew injected into {', '.join(summary['skew_injected_features'])} (score requests' amounts ×100, as in cents): the"
-            f" monitor measured PSI {summary['skew_psi']} for {SKEWED_FEATURE} against snapshot {summary['skew_reference_snapshot']};"
+            f"Skew injected into {', '.join(summary['skew_injected_features'])} (the score requests' field multiplied, as the project's"
+            f" demo.skew says): the monitor measured PSI {summary['skew_psi']} for {summary['skew_feature']} against snapshot"
+            f" {summary['skew_reference_snapshot']};"
             f" Prometheus' {SKEW_ALERT}: {summary['skew_alert']}. Features alerting now: {alerting}"
             + (" — the injected one, and only it." if summary["skew_alerting_features"] == summary["skew_injected_features"] else "."),
             highlight=False,

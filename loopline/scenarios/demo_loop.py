@@ -20,20 +20,21 @@ import numpy as np
 import yaml
 from rich.table import Table
 
+from loopline.components import project
 from loopline.job_processes import start_joiner, stop_process_group
 from loopline.settings import Settings
-from offline_training.evaluation import roc_auc
+from offline_training.evaluation import Quality
 from offline_training.launch import stop_training
 from schemas.records import TrainingExample
 from streams.topic_follower import TopicFollower
 
-#: Enough labels to train on and hold out from: labeled examples, of which frauds.
-MIN_LABELED, MIN_FRAUD = 400, 30
+#: Enough labels to train on and hold out from: labeled examples, and of a binary label's, positives.
+MIN_LABELED, MIN_POSITIVE = 400, 30
 #: Training processes in the demo: one, since the demo's two cores also run two Flink jobs, Kafka, Redis, the scorer
 #: and the producer (two gloo processes took ~2x as long to start there; the tests train with two).
 TRAIN_PROCESSES = 1
-#: The demo trains on a few hundred labeled rows: the default config's 4 epochs under-fit them (holdout AUC 0.73-0.77 on
-#: three demo snapshots, against 0.82-0.84 with 40 epochs); 40 epochs of 400 rows take about a second.
+#: The demo trains on a few hundred labeled rows: the default config's 4 epochs under-fit them (the fraud project's holdout
+#: AUC 0.73-0.77 on three demo snapshots, against 0.82-0.84 with 40 epochs); 40 epochs of 400 rows take about a second.
 DEMO_EPOCHS = 40
 #: The trained model's share of requests while the controller watches it (half: evidence comes fast).
 CANARY_PERCENT = 50.0
@@ -67,7 +68,8 @@ class LoopOutcome:
     snapshot_id: str | None = None
     snapshot_rows: int | None = None
     candidate_version: str | None = None
-    holdout_auc: dict[str, float] = field(default_factory=dict)
+    #: The holdout's headline metric (AUC, RMSE) of the candidate and of prod.
+    holdout_quality: dict[str, float] = field(default_factory=dict)
     release: str | None = None
 
 
@@ -75,14 +77,15 @@ class DemoLoop:
     """The joiner, a reader of its examples, and the thread that closes the loop once."""
 
     def __init__(
-        self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_fraud: int = MIN_FRAUD,
+        self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_positive: int = MIN_POSITIVE,
         on_step: Callable[[Step], None] | None = None,
     ) -> None:  # fmt: skip
         """The loop over ``settings``' stack, for the score requests whose ids start with ``run_id``; it trains once
-        ``min_labeled`` of them, ``min_fraud`` frauds among them, have their labels. ``on_step`` is called as each
-        step starts and ends."""
+        ``min_labeled`` of them have their labels (of a binary label, ``min_positive`` positives among them). ``on_step``
+        is called as each step starts and ends."""
         self.settings, self.run_id, self.on_step = settings, run_id, on_step
-        self.min_labeled, self.min_fraud = min_labeled, min_fraud
+        self.quality = Quality(project(settings).labels.kind)
+        self.min_labeled, self.min_positive = min_labeled, min_positive if self.quality.kind == "binary" else 0
         self.started_ms = int(time.time() * 1000)
         self.steps = {name: Step(name) for name in ("labels", "snapshot", TRAINING_STEP, "controller")}
         self.outcome = LoopOutcome()
@@ -147,9 +150,11 @@ class DemoLoop:
         def enough_labels() -> str:
             while not self._stop.is_set():
                 labeled = self.labeled()
-                frauds = sum(bool(e.label) for e in labeled)
-                self.steps["labels"].detail = f"{len(labeled):,} labeled examples joined, {frauds} fraud (need {self.min_labeled}, {self.min_fraud})"
-                if len(labeled) >= self.min_labeled and frauds >= self.min_fraud:
+                positives = sum(bool(e.label) for e in labeled) if self.quality.kind == "binary" else 0
+                need = f"need {self.min_labeled}" + (f", {self.min_positive} positive" if self.min_positive else "")
+                self.steps["labels"].detail = (f"{len(labeled):,} labeled examples joined"
+                                               + (f", {positives} positive" if self.min_positive else "") + f" ({need})")  # fmt: skip
+                if len(labeled) >= self.min_labeled and positives >= self.min_positive:
                     return self.steps["labels"].detail
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not enough labels before the time budget ran out ({self.steps['labels'].detail})")
@@ -170,12 +175,13 @@ class DemoLoop:
                               canary_percent=CANARY_PERCENT, actor=ACTOR, reason="trained on this run's feedback", echo=None,
                               on_start=lambda process: setattr(self, "_training", process))  # fmt: skip
             report = outcome.report
-            comparison = report.comparison
-            aucs = {"candidate": comparison.candidate["auc"]}
+            comparison, headline = report.comparison, self.quality.headline
+            measured = {"candidate": comparison.candidate[headline]}
             if comparison.prod is not None:
-                aucs[f"prod v{comparison.prod_version}"] = comparison.prod["auc"]
-            self.outcome.candidate_version, self.outcome.holdout_auc = report.version, aucs
-            on_holdout = f"holdout AUC ({comparison.holdout_rows:,} latest rows): " + ", ".join(f"{k} {v:.3f}" for k, v in aucs.items())
+                measured[f"prod v{comparison.prod_version}"] = comparison.prod[headline]
+            self.outcome.candidate_version, self.outcome.holdout_quality = report.version, measured
+            on_holdout = f"holdout ({comparison.holdout_rows:,} latest rows): " + ", ".join(
+                f"{k} {self.quality.describe(v)}" for k, v in measured.items())
             if report.version is None:
                 raise RuntimeError(f"not registered ({report.verdict.reason}); {on_holdout}")
             return f"v{report.version} registered and released as the canary on {CANARY_PERCENT:g} % of requests; {on_holdout}"
@@ -215,16 +221,16 @@ class DemoLoop:
         feedback = self.settings.feedback.model_copy(update={"train_config": path.absolute(), "train_niceness": BACKGROUND_NICENESS})
         return self.settings.model_copy(update={"feedback": feedback})
 
-    def quality_by_version(self) -> dict[str, tuple[int, int, float | None]]:
-        """Per model version: (labeled examples, frauds, AUC of its scores) over this run's feedback."""
+    def quality_by_version(self) -> dict[str, tuple[int, float | None]]:
+        """Per model version: (labeled examples, the headline metric of its scores) over this run's feedback."""
         by_version: dict[str, list[TrainingExample]] = {}
         for example in self.labeled():
             by_version.setdefault(example.model_version, []).append(example)
         quality = {}
         for version, examples in sorted(by_version.items(), key=lambda kv: int(kv[0])):
             labels = np.array([float(e.label) for e in examples])
-            auc = roc_auc(np.array([e.score for e in examples]), labels)
-            quality[version] = (len(examples), int(labels.sum()), None if np.isnan(auc) else auc)
+            value = self.quality.metrics(np.array([e.score for e in examples]), labels)[self.quality.headline]
+            quality[version] = (len(examples), value if self.quality.measurable(value) else None)
         return quality
 
     def table(self) -> Table:
@@ -236,9 +242,8 @@ class DemoLoop:
             running = time.monotonic() - step.began if step.state == "running" and step.began else None
             seconds = step.seconds if step.seconds is not None else running
             table.add_row(step.name, step.state, "" if seconds is None else f"{seconds:.0f} s", step.detail)
-        for version, (labeled, frauds, auc) in self.quality_by_version().items():
-            table.add_row(f"v{version} on feedback", "", "", f"{labeled:,} labeled ({frauds} fraud): AUC "
-                          + ("—" if auc is None else f"{auc:.3f}"))  # fmt: skip
+        for version, (labeled, value) in self.quality_by_version().items():
+            table.add_row(f"v{version} on feedback", "", "", f"{labeled:,} labeled: {self.quality.describe(value)}")
         return table
 
     def stop(self) -> None:

@@ -1,10 +1,10 @@
-"""The demo's scoring half: a model released through the model registry, scoring every transaction over Kafka.
+"""The demo's scoring half: a model released through the model registry, scoring every scored event over Kafka.
 
-While the feature job and the producer run, ``DemoScoring`` registers a small hand-set fraud model as
-``prod`` and serves it with `loopline serve --kafka --http` in a process of its own, as in production
-(``scoring.requests`` → ``scoring.predictions``, exactly once). Every live transaction of the demo's world is
-followed by a score request naming it (``request_for_transaction``, ``demo_world.py``), so its label, when it comes,
-meets the prediction in the feedback joiner. A reader of the prediction log (and of the scorer's
+While the feature job and the producer run, ``DemoScoring`` registers the project's hand-set first model as ``prod``
+and serves it with `loopline serve --kafka --http` in a process of its own, as in production
+(``scoring.requests`` → ``scoring.predictions``, exactly once). Every live scored event of the demo's world is
+followed by a score request naming it (the world's ``score_request``, ``demo_world.py``), so its label, when it
+comes, meets the prediction in the feedback joiner. A reader of the prediction log (and of the scorer's
 /metrics) reports requests/s, latency, batch size, model versions, the defaulted-feature rate and the
 share of reads over budget.
 """
@@ -26,38 +26,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from infra.errors import StackError
 from infra.service import wait_until
-from loopline.components import model_release
+from loopline.components import model_release, project
 from loopline.job_processes import start_scorer
+from loopline.project import write_first_model
 from loopline.settings import Settings
-from offline_training.onnx_models import write_linear_model
 from schemas.model_registry import PROD_ALIAS
-from schemas.records import PredictionRecord, ScoreRequest, TransactionEvent
-from schemas.topics import PREDICTIONS, SCORE_REQUESTS
-from schemas.validation import encode
-from streams.synthetic import Emitted
+from schemas.records import PredictionRecord
+from schemas.topics import PREDICTIONS
 from streams.topic_follower import TopicFollower
 
-_VIEW = "user_transaction_features"
-#: What the demo's models read: a user's velocity, spend and spread over the last five minutes and hour, and the amount
-#: asked about. Windows up to an hour, so that the demo's history (``DemoWorld``) fills every one of them.
-MODEL_INPUTS = [f"{_VIEW}:{name}" for name in
-                ("txn_count_5m", "amount_sum_1h", "amount_mean_1h", "distinct_merchants_1h", "secs_since_prev_txn")] + ["request:amount"]  # fmt: skip
-#: A hand-set logistic regression: a burst of recent transactions, and an amount far above the user's mean of the last
-#: hour, look like fraud. A rough rule (the demo prints its AUC on the holdout and on its feedback), so a model trained on
-#: the loop's feedback has room to do better.
-_FIRST_MODEL = (np.array([0.05, 0.0, -0.004, 0.0, 0.0, 0.004]), -3.0)
 _WINDOW_S = 5.0
-
-
-def request_for_transaction(transaction: TransactionEvent, emit_at_ms: int, run_id: str, amount_factor: float = 1.0) -> Emitted:
-    """The score request ``<run_id>-<event id>`` for ``transaction``, naming it (``event_id``), its user and amount
-    (times ``amount_factor``: the demo's injected skew); stamped as it is made, i.e. as the producer sends it."""
-    request = ScoreRequest(
-        schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{transaction.event_id}",
-        event_id=transaction.event_id, entity_keys={"user_id": transaction.user_id},
-        request_fields={"amount": transaction.amount * amount_factor}, requested_at_ms=int(time.time() * 1000),
-    )  # fmt: skip
-    return Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), emit_at_ms, request)
 
 
 #: Scorer counters the table reads (mean batch size, share of requests over the feature budget).
@@ -142,12 +120,13 @@ class DemoScoring:
         self.settings = settings.model_copy(update={"serving": serving})
         self.run_id = f"demo-{int(time.time())}"
         self._release = model_release(self.settings)
-        self._first_model = write_linear_model(models_dir / "fraud-hand-set.onnx", MODEL_INPUTS, *_FIRST_MODEL)
+        declared = project(settings)
+        self._first_model = write_first_model(declared, models_dir / f"{declared.name}-hand-set.onnx")
         self._scorer: subprocess.Popen | None = None
         self._logged: list[_Logged] = []
         self._follower: TopicFollower | None = None
-        #: What the score requests' amounts are multiplied by: 100 once the demo injects its "amounts in cents" skew.
-        self.amount_factor = 1.0
+        #: What the score requests' fields are multiplied by, by field: the demo's injected skew, once it injects it.
+        self.skew: dict[str, float] = {}
         self._counted: deque[tuple[float, list[float]]] = deque()
         self._started = time.monotonic()
         self._baseline = [0.0] * len(_COUNTERS)

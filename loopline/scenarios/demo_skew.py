@@ -1,6 +1,7 @@
 """The demo's skew monitor and dashboard: `loopline dashboard` from the start, `loopline monitor` once the loop's
-snapshot exists (it is the reference), and then a skew injected on purpose — the score requests' amounts arrive in
-cents, as an upstream currency bug would send them — so the alert visibly fires on the page and in Prometheus."""
+snapshot exists (it is the reference), and then a skew injected on purpose — a request field the project names
+(``demo.skew`` in its project file) multiplied by a factor, as an upstream bug would send it (the fraud project's
+amounts in cents) — so the alert visibly fires on the page and in Prometheus for that feature, and no other."""
 
 from __future__ import annotations
 
@@ -14,18 +15,17 @@ from rich.table import Table
 
 from infra.errors import StackError
 from infra.prometheus_server import alerts
+from loopline.components import project
 from loopline.job_processes import start_loopline, stop_process_group
 from loopline.scenarios.demo_loop import BACKGROUND_NICENESS
 from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.settings import Settings
 
-#: The feature the injected skew moves, and the alert that should fire for it.
-SKEWED_FEATURE, SKEW_ALERT = "request:amount", "LooplineFeatureSkew"
+#: The alert that should fire for the feature the injected skew moves.
+SKEW_ALERT = "LooplineFeatureSkew"
 #: The monitor's paging alerts on a feature's distribution (PSI, JS divergence, L-infinity): a feature alerts when one
 #: of them fires for it.
 SKEW_ALERTS = frozenset({SKEW_ALERT, "LooplineFeatureDistributionShift", "LooplineCategoryShift"})
-#: Cents instead of euros.
-SKEW_FACTOR = 100.0
 #: The monitor measures a short window in the demo, so the skew shows within seconds of the injection.
 _MONITOR_ENV = {"LOOPLINE_MONITOR__WINDOW_S": "60", "LOOPLINE_MONITOR__BUCKET_S": "5", "LOOPLINE_MONITOR__MIN_ROWS": "200",
                 "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "2", "LOOPLINE_MONITOR__SAMPLE_RATE": "0.05",
@@ -42,6 +42,10 @@ class DemoSkew:
 
     def __init__(self, settings: Settings, scoring: DemoScoring, logs: Path) -> None:
         self.settings, self.scoring, self.logs = settings, scoring, logs
+        skew = project(settings).spec.demo.get("skew", {})
+        #: The request field skewed on purpose, by how much, and the model input it moves.
+        self.field, self.factor = skew.get("request_field"), float(skew.get("factor", 100.0))
+        self.feature = f"request:{self.field}"
         self.dashboard_url = f"http://{settings.dashboard.host}:{settings.dashboard.port}/"
         self._monitor_url = f"http://{settings.serving.host}:{settings.monitor.metrics_port}/metrics"
         self._prometheus = f"http://{settings.prometheus.host}:{settings.prometheus.port}"
@@ -72,14 +76,16 @@ class DemoSkew:
     def step(self) -> None:
         """Inject the skew once the monitor has measured the healthy stream a while."""
         started = self._monitor_started
+        if self.field is None:
+            return
         if self.injected_at is None and started is not None and time.monotonic() - started >= _HEALTHY_S and self._psi() is not None:
-            self.scoring.amount_factor = SKEW_FACTOR
+            self.scoring.skew = {self.field: self.factor}
             self.injected_at = time.monotonic()
 
     def settled(self) -> bool:
         """Whether the skew has nothing more to show: no monitor runs (the loop made no snapshot), or its alert fired,
         or it had TIME_TO_FIRE_S after the injection."""
-        if self._monitor is None:
+        if self._monitor is None or self.field is None:
             return True
         if self.injected_at is None:
             return False
@@ -101,7 +107,7 @@ class DemoSkew:
         return psis
 
     def _psi(self) -> float | None:
-        return self._psis().get(SKEWED_FEATURE)
+        return self._psis().get(self.feature)
 
     def _alerts(self) -> list[dict] | None:
         """The skew alerts Prometheus has pending or firing (None when it does not answer)."""
@@ -115,7 +121,7 @@ class DemoSkew:
         listed = self._alerts()
         if listed is None:
             return "unknown"
-        states = {a["state"] for a in listed if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == SKEWED_FEATURE}
+        states = {a["state"] for a in listed if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == self.feature}
         return "firing" if "firing" in states else "pending" if "pending" in states else "none"
 
     def alerting_features(self) -> list[str]:
@@ -132,7 +138,7 @@ class DemoSkew:
     @property
     def injected_features(self) -> list[str]:
         """The features the demo skewed on purpose (none before the injection)."""
-        return [SKEWED_FEATURE] if self.injected_at is not None else []
+        return [self.feature] if self.injected_at is not None else []
 
     def table(self) -> Table:
         """The monitor's view of the skewed feature and of the others, and Prometheus' alerts, as the live view shows it."""
@@ -140,13 +146,13 @@ class DemoSkew:
         for column in ("feature", "reference", "PSI (alert ≥ 0.25)", "injected", f"Prometheus {SKEW_ALERT}"):
             table.add_column(column, justify="right")
         if self._monitor is None:
-            table.add_row(SKEWED_FEATURE, "waiting for the loop's snapshot", "—", "—", "—")
+            table.add_row(self.feature, "waiting for the loop's snapshot", "—", "—", "—")
             return table
         psis = self._psis()
-        psi = psis.pop(SKEWED_FEATURE, None)
-        injected = "—" if self.injected_at is None else f"amounts ×{SKEW_FACTOR:g}, {time.monotonic() - self.injected_at:.0f} s ago"
-        table.add_row(SKEWED_FEATURE, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())
-        others = [f for f in self.alerting_features() if f != SKEWED_FEATURE]
+        psi = psis.pop(self.feature, None)
+        injected = "—" if self.injected_at is None else f"{self.field} ×{self.factor:g}, {time.monotonic() - self.injected_at:.0f} s ago"
+        table.add_row(self.feature, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())
+        others = [f for f in self.alerting_features() if f != self.feature]
         highest = max(psis.items(), key=lambda kv: kv[1], default=None)
         table.add_row(f"the other {len(psis)} features", "", "—" if highest is None else f"highest {highest[1]:.3f} ({highest[0]})",
                       "no", "alerting: " + (", ".join(others) if others else "none"))  # fmt: skip
@@ -160,7 +166,8 @@ class DemoSkew:
         psi = self._psi()
         injected_s = None if self.injected_at is None else round(time.monotonic() - self.injected_at)
         trigger = check_trigger(self.settings)
-        return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_injected": self.injected_at is not None,
+        return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_feature": self.feature,
+                "skew_injected": self.injected_at is not None,
                 "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state(),
                 "skew_injected_features": self.injected_features, "skew_alerting_features": self.alerting_features(),
                 "skew_pending_features": self.pending_features(), "prometheus_answered": self._alerts() is not None,

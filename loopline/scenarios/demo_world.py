@@ -1,27 +1,26 @@
-"""The demo's synthetic world, its recent history first, then live.
+"""The demo's synthetic world (the project's, ``streams/world.py``), its recent history first, then live.
 
 A window fills from empty: a feature over the last hour, read a minute after a stream starts, counts a minute of
 events. A skew reference taken then and the live distribution later differ by construction, and every such feature
-"drifts". So the demo's world starts ``history_s`` in the past: that stretch goes to Kafka at once (transactions only:
+"drifts". So the demo's world starts ``history_s`` in the past: that stretch goes to Kafka at once (events only:
 nothing scored them, nobody labels them), the rest in real time with no gap between (``EventProducer``'s wall clock
-pacing). Once the feature job has absorbed the history, ``go_live()`` turns scoring on: every transaction from then on
-is followed by a score request naming it, and the labels of those transactions are published as they come.
+pacing). Once the feature job has absorbed the history, ``go_live()`` turns scoring on: every scored event from then
+on is followed by a score request naming it, and the labels of those events are published as they come.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Iterator
 
-from loopline.components import synthetic_config
-from loopline.scenarios.demo_scoring import DemoScoring, request_for_transaction
+from loopline.components import project, world
+from loopline.scenarios.demo_scoring import DemoScoring
 from loopline.settings import Settings
-from schemas.records import LabelEvent, TransactionEvent
-from schemas.topics import LABELS
+from schemas.topics import SCORE_REQUESTS
+from schemas.validation import encode
 from streams.producer import EventProducer, PublishStats
-from streams.synthetic import Emitted, SyntheticStream
+from streams.world import Emitted
 
 _LINGER_MS = 20.0
 
@@ -31,15 +30,15 @@ class DemoWorld:
 
     def __init__(self, settings: Settings, scoring: DemoScoring, rate_per_s: float, history_s: float, malformed_rate: float,
                  label_delay_s: tuple[float, float]) -> None:  # fmt: skip
-        """A world of ``rate_per_s`` transactions (the settings' users and merchants) starting ``history_s`` ago;
+        """A world of ``rate_per_s`` events (the project's, with the settings' knobs) starting ``history_s`` ago;
         ``malformed_rate`` of its live records are broken on purpose, its labels come ``label_delay_s`` after."""
         self.settings, self.scoring = settings, scoring
         now_ms = int(time.time() * 1000)
         #: The records of this world are published from this time on (Kafka timestamps): where the feature job starts.
         self.published_from_ms = now_ms
         self.history_from_ms = now_ms - int(history_s * 1000)
-        config = dataclasses.replace(synthetic_config(settings, rate_per_s, malformed_rate), label_delay_s=label_delay_s)
-        self._stream = SyntheticStream(config, seed=now_ms // 1000, start_ms=self.history_from_ms)
+        self._world = world(settings, rate_per_s, now_ms // 1000, self.history_from_ms, malformed_rate, label_delay_s=label_delay_s)
+        self._labels_topic = project(settings).labels.topic
         self._live = threading.Event()
         self._stop = threading.Event()
         self._scored: set[str] = set()
@@ -91,7 +90,7 @@ class DemoWorld:
         self.published = published
 
     def _records(self) -> Iterator[Emitted]:
-        for emitted in self._stream:
+        for emitted in self._world:
             if self._stop.is_set():
                 return
             self.stream_time_ms = emitted.emit_at_ms
@@ -100,16 +99,17 @@ class DemoWorld:
             if (due_s := emitted.emit_at_ms / 1000 - time.time()) > 0 and self._stop.wait(due_s):
                 return
             if not self._live.is_set():
-                # History: the transactions only (no broken records, no labels: nothing scored them).
-                if isinstance(emitted.record, TransactionEvent):
+                # History: the events only (no broken records, no labels: nothing scored them).
+                if emitted.record is not None and emitted.topic != self._labels_topic:
                     self.history_published += 1
                     yield emitted
                 continue
-            if emitted.topic == LABELS.name:
-                if isinstance(emitted.record, LabelEvent) and emitted.record.event_id in self._scored:
+            if emitted.topic == self._labels_topic:
+                if emitted.key in self._scored:  # a label is keyed by the event it is about
                     yield emitted
                 continue
             yield emitted
-            if isinstance(emitted.record, TransactionEvent):
-                self._scored.add(emitted.record.event_id)
-                yield request_for_transaction(emitted.record, emitted.emit_at_ms, self.scoring.run_id, self.scoring.amount_factor)
+            request = self._world.score_request(emitted, f"{self.scoring.run_id}-{len(self._scored)}", self.scoring.skew)
+            if request is not None:
+                self._scored.add(request.event_id)
+                yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), emitted.emit_at_ms, request)

@@ -1,7 +1,7 @@
 """The fault drill: kill -9 parts of the loop under load, restart them, and count what it cost.
 
-With transactions streaming into the feature job, score requests streaming through a Kafka-door
-scorer and HTTP requests hitting a second scorer, the drill kills (SIGKILL) and restarts, in turn
+With the project's world streaming events into the feature job, score requests streaming through a Kafka-door
+scorer and HTTP requests hitting a second scorer (the project's first model), the drill kills (SIGKILL) and restarts, in turn
 and at random moments, the Kafka broker, Redis, the feature job and the Kafka-door scorer. On a
 Kafka cluster the broker killed is the node leading the most partitions; on nodes with hosts of
 their own (``infra/netns.py``) the drill can also cut that node off the network (``broker_cut``).
@@ -16,7 +16,7 @@ Then it lets everything drain and checks what a user of Kafka and Flink expects:
 * every process is up and reports itself live, and a fresh request still scores.
 
 For each fault it also measures the time to recover: from the restart until the part works again
-(a prediction arrives; a probe transaction's features are readable; an HTTP answer has real features),
+(a prediction arrives; a probe event's features are readable; an HTTP answer has real features),
 the longest gap between predictions around it, and on a cluster the time until every partition has all
 its replicas in sync again.
 ``tests/test_faults.py`` runs one fault of each kind; ``benchmarks/faults.py`` runs several.
@@ -48,24 +48,20 @@ from infra.kafka_cluster import KafkaCluster
 from infra.kafka_janitor import ABORTED as JANITOR_ABORTED
 from infra.netns import NetworkNamespaces
 from infra.service import free_port, wait_until
-from loopline.components import build_stack, feature_plan, synthetic_config
+from loopline.components import build_stack, feature_plan, project, world
 from loopline.job_processes import start_feature_job, start_joiner, start_scorer, stop_process_group
+from loopline.project import write_first_model
 from loopline.settings import Settings
-from offline_training.onnx_models import write_linear_model
-from schemas.records import LabelEvent, ScoreRequest, TransactionEvent
-from schemas.topics import LABELS, PREDICTIONS, TOPICS, TRANSACTIONS
-from schemas.validation import encode
+from schemas.topics import PREDICTIONS, TOPICS
 from streams.flink_job import RERUN_NOTE, STALL_AFTER_S
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
-from streams.synthetic import Emitted, SyntheticStream, score_requests, synthetic_user_id
 from streams.topics import open_transaction_partitions, read_topic
+from streams.world import Emitted
 
 FAULT_KINDS = ("broker", "redis", "feature_job", "kafka_scorer")
 #: Faults of a Kafka cluster's node: kill -9 it, or cut it off the network (nodes on hosts of their own only).
 BROKER_FAULTS = ("broker", "broker_cut")
-_VIEW = "user_transaction_features"
-_INPUTS = [f"{_VIEW}:txn_count_5m", f"{_VIEW}:amount_sum_1h", "request:amount"]
 #: A feature read that falls back takes its budget plus the event loop's turn to notice (the scorer's own timing).
 #: On two cores shared with a restarting Flink job, Kafka, Redis and the drill, a single turn has been seen to take up
 #: to ~35 ms more (a whole answer then took 0.3-0.4 s): that is the machine, not the budget, so the drill judges the
@@ -250,7 +246,7 @@ class FaultDrill:
         *,
         faults_per_kind: int = 1,
         kinds: Sequence[str] = FAULT_KINDS,
-        transactions_per_s: float = 300.0,
+        events_per_s: float = 300.0,
         requests_per_s: float = 100.0,
         http_per_s: float = 20.0,
         seed: int = 7,
@@ -262,7 +258,7 @@ class FaultDrill:
         self.settings = settings.model_copy(update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})})
         self.folder = folder
         self.faults_per_kind, self.kinds = faults_per_kind, list(kinds)
-        self.transactions_per_s, self.requests_per_s, self.http_per_s = transactions_per_s, requests_per_s, http_per_s
+        self.events_per_s, self.requests_per_s, self.http_per_s = events_per_s, requests_per_s, http_per_s
         self.rng = random.Random(seed)
         self.say = on_progress
         self.run_id = f"drill-{uuid.uuid4().hex[:8]}"
@@ -272,6 +268,7 @@ class FaultDrill:
         self.kafka = kafka or self.stack.kafka
         self.network = network
         self.joiner = joiner
+        self.plan = feature_plan(self.settings)
         self._examples: list[str] = []
         if "broker_cut" in self.kinds and network is None:
             raise ValueError("broker_cut needs the Kafka nodes on hosts of their own (network=)")
@@ -307,21 +304,22 @@ class FaultDrill:
     def _until_stopped(self, records: Iterable[Emitted]) -> Iterator[Emitted]:
         return itertools.takewhile(lambda _: not self._load_done.is_set(), records)
 
-    def _produce_transactions(self) -> None:
-        stream = SyntheticStream(synthetic_config(self.settings, self.transactions_per_s, 0.0), 11, int(time.time() * 1000))
+    def _produce_events(self) -> None:
+        """The world's events on the topics the feature job reads (its labels are not: the drill labels its own)."""
+        topics = set(self.plan.topics)
+        events = (e for e in world(self.settings, self.events_per_s, 11, int(time.time() * 1000), 0.0) if e.topic in topics)
         producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
-        transactions = (e for e in stream if e.topic == TRANSACTIONS.name)
-        producer.publish(self._until_stopped(transactions), rate_per_s=self.transactions_per_s)
+        producer.publish(self._until_stopped(events), rate_per_s=self.events_per_s)
 
     def _produce_requests(self, sent: list[int]) -> None:
-        users = [synthetic_user_id(i) for i in range(self.settings.producer.users)]
         producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
-        requests_ = self._until_stopped(score_requests(users, self.requests_per_s, self._kafka_prefix, event_ids=self.joiner))
-        sent.append(producer.publish(requests_, rate_per_s=self.requests_per_s).total)
+        load = world(self.settings, 1.0, 12, int(time.time() * 1000)).requests(self.requests_per_s, self._kafka_prefix, self.joiner)
+        sent.append(producer.publish(self._until_stopped(load), rate_per_s=self.requests_per_s).total)
 
     def _produce_labels(self, sent: list[int]) -> None:
         """A label for each Kafka request (event id = request id), a second or so after it was sent."""
         producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
+        labeler = world(self.settings, 1.0, 13, int(time.time() * 1000))
 
         def labels() -> Iterator[Emitted]:
             for n in itertools.count():
@@ -329,11 +327,7 @@ class FaultDrill:
                     time.sleep(0.05)
                 if sent and n >= sent[0]:
                     return
-                event_id = f"{self._kafka_prefix}-{n}"
-                now = int(time.time() * 1000)
-                label = LabelEvent(schema_version=1, event_id=event_id, user_id="drill", is_fraud=n % 7 == 0,
-                                   label_time_ms=now, source="chargeback")  # fmt: skip
-                yield Emitted(LABELS.name, event_id, encode(label), now, label)
+                yield labeler.label(f"{self._kafka_prefix}-{n}", n)
 
         producer.publish(labels())
 
@@ -367,10 +361,11 @@ class FaultDrill:
     def _http_load(self, port: int) -> None:
         session = requests.Session()
         url = f"http://127.0.0.1:{port}/v1/score"
+        load = world(self.settings, 1.0, 14, int(time.time() * 1000)).requests(self.http_per_s, self._http_prefix)
+        features = sum(not name.startswith("request:") for name in project(self.settings).spec.model.inputs)
 
         def one(n: int) -> None:
-            request = ScoreRequest(schema_version=1, request_id=f"{self._http_prefix}-{n}", requested_at_ms=int(time.time() * 1000),
-                                   entity_keys={"user_id": synthetic_user_id(n % 20)}, request_fields={"amount": 10.0})  # fmt: skip
+            request = next(load).record.model_copy(update={"requested_at_ms": int(time.time() * 1000)})
             sent = self._now()
             status, defaulted, fetch_ms = 0, False, None
             try:
@@ -378,7 +373,7 @@ class FaultDrill:
                 status = answer.status_code
                 if status == 200:
                     record = answer.json()
-                    defaulted = len(record["defaulted_features"]) == len(_INPUTS) - 1
+                    defaulted = len(record["defaulted_features"]) == features
                     fetch_ms = record["stage_latency_ms"]["feature_fetch"]
             except requests.RequestException:
                 pass
@@ -398,22 +393,25 @@ class FaultDrill:
         return [kind for _ in range(self.faults_per_kind) for kind in self.rng.sample(self.kinds, len(self.kinds))]
 
     def _probe_features(self, timeout_s: float) -> float | None:
-        """Seconds until a fresh transaction's features are readable online (the feature job works), or None."""
+        """Seconds until a fresh event's features are readable online (the feature job works), or None: an event of the
+        world, of an entity of its own, now."""
         from feature_store.online_read import OnlineReader
 
-        user = f"{self.run_id}-probe-{uuid.uuid4().hex[:6]}"
+        view = self.plan.views[0]
         now = int(time.time() * 1000)
-        event = TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now, user_id=user, merchant_id="m-probe",
-                                 amount=1.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        model = next(e for e in world(self.settings, 1.0, 15, now) if e.topic == view.topic and e.record is not None).record
+        keys = {key: f"{self.run_id}-probe-{uuid.uuid4().hex[:6]}" for key in view.entity_keys}
+        event = model.model_copy(update={**keys, view.time_field: now})
         began = time.monotonic()
-        EventProducer(self.settings.kafka.bootstrap).publish([Emitted(TRANSACTIONS.name, user, encode(event), now, event)])
+        declared = project(self.settings)
+        EventProducer(self.settings.kafka.bootstrap).publish([Emitted(view.topic, "probe", declared.encode(view.topic, event), now, event)])
         settings = self.settings
         reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=1.0,
                               redis_cluster=settings.redis_cluster)  # fmt: skip
 
         def visible() -> bool:
             try:
-                return reader.row_timestamps_us(_VIEW, [user])[0] is not None
+                return reader.row_timestamps_us(view.name, [keys])[0] is not None
             except Exception:
                 return False
 
@@ -506,7 +504,7 @@ class FaultDrill:
     def run(self) -> DrillReport:
         """Run the drill; stop every process it started before returning."""
         settings = self.settings
-        model = write_linear_model(self.folder / "drill.onnx", _INPUTS, np.array([0.2, 0.001, 0.004]), -3.0)
+        model = write_first_model(project(settings), self.folder / "drill.onnx")
         kafka_port, http_port = free_port(), free_port()
         group = f"{self.run_id}-scorer"
         logs_at_start = self._log_sizes()
@@ -526,7 +524,7 @@ class FaultDrill:
             self._began = time.monotonic()
             sent: list[int] = []
             load = [threading.Thread(target=t, args=a, daemon=True) for t, a in (
-                (self._produce_transactions, ()), (self._produce_requests, (sent,)), (self._read_predictions, ()),
+                (self._produce_events, ()), (self._produce_requests, (sent,)), (self._read_predictions, ()),
                 (self._http_load, (http_port,)),
                 *(((self._produce_labels, (sent,)), (self._read_examples, ())) if self.joiner else ()))]  # fmt: skip
             for thread in load:
@@ -632,15 +630,14 @@ class FaultDrill:
         """Online features against the offline recompute of every event in the log: (mismatches, entities)."""
         from feature_store.online_read import OnlineReader
 
-        plan = feature_plan(self.settings)
-        messages = read_topic(self.settings.kafka.bootstrap, TRANSACTIONS.name, self.settings.kafka.client_config)
-        accepted, _ = accepted_events(plan, messages)
-        expected = {view.name: recompute(view, accepted) for view in plan.views}
+        plan, kafka = self.plan, self.settings.kafka
+        accepted = {topic: accepted_events(plan, topic, read_topic(kafka.bootstrap, topic, kafka.client_config))[0] for topic in plan.topics}
+        expected = {view.name: recompute(view, accepted[view.topic]) for view in plan.views}
         reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path,
                               redis_cluster=self.settings.redis_cluster)  # fmt: skip
 
         def read(view, offline):
-            rows = [{view.entity_key: key} for key in offline[view.entity_key]]
+            rows = [dict(zip(view.entity_keys, key if len(view.entity_keys) > 1 else (key,), strict=True)) for key in offline[view.entity_key]]
             values = reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names], rows)
             return pd.DataFrame({view.entity_key: offline[view.entity_key], **{f: values[f] for f in view.feature_names}})
 

@@ -67,7 +67,7 @@ def synthetic_snapshot(root: Path, rows: int = ROWS, seed: int = 0) -> Path:
     logit = 0.8 * (count - 3) + 0.002 * (total - 800) + 1.5 * (np.log(amount) - 4) - 1.0
     frame = pd.DataFrame({column: None for column in BASE_COLUMNS}, index=range(rows))
     frame["event_id"] = [str(uuid.UUID(int=int(i))) for i in rng.integers(0, 2**63, rows)]
-    frame["request_id"], frame["model_name"], frame["model_version"] = frame["event_id"], "fraud", "0"
+    frame["request_id"], frame["model_name"], frame["model_version"] = frame["event_id"], "gpu-check", "0"
     frame["score"], frame["defaulted"] = 0.5, 0
     frame["label"] = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(float)
     frame["predicted_at_ms"] = 1_790_000_000_000 + np.arange(rows) * 1000
@@ -206,20 +206,21 @@ def onnx_runtime(model_path: Path, snapshot: Path) -> dict:
     from online.onnx_runtime import OnnxModel
 
     rows = load_snapshot(snapshot, HOLDOUT).holdout_x.astype(np.float32)
+    no_texts = np.zeros((len(rows), 0), dtype=object)
     cuda_installed = "CUDAExecutionProvider" in ort.get_available_providers()
     warnings, logger = _Warnings(), logging.getLogger("online.onnx_runtime")
     logger.addHandler(warnings)
     try:
-        served = OnnxModel(model_path, "fraud", "gpu-check")
+        served = OnnxModel(model_path, "gpu-check", "1")
     finally:
         logger.removeHandler(warnings)
     cpu = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
     expected = cpu.run(None, {cpu.get_inputs()[0].name: rows})[0].reshape(-1)
-    difference = float(np.max(np.abs(served.predict(rows) - expected)))
+    difference = float(np.max(np.abs(served.predict(rows, no_texts) - expected)))
     times = []
     for _ in range(200):
         began = time.perf_counter()
-        served.predict(rows[:64])
+        served.predict(rows[:64], no_texts[:64])
         times.append((time.perf_counter() - began) * 1000)
     times.sort()
     # With the GPU build the model must run on CUDA; with the CPU build on the CPU, and the fallback said out loud.

@@ -1,4 +1,4 @@
-"""A realistic, deterministic synthetic transaction stream with planted fraud and late labels.
+"""The fraud project's synthetic world: a realistic, deterministic transaction stream with planted fraud and late labels.
 
 The stream is infinite and fully determined by the seed, the start time and the config:
 any prefix of it is identical across runs. It has
@@ -13,8 +13,9 @@ any prefix of it is identical across runs. It has
 * outcome labels for every fraud and a sample of legitimate transactions, emitted later;
 * optionally, malformed records (as real producers send) to exercise dead-lettering.
 
-``score_requests`` is a stream of score requests for given users at a rate (the fault drill's and the Kafka door tests'
-load); the demo scores its world's own transactions instead (``loopline/scenarios/demo_world.py``).
+Its knobs beside the common ones (``streams/world.py``): ``users``, ``merchants``, ``velocity_fraud_rate``,
+``spike_fraud_rate``, ``legit_label_rate``. Every transaction is scored when it happens (``score_request``);
+``requests`` is a load of score requests for the busiest users (the fault drill's and the Kafka door tests').
 """
 
 from __future__ import annotations
@@ -25,13 +26,17 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from schemas.records import LabelEvent, Record, ScoreRequest, TransactionEvent
-from schemas.topics import LABELS, SCORE_REQUESTS, TRANSACTIONS
+from schemas.project import Project
+from schemas.records import ScoreRequest
+from schemas.topics import SCORE_REQUESTS
 from schemas.validation import encode
+from streams.world import Emitted, WorldConfig
+
+TRANSACTIONS, LABELS = "events.transactions", "events.labels"
 
 COUNTRIES = {"US": "USD", "DE": "EUR", "FR": "EUR", "GB": "GBP", "NL": "EUR", "ES": "EUR", "PL": "PLN", "SE": "SEK"}
 _COUNTRY_WEIGHTS = (30, 18, 12, 12, 8, 8, 7, 5)
@@ -51,35 +56,14 @@ _MEAN_MS_BETWEEN_BURSTS = 6_000 * (1 - _BURST_SHARE) / _BURST_SHARE  # bursts la
 
 
 @dataclass(frozen=True)
-class SyntheticConfig:
-    """Knobs of the synthetic stream. Rates are per transaction unless said otherwise."""
+class _Knobs:
+    """The fraud world's own knobs (``WorldConfig.knobs``): rates are per transaction."""
 
     users: int = 5_000
     merchants: int = 500
-    rate_per_s: float = 1_000.0
-    out_of_order_rate: float = 0.05
-    max_out_of_order_s: float = 5.0
-    late_rate: float = 0.005
-    late_by_s: tuple[float, float] = (60.0, 600.0)
-    malformed_rate: float = 0.0
     velocity_fraud_rate: float = 0.001
     spike_fraud_rate: float = 0.002
     legit_label_rate: float = 0.05
-    label_delay_s: tuple[float, float] = (5.0, 120.0)
-
-
-@dataclass(frozen=True)
-class Emitted:
-    """One record to publish: where, with which key, the bytes, and when in stream time.
-
-    ``record`` is None for a deliberately malformed payload.
-    """
-
-    topic: str
-    key: str
-    value: bytes
-    emit_at_ms: int
-    record: Record | None
 
 
 @dataclass(frozen=True)
@@ -106,12 +90,16 @@ def synthetic_user_id(rank: int) -> str:
     return f"u{rank:06d}"
 
 
-class SyntheticStream:
-    """Iterate to get the stream's records in emission order (``emit_at_ms`` never decreases)."""
+class FraudWorld:
+    """Iterate to get the world's records in emission order (``emit_at_ms`` never decreases)."""
 
-    def __init__(self, config: SyntheticConfig, seed: int, start_ms: int) -> None:
+    def __init__(self, project: Project, config: WorldConfig, seed: int, start_ms: int) -> None:
         self.config = config
+        self.knobs = _Knobs(**config.knobs)
         self.start_ms = start_ms
+        self.project = project
+        self._transaction_type = project.contract(TRANSACTIONS).record_type
+        self._label_type = project.contract(LABELS).record_type
         self._rng = random.Random(seed)
         rng = self._rng
         countries = list(COUNTRIES)
@@ -122,9 +110,9 @@ class SyntheticStream:
                 round(rng.lognormvariate(3.2, 0.7), 2),
                 rng.choices(["pos", "online", "atm"], weights=[60, 35, 5])[0],
             )
-            for i in range(config.users)
+            for i in range(self.knobs.users)
         ]
-        self._user_cum = _cumulative([1.0 / (rank + 1) ** 0.8 for rank in range(config.users)])
+        self._user_cum = _cumulative([1.0 / (rank + 1) ** 0.8 for rank in range(self.knobs.users)])
         categories = list(CATEGORIES)
         self._merchants = [
             _Merchant(
@@ -132,9 +120,9 @@ class SyntheticStream:
                 rng.choices(countries, weights=_COUNTRY_WEIGHTS)[0],
                 rng.choices(categories, weights=[share for _, share in CATEGORIES.values()])[0],
             )
-            for i in range(config.merchants)
+            for i in range(self.knobs.merchants)
         ]
-        self._merchant_cum = _cumulative([1.0 / (rank + 1) ** 0.6 for rank in range(config.merchants)])
+        self._merchant_cum = _cumulative([1.0 / (rank + 1) ** 0.6 for rank in range(self.knobs.merchants)])
         # Long-run average rate equals rate_per_s despite bursts.
         self._base_rate = config.rate_per_s / (1 + _BURST_SHARE * (_BURST_FACTOR - 1))
         self._burst_until_ms = -1
@@ -148,8 +136,8 @@ class SyntheticStream:
         heapq.heappush(self._pending, (emitted.emit_at_ms, next(self._sequence), emitted))
 
     def _transaction(self, now_ms: int, user: _User, merchant: _Merchant, amount: float, channel: str) -> Emitted:
-        event = TransactionEvent(
-            schema_version=TransactionEvent.SCHEMA_VERSION,
+        event = self._transaction_type(
+            schema_version=1,
             event_id=self._uuid(),
             event_time_ms=self._event_time(now_ms),
             user_id=user.user_id,
@@ -160,7 +148,7 @@ class SyntheticStream:
             channel=channel,
             country=merchant.country,
         )
-        return Emitted(TRANSACTIONS.name, user.user_id, encode(event), now_ms, event)
+        return Emitted(TRANSACTIONS, user.user_id, self.project.encode(TRANSACTIONS, event), now_ms, event)
 
     def _event_time(self, now_ms: int) -> int:
         """Event time: usually now, sometimes a little behind (out of order), rarely far behind (late)."""
@@ -171,17 +159,17 @@ class SyntheticStream:
             return now_ms - int(self._rng.uniform(0, self.config.max_out_of_order_s) * 1000)
         return now_ms
 
-    def _label(self, transaction: TransactionEvent, emitted_ms: int, is_fraud: bool) -> None:
+    def _label(self, transaction, emitted_ms: int, is_fraud: bool) -> None:
         delay_ms = int(self._rng.uniform(*self.config.label_delay_s) * 1000)
-        label = LabelEvent(
-            schema_version=LabelEvent.SCHEMA_VERSION,
+        label = self._label_type(
+            schema_version=1,
             event_id=transaction.event_id,
             user_id=transaction.user_id,
             is_fraud=is_fraud,
             label_time_ms=emitted_ms + delay_ms,
             source=self._rng.choice(["chargeback", "customer_report"]) if is_fraud else "manual_review",
         )
-        self._schedule(Emitted(LABELS.name, transaction.event_id, encode(label), emitted_ms + delay_ms, label))
+        self._schedule(Emitted(LABELS, transaction.event_id, self.project.encode(LABELS, label), emitted_ms + delay_ms, label))
 
     def _malformed(self, now_ms: int, user: _User) -> Emitted:
         """A broken payload of one of the kinds real producers send."""
@@ -211,7 +199,7 @@ class SyntheticStream:
             else:
                 broken["amount"] = -5.0
             value = json.dumps(broken).encode()
-        return Emitted(TRANSACTIONS.name, user.user_id, value, now_ms, None)
+        return Emitted(TRANSACTIONS, user.user_id, value, now_ms, None)
 
     def _velocity_burst(self, now_ms: int, user: _User) -> None:
         """A compromised card: several quick online purchases abroad, all fraud."""
@@ -223,28 +211,26 @@ class SyntheticStream:
             amount = user.typical_amount * self._rng.uniform(1.5, 5.0)
             emitted = self._transaction(at, user, merchant, amount, "online")
             self._schedule(emitted)
-            assert isinstance(emitted.record, TransactionEvent)
             self._label(emitted.record, at, is_fraud=True)
 
     def _organic(self, now_ms: int) -> Emitted:
-        rng, config = self._rng, self.config
-        user = self._users[rng.choices(range(config.users), cum_weights=self._user_cum)[0]]
+        rng, config, knobs = self._rng, self.config, self.knobs
+        user = self._users[rng.choices(range(knobs.users), cum_weights=self._user_cum)[0]]
         if rng.random() < config.malformed_rate:
             return self._malformed(now_ms, user)
-        merchant = self._merchants[rng.choices(range(config.merchants), cum_weights=self._merchant_cum)[0]]
+        merchant = self._merchants[rng.choices(range(knobs.merchants), cum_weights=self._merchant_cum)[0]]
         price_level = CATEGORIES[merchant.category][0]
         amount = user.typical_amount * price_level * rng.lognormvariate(0.0, 0.5)
-        is_spike = rng.random() < config.spike_fraud_rate
+        is_spike = rng.random() < knobs.spike_fraud_rate
         if is_spike:
             amount *= rng.uniform(10.0, 40.0)
         channel = user.channel if rng.random() < 0.8 else rng.choice(["pos", "online"])
         emitted = self._transaction(now_ms, user, merchant, amount, channel)
-        assert isinstance(emitted.record, TransactionEvent)
         if is_spike:
             self._label(emitted.record, now_ms, is_fraud=True)
-        elif rng.random() < config.legit_label_rate:
+        elif rng.random() < knobs.legit_label_rate:
             self._label(emitted.record, now_ms, is_fraud=False)
-        if rng.random() < config.velocity_fraud_rate:
+        if rng.random() < knobs.velocity_fraud_rate:
             self._velocity_burst(now_ms, user)
         return emitted
 
@@ -267,19 +253,38 @@ class SyntheticStream:
             yield self._organic(now_ms)
 
 
-def score_requests(user_ids: Sequence[str], rate_per_s: float, run_id: str, event_ids: bool = False) -> Iterator[Emitted]:
-    """Score requests ``<run_id>-<n>`` for ``user_ids`` (the first ones asked about most, Zipf-like), paced at
-    ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it. With ``event_ids`` each scores the
-    event of its own id (so a label of that id joins its prediction)."""
-    rng = random.Random(run_id)
-    cumulative = list(itertools.accumulate(1.0 / (rank + 1) ** 0.8 for rank in range(len(user_ids))))
-    emit_at_ms = time.time() * 1000
-    for n in itertools.count():
-        emit_at_ms += rng.expovariate(rate_per_s / 1000)
-        user = rng.choices(user_ids, cum_weights=cumulative)[0]
-        request = ScoreRequest(
-            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
-            request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
-            event_id=f"{run_id}-{n}" if event_ids else None,
+    def score_request(self, emitted: Emitted, request_id: str, skew: Mapping[str, float]) -> ScoreRequest | None:
+        """The score request a transaction gets as it happens: its user, the amount (times ``skew``'s factor for it),
+        naming the transaction, stamped now; None for a label or a broken record."""
+        if emitted.topic != TRANSACTIONS or emitted.record is None:
+            return None
+        transaction = emitted.record
+        return ScoreRequest(
+            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=request_id, event_id=transaction.event_id,
+            entity_keys={"user_id": transaction.user_id}, request_fields={"amount": transaction.amount * skew.get("amount", 1.0)},
+            requested_at_ms=int(time.time() * 1000),
         )  # fmt: skip
-        yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
+
+    def requests(self, rate_per_s: float, run_id: str, event_ids: bool = False) -> Iterator[Emitted]:
+        """Score requests ``<run_id>-<n>`` for the world's users (the busiest asked about most, Zipf-like), paced at
+        ``rate_per_s``; each is stamped as it is drawn, i.e. as the producer sends it. With ``event_ids`` each scores
+        the event of its own id (so a label of that id joins its prediction)."""
+        rng = random.Random(run_id)
+        user_ids = [user.user_id for user in self._users]
+        emit_at_ms = time.time() * 1000
+        for n in itertools.count():
+            emit_at_ms += rng.expovariate(rate_per_s / 1000)
+            user = rng.choices(user_ids, cum_weights=self._user_cum)[0]
+            request = ScoreRequest(
+                schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
+                request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
+                event_id=f"{run_id}-{n}" if event_ids else None,
+            )  # fmt: skip
+            yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
+
+    def label(self, event_id: str, n: int) -> Emitted:
+        """A label of the scored event ``event_id``, published now: every seventh (by ``n``) a chargeback."""
+        now = int(time.time() * 1000)
+        label = self._label_type(schema_version=1, event_id=event_id, user_id="drill", is_fraud=n % 7 == 0, label_time_ms=now,
+                                 source="chargeback" if n % 7 == 0 else "manual_review")  # fmt: skip
+        return Emitted(LABELS, event_id, self.project.encode(LABELS, label), now, label)

@@ -1,0 +1,29 @@
+"""The templates' projects as the tests take them: each loaded from where Loopline ships it (read only), its event
+record types, topics and synthetic world. A test that runs a project on the stack works on the session's copy of it
+(``conftest.py``'s ``project``), made with ``loopline init``."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from loopline.project import template_path, world_class, world_of
+from schemas.project import load_project
+
+FRAUD = load_project(template_path("fraud"))
+TRANSACTIONS, LABELS = (FRAUD.topics[i] for i in range(2))
+TransactionEvent = FRAUD.contract(TRANSACTIONS.name).record_type
+LabelEvent = FRAUD.contract(LABELS.name).record_type
+FraudWorld = world_class(FRAUD)
+#: The fraud world's users: ``u000000`` is the busiest.
+synthetic_user_id = sys.modules[FraudWorld.__module__].synthetic_user_id
+
+
+def fraud_world(seed: int = 7, start_ms: int | None = None, **options):
+    """The fraud template's world from ``start_ms`` (default: now); ``options``: ``WorldConfig``'s fields and the
+    world's own knobs (``users``, ``merchants``, ...) by name."""
+    return world_of(FRAUD, seed, int(time.time() * 1000) if start_ms is None else start_ms, **options)
+
+
+#: The fraud transactions' event time field.
+EVENT_TIME = "event_time_ms"
