@@ -220,7 +220,7 @@ def _merge_times(reader: OnlineReader, client: redis.Redis, users: list[str]) ->
     """Per user, the first read time (ms) at which its oldest 10-second tile with events has left the 5-minute window:
     where the window's first step ends (``feature_store/window_tiles.py``)."""
     steps_field, window = reader.layout.views[USER_VIEW].windows[(MERGE_SLIDE_MS, MERGE_WINDOW_MS)]
-    stored = [client.hget(reader.layout.redis_key("user_id", u), steps_field) for u in users]
+    stored = [client.hget(reader.layout.redis_key(("user_id",), (u,)), steps_field) for u in users]
     return [window.first_bound(steps) * window.slide_ms for steps in stored]
 
 
@@ -251,7 +251,7 @@ def _day_reads(reader: OnlineReader, client: redis.Redis, features: list[str], n
     """The day users read at request time 10 minutes after the run (each window has lost tiles, so every read takes a
     later step) and by raw HGETALL; and how many of them have a row."""
     day_rows = [{"user_id": f"day-user-{n}"} for n in range(DAY_USERS)]
-    day_keys = [reader.layout.redis_key("user_id", row["user_id"]) for row in day_rows]
+    day_keys = [reader.layout.redis_key(("user_id",), (row["user_id"],)) for row in day_rows]
     later = [now_ms + 600_000] * DAY_USERS
     figures = _timed("day_request_time_64", lambda: reader.read_with_row_times(features, day_rows, later), iterations)
     figures |= _timed("day_raw_redis_64", lambda: _raw_read(client, day_keys), iterations)
@@ -276,7 +276,7 @@ def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dic
 
     for count in (1, 64):
         rows = [{"user_id": u} for u in users[:count]]
-        keys = [reader.layout.redis_key("user_id", u) for u in users[:count]]
+        keys = [reader.layout.redis_key(("user_id",), (u,)) for u in users[:count]]
         now, later = [now_ms] * count, merge_at[:count]
         paths = {
             "loopline": lambda rows=rows: reader.get_online_features(features, rows),

@@ -49,16 +49,18 @@ def logged_examples(
 
 
 def backfill_examples(plan: FeaturePlan, project: Project, events: Mapping[str, Sequence], labels: Sequence,
-                      inputs: Sequence[str]) -> pd.DataFrame:  # fmt: skip
+                      inputs: Sequence[str], scored_topic: str | None = None) -> pd.DataFrame:  # fmt: skip
     """Examples (snapshot columns) for every labeled scored event in the event log, features recomputed point in time.
 
     ``events``: the Kafka messages of each topic the plan reads; ``labels``: those of the label topic; ``inputs``: the
     model inputs (``view:feature`` or ``request:<field>``). A scored event is one of ``project.spec.scored_event``'s
-    topic; its id names it in the labels (``labels.joins_on``); each view's entity is taken from the scored event's
-    fields of the same names, its features as of the scored event's time."""
+    topic (read from ``scored_topic`` when the plan reads it elsewhere); its id names it in the labels
+    (``labels.joins_on``); each view's entity is taken from the scored event's fields of the same names, its features as
+    of the scored event's time."""
     scored, plan_labels = project.spec.scored_event, project.labels
+    scored_topic = scored_topic or scored.topic
     accepted = {topic: accepted_events(plan, topic, messages)[0] for topic, messages in events.items()}
-    time_field = plan.source(scored.topic).time_field
+    time_field = plan.source(scored_topic).time_field
     outcomes = {}
     for message in labels:
         try:
@@ -66,7 +68,7 @@ def backfill_examples(plan: FeaturePlan, project: Project, events: Mapping[str, 
         except ContractViolation:
             continue
         outcomes.setdefault(getattr(label, plan_labels.joins_on), label)
-    happened = accepted[scored.topic]
+    happened = accepted[scored_topic]
     happened = happened[happened[scored.id].isin(outcomes.keys())]
     if happened.empty:
         return pd.DataFrame(columns=[*BASE_COLUMNS, *inputs])
@@ -86,7 +88,7 @@ def backfill_examples(plan: FeaturePlan, project: Project, events: Mapping[str, 
         missing = [key for key in view.entity_keys if key not in happened.columns]
         if missing:
             raise ValueError(f"{view.name}'s entity ({', '.join(missing)}) is not among the fields of the scored events "
-                             f"({scored.topic}): its features cannot be backfilled as of each of them")  # fmt: skip
+                             f"({scored_topic}): its features cannot be backfilled as of each of them")  # fmt: skip
         at = view.with_entity(pd.DataFrame({**{key: happened[key].to_numpy() for key in view.entity_keys},
                                             "at_ms": happened[time_field].to_numpy()}))  # fmt: skip
         features = recompute(view, accepted[view.topic], at).drop_duplicates([view.entity_key, "at_ms"])

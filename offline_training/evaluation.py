@@ -102,7 +102,7 @@ class Quality:
 
     def describe(self, value: float | None) -> str:
         """``AUC 0.812`` or ``RMSE 3.21`` (``—`` when not measured)."""
-        shown = "—" if not self.measurable(value) else f"{value:.4g}" if self.kind == "numeric" else f"{value:.3f}"
+        shown = "—" if not self.measurable(value) else f"{value:.4g}" if self.kind == "numeric" else f"{value:.4f}"
         return f"{self.headline.upper()} {shown}"
 
     def allowance(self, max_auc_drop: float, max_rmse_increase: float) -> float:

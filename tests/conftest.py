@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
@@ -27,7 +28,8 @@ from loopline.settings import Settings
 from online.scorer import Scorer
 from schemas.records import ScoreRequest
 from schemas.topics import SCORE_REQUESTS
-from schemas.validation import R, decode
+from schemas.validation import R, decode, encode
+from streams.world import Emitted
 
 REPO = Path(__file__).resolve().parents[1]
 #: The key of records a test writes as junk on purpose (bytes that are not the topic's contract, to show a reader
@@ -79,6 +81,16 @@ def score_request(user: str, amount: float) -> dict:
         schema_version=ScoreRequest.SCHEMA_VERSION, request_id=str(uuid.uuid4()), entity_keys={"user_id": user},
         request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000),
     ).model_dump()  # fmt: skip
+
+
+def score_requests(users: list[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
+    """Score requests ``<run_id>-<n>`` for ``users`` in turn (``score_request``'s, amounts from a few), paced at
+    ``rate_per_s`` (each stamped as it is drawn, i.e. as the producer sends it): a load on the Kafka door."""
+    emit_at_ms = time.time() * 1000
+    for n in itertools.count():
+        emit_at_ms += 1000 / rate_per_s
+        request = ScoreRequest(**{**score_request(users[n % len(users)], float(10 + n % 300)), "request_id": f"{run_id}-{n}"})
+        yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
 
 
 def stack_settings(home: Path, project: Path | None = None) -> Settings:

@@ -9,8 +9,11 @@ import time
 
 from loopline.project import template_path, world_class, world_of
 from schemas.project import load_project
+from streams.feature_plan import FeaturePlan, SourcePlan, ViewPlan
 
 FRAUD = load_project(template_path("fraud"))
+#: The fraud transactions' event time field.
+EVENT_TIME = "event_time_ms"
 TRANSACTIONS, LABELS = (FRAUD.topics[i] for i in range(2))
 TransactionEvent = FRAUD.contract(TRANSACTIONS.name).record_type
 LabelEvent = FRAUD.contract(LABELS.name).record_type
@@ -25,5 +28,14 @@ def fraud_world(seed: int = 7, start_ms: int | None = None, **options):
     return world_of(FRAUD, seed, int(time.time() * 1000) if start_ms is None else start_ms, **options)
 
 
-#: The fraud transactions' event time field.
-EVENT_TIME = "event_time_ms"
+
+def view_plan(name: str, aggregations, *, keys: tuple[str, ...] = ("user_id",), topic: str = TRANSACTIONS.name,
+              time_field: str = EVENT_TIME, out_of_orderness_ms: int = 0) -> ViewPlan:  # fmt: skip
+    """A view's plan made by hand (for the recompute and the consistency check), over ``topic``'s events."""
+    return ViewPlan(name, topic, keys, time_field, out_of_orderness_ms, tuple(aggregations), None)
+
+
+def fraud_plan(*views: ViewPlan, topic: str = TRANSACTIONS.name, out_of_orderness_ms: int = 0) -> FeaturePlan:
+    """A plan of hand-made ``views`` reading the fraud project's transactions from ``topic``."""
+    source = SourcePlan(topic, FRAUD.contract(TRANSACTIONS.name), "json", EVENT_TIME, out_of_orderness_ms)
+    return FeaturePlan((source,), views)

@@ -189,6 +189,7 @@ def test_quantized_model_is_kept_or_refused_by_its_tolerance(settings, snapshots
 
     from feedback_loop.snapshots import find_snapshot
     from loopline.retraining import run_folder
+    from offline_training.evaluation import Quality
     from offline_training.quantization import QUANTIZED_FILE, quantize_int8
     from offline_training.training_data import load_snapshot
     from online.onnx_runtime import OnnxModel
@@ -196,18 +197,18 @@ def test_quantized_model_is_kept_or_refused_by_its_tolerance(settings, snapshots
     run = tmp_path  # a copy: the run's own INT8 file is what v1 was registered from
     shutil.copy(run_folder(settings, snapshots["signal"]) / "model.onnx", run / "model.onnx")
     snapshot = load_snapshot(Path(find_snapshot(settings.snapshots_root, snapshots["signal"])[1]), HOLDOUT_FRACTION)
-    rows, labels = snapshot.holdout_x, snapshot.holdout_y
+    rows, labels, binary = snapshot.holdout, snapshot.holdout_y, Quality("binary")
 
-    kept = quantize_int8(run / "model.onnx", rows, labels, max_auc_change=0.05, repeats=100)
+    kept = quantize_int8(run / "model.onnx", rows, labels, binary, max_change=0.05, repeats=100)
     assert kept.kept and kept.path == run / QUANTIZED_FILE and kept.path.is_file()
-    assert abs(kept.auc_change) <= 0.05
-    assert OnnxModel(kept.path, MODEL, "int8").inputs == FEATURES  # still the scorer's model contract
+    assert kept.headline == "auc" and abs(kept.change) <= 0.05
+    assert [spec.name for spec in OnnxModel(kept.path, MODEL, "int8").inputs] == FEATURES  # still the scorer's model contract
     for latency in (kept.fp32_latency, kept.int8_latency):
         assert 0 < latency.median_ms <= latency.p99_ms
     assert kept.latency_gain == pytest.approx(kept.fp32_latency.median_ms / kept.int8_latency.median_ms)
 
-    assert kept.auc_change != 0, "INT8 scored the holdout exactly as fp32: no tolerance can refuse it"
-    refused = quantize_int8(run / "model.onnx", rows, labels, max_auc_change=abs(kept.auc_change) / 2, repeats=100)
+    assert kept.change != 0, "INT8 scored the holdout exactly as fp32: no tolerance can refuse it"
+    refused = quantize_int8(run / "model.onnx", rows, labels, binary, max_change=abs(kept.change) / 2, repeats=100)
     assert not refused.kept and refused.path is None
     assert not (run / QUANTIZED_FILE).exists()  # a refused file cannot be registered by mistake
     assert refused.int8["auc"] == kept.int8["auc"]
@@ -228,7 +229,7 @@ def test_prod_that_cannot_score_the_snapshot_is_not_comparable(settings, snapsho
     comparison = compare_with_prod(candidate, snapshot, ProdModel("7", other_inputs))
     assert comparison.prod is None and comparison.prod_version == "7"
     assert "request:channel" in comparison.not_comparable
-    verdict = registration_gate(comparison, max_auc_drop=0.0)
+    verdict = registration_gate(comparison, allowed=0.0)
     assert verdict.register and "not comparable" in verdict.reason
 
     unavailable = compare_with_prod(candidate, snapshot, ProdModel("7", None, "artifact sha256 mismatch"))
@@ -269,7 +270,7 @@ def test_registered_version_carries_its_card_with_the_settings_owner(settings, s
     assert set(card) == CARD_FIELDS
     # No --owner: the owner is the setting, here from LOOPLINE_RETRAIN__OWNER.
     assert (card["version"], card["owner"], version.tags[OWNER_TAG]) == ("1", "fraud-team", "fraud-team")
-    assert set(card["metrics"]) == set(METRIC_LABELS)
+    assert set(card["metrics"]) == set(METRIC_LABELS["binary"])
     assert card["metrics"] == card["quantization"]["int8"]  # the metrics of the file registered: the kept INT8 one
     assert card["defect_checks"] and all(set(defect) == {"check", "statement", "figures"} for defect in card["known_defects"])
     statements = [defect["statement"] for defect in card["known_defects"]]
@@ -310,7 +311,7 @@ def test_crafted_snapshot_defects_are_on_the_card_and_the_registry_version(setti
     assert set(card) == CARD_FIELDS and card["owner"] == "alice"  # --owner over the settings' owner
     assert card["registered"], card["decision"]
     training = load_snapshot(Path(find_snapshot(settings.snapshots_root, crafted)[1]), HOLDOUT_FRACTION)
-    rows, missing = len(training.train_y), int(np.isnan(training.train_x[:, training.inputs.index(FEATURES[3])]).sum())
+    rows, missing = len(training.train_y), int(training.train[FEATURES[3]].isna().sum())
     defects = {defect["check"]: defect for defect in card["known_defects"]}
     assert _checks(card).count("constant_input") == 1 and _checks(card).count("missing_input") == 1
     assert defects["constant_input"]["figures"] == {"input": DEFAULTED, "value": 0.0, "rows": rows}
@@ -352,7 +353,7 @@ def test_holdout_defects_follow_their_bounds_and_a_card_without_defects_says_so(
     assert set(defects) == {"calibration_error", "recall_at_threshold", "small_holdout"}
     assert defects["calibration_error"].figures["calibration_error"] == metrics["calibration_error"] > 0
     assert defects["recall_at_threshold"].figures["recall"] == metrics["recall"]
-    assert defects["small_holdout"].figures["fraud"] == comparison.holdout_positives
+    assert defects["small_holdout"].figures["positives"] == comparison.holdout_positives
     assert f"{metrics['calibration_error']:.3f}" in defects["calibration_error"].statement
 
     lenient = DefectBounds(max_calibration_error=1.0, min_recall=0.0, min_holdout_class_rows=0)

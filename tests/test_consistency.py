@@ -16,19 +16,18 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 import pytest
+from templates import fraud_plan, view_plan
 
 from feedback_loop.consistency import by_outcome, check_consistency, events_needed_since, sampled, summary
 from schemas.records import PredictionRecord
-from streams.feature_plan import AggregationSpec, FeaturePlan, ViewPlan
+from streams.feature_plan import AggregationSpec, ViewPlan
 from streams.recompute import recompute
 
 MINUTE = 60_000
-VIEW = ViewPlan(
-    name="user_features", entity_key="user_id", topic="t", out_of_orderness_ms=5_000, offline_path=None,
-    aggregations=(AggregationSpec("txn_count_5m", "count", "amount", 5 * MINUTE, MINUTE),
-                  AggregationSpec("amount_sum_1h", "sum", "amount", 60 * MINUTE, MINUTE)),
-)  # fmt: skip
-PLAN = FeaturePlan((VIEW,))
+VIEW = view_plan("user_features", (AggregationSpec("txn_count_5m", "count", "amount", 5 * MINUTE, MINUTE),
+                                    AggregationSpec("amount_sum_1h", "sum", "amount", 60 * MINUTE, MINUTE)),
+                 topic="t", out_of_orderness_ms=5_000)  # fmt: skip
+PLAN = fraud_plan(VIEW, topic="t", out_of_orderness_ms=5_000)
 START = 1_790_000_000_000
 
 
@@ -65,12 +64,12 @@ def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, stam
 
 def test_a_healthy_online_path_matches_and_a_lagging_one_is_told_from_a_wrong_one() -> None:
     events = _events()
-    healthy = check_consistency(PLAN, events, _logged(events, VIEW))
+    healthy = check_consistency(PLAN, {"t": events}, _logged(events, VIEW))
     assert by_outcome(healthy) == {"match": 2 * len(events), "lag": 0, "ahead": 0, "value": 0, "missing": 0, "extra": 0}
     assert all(c.smape == 0 for c in healthy.values())
 
     # One event behind: every request after a user's first sees the previous event's row (older than the request).
-    lagging = check_consistency(PLAN, events, _logged(events, VIEW, lag_events=1))
+    lagging = check_consistency(PLAN, {"t": events}, _logged(events, VIEW, lag_events=1))
     outcomes = by_outcome(lagging)
     users = events["user_id"].nunique()
     assert outcomes["missing"] == 2 * users, "a user's first request read no row at all"
@@ -80,7 +79,7 @@ def test_a_healthy_online_path_matches_and_a_lagging_one_is_told_from_a_wrong_on
     # The requester's clock 1 ms behind the events': each request is stamped before its own event, which the online
     # row already holds. Newer than the request, yet the log's own row: ahead, neither lag nor a wrong value (nor
     # extra for a user's first request, which the recompute as of the request has no row for).
-    early = by_outcome(check_consistency(PLAN, events, _logged(events, VIEW, stamped_after_ms=-1)))
+    early = by_outcome(check_consistency(PLAN, {"t": events}, _logged(events, VIEW, stamped_after_ms=-1)))
     assert early["lag"] == early["value"] == early["missing"] == early["extra"] == 0
     assert early["ahead"] + early["match"] == 2 * len(events) and early["ahead"] > len(events)  # a count can stay equal
 
@@ -89,14 +88,14 @@ def test_a_window_one_bucket_off_online_shows_as_that_features_mismatch() -> Non
     events = _events()
     count = VIEW.aggregations[0]
     broken = replace(VIEW, aggregations=(replace(count, window_ms=count.window_ms + count.slide_ms), VIEW.aggregations[1]))
-    report = summary(check_consistency(PLAN, events, _logged(events, broken)))
+    report = summary(check_consistency(PLAN, {"t": events}, _logged(events, broken)))
     # A user's events come ~3 minutes apart: one more minute of window changes the count of about a quarter of them.
     assert report[f"{VIEW.name}:txn_count_5m"]["mismatch_ratio"] > 0.2
     assert report[f"{VIEW.name}:txn_count_5m"]["smape"] > 0
     assert report[f"{VIEW.name}:amount_sum_1h"]["mismatch_ratio"] == 0.0
     # Lagging as well, the broken feature's values still do not equal the recompute as of their own (older) row:
     # value mismatches, while the healthy feature's differences are all lag.
-    both = summary(check_consistency(PLAN, events, _logged(events, broken, lag_events=1)))
+    both = summary(check_consistency(PLAN, {"t": events}, _logged(events, broken, lag_events=1)))
     # (fewer than above: a user's first request reads no row at all, and read at the request's time a row one event
     # back lacks the request's own event, which the longer window's extra event often makes up for: equal, a match)
     assert both[f"{VIEW.name}:txn_count_5m"]["mismatch_ratio"] > 0.02
@@ -107,12 +106,12 @@ def test_extra_values_and_the_sample_follow_the_entity_key() -> None:
     events = _events(users=10)
     logged = _logged(events, VIEW)
     ghost = logged[0].model_copy(update={"entity_keys": {"user_id": "nobody"}, "request_id": "ghost"})
-    report = check_consistency(PLAN, events, [*logged, ghost])
+    report = check_consistency(PLAN, {"t": events}, [*logged, ghost])
     assert by_outcome(report)["extra"] == 2  # values for a user with no event before the request
 
     kept = {r.entity_keys["user_id"] for r in logged if sampled(r.entity_keys["user_id"], 0.5)}
     assert 0 < len(kept) < 10
-    half = check_consistency(PLAN, events, logged, sample_rate=0.5)
+    half = check_consistency(PLAN, {"t": events}, logged, sample_rate=0.5)
     assert by_outcome(half)["match"] == 2 * sum(r.entity_keys["user_id"] in kept for r in logged)
     # The sample is the same in every process (Python's own hash of a str is salted per process).
     script = "from feedback_loop.consistency import sampled; print([sampled(f'key-{i}', 0.3) for i in range(200)])"
@@ -140,7 +139,7 @@ def test_a_row_newer_than_the_request_is_ahead_only_if_its_events_were_in_kafka_
             model_name="m", model_version="1", score=0.5, requested_at_ms=asked_at, scored_at_ms=scored_at_ms,
             feature_row_times_ms={VIEW.name: int(newest["event_time_ms"])},
         )  # fmt: skip
-        return by_outcome(check_consistency(PLAN, log, [record]))
+        return by_outcome(check_consistency(PLAN, {"t": log}, [record]))
 
     in_kafka = outcome(times[-1] + 200)
     assert in_kafka["ahead"] == 2 and in_kafka["value"] == 0, in_kafka
@@ -164,7 +163,7 @@ def test_the_events_after_the_time_a_batch_names_give_its_whole_report() -> None
         batch = [r for r in logged if r.requested_at_ms > START + 80 * MINUTE]
         since = events_needed_since(PLAN, batch, names)
         kept = events[events["event_time_ms"] >= since]
-        whole, from_since = (check_consistency(PLAN, log, batch, features=names) for log in (events, kept))
+        whole, from_since = (check_consistency(PLAN, {"t": log}, batch, features=names) for log in (events, kept))
         assert 0 < len(kept) < len(events) and by_outcome(whole)[outcome] > 0, outcome
         if outcome == "ahead":
             assert {name: c.counts for name, c in from_since.items()} == {name: c.counts for name, c in whole.items()}

@@ -12,15 +12,16 @@ a healthy pipeline's own scored requests: no value mismatch either.)
 from __future__ import annotations
 
 import copy
+import json
 import random
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from templates import TransactionEvent
+from templates import FRAUD, TRANSACTIONS, TransactionEvent
 
-from feature_store.config import REPO_PATH, feature_store
+from feature_store.config import feature_store, parse_repo
 from feature_store.online_read import OnlineReader
 from feedback_loop.consistency import by_outcome, summary
 from infra.service import wait_until
@@ -28,7 +29,7 @@ from loopline.components import feature_plan
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.monitoring import consistency_replay
 from loopline.settings import Settings
-from schemas import DeadLetterRecord, PredictionRecord, encode
+from schemas import DeadLetterRecord, PredictionRecord
 from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
 from streams.topics import apply_topics
@@ -44,13 +45,11 @@ ROUND_SPAN_MS = 200_000
 
 def _drifted_feast_registry(settings: Settings, path: Path) -> Path:
     """A registry at ``path`` holding the repo's definitions, except `txn_count_5m` over one 10 s bucket more."""
-    from feast.repo_operations import parse_repo
-
-    contents = parse_repo(REPO_PATH)
+    contents = parse_repo(settings.repo_path)
     views = copy.deepcopy(contents.stream_feature_views)  # the parsed objects are the repo module's own: left as they are
     window = next(a for view in views if view.name == VIEW for a in view.aggregations if a.name == "txn_count_5m")
     window.time_window += window.slide_interval
-    store = feature_store(path, settings.redis_connection, REPO_PATH)
+    store = feature_store(path, settings.redis_connection, settings.repo_path)
     store.apply([*contents.entities, *contents.data_sources, *contents.feature_views, *views])
     return path
 
@@ -67,7 +66,7 @@ def _events(topic: str, users: list[str], start_ms: int, round_index: int, rng: 
             merchant_id=f"m{rng.randrange(30)}", amount=round(rng.uniform(1, 300), 2), currency="EUR",
             merchant_category="grocery", channel="pos", country=rng.choice(["DE", "FR", "NL"]),
         )  # fmt: skip
-        events.append(Emitted(topic, user, encode(event), at, event))
+        events.append(Emitted(topic, user, FRAUD.encode(TRANSACTIONS.name, event), at, event))
     return events
 
 
@@ -81,7 +80,7 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
     apply_topics(bootstrap, [source, dead])
     feast_registry = _drifted_feast_registry(applied, tmp_path / "drifted-registry.db")
     drifted = applied.model_copy(update={"feature_store": applied.feature_store.model_copy(update={"feast_registry_path": feast_registry})})
-    job = start_feature_job(drifted, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPIC=source.name,
+    job = start_feature_job(drifted, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: source.name}),
                             LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name, LOOPLINE_STREAM__GROUP_ID=f"consistency-{run}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
     # The scorer's read, of the registered definitions (the same views and features: only the job drifted).
@@ -117,7 +116,7 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
     finally:
         stop_process_group(job)
 
-    report = consistency_replay(applied, feature_plan(applied).reading(source.name))(logged)
+    report = consistency_replay(applied, feature_plan(applied).reading({TRANSACTIONS.name: source.name}))(logged)
     ratios = summary(report)
     assert ratios[BROKEN]["compared"] == len(logged) >= ROUNDS * USERS * 0.9
     # A user's events come ~10 s of event time apart: a window 10 s longer holds one more of them ~60 % of the time,

@@ -18,12 +18,12 @@ import pandas as pd
 from confluent_kafka import Producer
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from templates import EVENT_TIME, TransactionEvent
+from templates import EVENT_TIME, TransactionEvent, fraud_plan, view_plan
 
 from schemas import encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.event_log import EventLogWindow, events_since
-from streams.feature_plan import MAX_EVENT_TIME_MS, AggregationSpec, FeaturePlan, ViewPlan
+from streams.feature_plan import MAX_EVENT_TIME_MS, AggregationSpec, FeaturePlan
 from streams.recompute import accepted_events, split_late
 from streams.topics import apply_topics, read_topic
 
@@ -31,10 +31,9 @@ OUT_OF_ORDERNESS_MS, ROUND_MS, PARTITIONS = 5_000, 60_000, 3
 
 
 def _plan(topic: str) -> FeaturePlan:
-    return FeaturePlan((ViewPlan(
-        name="user_features", entity_key="user_id", topic=topic, out_of_orderness_ms=OUT_OF_ORDERNESS_MS, offline_path=None,
-        aggregations=(AggregationSpec("amount_sum_5m", "sum", "amount", 5 * ROUND_MS, 10_000),),
-    ),))  # fmt: skip
+    view = view_plan("user_features", (AggregationSpec("amount_sum_5m", "sum", "amount", 5 * ROUND_MS, 10_000),), topic=topic,
+                     out_of_orderness_ms=OUT_OF_ORDERNESS_MS)  # fmt: skip
+    return fraud_plan(view, topic=topic, out_of_orderness_ms=OUT_OF_ORDERNESS_MS)
 
 
 def _event(n: int, at_ms: int, rng: random.Random) -> bytes:
@@ -73,8 +72,8 @@ def _publish(producer: Producer, topic: str, records: list[tuple[int, int, bytes
 
 def _full_read(plan: FeaturePlan, bootstrap: str, started_ms: int) -> tuple[int, tuple[pd.DataFrame, pd.DataFrame]]:
     """How many records a full read from ``started_ms`` (Kafka time) finds, and its accepted and late events."""
-    messages = read_topic(bootstrap, plan.topic, since_ms=started_ms)
-    return len(messages), accepted_events(plan, messages)
+    messages = read_topic(bootstrap, plan.topics[0], since_ms=started_ms)
+    return len(messages), accepted_events(plan, plan.topics[0], messages)
 
 
 def test_the_incremental_reader_keeps_the_full_reads_verdicts_and_reads_each_record_once(bootstrap: str) -> None:
@@ -84,7 +83,7 @@ def test_the_incremental_reader_keeps_the_full_reads_verdicts_and_reads_each_rec
     plan, rng = _plan(topic.name), random.Random(5)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"event-log-{topic.name}", "linger.ms": 5})
     producer.init_transactions()
-    log = EventLogWindow(plan, bootstrap)
+    log = EventLogWindow(plan, plan.topics[0], bootstrap)
     base = int(time.time() * 1000) - 30 * ROUND_MS  # Kafka refuses timestamps much ahead of its clock, not behind it
     # The window's floor per round: forward, back before the last floor (the reader starts again), forward again.
     floors = [base + 30_000, base + 70_000, base + 110_000, base + 40_000, base + 150_000, base + 150_000]
@@ -104,11 +103,11 @@ def test_the_incremental_reader_keeps_the_full_reads_verdicts_and_reads_each_rec
         starts_again = round_index == 0 or since < floors[round_index - 1]
         started = since if starts_again else started
         read, full = _full_read(plan, bootstrap, started)
-        want_accepted, want_late = (events_since(frame, since).reset_index(drop=True) for frame in full)
+        want_accepted, want_late = (events_since(frame, since, EVENT_TIME).reset_index(drop=True) for frame in full)
         pd.testing.assert_frame_equal(accepted.reset_index(drop=True), want_accepted, check_exact=True)
         pd.testing.assert_frame_equal(late.reset_index(drop=True), want_late, check_exact=True)
         assert len(want_accepted) > 50 and len(want_late) > 0, round_index
-        assert sum(len(frame) - len(events_since(frame, since)) for frame in full) > 0, f"round {round_index}: nothing let go"
+        assert sum(len(frame) - len(events_since(frame, since, EVENT_TIME)) for frame in full) > 0, f"round {round_index}: nothing let go"
         # A first read reads from the floor by Kafka time; a later one only this round's committed records.
         assert log.records_read == (read if starts_again else len(records)), round_index
 
@@ -124,7 +123,7 @@ def test_letting_events_older_than_the_floor_go_changes_no_verdict_on_the_rest(
 ) -> None:  # fmt: skip
     frame = pd.DataFrame({"partition": [p for p, _ in events], "offset": range(len(events)), EVENT_TIME: [t for _, t in events]},
                          dtype="int64")  # fmt: skip
-    kept_accepted, kept_late = split_late(events_since(frame, floor_ms), out_of_orderness_ms)
-    all_accepted, all_late = split_late(frame, out_of_orderness_ms)
-    pd.testing.assert_frame_equal(kept_accepted, events_since(all_accepted, floor_ms))
-    pd.testing.assert_frame_equal(kept_late, events_since(all_late, floor_ms))
+    kept_accepted, kept_late = split_late(events_since(frame, floor_ms, EVENT_TIME), out_of_orderness_ms, EVENT_TIME)
+    all_accepted, all_late = split_late(frame, out_of_orderness_ms, EVENT_TIME)
+    pd.testing.assert_frame_equal(kept_accepted, events_since(all_accepted, floor_ms, EVENT_TIME))
+    pd.testing.assert_frame_equal(kept_late, events_since(all_late, floor_ms, EVENT_TIME))

@@ -7,6 +7,7 @@ there is computed by the next `loopline stream submit`. Real Feast CLI, Kafka, R
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -15,9 +16,8 @@ import uuid
 from pathlib import Path
 
 import yaml
-from templates import TransactionEvent
+from templates import TRANSACTIONS, TransactionEvent
 
-from feature_store.config import REPO_PATH
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
 from loopline.job_processes import start_feature_job, stop_process_group
@@ -33,15 +33,17 @@ NEW_FEATURE = "amount_min_1h"
 SOURCE = TopicSpec("test.registry", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
 
 
-def _repo_copy(settings: Settings, folder: Path) -> Path:
-    """The feature repo copied to ``folder``, its feature_store.yaml naming a registry there and this stack's Redis."""
-    repo = folder / "repo"
-    shutil.copytree(REPO_PATH, repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
+def _project_copy(settings: Settings, folder: Path) -> Path:
+    """The session's project copied to ``folder``, its feature_store.yaml naming a registry there and this stack's
+    Redis."""
+    project = folder / "project"
+    shutil.copytree(settings.project_path, project, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    repo = project / "feature_repo"
     config = yaml.safe_load((repo / "feature_store.yaml").read_text())
     config["registry"] = str(folder / "registry.db")
     config["online_store"]["connection_string"] = settings.redis_connection
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(config))
-    return repo
+    return project
 
 
 def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> str:
@@ -51,9 +53,10 @@ def _cli(args: list[str], cwd: Path, env: dict[str, str]) -> str:
 
 
 def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tmp_path: Path) -> None:
-    repo = _repo_copy(applied, tmp_path)
+    project = _project_copy(applied, tmp_path)
+    repo = project / "feature_repo"
     # No registry path of Loopline's own: the repo's feature_store.yaml names it, as for `feast`.
-    settings = applied.model_copy(update={"feature_store": FeatureStoreSettings(repo_path=repo)})
+    settings = applied.model_copy(update={"project": project, "feature_store": FeatureStoreSettings()})
     assert settings.feast_registry_path == tmp_path / "registry.db"
     env = settings_environment(settings)
     feast = str(Path(sys.executable).with_name("feast"))
@@ -63,12 +66,12 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     assert VIEW in listed and "merchant_transaction_features" in listed, listed
 
     # A Feast user adds a feature the Feast way: edit the definitions, `feast apply` in the folder.
-    definitions = repo / "transactions.py"
+    definitions = repo / "features.py"
     text = definitions.read_text()
     text = text.replace('        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n',
                         f'        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n        _agg("{NEW_FEATURE}", "min", "amount", HOUR, MINUTE),\n')  # fmt: skip
-    text = text.replace('        Field(name="amount_max_24h", dtype=Float64, tags={DEFAULT: "0.0"}),\n',
-                        f'        Field(name="amount_max_24h", dtype=Float64, tags={{DEFAULT: "0.0"}}),\n        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{DEFAULT: "0.0"}}),\n')  # fmt: skip
+    text = text.replace('        Field(name="amount_max_24h", dtype=Float64, tags={"default": "0.0"}),\n',
+                        f'        Field(name="amount_max_24h", dtype=Float64, tags={{"default": "0.0"}}),\n        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{"default": "0.0"}}),\n')  # fmt: skip
     assert NEW_FEATURE in text
     definitions.write_text(text)
     _cli([feast, "apply"], repo, env)
@@ -84,7 +87,7 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     ]
     EventProducer(settings.kafka.bootstrap).publish([Emitted(SOURCE.name, user, encode(e), now, e) for e in events])
     job = start_feature_job(
-        settings, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name,
+        settings, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
         LOOPLINE_STREAM__GROUP_ID=f"registry-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
     )  # fmt: skip
     try:

@@ -29,7 +29,7 @@ import pandas as pd
 import pytest
 import redis
 from confluent_kafka import Consumer, Producer, TopicPartition
-from templates import LabelEvent, SyntheticConfig, SyntheticStream, TransactionEvent
+from templates import FRAUD, TRANSACTIONS, LabelEvent, TransactionEvent, fraud_world
 
 from conftest import REPO
 from feature_store.config import apply_definitions, feature_store
@@ -54,7 +54,7 @@ LABELS = TopicSpec(f"test.cluster.labels.{RUN}", LabelEvent, key="event_id", par
 EXAMPLES = TopicSpec(f"test.cluster.examples.{RUN}", TrainingExample, key="event_id", partitions=2, retention_ms=DAY_MS)
 BARE_PATH = "/usr/local/bin:/usr/bin:/bin"
 START_MS = int(time.time() * 1000) - 600_000
-STREAM = SyntheticConfig(users=150, merchants=30, rate_per_s=200, out_of_order_rate=0.1, late_rate=0.02, malformed_rate=0.01)
+STREAM = {"users": 150, "merchants": 30, "rate_per_s": 200, "out_of_order_rate": 0.1, "late_rate": 0.02, "malformed_rate": 0.01}
 BATCH = 600
 
 
@@ -151,7 +151,7 @@ def test_taskmanagers_have_a_bare_environment(cluster: Settings) -> None:
 
 
 def _bad_records() -> list[Emitted]:
-    good = json.loads(next(e for e in SyntheticStream(STREAM, 99, START_MS) if e.record).value)
+    good = json.loads(next(e for e in fraud_world(99, START_MS, **STREAM) if e.record).value)
     cases = {"not json": b"{this is not json", "wrong type": json.dumps({**good, "amount": "twelve"}).encode()}
     return [Emitted(SOURCE.name, f"bad-{name}", value, START_MS, None) for name, value in cases.items()]
 
@@ -195,7 +195,7 @@ def plan(settings: Settings, topics: None) -> FeaturePlan:
     # This module compares the whole online store with its own recompute: it starts from an empty one.
     redis.Redis(port=settings.redis.port).flushdb()
     store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
-    return compile_plan(store.list_stream_feature_views()).reading(SOURCE.name)
+    return compile_plan(store.list_stream_feature_views(), FRAUD).reading({TRANSACTIONS.name: SOURCE.name})
 
 
 # Its waits sum to 1500 s, a bound only a failing run nears (each ends as its condition holds); one run of 4 passed
@@ -203,13 +203,13 @@ def plan(settings: Settings, topics: None) -> FeaturePlan:
 @pytest.mark.timeout(900)
 def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Settings, bootstrap: str, plan: FeaturePlan) -> None:
     group, shared = f"test-cluster-{RUN}", cluster.home.absolute() / f"shared-{RUN}"
-    env = {"LOOPLINE_STREAM__SOURCE_TOPIC": SOURCE.name, "LOOPLINE_STREAM__DEAD_LETTER_TOPIC": DEAD.name,
+    env = {"LOOPLINE_STREAM__SOURCE_TOPICS": json.dumps({TRANSACTIONS.name: SOURCE.name}), "LOOPLINE_STREAM__DEAD_LETTER_TOPIC": DEAD.name,
            "LOOPLINE_STREAM__GROUP_ID": group, "LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000",
            "LOOPLINE_STREAM__OFFLINE_DIR": str(cluster.home / f"offline-{RUN}"),
            # Checkpoints and savepoints on the cluster's shared volume, named as a Flink filesystem URI.
            "LOOPLINE_STREAM__CHECKPOINT_DIR": (shared / "checkpoints").as_uri()}  # fmt: skip
     address = _address(cluster)
-    stream = iter(SyntheticStream(STREAM, seed=11, start_ms=START_MS))
+    stream = iter(fraud_world(11, START_MS, **STREAM))
     producer = EventProducer(bootstrap)
 
     def publish() -> None:
@@ -220,7 +220,7 @@ def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Setting
     def agrees_with_the_recompute(timeout_s: float) -> list[str]:
         """Wait until online features equal the recompute of everything the topic holds; check the dead letters."""
         messages = read_topic(bootstrap, SOURCE.name)
-        accepted, late = accepted_events(plan, messages)
+        accepted, late = accepted_events(plan, SOURCE.name, messages)
         expected = {view.name: recompute(view, accepted) for view in plan.views}
         problems: list[str] = []
 

@@ -7,7 +7,7 @@ import itertools
 from collections import defaultdict
 
 from pyflink.table import EnvironmentSettings, TableEnvironment
-from templates import SyntheticConfig, SyntheticStream, TransactionEvent
+from templates import TransactionEvent, fraud_world
 
 from infra.stack import LocalStack
 from schemas.topics import DAY_MS, TopicSpec
@@ -19,7 +19,7 @@ PROBE = TopicSpec("test.flink", TransactionEvent, key="user_id", partitions=2, r
 
 def test_flink_sql_job_reads_the_topic_through_the_connector(stack: LocalStack, bootstrap: str) -> None:
     apply_topics(bootstrap, [PROBE])
-    stream = SyntheticStream(SyntheticConfig(users=50, late_rate=0.0), seed=4, start_ms=1_760_000_000_000)
+    stream = fraud_world(4, 1_760_000_000_000, users=50, late_rate=0.0)
     events = [e for e in itertools.islice(stream, 3_000) if e.topic == "events.transactions"]
     EventProducer(bootstrap).publish(dataclasses.replace(e, topic=PROBE.name) for e in events)
     expected: dict[str, float] = defaultdict(float)

@@ -20,7 +20,7 @@ from loopline.settings import Settings
 from offline_training import launch
 from online import onnx_runtime
 from online.onnx_runtime import OnnxModel
-from schemas.model_contract import FEATURES_METADATA_KEY, INPUT_NAME, OUTPUT_NAME, features_metadata
+from schemas.model_contract import INPUT_NAME, OUTPUT_NAME, ModelInput, features_metadata
 
 ONNX_RUNTIMES = {"onnxruntime", "onnxruntime-gpu"}
 
@@ -72,7 +72,7 @@ def _model(path: Path) -> Path:
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="loopline-tests")
     model.ir_version = 8
-    helper.set_model_props(model, {FEATURES_METADATA_KEY: features_metadata(["request:amount", "txn:count_1h"])})
+    helper.set_model_props(model, features_metadata([ModelInput("request:amount"), ModelInput("txn:count_1h")]))
     onnx.save(model, str(path))
     return path
 
@@ -91,7 +91,7 @@ def test_a_host_that_looks_like_a_gpu_host_but_scores_on_the_cpu_is_warned(model
     (warning,) = [record for record in caplog.records if record.name == onnx_runtime.__name__]
     assert warning.levelno == logging.WARNING
     assert "fraud v7 scores on CPUExecutionProvider" in warning.getMessage() and "loopline[gpu]" in warning.getMessage()
-    assert model.predict(np.asarray([[2.0, 4.0]], dtype=np.float32)) == pytest.approx([0.5])
+    assert model.predict(np.asarray([[2.0, 4.0]], dtype=np.float32), np.zeros((1, 0), dtype=object)) == pytest.approx([0.5])
 
 
 def test_a_cpu_host_scores_on_the_cpu_without_a_warning(model_path, monkeypatch, caplog) -> None:

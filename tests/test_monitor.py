@@ -47,7 +47,7 @@ def _reference(settings: Settings) -> str:
     rng = np.random.default_rng(0)
     examples = [TrainingExample(
         schema_version=1, event_id=f"ref-{i}", request_id=f"ref-{i}", entity_keys={"user_id": f"u{i}"}, features=features,
-        model_name="fraud", model_version="1", score=0.5, label=bool(i % 9 == 0), requested_at_ms=1_790_000_000_000 + i,
+        model_name="fraud", model_version="1", score=0.5, label=float(i % 9 == 0), requested_at_ms=1_790_000_000_000 + i,
         predicted_at_ms=1_790_000_000_000 + i, label_time_ms=1_790_000_100_000, joined_at_ms=1_790_000_100_000,
     ) for i, features in enumerate(_values(rng, 5_000))]  # fmt: skip
     manifest = write_snapshot(examples_frame(examples), settings.snapshots_root, kind="feedback", source={"test": "monitor"},

@@ -103,7 +103,7 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
     for batch in ([rows[-1]], rows[:4], rows[4:7], rows[7:-1]):
         writer.write(batch)
     client = redis.Redis(port=settings.redis.port)
-    key = reader.layout.redis_key("user_id", "read-steps")
+    key = reader.layout.redis_key(("user_id",), ("read-steps",))
     for window_key, (steps_field, _) in layout.windows.items():
         assert client.hget(key, steps_field) == rows[-1].windows[window_key], "the newest row's steps stay"
 

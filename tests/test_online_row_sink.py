@@ -81,7 +81,7 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
                                      events, dict(zip(windows, steps, strict=True)))])  # fmt: skip
         entities = sorted({row[0] for row in rows})
         for entity in entities:
-            jvm_key, python_key = (reader.layout.redis_key(view.entity_key, e) for e in (entity, f"py-{entity}"))
+            jvm_key, python_key = (reader.layout.redis_key(view.entity_keys, (e,)) for e in (entity, f"py-{entity}"))
             jvm, python = client.hgetall(jvm_key), client.hgetall(python_key)
             assert jvm and jvm == python, entity
             assert TTL_S - 60 <= client.ttl(jvm_key) <= TTL_S and abs(client.ttl(jvm_key) - client.ttl(python_key)) <= 60, entity

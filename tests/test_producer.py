@@ -1,9 +1,7 @@
-"""The synthetic producer: deterministic for a seed, realistic patterns, labels of real events, all delivered."""
+"""The producer, and the fraud template's synthetic world it publishes: deterministic for a seed, realistic patterns,
+labels of real events, all delivered."""
 
 from __future__ import annotations
-
-from templates import LABELS, LabelEvent, SyntheticConfig, SyntheticStream, SyntheticStream\n", TRANSACTIONS, TransactionEvent
-from streams.world import Emitted
 
 import hashlib
 import itertools
@@ -15,28 +13,31 @@ import uuid
 from collections import defaultdict
 
 from confluent_kafka import Consumer, TopicPartition
+from templates import FRAUD, LABELS, TRANSACTIONS, TransactionEvent, fraud_world
 
 from conftest import REPO
-from schemas import decode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.producer import EventProducer
 from streams.topics import apply_topics
+from streams.world import Emitted, WorldConfig
 
 START_MS = 1_760_000_000_000
 #: A topic of the pacing test's own (its records are not transactions: the session's feature jobs read that topic).
 PACING = TopicSpec(f"test.pacing.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
-CONFIG = SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01)
+CONFIG = {"rate_per_s": 2_000, "malformed_rate": 0.01}
 
 
-def first(n: int, seed: int, config: SyntheticConfig = CONFIG) -> list[Emitted]:
-    return list(itertools.islice(SyntheticStream(config, seed, START_MS), n))
+def first(n: int, seed: int, **options) -> list[Emitted]:
+    return list(itertools.islice(fraud_world(seed, START_MS, **(options or CONFIG)), n))
 
 
 def test_same_seed_same_events_across_processes() -> None:
     digest = hashlib.sha256(b"".join(e.topic.encode() + e.key.encode() + e.value for e in first(5_000, 11)))
     script = (
-        "import hashlib, itertools\n"
-        "        f"s = SyntheticStream(SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01), 11, {START_MS})\n"
+        "import hashlib, itertools, sys\n"
+        "sys.path.insert(0, 'tests')\n"
+        "from templates import fraud_world\n"
+        f"s = fraud_world(11, {START_MS}, rate_per_s=2_000, malformed_rate=0.01)\n"
         "print(hashlib.sha256(b''.join(e.topic.encode() + e.key.encode() + e.value"
         " for e in itertools.islice(s, 5_000))).hexdigest())\n"
     )
@@ -54,7 +55,7 @@ def test_labels_refer_to_earlier_real_transactions() -> None:
             seen[emitted.record.event_id] = emitted.record
         elif emitted.topic == LABELS.name:
             label = emitted.record
-            assert isinstance(label, LabelEvent)
+            assert label is not None and emitted.key == label.event_id, "a label is keyed by the event it labels"
             assert label.event_id in seen, "a label must refer to a transaction already emitted"
             assert label.user_id == seen[label.event_id].user_id
             assert label.label_time_ms >= seen[label.event_id].event_time_ms
@@ -63,15 +64,15 @@ def test_labels_refer_to_earlier_real_transactions() -> None:
 
 
 def test_stream_has_the_planted_patterns() -> None:
-    stream = first(60_000, 5, SyntheticConfig(rate_per_s=2_000, malformed_rate=0.01, label_delay_s=(1.0, 5.0)))
+    stream = first(60_000, 5, rate_per_s=2_000, malformed_rate=0.01, label_delay_s=(1.0, 5.0))
     transactions = [e.record for e in stream if e.topic == TRANSACTIONS.name and e.record is not None]
     malformed = [e for e in stream if e.record is None]
     fraud_ids = {e.record.event_id for e in stream if e.topic == LABELS.name and e.record.is_fraud}
     emitted_at = {e.record.event_id: e.emit_at_ms for e in stream if e.topic == TRANSACTIONS.name and e.record}
 
     behind_s = [(emitted_at[t.event_id] - t.event_time_ms) / 1000 for t in transactions]
-    out_of_order = sum(0 < b <= CONFIG.max_out_of_order_s for b in behind_s) / len(behind_s)
-    late = sum(b >= CONFIG.late_by_s[0] for b in behind_s)
+    out_of_order = sum(0 < b <= WorldConfig.max_out_of_order_s for b in behind_s) / len(behind_s)
+    late = sum(b >= WorldConfig.late_by_s[0] for b in behind_s)
     assert 0.02 < out_of_order < 0.08 and late > 50
 
     by_user = defaultdict(list)
@@ -93,7 +94,7 @@ def test_stream_has_the_planted_patterns() -> None:
 
 
 def test_published_events_are_exactly_the_generated_ones(bootstrap: str) -> None:
-    config = SyntheticConfig(rate_per_s=5_000, malformed_rate=0.0, legit_label_rate=0.5, label_delay_s=(0.0, 0.5))
+    config = {"rate_per_s": 5_000, "malformed_rate": 0.0, "legit_label_rate": 0.5, "label_delay_s": (0.0, 0.5)}
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}"})
     topics = consumer.list_topics(timeout=10).topics
     starts = {}
@@ -101,8 +102,8 @@ def test_published_events_are_exactly_the_generated_ones(bootstrap: str) -> None
         for partition in topics[topic].partitions:
             starts[(topic, partition)] = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
 
-    stats = EventProducer(bootstrap).publish(SyntheticStream(config, 21, START_MS), duration_s=2.0)
-    expected = list(itertools.takewhile(lambda e: e.emit_at_ms - START_MS < 2_000, SyntheticStream(config, 21, START_MS)))
+    stats = EventProducer(bootstrap).publish(fraud_world(21, START_MS, **config), duration_s=2.0)
+    expected = list(itertools.takewhile(lambda e: e.emit_at_ms - START_MS < 2_000, fraud_world(21, START_MS, **config)))
     assert stats.total == len(expected)
     assert stats.delivered[LABELS.name] > 0
 
@@ -119,7 +120,7 @@ def test_published_events_are_exactly_the_generated_ones(bootstrap: str) -> None
     for e in expected:
         wanted[(e.topic, e.key)].append(e.value)
     assert read == wanted, "every record delivered once, in order per key"
-    assert all(decode(TransactionEvent, v) for (t, _), vs in read.items() if t == TRANSACTIONS.name for v in vs)
+    assert all(FRAUD.decoder(TRANSACTIONS.name)(v) for (t, _), vs in read.items() if t == TRANSACTIONS.name for v in vs)
 
 
 def test_wall_clock_pacing_sends_the_past_at_once_and_the_future_on_time(bootstrap: str) -> None:

@@ -16,7 +16,7 @@ import pandas as pd
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pandas.testing import assert_frame_equal
-from templates import EVENT_TIME
+from templates import EVENT_TIME, view_plan
 
 from feature_store.window_tiles import TILED_FUNCTIONS
 from feedback_loop.consistency import features_at
@@ -41,7 +41,7 @@ def _cases(draw: st.DrawFn) -> tuple[ViewPlan, pd.DataFrame, pd.DataFrame]:
         buckets = draw(st.integers(0, 4))  # 0: a window shorter than a bucket, empty
         column = draw(st.sampled_from(["amount", "country"])) if function == "count_distinct" else "amount"
         aggregations.append(AggregationSpec(f"{function}_{i}", function, column, buckets * slide, slide))
-    plan = ViewPlan("v", "user", "t", 0, tuple(aggregations), None)
+    plan = view_plan("v", aggregations, keys=("user",), topic="t")
     # Amounts from a few per log, so that windows hold equal values and large ones together; zeros of both signs
     # (equal, not the same: a maximum or minimum keeps the first).
     amounts = draw(st.lists(AMOUNTS, min_size=1, max_size=4)) + draw(st.sampled_from([[], [0.0, -0.0]]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import itertools
+import json
 import os
 import random
 import signal
@@ -23,7 +24,7 @@ from dataclasses import dataclass, replace
 import pandas as pd
 import pytest
 import redis
-from templates import SyntheticConfig, SyntheticStream, TransactionEvent
+from templates import FRAUD, TRANSACTIONS, TransactionEvent, fraud_world
 
 from feature_store.config import apply_definitions, feature_fields, feature_store
 from feature_store.online_read import OnlineReader
@@ -131,7 +132,7 @@ def test_fast_read_equals_feast_on_the_cluster(cluster_settings: Settings, writt
     got = reader.get_online_features(features, rows)
     assert got == store.get_online_features(features, rows).to_dict()
     if count == 64:
-        keys = [reader.layout.redis_key("user_id", u) for u in users]
+        keys = [reader.layout.redis_key(("user_id",), (u,)) for u in users]
         assert len(_masters_of(_client(cluster_settings), keys)) == 3, "one read spans every master"
         assert got["txn_count_5m"][:-1] == list(range(1, 64)) and got["txn_count_5m"][-1] is None
 
@@ -157,7 +158,7 @@ def test_an_external_cluster_named_by_one_of_its_nodes_is_read_whole(cluster_set
     features, rows = [f"{USER_VIEW}:txn_count_5m"], [{"user_id": user} for user in written]
     got = reader.get_online_features(features, rows)
     assert got == store.get_online_features(features, rows).to_dict() and got["txn_count_5m"] == list(range(64))
-    assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key("user_id", u) for u in written])) == 3
+    assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key(("user_id",), (u,)) for u in written])) == 3
 
 
 def test_the_result_cache_keeps_scores_on_every_master(cluster_settings: Settings) -> None:
@@ -181,13 +182,13 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
     bootstrap = cluster_settings.kafka.bootstrap
     apply_topics(bootstrap, [SOURCE, DEAD])
     start_ms = int(time.time() * 1000) - 300_000
-    config = SyntheticConfig(users=150, merchants=20, rate_per_s=200, out_of_order_rate=0.1, late_rate=0.0, malformed_rate=0.0)
-    events = [replace(e, topic=SOURCE.name) for e in itertools.islice(SyntheticStream(config, seed=16, start_ms=start_ms), 1_200)
+    config = {"users": 150, "merchants": 20, "rate_per_s": 200, "out_of_order_rate": 0.1, "late_rate": 0.0, "malformed_rate": 0.0}
+    events = [replace(e, topic=SOURCE.name) for e in itertools.islice(fraud_world(16, start_ms, **config), 1_200)
               if e.topic == "events.transactions"]  # fmt: skip
     EventProducer(bootstrap).publish(events)
     store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
-    plan = compile_plan(store.list_stream_feature_views()).reading(SOURCE.name)
-    accepted, _ = accepted_events(plan, read_topic(bootstrap, SOURCE.name))
+    plan = compile_plan(store.list_stream_feature_views(), FRAUD).reading({TRANSACTIONS.name: SOURCE.name})
+    accepted, _ = accepted_events(plan, SOURCE.name, read_topic(bootstrap, SOURCE.name))
     expected = {view.name: recompute(view, accepted) for view in plan.views}
     reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
 
@@ -196,7 +197,7 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
         return pd.DataFrame(reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names], rows))
 
     home = cluster_settings.home
-    job = start_feature_job(cluster_settings, home / "job.log", LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name,
+    job = start_feature_job(cluster_settings, home / "job.log", LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
                             LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name, LOOPLINE_STREAM__GROUP_ID=f"cluster-{uuid.uuid4()}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(home / "offline"), LOOPLINE_STREAM__METRICS_PORT="0")  # fmt: skip
     problems: list[str] = []
@@ -215,7 +216,7 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
         keys = list(expected[view.name][view.entity_key])
         features, rows = [f"{view.name}:{f}" for f in view.feature_names], [{view.entity_key: k} for k in keys]
         assert reader.get_online_features(features, rows) == store.get_online_features(features, rows).to_dict()
-        assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key(view.entity_key, k) for k in keys])) == 3
+        assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key(view.entity_keys, (k,)) for k in keys])) == 3
 
 
 @dataclass(frozen=True)
@@ -262,10 +263,10 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
     users = [f"failover-u{i}" for i in range(300)]
     start_us = int(time.time() * 1e6)
     writer.write([_user_row(user, start_us, 1) for user in users])
-    victim_key = reader.layout.redis_key("user_id", users[0])
+    victim_key = reader.layout.redis_key(("user_id",), (users[0],))
     victim = next(node for node in cluster.nodes if node.port == client.get_node_from_key(victim_key).port)
     replica = next(node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == victim.port)
-    on_victim = [u for u in users if client.get_node_from_key(reader.layout.redis_key("user_id", u)).port == victim.port]
+    on_victim = [u for u in users if client.get_node_from_key(reader.layout.redis_key(("user_id",), (u,))).port == victim.port]
 
     fetcher = FeatureFetcher(reader, [f"{USER_VIEW}:txn_count_5m"], budget_s=BUDGET_S)
     stop, answers = threading.Event(), []

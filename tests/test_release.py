@@ -35,7 +35,7 @@ from offline_training.release import ModelRelease, ReleaseError
 from offline_training.release_controller import ACTOR, ReleaseController, scrape
 from offline_training.release_policy import ArmStats, Decision, ReleasePolicy, decide
 from online.metrics import ScorerMetrics
-from schemas.model_contract import FEATURES_METADATA_KEY, INPUT_NAME, OUTPUT_NAME, features_metadata
+from schemas.model_contract import INPUT_NAME, OUTPUT_NAME, ModelInput, features_metadata
 from schemas.model_registry import CANARY_ALIAS, CANARY_SHARE_TAG, PROD_ALIAS, AliasChange
 from schemas.records import TrainingExample
 from schemas.topics import DAY_MS, TopicSpec
@@ -55,8 +55,8 @@ POLICY = ReleasePolicy(min_watch_s=60, max_watch_s=600, min_requests=100, max_er
 
 
 def _arm(version: str = "2", requests: int = 1_000, errors: int = 0, p99_s: float | None = 0.004, labeled: int = 0,
-         auc: float | None = None) -> ArmStats:  # fmt: skip
-    return ArmStats(version, requests, errors, p99_s, labeled, auc)
+         quality: float | None = None) -> ArmStats:  # fmt: skip
+    return ArmStats(version, requests, errors, p99_s, labeled, quality)
 
 
 PROD = _arm("1", errors=2)
@@ -80,13 +80,25 @@ def test_a_canary_slower_at_p99_beyond_the_ratio_is_rolled_back() -> None:
 
 
 def test_a_canary_with_a_worse_auc_is_rolled_back_once_both_arms_have_labels() -> None:
-    prod = replace(PROD, labeled=80, auc=0.90)
-    verdict = decide(POLICY, _arm(labeled=60, auc=0.85), prod, watched_s=5)
-    assert verdict.action == "rollback" and "AUC 0.850" in verdict.reason
-    assert decide(POLICY, _arm(labeled=40, auc=0.60), prod, watched_s=5).action == "wait", "too few canary labels"
-    assert decide(POLICY, _arm(labeled=60, auc=0.60), replace(prod, labeled=40), watched_s=5).action == "wait"
-    assert decide(POLICY, _arm(labeled=60, auc=math.nan), prod, watched_s=5).action == "wait", "one class only: no AUC"
-    assert decide(POLICY, _arm(labeled=60, auc=0.89), prod, watched_s=5).action == "wait", "within the allowance"
+    prod = replace(PROD, labeled=80, quality=0.90)
+    verdict = decide(POLICY, _arm(labeled=60, quality=0.85), prod, watched_s=5)
+    assert verdict.action == "rollback" and "AUC 0.8500" in verdict.reason
+    assert decide(POLICY, _arm(labeled=40, quality=0.60), prod, watched_s=5).action == "wait", "too few canary labels"
+    assert decide(POLICY, _arm(labeled=60, quality=0.60), replace(prod, labeled=40), watched_s=5).action == "wait"
+    assert decide(POLICY, _arm(labeled=60, quality=math.nan), prod, watched_s=5).action == "wait", "one class only: no AUC"
+    assert decide(POLICY, _arm(labeled=60, quality=0.89), prod, watched_s=5).action == "wait", "within the allowance"
+
+
+def test_a_numeric_labels_canary_is_judged_by_its_rmse() -> None:
+    """A regression's canary is rolled back when its RMSE on labeled events exceeds prod's by more than the allowed
+    share; a lower RMSE is better, and promotes."""
+    numeric = replace(POLICY, label_kind="numeric", max_rmse_increase=0.05)
+    prod = replace(PROD, labeled=80, quality=4.0)
+    worse = decide(numeric, _arm(labeled=60, quality=4.3), prod, watched_s=5)
+    assert worse.action == "rollback" and "RMSE 4.3" in worse.reason and "5% RMSE" in worse.reason
+    assert decide(numeric, _arm(labeled=60, quality=4.1), prod, watched_s=5).action == "wait", "within 5 %"
+    better = decide(replace(numeric, require_quality=True), _arm(labeled=60, quality=2.0), prod, watched_s=60)
+    assert better.action == "promote" and "RMSE 2 vs RMSE 4" in better.reason
 
 
 def test_a_healthy_canary_is_promoted_after_the_minimum_watch() -> None:
@@ -95,8 +107,8 @@ def test_a_healthy_canary_is_promoted_after_the_minimum_watch() -> None:
     assert verdict.action == "promote" and "no labels yet" in verdict.reason
     quality = replace(POLICY, require_quality=True)
     assert decide(quality, _arm(), PROD, watched_s=60).action == "wait", "labels required, none yet"
-    labeled = decide(quality, _arm(labeled=50, auc=0.91), replace(PROD, labeled=50, auc=0.90), watched_s=60)
-    assert labeled.action == "promote" and "AUC 0.910 vs 0.900" in labeled.reason
+    labeled = decide(quality, _arm(labeled=50, quality=0.91), replace(PROD, labeled=50, quality=0.90), watched_s=60)
+    assert labeled.action == "promote" and "AUC 0.9100 vs AUC 0.9000" in labeled.reason
 
 
 def test_without_enough_evidence_by_the_longest_watch_the_canary_is_rolled_back() -> None:
@@ -104,7 +116,7 @@ def test_without_enough_evidence_by_the_longest_watch_the_canary_is_rolled_back(
     verdict = decide(POLICY, _arm(requests=99), PROD, watched_s=600)
     assert verdict.action == "rollback" and "not enough evidence" in verdict.reason
     quality = replace(POLICY, require_quality=True)
-    assert decide(quality, _arm(labeled=10, auc=0.9), PROD, watched_s=600).action == "rollback"
+    assert decide(quality, _arm(labeled=10, quality=0.9), PROD, watched_s=600).action == "rollback"
 
 
 _counts = st.integers(0, 5_000)
@@ -149,7 +161,7 @@ def test_a_promotion_always_rests_on_the_evidence_the_policy_asks_for(
         assert canary.error_rate <= prod.error_rate + policy.max_error_rate_increase
         if policy.require_quality:
             assert canary.quality_known(policy.min_labels) and prod.quality_known(policy.min_labels)
-            assert canary.auc >= prod.auc - policy.max_auc_drop
+            assert canary.quality >= prod.quality - policy.max_auc_drop
     elif verdict.action == "wait":
         assert watched_s < policy.max_watch_s
 
@@ -333,7 +345,7 @@ def _write_slow_model(path: Path, inputs: list[str], width: int = 1024, repeats:
     )  # fmt: skip
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="loopline-tests")
     model.ir_version = 8
-    helper.set_model_props(model, {FEATURES_METADATA_KEY: features_metadata(inputs)})
+    helper.set_model_props(model, features_metadata([ModelInput(name) for name in inputs]))
     onnx.checker.check_model(model)
     onnx.save(model, str(path))
     return path
@@ -492,7 +504,7 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
             TrainingExample(
                 schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"e-{uuid.uuid4()}", request_id=f"r-{uuid.uuid4()}",
                 entity_keys={"user_id": USER}, features={}, model_name=model, model_version=version, score=float(score),
-                label=bool(label), requested_at_ms=at_ms, predicted_at_ms=at_ms, label_time_ms=at_ms + 1, joined_at_ms=at_ms + 2,
+                label=float(label), requested_at_ms=at_ms, predicted_at_ms=at_ms, label_time_ms=at_ms + 1, joined_at_ms=at_ms + 2,
             )  # fmt: skip
             for score, label in zip(scores, labels, strict=True)
         ]
@@ -507,7 +519,7 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
     configured = settings.model_copy(update={"release": policy, "feedback": settings.feedback.model_copy(update={"examples_topic": topic.name})})
     decision, canary_stats, prod_stats = release_controller(configured).step()
     assert (canary_stats.labeled, prod_stats.labeled) == (60, 60)
-    assert canary_stats.auc < 0.2 < 0.8 < prod_stats.auc and canary_stats.requests == prod_stats.requests == 0
+    assert canary_stats.quality < 0.2 < 0.8 < prod_stats.quality and canary_stats.requests == prod_stats.requests == 0
     assert decision.action == "rollback" and "AUC" in decision.reason
     assert release.aliases(name) == {PROD_ALIAS: prod}
     assert _moves(release.history(name))[-1] == (CANARY_ALIAS, canary, None, ACTOR, decision.reason)

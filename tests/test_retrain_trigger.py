@@ -50,7 +50,7 @@ def examples(count: int, *, quality: str, version: str = "2", model: str = MODEL
         TrainingExample(
             schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"evt-{seed}-{i}", request_id=f"req-{seed}-{i}",
             entity_keys={"user_id": f"u{i}"}, features={"request:amount": 1.0}, model_name=model, model_version=version,
-            score=float(score[i]), label=bool(labels[i]) if labeled else None, requested_at_ms=NOW_MS - age_ms,
+            score=float(score[i]), label=float(labels[i]) if labeled else None, requested_at_ms=NOW_MS - age_ms,
             predicted_at_ms=NOW_MS - age_ms, label_time_ms=NOW_MS if labeled else None, joined_at_ms=NOW_MS,
         )  # fmt: skip
         for i in range(count)
@@ -257,7 +257,7 @@ def _signal_examples(count: int, model: str, version: str, now_ms: int) -> list[
         TrainingExample(
             schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"sig-{i}", request_id=f"sig-req-{i}",
             entity_keys={"user_id": f"u{i}"}, features={"request:amount": float(amounts[i])}, model_name=model,
-            model_version=version, score=float(1 / (1 + np.exp(0.01 * amounts[i]))), label=bool(labels[i]),
+            model_version=version, score=float(1 / (1 + np.exp(0.01 * amounts[i]))), label=float(labels[i]),
             requested_at_ms=now_ms - HOUR_MS + i * 1_000, predicted_at_ms=now_ms - HOUR_MS + i * 1_000 + 3,
             label_time_ms=now_ms, joined_at_ms=now_ms,
         )  # fmt: skip

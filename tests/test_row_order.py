@@ -24,19 +24,17 @@ import redis
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from templates import TransactionEvent
+from templates import FRAUD, TRANSACTIONS
 
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import FeatureRow, OnlineWriter
 from loopline.components import job_settings
 from loopline.settings import Settings
-from schemas.ddl import column_types
 from streams.feature_plan import FeaturePlan, ViewPlan, compile_plan
 
 START_MS = 1_790_000_000_000
-COLUMNS = column_types(TransactionEvent)
-POSITIONS = {name: i for i, name in enumerate(COLUMNS)}
+COLUMNS = FRAUD.contract(TRANSACTIONS.name).column_types()
 RUN = uuid.uuid4().hex[:6]
 
 
@@ -80,11 +78,11 @@ def _event(entity_key: str, entity: str, number: int, fields: dict) -> tuple:
 
 @pytest.fixture(scope="module")
 def plan(applied: Settings) -> FeaturePlan:
-    return compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views())
+    return compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views(), FRAUD)
 
 
 @pytest.fixture(scope="module")
-def windows(applied: Settings, tmp_path_factory: pytest.TempPathFactory):
+def windows(applied: Settings, plan: FeaturePlan, tmp_path_factory: pytest.TempPathFactory):
     """Runs the job's windows operator of a view over rows of events keyed by entity; each entity's rows, in order."""
     from pyflink.common import Row
     from pyflink.datastream.data_stream import DataStream
@@ -92,12 +90,16 @@ def windows(applied: Settings, tmp_path_factory: pytest.TempPathFactory):
     from streams.feature_job import feature_columns, new_environment, row_type, windowed_rows
 
     checkpoints = tmp_path_factory.mktemp("row-order-checkpoints")
+
+    def plan_of(view: ViewPlan):
+        return plan.source(view.topic)
+
     settings = dataclasses.replace(job_settings(applied), checkpoint_dir=str(checkpoints), parallelism=1)
 
     def run(view: ViewPlan, events: list[tuple]) -> dict[str, list[dict]]:
         env = new_environment(settings)
         source = env.from_collection([Row(*event) for event in events], type_info=row_type(COLUMNS))
-        rows = DataStream(windowed_rows(source._j_data_stream, view, POSITIONS, settings.online_interval_ms)[0])
+        rows = DataStream(windowed_rows(source._j_data_stream, plan_of(view), view, settings.online_interval_ms)[0])
         by_entity: dict[str, list[dict]] = {}
         names = list(feature_columns(view))
         with rows.execute_and_collect() as collected:
@@ -157,8 +159,8 @@ def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
         online = store.get_online_features(names, [{view.entity_key: e} for e in entities + twins]).to_dict()
         for i, (entity, final) in enumerate(zip(entities + twins, finals, strict=True)):
             assert {name: online[name][i] for name in view.feature_names} == _features(view, final), entity
-        assert reader.row_timestamps_us(view.name, entities + twins) == [final["latest_ms"] * 1000 for final in finals]
-        orders = [client.hget(reader.layout.redis_key(view.entity_key, e), layout.order_field) for e in entities + twins]
+        assert reader.row_timestamps_us(view.name, [{view.entity_key: e} for e in entities + twins]) == [final["latest_ms"] * 1000 for final in finals]
+        orders = [client.hget(reader.layout.redis_key(view.entity_keys, (e,)), layout.order_field) for e in entities + twins]
         assert orders == [f"{f['latest_ms'] * 1000}:{f['events']}".encode() for f in finals[: len(entities)]] + [None] * len(twins)
 
     check()
@@ -204,6 +206,6 @@ def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
 
     reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
-    written = client.hgetall(reader.layout.redis_key("user_id", ours))
+    written = client.hgetall(reader.layout.redis_key(("user_id",), (ours,)))
     assert written.pop(f"_order:{view.name}".encode()) == f"{at_us}:7".encode()
-    assert written == client.hgetall(reader.layout.redis_key("user_id", feasts))
+    assert written == client.hgetall(reader.layout.redis_key(("user_id",), (feasts,)))

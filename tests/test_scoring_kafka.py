@@ -20,9 +20,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from templates import score_requests
 
-from conftest import LogReader, start_group_at_end
+from conftest import LogReader, score_requests, start_group_at_end
 from infra.service import wait_until
 from loopline.job_processes import start_scorer
 from loopline.settings import Settings

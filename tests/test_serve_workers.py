@@ -20,10 +20,9 @@ from pathlib import Path
 import pytest
 import requests
 from confluent_kafka.admin import AdminClient
-from templates import score_requests
 from test_hot_swap import INPUTS, USER, WEIGHTS, expected_score
 
-from conftest import LogReader, score_request, start_group_at_end
+from conftest import LogReader, score_request, score_requests, start_group_at_end
 from infra.service import free_port, wait_until
 from loopline.components import model_release
 from loopline.job_processes import start_scorer, stop_process_group

@@ -6,9 +6,10 @@ import json
 import os
 
 import pytest
+from templates import FRAUD
 
-from feature_store.config import REPO_PATH
 from feature_store.redis_connection import redis_client
+from loopline.project import init_project
 from loopline.settings import (
     Settings,
     UnknownSettingError,
@@ -92,8 +93,30 @@ def test_cluster_settings_reach_a_child_process_and_the_redis_clients(monkeypatc
     assert client.connection_pool.connection_class.__name__ == "SSLConnection"
 
 
-def test_the_feast_registry_defaults_to_the_one_the_repo_names() -> None:
-    assert Settings().feast_registry_path == REPO_PATH / "data" / "registry.db"
+def test_the_project_is_found_where_the_command_runs_and_its_declarations_are_the_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
+    project = init_project(tmp_path / "shop", "fraud")
+    monkeypatch.chdir(project / "feature_repo")  # below the project's folder, as `feast` runs in its repo
+    settings = Settings()
+    assert settings.project_path == project
+    assert settings.feast_registry_path == project / "feature_repo" / "data" / "registry.db"
+    assert (settings.serving.model_name, settings.serving.feature_budget_ms) == ("fraud", 20.0)
+    assert (settings.feedback.labels_topic, settings.feedback.horizon_s) == ("events.labels", 7 * 86_400)
+    assert settings.feedback.train_config == project / "model" / "train.yaml"
+    monkeypatch.setenv("LOOPLINE_SERVING__MODEL_NAME", "fraud-v2")  # an operator's setting still wins
+    assert Settings().serving.model_name == "fraud-v2"
+
+
+def test_without_a_project_a_command_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    from schemas.project import ProjectError
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ProjectError, match="loopline init DIR --template fraud"):
+        _ = Settings().project_path
+    monkeypatch.setenv("LOOPLINE_PROJECT", str(tmp_path / "nowhere"))
+    with pytest.raises(ProjectError, match="nowhere is not a Loopline project"):
+        _ = Settings().project_path
 
 
 @pytest.mark.parametrize("value", ["k1:9092, k2:9092,k3:9092", '["k1:9092", "k2:9092", "k3:9092"]'])
@@ -126,7 +149,7 @@ def test_an_external_redis_cluster_is_named_by_its_nodes(monkeypatch: pytest.Mon
     settings = Settings()
     assert settings.redis.nodes == ["r1:6379", "r2:6380"] and settings.redis_cluster
     assert settings.redis_connection == "r1:6379,r2:6380,password=p4ss"
-    config = feast_config(None, settings.redis_connection, redis_cluster=settings.redis_cluster)
+    config = feast_config(None, settings.redis_connection, FRAUD.feature_repo, redis_cluster=settings.redis_cluster)
     assert (config.online_store.connection_string, config.online_store.redis_type) == (settings.redis_connection, "redis_cluster")
     nodes, params = RedisOnlineStore._parse_connection_string(config.online_store.connection_string)
     assert [(n["host"], int(n["port"])) for n in nodes] == [("r1", 6379), ("r2", 6380)] and params["password"] == "p4ss"

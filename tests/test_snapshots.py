@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from templates import LABELS, TRANSACTIONS, SyntheticConfig, SyntheticStream
+from templates import FRAUD, LABELS, TRANSACTIONS, fraud_world
 
 from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.snapshots import SnapshotError, diff_snapshots, examples_frame, list_snapshots, read_snapshot, write_snapshot
@@ -37,7 +37,7 @@ def _examples(n: int, seed: int, shift: float = 0.0) -> list[TrainingExample]:
         TrainingExample(
             schema_version=1, event_id=f"e{seed}-{i}", request_id=f"r{seed}-{i}", entity_keys={"user_id": f"u{i % 40}"},
             features={INPUTS[0]: int(rng.poisson(3)), INPUTS[1]: float(rng.lognormal(3 + shift, 1))}, model_name="fraud",
-            model_version="1", score=float(rng.random()), label=None if i % 7 == 0 else bool(i % 11 == 0), requested_at_ms=start + i * 60_000,
+            model_version="1", score=float(rng.random()), label=None if i % 7 == 0 else float(i % 11 == 0), requested_at_ms=start + i * 60_000,
             predicted_at_ms=start + i * 60_000 + 5, label_time_ms=None if i % 7 == 0 else start + i * 60_000 + 9_000,
             joined_at_ms=start + i * 60_000 + 9_100,
         )  # fmt: skip
@@ -60,7 +60,7 @@ def test_snapshot_ids_follow_the_content(applied: Settings, tmp_path: Path) -> N
     again = write_snapshot(examples_frame(list(reversed(logged))), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None})
     assert again.snapshot_id == first.snapshot_id and len(list_snapshots(root)) == 1
     # One label changed: another snapshot.
-    changed = [e.model_copy(update={"label": not e.label}) if i == 5 else e for i, e in enumerate(logged)]
+    changed = [e.model_copy(update={"label": 1.0 - e.label}) if i == 5 else e for i, e in enumerate(logged)]
     other = write_snapshot(examples_frame(changed), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None})
     assert other.snapshot_id != first.snapshot_id and len(list_snapshots(root)) == 2
 
@@ -117,15 +117,16 @@ def test_backfill_builds_labeled_examples_point_in_time_from_the_event_log(appli
     transactions = TopicSpec(f"test.bf.tx.{run}", TRANSACTIONS.record_type, key="user_id", partitions=2, retention_ms=DAY_MS)
     labels = TopicSpec(f"test.bf.labels.{run}", LABELS.record_type, key="event_id", partitions=1, retention_ms=DAY_MS)
     apply_topics(bootstrap, [transactions, labels])
-    stream = SyntheticStream(SyntheticConfig(users=50, merchants=20, rate_per_s=100, late_rate=0.0, out_of_order_rate=0.0,
-                                             legit_label_rate=0.3), seed=3, start_ms=int(time.time() * 1000) - 3_600_000)  # fmt: skip
+    stream = fraud_world(3, int(time.time() * 1000) - 3_600_000, users=50, merchants=20, rate_per_s=100, late_rate=0.0,
+                         out_of_order_rate=0.0, legit_label_rate=0.3)  # fmt: skip
     emitted = list(itertools.islice(stream, 3_000))
     routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
     EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in emitted if e.topic in routed)
 
     plan = feature_plan(applied)
-    frame = backfill_examples(plan.reading(transactions.name), read_topic(bootstrap, transactions.name),
-                              read_topic(bootstrap, labels.name), INPUTS)  # fmt: skip
+    frame = backfill_examples(plan.reading({TRANSACTIONS.name: transactions.name}), FRAUD,
+                              {transactions.name: read_topic(bootstrap, transactions.name)}, read_topic(bootstrap, labels.name), INPUTS,
+                              scored_topic=transactions.name)  # fmt: skip
     labeled = {e.record.event_id: e.record for e in emitted if e.topic == LABELS.name}
     assert len(frame) == len({e for e in labeled}) and frame["label"].notna().all()
     one = frame.iloc[len(frame) // 2]

@@ -18,7 +18,7 @@ import pandas as pd
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from templates import TransactionEvent
+from templates import FRAUD, TRANSACTIONS, TransactionEvent
 
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader
@@ -75,23 +75,23 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
     EventProducer(applied.kafka.bootstrap).publish(emitted)
 
     job = start_feature_job(
-        applied, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
+        applied, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}), LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
         LOOPLINE_STREAM__GROUP_ID=f"fuzz-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
     )  # fmt: skip
     try:
-        plan = compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views())
-        plan = plan.reading(SOURCE.name)
+        views = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views()
+        plan = compile_plan(views, FRAUD).reading({TRANSACTIONS.name: SOURCE.name})
         # A valid event sent after all of them is still aggregated: the job survived.
         probe = TransactionEvent(schema_version=1, event_id="probe", event_time_ms=int(time.time() * 1000), user_id="fz-probe",
                                  merchant_id="fm-1", amount=1.0, currency="EUR", merchant_category="grocery", channel="pos",
                                  country="DE")  # fmt: skip
         EventProducer(applied.kafka.bootstrap).publish([Emitted(SOURCE.name, "fz-probe", encode(probe), NOW_MS, probe)])
         reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
-        seen = lambda: reader.row_timestamps_us("user_transaction_features", ["fz-probe"])[0] is not None  # noqa: E731
+        seen = lambda: reader.row_timestamps_us("user_transaction_features", [{"user_id": "fz-probe"}])[0] is not None  # noqa: E731
         assert wait_until(lambda: seen() or job.poll() is not None, 180, 0.5) and job.poll() is None, f"see {tmp_path / 'job.log'}"
         messages = read_topic(applied.kafka.bootstrap, SOURCE.name)
-        accepted, late = accepted_events(plan, messages)
+        accepted, late = accepted_events(plan, SOURCE.name, messages)
         assert 50 < len(accepted) < len(messages) * 0.9, "a mix of good and bad records"
 
         expected = {view.name: recompute(view, accepted) for view in plan.views}

@@ -344,23 +344,25 @@ def test_onnx_export_scores_as_torch_and_loads_in_the_scorer(workspace, full_run
     import torch
 
     from offline_training.export import verify_onnx
-    from offline_training.model import FraudMLP
+    from offline_training.model import TabularMLP
     from offline_training.training_data import load_snapshot
     from online.onnx_runtime import OnnxModel
 
     snapshot = load_snapshot(workspace / "snapshot", HOLDOUT_FRACTION)
-    model = FraudMLP(FEATURES, CONFIG["hidden"], np.zeros(len(FEATURES)), np.ones(len(FEATURES)))
+    model = TabularMLP(snapshot.inputs, CONFIG["hidden"], np.zeros(len(FEATURES)), np.ones(len(FEATURES)))
     model.load_state_dict(_weights(full_run))
-    rows = snapshot.holdout_x.astype(np.float32)
-    rows[::7, 1] = np.nan  # missing inputs take the same path in both
+    frame = snapshot.holdout.copy()
+    frame.iloc[::7, 1] = np.nan  # missing inputs take the same path in both
 
-    assert verify_onnx(model, full_run / "model.onnx", rows, atol=1e-5) <= 1e-5
+    assert verify_onnx(model, full_run / "model.onnx", frame, atol=1e-5) <= 1e-5
     served = OnnxModel(full_run / "model.onnx", "fraud", "1")
-    assert served.inputs == FEATURES
+    assert [spec.name for spec in served.inputs] == FEATURES
+    rows = frame[FEATURES].to_numpy(dtype=np.float32)
     with torch.no_grad():
-        expected = model.predict_proba(torch.from_numpy(rows)).numpy()
-    for batch in (rows[:1], rows[:37], rows):
-        np.testing.assert_allclose(served.predict(batch), expected[: len(batch)], atol=1e-5, rtol=0)
+        expected = model.predict(torch.from_numpy(rows)).numpy()
+    no_texts = np.zeros((len(rows), 0), dtype=object)
+    for size in (1, 37, len(rows)):
+        np.testing.assert_allclose(served.predict(rows[:size], no_texts[:size]), expected[:size], atol=1e-5, rtol=0)
     assert json.loads((full_run / "metrics.json").read_text())["onnx_max_abs_diff"] <= 1e-5
 
 
@@ -385,7 +387,7 @@ def test_holdout_finds_the_planted_signal_and_the_run_is_tracked(workspace, full
 def test_config_files_are_valid():
     from offline_training.train_config import LOOPLINE_ROOT, TrainConfig, deepspeed_config, load_train_config
 
-    config = load_train_config(LOOPLINE_ROOT / "offline_training" / "configs" / "fraud_mlp.yaml")
+    config = load_train_config(LOOPLINE_ROOT / "offline_training" / "configs" / "mlp.yaml")
     ds_config = deepspeed_config(config)
     assert ds_config["train_micro_batch_size_per_gpu"] == config.micro_batch_per_process
     assert ds_config["zero_optimization"]["stage"] == 1
@@ -398,10 +400,12 @@ def test_bf16_weights_score_bf16_rows_with_the_fp32_standardisation():
     check's bf16 runs; found rehearsing them on this CPU, where they first raised a dtype mismatch)."""
     import torch
 
-    from offline_training.model import FraudMLP
+    from offline_training.model import TabularMLP
+    from schemas.model_contract import ModelInput
 
     rows = torch.from_numpy(np.random.default_rng(0).normal(100, 30, (16, len(FEATURES))).astype(np.float32))
-    model = FraudMLP(FEATURES, CONFIG["hidden"], np.full(len(FEATURES), 100.0), np.full(len(FEATURES), 30.0))
+    inputs = [ModelInput(name) for name in FEATURES]
+    model = TabularMLP(inputs, CONFIG["hidden"], np.full(len(FEATURES), 100.0), np.full(len(FEATURES), 30.0))
     expected = model(rows)
     for parameter in model.parameters():
         parameter.data = parameter.data.to(torch.bfloat16)

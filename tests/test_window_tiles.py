@@ -17,13 +17,12 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from templates import EVENT_TIME
+from templates import EVENT_TIME, view_plan
 from window_definition import steps_by_definition, window_by_definition
 
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, Window, view_windows
 from infra.jars import operator_libraries
 from loopline.settings import Settings
-from streams.feature_plan import ViewPlan
 from streams.operators_jar import SOURCES, flink_classpath, operators_jar
 from streams.recompute import recompute, same_feature_value
 
@@ -115,7 +114,7 @@ def test_the_steps_equal_the_recompute_at_request_times_and_every_window_empties
     frame = pd.DataFrame([{"user": "u", **e} for e in events])
     times = [t for t in (*reads, quiet) if t >= latest]  # the recompute reads the events up to each time
     at = pd.DataFrame({"user": "u", "at_ms": times})
-    for row in recompute(ViewPlan("v", "user", "t", 0, tuple(aggregations), None), frame, at).to_dict("records"):
+    for row in recompute(view_plan("v", aggregations, keys=("user",), topic="t"), frame, at).to_dict("records"):
         read = _read(windows, steps, row["at_ms"])
         for a in aggregations:
             expected = row[a.name]
