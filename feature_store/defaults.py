@@ -1,6 +1,6 @@
 """Feature defaults, declared with the features: a Feast field tag the scorer falls back to on a miss.
 
-    Field(name="txn_count_5m", dtype=Int64, tags={DEFAULT_TAG: "0"})
+    Field(name="clicks_1h", dtype=Int64, tags={DEFAULT_TAG: "0"})
 
 A feature without the tag has no default: a miss leaves it None (and flagged).
 """

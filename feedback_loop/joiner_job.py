@@ -38,7 +38,7 @@ from feedback_loop.joiner_settings import JoinerSettings
 from schemas.contracts import ContractViolation
 from schemas.project import LabelPlan
 from schemas.records import PredictionRecord, TrainingExample
-from streams.flink_job import STALL_AFTER_S, run_job
+from streams.flink_job import STALL_AFTER_S, java_ints, run_job
 from streams.flink_job import new_environment as flink_environment
 from streams.flink_submit import JobArchives, flink_run_command
 from streams.kafka_tables import KafkaTables, dead_letter, decode_or_dead_letter
@@ -149,7 +149,7 @@ def build_job(env, settings: JoinerSettings) -> None:
     valid = t_env.sql_query("SELECT kind, event_id, json, `ts` FROM decoded WHERE dead_letter IS NULL")
     operators = get_gateway().jvm.dev.loopline.feedback
     joined_type = Types.ROW_NAMED(["event_id", "prediction", "label"], [Types.STRING(), Types.STRING(), Types.STRING()])
-    key_selector = get_gateway().jvm.dev.loopline.streams.FieldKey(1)
+    key_selector = get_gateway().jvm.dev.loopline.streams.FieldKey(java_ints([1]))
     joined = (
         t_env.to_data_stream(valid)._j_data_stream.keyBy(key_selector)
         .process(operators.FeedbackJoin(settings.horizon_ms), joined_type.get_java_type_info())

@@ -26,7 +26,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from feedback_loop.snapshots import SnapshotError
 from infra.errors import StackError
 from infra.service import tail
-from loopline.components import apply_loopline_topics, build_stack
+from loopline.components import apply_loopline_topics, build_stack, project
 from loopline.produce import produce_stream
 from loopline.settings import (
     Settings,
@@ -51,6 +51,7 @@ from offline_training.rendezvous import NodeGroupError
 from offline_training.trainjob import TrainJobTemplateError
 from schemas.compatibility import CompatibilityError, check_registered_schemas
 from schemas.contracts import ContractError
+from schemas.model_registry import PROD_ALIAS
 from schemas.project import ProjectError
 from streams.feature_plan import PlanError
 from streams.job_archives import JobArchiveError
@@ -399,7 +400,6 @@ def topics_apply() -> None:
 def schemas_check() -> None:
     """Fail if an event contract of the project, or a record of Loopline's own, changed in a way that breaks existing
     readers or events already written."""
-    from loopline.components import project
     from schemas.compatibility import check_project_contracts
 
     for name, outcome in {**check_project_contracts(project(settings())), **check_registered_schemas()}.items():
@@ -410,7 +410,6 @@ def schemas_check() -> None:
 def schemas_register() -> None:
     """Record the project's current contracts as registered (under contracts/registered/), refused if a change is
     breaking."""
-    from loopline.components import project
     from schemas.compatibility import register_project_contracts
 
     for path in register_project_contracts(project(settings())):
@@ -498,12 +497,38 @@ def models_register(
     alias: Annotated[str | None, typer.Option(help="Point this alias (prod, canary) at the new version.")] = None,
     name: ModelNameOption = None,
 ) -> None:
-    """Register a model file as a new version, its SHA-256 recorded for serving to verify."""
+    """Register a model file as a new version, its SHA-256 recorded for serving to verify. A model trained elsewhere is
+    checked first as the project would serve it (online/model_admission.py): in the model contract, its inputs the
+    project's features and request fields with their kinds, finite scores (probabilities for a binary label)."""
+    from online.model_admission import ModelRejected, admit_model
+
+    declared = project(settings())
+    try:
+        inputs = admit_model(path, declared.feature_repo, declared.labels.kind)
+    except ModelRejected as err:
+        raise typer.BadParameter(str(err), param_hint="PATH") from None
     release, name = _release(name)
     version = release.register(name, path)
+    console.print(f"{len(inputs)} inputs, as the {declared.name} project declares them: " + ", ".join(f"{i.name} ({i.kind})" for i in inputs),
+                  highlight=False)  # fmt: skip
     if alias:
         release.set_alias(name, alias, version, _actor(), "registered with --alias")
     console.print(f"registered {name} v{version}" + (f" as {alias}" if alias else ""))
+
+
+@models_app.command("first")
+def models_first(
+    alias: Annotated[str | None, typer.Option(help="Point this alias at it.")] = PROD_ALIAS,
+    name: ModelNameOption = None,
+) -> None:
+    """Register the project's hand-set first model (model.first_model in loopline_project.yaml: a weight per input and
+    a bias) as a new version, prod by default: something to serve, and to log features with, before any training."""
+    from loopline.project import write_first_model
+
+    config = settings()
+    declared = project(config)
+    path = write_first_model(declared, config.home.absolute() / "models" / f"{declared.name}-first.onnx")
+    models_register(path, alias, name)
 
 
 @models_app.command("promote")
@@ -593,7 +618,7 @@ def feedback_join(
     print_command: PrintCommandOption = False,
     image: ImageOption = False,
 ) -> None:
-    """Run the feedback joiner (PyFlink): scoring.predictions ⋈ events.labels → training.examples, embedded (until
+    """Run the feedback joiner (PyFlink): scoring.predictions ⋈ the project's labels → training.examples, embedded (until
     stopped) or submitted to a cluster with its code, Python environment, jars and settings."""
     from loopline.components import joiner_settings
 

@@ -24,6 +24,7 @@ from infra.images.engine import IMAGE_COMMANDS, Podman
 from infra.jars import flink_connector_jar
 from infra.system_packages import ensure_packages
 from loopline.components import feature_operators_jar, joiner_operators_jar
+from loopline.project import project_or_template
 from loopline.settings import Settings
 from streams.job_archives import pinned_requirements
 
@@ -70,7 +71,7 @@ def build_images(settings: Settings, keys: list[str]) -> list[Built]:
     context = stage_context(
         work / "context", repo=REPO, flink_home=pyflink_home(),
         jars=[flink_connector_jar(settings.resolved_jars_dir), feature_operators_jar(settings), joiner_operators_jar(settings)],
-        requirements=requirement_sets(),
+        requirements=requirement_sets(), project=project_or_template(settings.project),
     )  # fmt: skip
     secrets = [("cabundle", CA_BUNDLE)]
     bases = {"python": python_base}

@@ -62,6 +62,17 @@ def project_path(named: Path | None, start: Path | None = None) -> Path:
     return found
 
 
+def project_or_template(named: Path | None, template: str = "fraud") -> Path:
+    """The project in force (``named``, else the one holding the working directory); else the template's folder: what
+    the images and the chart carry when no project is at hand (the demo's)."""
+    try:
+        return project_path(named)
+    except ProjectError:
+        if named is not None:
+            raise
+        return template_path(template)
+
+
 @lru_cache(maxsize=16)
 def loaded_project(path: Path) -> Project:
     """The project at ``path``, read once per process."""

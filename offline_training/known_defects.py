@@ -83,7 +83,7 @@ def _holdout_defects(comparison: Comparison, metrics: dict[str, float], bounds: 
             f"holdout calibration error {calibration:.3f}, above {bounds.max_calibration_error:g}: its scores are off the "
             f"observed positive rates by {calibration:.1%} on average, so a score is not a probability to act on as it is",
             {"calibration_error": calibration, "bound": bounds.max_calibration_error}))  # fmt: skip
-    if recall < bounds.min_recall:  # NaN (a holdout without fraud) compares False: the small holdout is the defect then
+    if recall < bounds.min_recall:  # NaN (a holdout without positives) compares False: the small holdout is the defect then
         caught = round(recall * positives)
         defects.append(KnownDefect("recall_at_threshold",
             f"recall {recall:.3f} at the operating threshold {comparison.threshold:g}, below {bounds.min_recall:g}: it "

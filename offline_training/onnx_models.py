@@ -4,7 +4,7 @@ Deterministic models for the demo, the tests and the benchmarks, over the inputs
 ``schemas/model_contract.py``: a logistic regression ``sigmoid(x·w + b)`` (or, for a numeric label, the linear
 ``x·w + b`` itself) and a multi-layer perceptron (ReLU hidden layers, sigmoid output) with seeded random weights,
 heavy enough per row that batching shows. They weigh numbers only: a text input is taken (the contract's
-``categories``) and weighs nothing.
+``categories``) and weighs nothing, and a missing number (NaN) is taken as 0.
 """
 
 from __future__ import annotations
@@ -29,7 +29,9 @@ def _write(path: Path, inputs: Sequence[ModelInput | str], layers: list[tuple[np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    nodes, initializers, current = [], [], INPUT_NAME
+    zero = numpy_helper.from_array(np.zeros(1, dtype=np.float32), "zero")
+    nodes = [helper.make_node("IsNaN", [INPUT_NAME], ["missing"]), helper.make_node("Where", ["missing", "zero", INPUT_NAME], ["present"])]
+    initializers, current = [zero], "present"
     for index, (weights, bias) in enumerate(layers):
         w, b = f"w{index}", f"b{index}"
         initializers += [numpy_helper.from_array(weights.astype(np.float32), w), numpy_helper.from_array(bias.astype(np.float32), b)]

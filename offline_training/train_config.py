@@ -20,7 +20,7 @@ AUTO = "auto"
 
 
 class TrainConfig(BaseModel):
-    """Hyper-parameters of one training run (the defaults train the demo's fraud model)."""
+    """Hyper-parameters of one training run (the defaults suit the templates' small tabular models)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -206,7 +206,8 @@ def load_project(path: Path) -> Project:
     path = Path(path).resolve()
     file = path / PROJECT_FILE
     if not file.is_file():
-        raise ProjectError(f"{path} is not a Loopline project (no {PROJECT_FILE}); make one with `loopline init DIR --template fraud`")
+        raise ProjectError(f"{path} is not a Loopline project (no {PROJECT_FILE}); make one with "
+                           "`loopline init DIR --template NAME` (the templates: `loopline init --help`)")
     try:
         spec = ProjectFile.model_validate(yaml.safe_load(file.read_text()) or {})
     except (ValidationError, yaml.YAMLError) as err:

@@ -65,9 +65,9 @@ class ScoreRequest(Record):
     RECORD_NAME: ClassVar[str] = "score_request"
 
     request_id: str = Field(min_length=1)
-    entity_keys: dict[str, str] = Field(min_length=1, description="Entity name -> key, e.g. user_id.")
+    entity_keys: dict[str, str] = Field(min_length=1, description="Join key -> value: the entities of the views the model reads.")
     request_fields: dict[str, RequestValue] = Field(
-        default_factory=dict, description="Values known only at request time, e.g. the amount (finite numbers, strings, booleans)."
+        default_factory=dict, description="Values known only at request time, by the request source's field names (finite numbers, strings, booleans)."
     )
     requested_at_ms: EpochMillis = Field(gt=0)
     model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")

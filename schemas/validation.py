@@ -120,8 +120,8 @@ def _not_unicode(value: object, path: str = "") -> str | None:
         except UnicodeEncodeError:
             return path
         return None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for key, item in items:
+    entries = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in entries:
         # The path goes into error messages: a key that is not valid Unicode is shown escaped.
         name = str(key).encode("utf-8", "backslashreplace").decode()
         where = f"{path}.{name}" if path else name

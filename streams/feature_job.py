@@ -40,8 +40,8 @@ from pyflink.table.udf import ScalarFunction, udf
 from feature_store.window_tiles import view_windows
 from schemas.project import load_project
 from streams.feature_plan import MAX_EVENT_TIME_MS, MAX_EXACT_VALUE, SCALE, FeaturePlan, SourcePlan, ViewPlan, registered_plan
+from streams.flink_job import java_ints, run_job
 from streams.flink_job import new_environment as flink_environment
-from streams.flink_job import run_job
 from streams.flink_submit import JobArchives, flink_run_command
 from streams.job_settings import JOB_NAME, JobSettings
 from streams.kafka_tables import KafkaTables
@@ -63,15 +63,6 @@ _VALUE_SQL = {"INT64": "BIGINT", "DOUBLE": "DOUBLE", "STRING": "STRING", "BOOL":
 def row_type(columns: dict[str, str]):
     """The DataStream type of rows of ``columns`` (name -> SQL type)."""
     return Types.ROW_NAMED(list(columns), [_TYPES[sql] for sql in columns.values()])
-
-
-def _ints(values) -> object:
-    """A Java int[] of ``values`` (for the JVM operators' constructors)."""
-    gateway = get_gateway()
-    array = gateway.new_array(gateway.jvm.int, len(values))
-    for i, value in enumerate(values):
-        array[i] = int(value)
-    return array
 
 
 class AppendOffline(ScalarFunction):
@@ -161,7 +152,7 @@ def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms
     windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, online, online_interval_ms,
                                        len(view.entity_keys))  # fmt: skip
     rows = (
-        events.keyBy(operators.FieldKey(_ints([positions[key] for key in view.entity_keys])))
+        events.keyBy(operators.FieldKey(java_ints([positions[key] for key in view.entity_keys])))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
         .name(f"aggregate {view.name}")
         .uid(f"aggregate-{view.name}")
@@ -192,7 +183,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
     raw = t_env.to_data_stream(t_env.sql_query(f"SELECT {_quoted(_RAW)} FROM raw_events"))._j_data_stream
     decoder = operators.EventDecoder(decoder_spec(plan))
     letters = (
-        raw.keyBy(operators.FieldKey(_ints([_RAW.index("topic"), _RAW.index("partition")])))
+        raw.keyBy(operators.FieldKey(java_ints([_RAW.index("topic"), _RAW.index("partition")])))
         .process(decoder, Types.STRING().get_java_type_info())
         .name("decode events by their contracts")
         .uid("decode-events")
@@ -214,7 +205,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool
         layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows)
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
-            rows.keyBy(operators.FieldKey(_ints([])))
+            rows.keyBy(operators.FieldKey(java_ints([])))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
             .name(f"hold {view.name} for the offline log")
             .uid(f"hold-offline-{view.name}")

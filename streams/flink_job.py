@@ -197,3 +197,14 @@ def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, clus
             client.cancel().result()
             raise JobStalled(f"no checkpoint completed for {stall_after_s:.0f} s")
     client.get_job_execution_result().result()  # raises the job's failure, if it failed
+
+
+def java_ints(values) -> object:
+    """A Java int[] of ``values``, for the JVM operators' constructors (py4j passes no Python list to a varargs one)."""
+    from pyflink.java_gateway import get_gateway
+
+    gateway = get_gateway()
+    array = gateway.new_array(gateway.jvm.int, len(values))
+    for i, value in enumerate(values):
+        array[i] = int(value)
+    return array

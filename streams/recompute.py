@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from confluent_kafka import Message
 
 #: The column of a recomputed row holding the time of the latest event it counts (whatever the events' time field).
-LATEST_EVENT = "event_time_ms"
+LATEST_EVENT = "latest_event_ms"
 #: Where an event lies in the log, beside its record's fields: partition, offset, and when it reached Kafka.
 LOG_POSITION = ("partition", "offset", "kafka_ms")
 

@@ -39,7 +39,7 @@ from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, submitted_j
 from infra.helm_chart import render
 from infra.jars import flink_connector_jar
 from infra.service import free_ports, wait_until
-from loopline.components import feature_operators_jar, flink_session, joiner_operators_jar
+from loopline.components import feature_operators_jar, flink_session, joiner_operators_jar, project
 from loopline.settings import FlinkSettings, ServingSettings, Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.records import PredictionRecord, ScoreRequest
@@ -56,8 +56,10 @@ FLINK_DEPLOYMENTS = ["loopline-feature-job", "loopline-feedback-joiner"]
 
 def _layout(flink_home: Path, settings: Settings) -> Layout:
     """The images' folders here: their venv is this one (the images install its exact versions), Flink is
-    ``flink_home`` (laid out as the Flink image has it), the Flink image's jar cache is the stack's."""
-    return Layout({"/opt/loopline/venv": Path(sys.prefix), "/opt/flink": flink_home, "/opt/loopline/jars": settings.resolved_jars_dir})
+    ``flink_home`` (laid out as the Flink image has it), the Flink image's jar cache is the stack's, the project they
+    bake is the settings' (as ``loopline images build`` stages it)."""
+    return Layout({"/opt/loopline/venv": Path(sys.prefix), "/opt/flink": flink_home, "/opt/loopline/jars": settings.resolved_jars_dir,
+                   "/opt/loopline/project": settings.project_path})
 
 
 def _flink_image_home(folder: Path, settings: Settings) -> Path:
@@ -179,13 +181,14 @@ def running(hook: str, model_registration: PodProcess, pods: Pods, session_clust
 def test_the_apply_hook_job_applies_the_views_and_topics(hook: str, pods: Pods, applied: Settings) -> None:
     registry = pods.claims["loopline-shared"] / "feast" / "registry.db"
     assert registry.is_file(), f"the hook wrote no Feast registry where the chart's settings name it: {hook}"
-    written = feature_store(registry, applied.redis_connection)
+    written = feature_store(registry, applied.redis_connection, applied.repo_path)
     expected = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     names = lambda store: sorted(v.name for v in [*store.list_feature_views(), *store.list_stream_feature_views()])  # noqa: E731
     assert names(written) == names(expected) and VIEW in names(written)
     topics = AdminClient({"bootstrap.servers": applied.kafka.bootstrap}).list_topics(timeout=10).topics
-    assert {t.name for t in TOPICS} <= set(topics)
-    assert all(t.name in hook for t in TOPICS), f"the hook's topics apply reports every topic: {hook}"
+    wanted = [*TOPICS, *project(applied).topics]  # Loopline's own, and the project's the image bakes
+    assert {t.name for t in wanted} <= set(topics)
+    assert all(t.name in hook for t in wanted), f"the hook's topics apply reports every topic: {hook}"
 
 
 def test_the_scorer_answers_its_probes_and_scores_with_the_secrets_token(running: dict, pods: Pods, applied: Settings) -> None:

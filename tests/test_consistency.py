@@ -21,7 +21,7 @@ from templates import fraud_plan, view_plan
 from feedback_loop.consistency import by_outcome, check_consistency, events_needed_since, sampled, summary
 from schemas.records import PredictionRecord
 from streams.feature_plan import AggregationSpec, ViewPlan
-from streams.recompute import recompute
+from streams.recompute import LATEST_EVENT, recompute
 
 MINUTE = 60_000
 VIEW = view_plan("user_features", (AggregationSpec("txn_count_5m", "count", "amount", 5 * MINUTE, MINUTE),
@@ -53,7 +53,7 @@ def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, stam
                 read_at = max(at + stamped_after_ms, times[row_index])
                 (as_of,) = recompute(plan_view, group.iloc[: row_index + 1], pd.DataFrame({"user_id": [user], "at_ms": [read_at]})).to_dict("records")
                 features = {f"{VIEW.name}:{name}": as_of[name] for name in VIEW.feature_names}
-                row_times = {VIEW.name: int(as_of["event_time_ms"])}
+                row_times = {VIEW.name: int(as_of[LATEST_EVENT])}
             records.append(PredictionRecord(
                 schema_version=1, request_id=f"r-{user}-{i}", entity_keys={"user_id": user}, features=features,
                 defaulted_features=[name for name, v in features.items() if v is None], model_name="m", model_version="1",
@@ -137,7 +137,7 @@ def test_a_row_newer_than_the_request_is_ahead_only_if_its_events_were_in_kafka_
             schema_version=1, request_id=f"r-{scored_at_ms}", entity_keys={"user_id": "u1"},
             features={f"{VIEW.name}:{name}": newest[name].item() for name in VIEW.feature_names}, defaulted_features=[],
             model_name="m", model_version="1", score=0.5, requested_at_ms=asked_at, scored_at_ms=scored_at_ms,
-            feature_row_times_ms={VIEW.name: int(newest["event_time_ms"])},
+            feature_row_times_ms={VIEW.name: int(newest[LATEST_EVENT])},
         )  # fmt: skip
         return by_outcome(check_consistency(PLAN, {"t": log}, [record]))
 

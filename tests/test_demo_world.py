@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from templates import LABELS, TRANSACTIONS, LabelEvent, TransactionEvent
+from templates import FRAUD, LABELS, TRANSACTIONS
 
 from infra.service import wait_until
 from loopline.scenarios.demo import unkept_promises
@@ -36,11 +36,12 @@ def test_history_goes_at_once_unscored_then_live_transactions_are_each_scored_on
 
     bootstrap = applied.kafka.bootstrap
 
-    def published(topic: str, record_type: type):
-        return [(m.timestamp()[1], decode(record_type, m.value())) for m in read_topic(bootstrap, topic, since_ms=world.published_from_ms)]
+    def published(topic: str, read):
+        return [(m.timestamp()[1], read(m.value())) for m in read_topic(bootstrap, topic, since_ms=world.published_from_ms)]
 
-    transactions, requests = published(TRANSACTIONS.name, TransactionEvent), published(SCORE_REQUESTS.name, ScoreRequest)
-    labels = [label for _, label in published(LABELS.name, LabelEvent)]
+    transactions = published(TRANSACTIONS.name, FRAUD.decoder(TRANSACTIONS.name))
+    requests = published(SCORE_REQUESTS.name, lambda payload: decode(ScoreRequest, payload))
+    labels = [label for _, label in published(LABELS.name, FRAUD.decoder(LABELS.name))]
     assert stats.delivered[TRANSACTIONS.name] == len(transactions)
 
     history = [(sent, t) for sent, t in transactions if t.event_time_ms < world.published_from_ms]
@@ -58,8 +59,9 @@ def test_history_goes_at_once_unscored_then_live_transactions_are_each_scored_on
     assert all(by_id[event][0] >= world.live_since_ms - 50 for event in scored), "nothing of the history was scored"
     live = [t for sent, t in transactions if sent > world.live_since_ms + 50]
     assert live and all(t.event_id in scored for t in live), "every live transaction was scored"
-    assert all(r.request_id == f"{scoring.run_id}-{r.event_id}" and r.entity_keys == {"user_id": by_id[r.event_id][1].user_id}
+    assert all(r.request_id.startswith(f"{scoring.run_id}-") and r.entity_keys == {"user_id": by_id[r.event_id][1].user_id}
                for _, r in requests)  # fmt: skip
+    assert len({r.request_id for _, r in requests}) == len(requests), "each request has its own id"
     assert labels and all(label.event_id in scored for label in labels), "only scored transactions' labels are published"
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import kubernetes_validate
 import pytest
 import yaml
+from templates import FRAUD
 from typer.testing import CliRunner
 
 from conftest import CHART_VALUES, CRDS
@@ -29,6 +30,7 @@ from loopline.chart_files import stale_files
 from loopline.cli import app
 from loopline.components import feature_operators_jar, joiner_operators_jar
 from loopline.flink_image_job import FEATURE_JOB, JOINER, job_arguments
+from loopline.project import template_path
 from loopline.settings import MonitorSettings, ServingSettings, Settings
 from schemas.topics import TOPICS
 from streams.flink_submit import PYTHON_DRIVER, FlinkImage
@@ -220,10 +222,12 @@ def test_selectors_select_their_workloads(rendered: dict[str, list[dict]]) -> No
 
 
 def test_every_topic_is_a_kafka_topic(rendered: dict[str, list[dict]]) -> None:
+    """Loopline's topics and the shipped chart's project's (the fraud template, the images' default)."""
+    wanted = (*TOPICS, *FRAUD.topics)
     for values, objects in rendered.items():
         topics = {o["spec"]["topicName"]: o["spec"] for o in objects if o["kind"] == "KafkaTopic"}
-        assert set(topics) == {t.name for t in TOPICS}, values
-        for spec in TOPICS:
+        assert set(topics) == {t.name for t in wanted}, values
+        for spec in wanted:
             topic = topics[spec.name]
             assert (topic["partitions"], topic["config"]["retention.ms"], topic["config"]["cleanup.policy"]) == (
                 spec.partitions, spec.retention_ms, spec.cleanup_policy)
@@ -365,9 +369,11 @@ def test_the_image_entry_runs_the_job_with_the_pods_settings(rendered: dict[str,
         (image.lib / jar.name).symlink_to(jar)
     _pod_settings(rendered["production"], tmp_path, monkeypatch)
     monkeypatch.setenv("LOOPLINE_REDIS__PASSWORD", "from-the-secret")
-    module, (features, source_topic) = job_arguments(FEATURE_JOB, 6, image)
+    monkeypatch.setenv("LOOPLINE_PROJECT", str(template_path("fraud")))  # the project the image bakes (its environment)
+    module, (features,) = job_arguments(FEATURE_JOB, 6, image)
     job = JobSettings.from_json(features)
-    assert (module, job.parallelism, job.metrics_port, source_topic) == ("streams.feature_job", 6, None, "")
+    assert (module, job.parallelism, job.metrics_port) == ("streams.feature_job", 6, None)
+    assert job.project_path == template_path("fraud") and job.source_topics == {}, "the project's topics as it names them"
     assert (job.connector_jar, job.operators_jar) == (image.lib / jars["connector"].name, image.lib / jars["features"].name)
     assert "password=from-the-secret" in job.redis_connection and job.checkpoint_dir == "file:///var/lib/loopline/flink/checkpoints/features"
     module, (joiner,) = job_arguments(JOINER, 2, image)

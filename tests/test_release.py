@@ -24,10 +24,11 @@ from prometheus_client import start_http_server
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest import score_request, serving_doors
+from conftest import LogReader, score_request, serving_doors
 from infra.service import free_port, wait_until
 from loopline import cli
 from loopline.components import model_release, release_controller
+from loopline.project import template_path
 from loopline.serving import build_scorer, model_watcher
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
@@ -37,8 +38,8 @@ from offline_training.release_policy import ArmStats, Decision, ReleasePolicy, d
 from online.metrics import ScorerMetrics
 from schemas.model_contract import INPUT_NAME, OUTPUT_NAME, ModelInput, features_metadata
 from schemas.model_registry import CANARY_ALIAS, CANARY_SHARE_TAG, PROD_ALIAS, AliasChange
-from schemas.records import TrainingExample
-from schemas.topics import DAY_MS, TopicSpec
+from schemas.records import PredictionRecord, TrainingExample
+from schemas.topics import DAY_MS, PREDICTIONS, TopicSpec
 from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.topics import apply_topics
@@ -200,7 +201,8 @@ def model_registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRelea
     """A registry of its own (MLflow on SQLite); the settings that name it; two model files."""
     folder = tmp_path_factory.mktemp("registry")
     env = {"LOOPLINE_MODEL_REGISTRY__TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
-           "LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION": str(folder / "artifacts"), "LOOPLINE_HOME": str(folder / "home")}  # fmt: skip
+           "LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION": str(folder / "artifacts"), "LOOPLINE_HOME": str(folder / "home"),
+           "LOOPLINE_PROJECT": str(template_path("fraud"))}  # fmt: skip
     files = [write_linear_model(folder / f"m{i}.onnx", INPUTS, np.full(4, 0.01 * i), 0.0) for i in range(2)]
     return ModelRelease(env["LOOPLINE_MODEL_REGISTRY__TRACKING_URI"], env["LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION"]), env, files
 
@@ -293,7 +295,8 @@ def test_cli_release_history_and_rollback(model_registry, run_cli) -> None:
     release, env, files = model_registry
     name = f"cli-{uuid.uuid4().hex[:8]}"
     env = {**env, "LOOPLINE_SERVING__MODEL_NAME": name}
-    assert run_cli(["models", "register", str(files[0]), "--alias", "prod"], env)[:2] == (0, f"registered {name} v1 as prod\n")
+    code, output, _ = run_cli(["models", "register", str(files[0]), "--alias", "prod"], env)
+    assert code == 0 and output.endswith(f"registered {name} v1 as prod\n"), output
     assert run_cli(["models", "register", str(files[1])], env)[0] == 0
     code, output, _ = run_cli(["release", "2", "--canary", "5"], env)
     assert code == 0 and f"{name} v2 is the canary on 5 % of requests" in output
@@ -523,3 +526,84 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
     assert decision.action == "rollback" and "AUC" in decision.reason
     assert release.aliases(name) == {PROD_ALIAS: prod}
     assert _moves(release.history(name))[-1] == (CANARY_ALIAS, canary, None, ACTOR, decision.reason)
+
+
+# --- a model trained elsewhere ---------------------------------------------------------------------------------
+
+
+def _trained_elsewhere(path: Path, inputs: list[str], logits: bool = False) -> Path:
+    """A model as a team trains it outside Loopline: plain torch on its own rows, exported to ONNX by torch, the
+    contract's input names and metadata set by hand (the guide's recipe). With ``logits`` it forgets the sigmoid."""
+    import onnx
+    import torch
+
+    torch.manual_seed(0)
+    rows = torch.rand(512, len(inputs)) * torch.tensor([20.0, 2_000.0, 600.0, 500.0])
+    labels = (rows[:, 0] > 12).float()
+    net = torch.nn.Sequential(torch.nn.Linear(len(inputs), 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
+    scale = rows.std(0)
+    for _ in range(100):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(net(rows / scale).squeeze(1), labels)
+        loss.backward()
+        optimizer.step()
+
+    class Scorer(torch.nn.Module):
+        def forward(self, features: torch.Tensor) -> torch.Tensor:
+            z = net(torch.nan_to_num(features) / scale).squeeze(1)
+            return z if logits else torch.sigmoid(z)
+
+    torch.onnx.export(Scorer().eval(), (rows[:2],), str(path), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
+                      dynamic_shapes=({0: torch.export.Dim("batch")},), dynamo=True, external_data=False, verbose=False)  # fmt: skip
+    model = onnx.load(str(path))
+    onnx.helper.set_model_props(model, features_metadata([ModelInput(name) for name in inputs]))
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_and_rolled_back_like_a_trained_one(
+        served, models, run_cli, tmp_path: Path) -> None:  # fmt: skip
+    settings, release = served
+    name = settings.serving.model_name
+    env = {"LOOPLINE_SERVING__MODEL_NAME": name, "LOOPLINE_MODEL_REGISTRY__TRACKING_URI": settings.model_registry.tracking_uri,
+           "LOOPLINE_PROJECT": str(settings.project_path)}  # fmt: skip
+    if settings.model_registry.artifact_location:
+        env["LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION"] = str(settings.model_registry.artifact_location)
+    prod = release.register(name, models["a"])
+    release.set_alias(name, PROD_ALIAS, prod, "test")
+
+    # Refused, each with its reason, and nothing registered: an input the project does not declare, and scores that
+    # are no probabilities for the project's binary label.
+    misnamed = _trained_elsewhere(tmp_path / "misnamed.onnx", [*INPUTS[:3], "request:amount_eur"])
+    code, output, _ = run_cli(["models", "register", str(misnamed)], env)
+    assert code == 2 and "declares no request:amount_eur" in output, output
+    code, output, _ = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "logits.onnx", INPUTS, logits=True))], env)
+    assert code == 2 and "scores are not probabilities" in output, output
+    assert [v.version for v in release.client.search_model_versions(f"name='{name}'")] == [prod]
+
+    code, output, _ = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "elsewhere.onnx", INPUTS))], env)
+    assert code == 0 and f"registered {name} v2" in output and "request:amount (number)" in output, output
+    canary = "2"
+    scorer = build_scorer(settings)
+    predictions = LogReader(settings.kafka.bootstrap, PREDICTIONS.name, from_end=True)
+    try:
+        with serving_doors(settings, scorer, model_watcher(settings, scorer).run) as (url, _):
+            _start_canary_behind_a_busy_prod(release, name, url, prod, canary)
+            sent: list[tuple[int, str | None]] = []
+            assert _until_both_arms_served(url, canary, prod, 20, sent)
+            assert {status for status, _ in sent} == {200}
+            # Logged as a trained model's predictions are: the version, and the exact features it was given.
+            def logged() -> list[PredictionRecord]:
+                return [r for r in predictions.records(PredictionRecord) if r.model_name == name and r.model_version == canary]
+
+            assert wait_until(lambda: len(logged()) > 0, 30, 0.2), "the canary's predictions were not logged"
+            assert all(set(r.features) == set(INPUTS) and 0 <= r.score <= 1 for r in logged())
+
+            code, output, _ = run_cli(["rollback", "--reason", "trained elsewhere, tried"], env)
+            assert code == 0, output
+            assert release.aliases(name) == {PROD_ALIAS: prod}
+            assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod}, 30, 0.05), "the rolled-back canary kept serving"
+            assert set(_score(url, 20)) == {(200, prod)}
+    finally:
+        predictions.close()

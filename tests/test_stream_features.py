@@ -36,7 +36,7 @@ from schemas import DeadLetterRecord, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.producer import EventProducer
-from streams.recompute import accepted_events, feature_differences, recompute, same_feature_value
+from streams.recompute import LATEST_EVENT, accepted_events, feature_differences, recompute, same_feature_value
 from streams.topics import read_topic
 from streams.world import Emitted
 
@@ -179,7 +179,7 @@ def _historical(store):
     """
 
     def read(view, offline: pd.DataFrame) -> pd.DataFrame:
-        at = pd.to_datetime(offline["event_time_ms"] * 1000 + 999, unit="us", utc=True)
+        at = pd.to_datetime(offline[LATEST_EVENT] * 1000 + 999, unit="us", utc=True)
         entities = pd.DataFrame({view.entity_key: offline[view.entity_key], "event_timestamp": at})
         features = [f"{view.name}:{f}" for f in view.feature_names]
         return store.get_historical_features(entity_df=entities, features=features).to_df().drop(columns="event_timestamp")
@@ -269,7 +269,7 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
                 if rows.empty:
                     return False
                 logged_us = rows.groupby(view.entity_key)["event_timestamp"].max().astype("int64") // 1000
-                wanted_us = expected[view.name].set_index(view.entity_key)["event_time_ms"] * 1000
+                wanted_us = expected[view.name].set_index(view.entity_key)[LATEST_EVENT] * 1000
                 if not (logged_us.reindex(wanted_us.index) >= wanted_us).all():
                     return False
             return True

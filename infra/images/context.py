@@ -1,6 +1,7 @@
 """The build context of Loopline's images, staged under one folder from what the machine already has: Loopline's
 wheel (built here, byte for byte the same while the sources are), the pinned requirement sets, the jars the stack's
-setup fetched or compiled, and Flink's distribution as PyFlink installed it. Nothing is downloaded.
+setup fetched or compiled, Flink's distribution as PyFlink installed it, and the Loopline project the images serve
+(its contracts, Feast repo and model declarations: every process of a deployment acts on it). Nothing is downloaded.
 
 Every file is staged with the content and mode it had last time when its source is unchanged, so podman's layer cache
 (keyed by the content a COPY adds) rebuilds only what changed.
@@ -22,6 +23,8 @@ IMAGES_DIR = Path(__file__).resolve().parent
 #: What the wheel is built from is everything in the repository but these: the tests, builds, and hidden files (the
 #: local state, caches, and editors' and other tools' temporary files, which can vanish while the sources are copied).
 _NOT_PACKAGED = (".*", "tests", "benchmarks", "__pycache__", "*.egg-info", "build", "dist", "*.tmp")
+#: What a project's folder holds that is not the project: its Feast repo's local data (registry, offline rows) and caches.
+_NOT_IN_PROJECT = ("data", "__pycache__", ".*")
 #: Flink's distribution as the official image lays it out under /opt/flink (PyFlink installs these folders; its log/
 #: holds the logs of runs here, so the image makes its own).
 FLINK_DIST_PARTS = ("bin", "conf", "lib", "licenses", "opt", "plugins")
@@ -49,11 +52,14 @@ def build_wheel(repo: Path, out_dir: Path) -> Path:
 
 
 def stage_context(context: Path, *, repo: Path, flink_home: Path, jars: Sequence[Path],
-                  requirements: Mapping[str, Sequence[str]]) -> Path:  # fmt: skip
+                  requirements: Mapping[str, Sequence[str]], project: Path) -> Path:  # fmt: skip
     """Fill ``context`` for the Dockerfiles of ``infra/images``: ``wheel/``, ``requirements/<set>.txt`` (one pinned
-    requirement a line), ``jars/``, ``flink-dist/`` (linked, not copied, from ``flink_home``), the Flink base's
-    entry point and the images' requirements installer (``pip-install.sh``). Returns ``context``."""
+    requirement a line), ``jars/``, ``flink-dist/`` (linked, not copied, from ``flink_home``), ``project/`` (the
+    project's folder, without the data and caches its use here left in it), the Flink base's entry point and the
+    images' requirements installer (``pip-install.sh``). Returns ``context``."""
     build_wheel(repo, context / "wheel")
+    shutil.rmtree(context / "project", ignore_errors=True)
+    shutil.copytree(project, context / "project", ignore=shutil.ignore_patterns(*_NOT_IN_PROJECT))
     listed = context / "requirements"
     shutil.rmtree(listed, ignore_errors=True)
     listed.mkdir(parents=True)

@@ -33,5 +33,8 @@ RUN mkdir -p /opt/loopline/jars/flink /opt/loopline/jars/loopline \
 
 COPY wheel/ /tmp/wheel/
 RUN pip install --no-deps --no-cache-dir --disable-pip-version-check -q /tmp/wheel/*.whl && rm -rf /tmp/wheel
+# The project the jobs compile their plan from and decode its events by (the one in force where the images were built).
+COPY project/ /opt/loopline/project/
+ENV LOOPLINE_PROJECT=/opt/loopline/project
 
 USER flink

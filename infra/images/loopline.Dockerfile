@@ -21,6 +21,9 @@ RUN --mount=type=secret,id=cabundle --mount=type=cache,id=loopline-wheels,target
 
 COPY wheel/ /tmp/wheel/
 RUN pip install --no-deps --no-cache-dir --disable-pip-version-check -q /tmp/wheel/*.whl && rm -rf /tmp/wheel
+# The project every command acts on (the one in force where the images were built), read only.
+COPY project/ /opt/loopline/project/
+ENV LOOPLINE_PROJECT=/opt/loopline/project
 USER loopline
 WORKDIR /home/loopline
 ENTRYPOINT ["loopline"]

@@ -91,7 +91,7 @@ class DemoSkew:
             return False
         return time.monotonic() - self.injected_at > TIME_TO_FIRE_S or self.alert_state() == "firing"
 
-    def _psis(self) -> dict[str, float]:
+    def psis(self) -> dict[str, float]:
         """Each feature's PSI as the monitor measures it now (the largest over model versions); empty if it does not
         answer."""
         try:
@@ -107,7 +107,7 @@ class DemoSkew:
         return psis
 
     def _psi(self) -> float | None:
-        return self._psis().get(self.feature)
+        return self.psis().get(self.feature)
 
     def _alerts(self) -> list[dict] | None:
         """The skew alerts Prometheus has pending or firing (None when it does not answer)."""
@@ -148,7 +148,7 @@ class DemoSkew:
         if self._monitor is None:
             table.add_row(self.feature, "waiting for the loop's snapshot", "—", "—", "—")
             return table
-        psis = self._psis()
+        psis = self.psis()
         psi = psis.pop(self.feature, None)
         injected = "—" if self.injected_at is None else f"{self.field} ×{self.factor:g}, {time.monotonic() - self.injected_at:.0f} s ago"
         table.add_row(self.feature, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())

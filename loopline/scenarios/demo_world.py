@@ -55,7 +55,7 @@ class DemoWorld:
         self._thread.start()
 
     def go_live(self) -> None:
-        """Score every transaction from now on (and publish the labels of those)."""
+        """Score every event the world scores from now on (and publish the labels of those)."""
         self.live_since_ms = int(time.time() * 1000)
         self._live.set()
 
