@@ -1,4 +1,5 @@
-"""What every benchmark here needs: a private stack, percentiles, and the report (table + last-line JSON)."""
+"""What every benchmark here needs: the domain (the fraud template's project), a private stack, percentiles, and the
+report (table + last-line JSON)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,26 @@ from rich.table import Table
 
 from feature_store.config import apply_definitions
 from loopline.components import apply_loopline_topics, build_stack, private_stack_settings
+from loopline.project import init_project, template_path
 from loopline.settings import Settings
+from schemas.project import Project, load_project
 
 REPO = Path(__file__).resolve().parents[1]
+#: The benchmarks' domain: the project Loopline's fraud template makes (card transactions, chargebacks as labels).
+TEMPLATE = "fraud"
+
+
+def template_project() -> Project:
+    """The benchmarks' project as Loopline ships it (read only): for what needs its domain but no stack."""
+    return load_project(template_path(TEMPLATE))
 
 
 @contextmanager
 def private_stack(console: Console, prefix: str) -> Iterator[Settings]:
-    """Kafka and Redis of the benchmark's own (free ports, 127.0.0.1), topics and features applied; wiped after."""
-    settings = private_stack_settings(Path(tempfile.mkdtemp(prefix=prefix)), REPO / ".loopline" / "jars")
+    """Kafka and Redis of the benchmark's own (free ports, 127.0.0.1), acting on a project made from ``TEMPLATE`` under
+    its home (``loopline init``), topics and features applied; wiped after."""
+    home = Path(tempfile.mkdtemp(prefix=prefix))
+    settings = private_stack_settings(home, REPO / ".loopline" / "jars", init_project(home / "project", TEMPLATE))
     stack = build_stack(settings)
     try:
         with console.status("starting a private stack"):

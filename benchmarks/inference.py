@@ -82,7 +82,6 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
-from templates import Emitted  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -91,6 +90,7 @@ from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import free_port  # noqa: E402
+from loopline.components import project  # noqa: E402
 from loopline.job_processes import start_scorer  # noqa: E402
 from loopline.serving import build_scorer  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
@@ -101,8 +101,11 @@ from schemas.records import PredictionRecord, ScoreRequest  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
 from schemas.validation import decode, encode  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
+from streams.world import Emitted  # noqa: E402
 
-VIEW = "user_transaction_features"
+#: The fraud project's view of a user's transactions, its join key, and the request field its model takes beside them
+#: (``main`` checks them against the project).
+VIEW, ENTITY_KEY, REQUEST_FIELD = "user_transaction_features", "user_id", "amount"
 USERS = 1000
 TRITON_GAIN = 3.7
 #: Dynamic batching's gain over batch-1 at p99 <= HELD_P99_MS that the core aims for.
@@ -141,8 +144,8 @@ Result = TypeVar("Result")
 def _request(i: int, request_id: str | None = None, requested_at_ms: int | None = None) -> ScoreRequest:
     """Request ``i`` (user ``bench-<i mod USERS>``); a random id and the time now unless given."""
     return ScoreRequest(schema_version=1, request_id=request_id or str(uuid.uuid4()),
-                        entity_keys={"user_id": f"bench-{i % USERS}"},
-                        request_fields={"amount": float(i % 500)},
+                        entity_keys={ENTITY_KEY: f"bench-{i % USERS}"},
+                        request_fields={REQUEST_FIELD: float(i % 500)},
                         requested_at_ms=int(time.time() * 1000) if requested_at_ms is None else requested_at_ms)  # fmt: skip
 
 
@@ -602,6 +605,16 @@ def _anchors(figures: dict) -> dict[str, str]:
     return anchors
 
 
+def _check_domain(settings: Settings, view) -> None:
+    """The project's ``VIEW`` keyed by ``ENTITY_KEY``, and ``REQUEST_FIELD`` a request field of its scored event, or exit
+    saying which is not."""
+    join_keys = [column.name for column in view.entity_columns]
+    request_fields = project(settings).spec.scored_event.request_fields
+    if join_keys != [ENTITY_KEY] or REQUEST_FIELD not in request_fields:
+        raise SystemExit(f"the benchmark's domain is the fraud template's: {VIEW} keyed by {join_keys} (not [{ENTITY_KEY!r}]), "
+                         f"request fields {sorted(request_fields)} (without {REQUEST_FIELD!r})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (within a minute)")
@@ -617,13 +630,14 @@ def main() -> None:
     with private_stack(console, "loopline-inference-") as settings:
         with console.status("writing a feature row per user"):
             view = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path).get_stream_feature_view(VIEW)
+            _check_domain(settings, view)
             fields = feature_fields(view)
             names = [f.name for f in fields]
             typed = {f.name: int if f.dtype.to_value_type().name == "INT64" else float for f in fields}
             now_us = int(time.time() * 1_000_000)
             rows = [FeatureRow(VIEW, f"bench-{u}", now_us, {n: typed[n](u % 7) for n in names}) for u in range(USERS)]
             OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path).write(rows)
-            model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + ["request:amount"], (512, 512, 256))
+            model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + [f"request:{REQUEST_FIELD}"], (512, 512, 256))
         figures: dict = {}
         if args.profile:
             figures |= asyncio.run(profile_scorer(settings, model_path, seconds if args.quick else PROFILE_SECONDS, args.workers))

@@ -42,7 +42,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from rich.console import Console
-from templates import SyntheticConfig, SyntheticStream  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,9 +50,12 @@ from feature_store.config import repo_stream_views  # noqa: E402
 from feedback_loop.consistency import by_outcome, check_consistency, features_at, summary  # noqa: E402
 from feedback_loop.drift import SkewThresholds, skew_check  # noqa: E402
 from feedback_loop.reference import reference_statistics  # noqa: E402
-from harness import report  # noqa: E402  (this folder)
+from harness import report, template_project  # noqa: E402  (this folder)
+from loopline.project import world_of  # noqa: E402
+from schemas.project import Project  # noqa: E402
 from schemas.records import PredictionRecord  # noqa: E402
 from streams.feature_plan import FeaturePlan, compile_plan  # noqa: E402
+from streams.recompute import LATEST_EVENT  # noqa: E402
 
 console = Console()
 NUMERIC, CATEGORICAL, REFERENCE_ROWS = 24, 6, 100_000
@@ -129,60 +131,64 @@ def _evidently(reference: pd.DataFrame, logged: pd.DataFrame, figures: dict) -> 
                 "evidently_columns_drifted": int(drifted), "detections_agree": int(drifted) == loopline_flagged}  # fmt: skip
 
 
-def _events(plan: FeaturePlan, count: int) -> pd.DataFrame:
-    """A synthetic event log of ``count`` transactions in event-time order, with the log positions the monitor reads
-    with them (``accepted_events``: partition, offset in send order, ``kafka_ms`` the send time), so the replay tells
-    lag from value mismatches over each entity's log prefixes, as it does in the monitor. Sent in event-time order (no
-    out-of-order events): a planted lagging row, the entity's previous event's, is then a log prefix's row."""
-    config = SyntheticConfig(users=2_000, merchants=300, rate_per_s=5.0, out_of_order_rate=0.0, late_rate=0.0)
-    stream = SyntheticStream(config, seed=3, start_ms=1_790_000_000_000)
+def _events(project: Project, plan: FeaturePlan, count: int) -> pd.DataFrame:
+    """A synthetic event log of ``count`` events of the scored topic (the transactions) in event-time order, with the
+    log positions the monitor reads with them (``accepted_events``: partition, offset in send order, ``kafka_ms`` the
+    send time), so the replay tells lag from value mismatches over each entity's log prefixes, as it does in the
+    monitor. Sent in event-time order (no out-of-order events): a planted lagging row, the entity's previous event's,
+    is then a log prefix's row."""
+    topic = project.spec.scored_event.topic
+    world = world_of(project, 3, 1_790_000_000_000, users=2_000, merchants=300, rate_per_s=5.0, out_of_order_rate=0.0, late_rate=0.0)
     records = []
-    for emitted in stream:
-        if emitted.record is not None and emitted.topic == plan.topic:
+    for emitted in world:
+        if emitted.record is not None and emitted.topic == topic:
             records.append({**emitted.record.model_dump(), "partition": 0, "offset": len(records), "kafka_ms": emitted.emit_at_ms})
             if len(records) == count:
                 break
-    return pd.DataFrame(records).sort_values("event_time_ms", kind="stable").reset_index(drop=True)
+    return pd.DataFrame(records).sort_values(plan.source(topic).time_field, kind="stable").reset_index(drop=True)
 
 
-def _logged(plan: FeaturePlan, events: pd.DataFrame, requests: int) -> list[PredictionRecord]:
+def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests: int) -> list[PredictionRecord]:
     """A request 1 ms after each of the last ``requests`` events, logging the recompute's values — the broken feature's
     with its window one bucket longer, and every tenth request's as of the entity's previous event (lag)."""
     asked = events.tail(requests)
+    event_times = asked[plan.source(project.spec.scored_event.topic).time_field].to_numpy()
     features: dict[str, list] = {}
     row_times: dict[str, list] = {}
     for view in plan.views:
         broken = replace(view, aggregations=tuple(replace(a, window_ms=a.window_ms + a.slide_ms) if f"{view.name}:{a.name}" == BROKEN else a
                                                   for a in view.aggregations))  # fmt: skip
-        at = pd.DataFrame({view.entity_key: asked[view.entity_key].to_numpy(), "at_ms": asked["event_time_ms"].to_numpy()})
+        at = pd.DataFrame({view.entity_key: view.with_entity(asked)[view.entity_key].to_numpy(), "at_ms": event_times})
         lagged = at.copy()
         lagged["at_ms"] = np.where(np.arange(len(at)) % 10 == 0, lagged["at_ms"] - 1, lagged["at_ms"])
-        rows = features_at(broken, events, lagged)
+        rows = features_at(broken, view.with_entity(events), lagged)
         for key, at_ms in zip(lagged[view.entity_key], lagged["at_ms"], strict=True):
             found = rows.get((key, int(at_ms)))
             for name in view.feature_names:
                 features.setdefault(f"{view.name}:{name}", []).append(None if found is None else found[name])
-            row_times.setdefault(view.name, []).append(None if found is None else int(found["event_time_ms"]))
+            row_times.setdefault(view.name, []).append(None if found is None else int(found[LATEST_EVENT]))
+    keys = list(dict.fromkeys(key for view in plan.views for key in view.entity_keys))
     records = []
     for i, (_, event) in enumerate(asked.iterrows()):
         values = {name: column[i] for name, column in features.items()}
         records.append(PredictionRecord(
-            schema_version=1, request_id=f"bench-{i}", entity_keys={"user_id": event["user_id"], "merchant_id": event["merchant_id"]},
-            features=values, defaulted_features=[n for n, v in values.items() if v is None], model_name="fraud", model_version="1",
-            score=0.5, requested_at_ms=int(event["event_time_ms"]) + 1, scored_at_ms=int(event["kafka_ms"]) + 2,
+            schema_version=1, request_id=f"bench-{i}", entity_keys={key: event[key] for key in keys},
+            features=values, defaulted_features=[n for n, v in values.items() if v is None], model_name=project.spec.model.name,
+            model_version="1", score=0.5, requested_at_ms=int(event_times[i]) + 1, scored_at_ms=int(event["kafka_ms"]) + 2,
             feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
         ))  # fmt: skip
     return records
 
 
 def _consistency(requests: int, figures: dict) -> None:
-    plan = compile_plan(repo_stream_views())
-    events = _events(plan, requests + 20_000)
+    project = template_project()
+    plan = compile_plan(repo_stream_views(project.feature_repo), project)
+    events = _events(project, plan, requests + 20_000)
     with console.status(f"logging {requests:,} requests (recompute, one feature's window one bucket long)"):
-        logged = _logged(plan, events, requests)
+        logged = _logged(project, plan, events, requests)
     with console.status(f"replaying {requests:,} requests against the recompute"):
         began = time.perf_counter()
-        report_ = check_consistency(plan, events, logged)
+        report_ = check_consistency(plan, {project.spec.scored_event.topic: events}, logged)
         seconds = time.perf_counter() - began
     table = summary(report_)
     mismatched = sorted(name for name, row in table.items() if row["mismatch_ratio"] > 0)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import random
 import signal
 import statistics
@@ -46,9 +47,6 @@ from pathlib import Path
 import redis
 from rich.console import Console
 from rich.progress import Progress
-from templates import SyntheticConfig, SyntheticStream, synthetic_user_id  # noqa: E402
-
-from streams.world import Emitted
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -57,13 +55,15 @@ from feature_store.config import feature_fields, feature_store  # noqa: E402
 from feature_store.online_read import OnlineReader  # noqa: E402
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import wait_until  # noqa: E402
+from loopline.components import feature_plan, project  # noqa: E402
 from loopline.job_processes import start_feature_job, stop_process_group, wait_until_serving  # noqa: E402
+from loopline.project import world_class, world_of  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
-from schemas.records import TransactionEvent  # noqa: E402
-from schemas.topics import TRANSACTIONS  # noqa: E402
-from schemas.validation import encode  # noqa: E402
+from schemas.project import Project  # noqa: E402
+from streams.feature_plan import ViewPlan  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
 from streams.topics import apply_topics  # noqa: E402
+from streams.world import Emitted  # noqa: E402
 
 USER_VIEW = "user_transaction_features"
 ANCHORS = {"tecton_freshness_s": 1.0, "hopsworks_ingest_p99_ms": 250.0, "feast_server_p99_1_row_ms": 7.2}
@@ -74,6 +74,21 @@ MERGE_SLIDE_MS, MERGE_WINDOW_MS = 10_000, 300_000
 #: Users with a day of history, read besides the run's own (``_day_of_history``).
 DAY_USERS = 64
 console = Console()
+
+
+def _user_view(settings: Settings) -> ViewPlan:
+    """The plan of ``USER_VIEW``: the topic it reads (the transactions), its join key (the user) and event time field."""
+    return next(view for view in feature_plan(settings).views if view.name == USER_VIEW)
+
+
+def _synthetic_user_id(declared: Project, rank: int) -> str:
+    """The id of the project's synthetic user of activity rank ``rank`` (0 is the busiest): the fraud world's own."""
+    return sys.modules[world_class(declared).__module__].synthetic_user_id(rank)
+
+
+def _no_noise_world(settings: Settings, rate: float, seed: int, start_ms: int):
+    """The project's world at ``rate`` from ``start_ms``, its events neither late, out of order nor malformed."""
+    return world_of(project(settings), seed, start_ms, rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
 
 
 def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s: float, start_timeout_s: float, day_history: bool) -> dict:
@@ -90,31 +105,33 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
     """
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     producer = EventProducer(settings.kafka.bootstrap)
-    config = SyntheticConfig(rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
-    stream = SyntheticStream(config, seed=11, start_ms=int(time.time() * 1000))
-    transactions = (e for e in stream if e.topic == TRANSACTIONS.name)
+    view = _user_view(settings)
+    (user_key,), time_field = view.entity_keys, view.time_field
+    start_ms = int(time.time() * 1000)
+    stream = _no_noise_world(settings, rate, 11, start_ms)
+    transactions = (e for e in stream if e.topic == view.topic)
     total, measured_from = int(rate * (warmup_s + seconds)), int(rate * warmup_s)
-    load = [replace(e, emit_at_ms=stream.start_ms + int(i * 1000 / rate)) for i, e in enumerate(itertools.islice(transactions, total))]
+    load = [replace(e, emit_at_ms=start_ms + int(i * 1000 / rate)) for i, e in enumerate(itertools.islice(transactions, total))]
     sample_every = max(1, int(rate // 20))
     if day_history:
         with console.status("publishing the day users' history"):
-            producer.publish(_day_of_history(stream.start_ms - 10_000))  # before the job starts: it reads them first
+            producer.publish(_day_of_history(project(settings), view, start_ms - 10_000))  # before the job starts: it reads them first
     job = start_feature_job(settings, settings.home / "job.log", LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"))
     try:
         # Job start-up is not freshness: a first event must come through before timing starts.
-        wait_until_serving(job, settings, reader, start_timeout_s)
+        wait_until_serving(job, settings, reader, feature_plan(settings), start_timeout_s)
         samples: list[tuple[str, int, float]] = []  # (user, event time ms, scheduled send time)
         sent = {"first": 0.0, "measured_from": 0.0, "last": 0.0}
 
         def paced():
             for index, emitted in enumerate(load):
-                scheduled = sent["first"] + (emitted.emit_at_ms - stream.start_ms) / 1000
+                scheduled = sent["first"] + (emitted.emit_at_ms - start_ms) / 1000
                 if index == 0:
                     sent["first"] = scheduled = time.time()
                 if index == measured_from:
                     sent["measured_from"] = scheduled
                 if index >= measured_from and index % sample_every == 0:
-                    samples.append((emitted.key, emitted.record.event_time_ms, scheduled))
+                    samples.append((emitted.key, getattr(emitted.record, time_field), scheduled))
                 yield emitted
                 sent["last"] = time.time()  # the generator resumes once the record before has been handed to Kafka
 
@@ -128,7 +145,7 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
                 pending += samples[seen:]
                 seen = len(samples)
                 if pending:
-                    stamps = reader.row_timestamps_us(USER_VIEW, [user for user, _, _ in pending])
+                    stamps = reader.row_timestamps_us(USER_VIEW, [{user_key: user} for user, _, _ in pending])
                     now = time.time()
                     still = []
                     for (user, event_ms, produced_at), stamp in zip(pending, stamps, strict=True):
@@ -170,10 +187,12 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
     row online to the last event's row online, so start-up does not count.
     """
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
-    config = SyntheticConfig(rate_per_s=5000.0, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
-    stream = SyntheticStream(config, seed=12, start_ms=int(time.time() * 1000))
-    topic = replace(TRANSACTIONS, name="bench.catch-up")  # holds only the backlog
-    transactions = (replace(e, topic=topic.name) for e in stream if e.topic == TRANSACTIONS.name)
+    view = _user_view(settings)
+    (user_key,), time_field = view.entity_keys, view.time_field
+    stream = _no_noise_world(settings, 5000.0, 12, int(time.time() * 1000))
+    declared = next(spec for spec in project(settings).topics if spec.name == view.topic)
+    topic = replace(declared, name="bench.catch-up")  # holds only the backlog
+    transactions = (replace(e, topic=topic.name) for e in stream if e.topic == view.topic)
     backlog = list(itertools.islice(transactions, events))
     with console.status(f"publishing a backlog of {events:,} events"):
         apply_topics(settings.kafka.bootstrap, [topic])
@@ -181,10 +200,10 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
     first, last = backlog[0], backlog[-1]
 
     def has_row_of(emitted: Emitted) -> bool:
-        return (reader.row_timestamps_us(USER_VIEW, [emitted.key])[0] or 0) >= emitted.record.event_time_ms * 1000
+        return (reader.row_timestamps_us(USER_VIEW, [{user_key: emitted.key}])[0] or 0) >= getattr(emitted.record, time_field) * 1000
 
     job = start_feature_job(settings, settings.home / "catch-up.log", LOOPLINE_STREAM__GROUP_ID="catch-up",
-                            LOOPLINE_STREAM__SOURCE_TOPIC=topic.name,
+                            LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({view.topic: topic.name}),
                             LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline-catch-up"))  # fmt: skip
     try:
         with console.status("waiting for the job's first rows"):
@@ -199,20 +218,21 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
         stop_process_group(job, signal.SIGKILL)
 
 
-def _day_of_history(end_ms: int) -> list[Emitted]:
-    """The day users' transactions: each of ``DAY_USERS`` users every 3 to 7 minutes over the 24 h before ``end_ms``
-    (~290 each), in event-time order, so every window of theirs holds many tiles."""
+def _day_of_history(declared: Project, view: ViewPlan, end_ms: int) -> list[Emitted]:
+    """The day users' transactions (on ``view``'s topic): each of ``DAY_USERS`` users every 3 to 7 minutes over the 24 h
+    before ``end_ms`` (~290 each), in event-time order, so every window of theirs holds many tiles."""
+    transaction = declared.contract(view.topic).record_type
     rng = random.Random(5)
     events = []
     for n in range(DAY_USERS):
         user, at = f"day-user-{n}", end_ms - 86_400_000
         while (at := at + rng.randint(180_000, 420_000)) < end_ms:
-            record = TransactionEvent(
+            record = transaction(
                 schema_version=1, event_id=f"{user}-{at}", event_time_ms=at, user_id=user, merchant_id=f"m{rng.randrange(60)}",
                 amount=round(rng.uniform(1, 400), 2), currency="EUR", merchant_category="grocery", channel="pos",
                 country=rng.choice(["DE", "FR", "NL", "ES"]),
             )  # fmt: skip
-            events.append(Emitted(TRANSACTIONS.name, user, encode(record), at, record))
+            events.append(Emitted(view.topic, user, declared.encode(view.topic, record), at, record))
     return sorted(events, key=lambda e: e.emit_at_ms)
 
 
@@ -220,7 +240,8 @@ def _merge_times(reader: OnlineReader, client: redis.Redis, users: list[str]) ->
     """Per user, the first read time (ms) at which its oldest 10-second tile with events has left the 5-minute window:
     where the window's first step ends (``feature_store/window_tiles.py``)."""
     steps_field, window = reader.layout.views[USER_VIEW].windows[(MERGE_SLIDE_MS, MERGE_WINDOW_MS)]
-    stored = [client.hget(reader.layout.redis_key(("user_id",), (u,)), steps_field) for u in users]
+    join_keys = reader.layout.views[USER_VIEW].join_keys
+    stored = [client.hget(reader.layout.redis_key(join_keys, (u,)), steps_field) for u in users]
     return [window.first_bound(steps) * window.slide_ms for steps in stored]
 
 
@@ -250,8 +271,10 @@ def _raw_read(client: redis.Redis, keys: list[bytes], fields: list[bytes] | None
 def _day_reads(reader: OnlineReader, client: redis.Redis, features: list[str], now_ms: int, iterations: int) -> dict:
     """The day users read at request time 10 minutes after the run (each window has lost tiles, so every read takes a
     later step) and by raw HGETALL; and how many of them have a row."""
-    day_rows = [{"user_id": f"day-user-{n}"} for n in range(DAY_USERS)]
-    day_keys = [reader.layout.redis_key(("user_id",), (row["user_id"],)) for row in day_rows]
+    join_keys = reader.layout.views[USER_VIEW].join_keys
+    day_users = [f"day-user-{n}" for n in range(DAY_USERS)]
+    day_rows = [dict(zip(join_keys, (u,), strict=True)) for u in day_users]
+    day_keys = [reader.layout.redis_key(join_keys, (u,)) for u in day_users]
     later = [now_ms + 600_000] * DAY_USERS
     figures = _timed("day_request_time_64", lambda: reader.read_with_row_times(features, day_rows, later), iterations)
     figures |= _timed("day_raw_redis_64", lambda: _raw_read(client, day_keys), iterations)
@@ -269,14 +292,15 @@ def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dic
     names = [f.name for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     features = [f"{USER_VIEW}:{name}" for name in names]
     fields = reader.hash_fields(USER_VIEW, names)  # the raw HMGET: the very fields the reader asks for, not decoded
-    users = [synthetic_user_id(i) for i in range(64)]  # the most active synthetic users: all have rows
+    users = [_synthetic_user_id(project(settings), i) for i in range(64)]  # the most active synthetic users: all have rows
+    join_keys = reader.layout.views[USER_VIEW].join_keys  # the user's (one)
     figures: dict = {}
     now_ms = int(time.time() * 1000)
     merge_at = _merge_times(reader, client, users)
 
     for count in (1, 64):
-        rows = [{"user_id": u} for u in users[:count]]
-        keys = [reader.layout.redis_key(("user_id",), (u,)) for u in users[:count]]
+        rows = [dict(zip(join_keys, (u,), strict=True)) for u in users[:count]]
+        keys = [reader.layout.redis_key(join_keys, (u,)) for u in users[:count]]
         now, later = [now_ms] * count, merge_at[:count]
         paths = {
             "loopline": lambda rows=rows: reader.get_online_features(features, rows),
@@ -300,7 +324,7 @@ def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dic
         )
     if day_history:
         figures |= _day_reads(reader, client, features, now_ms, iterations)
-    rows = [{"user_id": u} for u in users]
+    rows = [dict(zip(join_keys, (u,), strict=True)) for u in users]
     merged, finished = reader.read_with_row_times(features, rows, merge_at)[0], reader.get_online_features(features, rows)
     # 64 when every merging read took a later step: the oldest tile's events are gone and the others counted.
     figures["tile_merge_partial_5m_counts"] = sum(0 < m < f for m, f in zip(merged["txn_count_5m"], finished["txn_count_5m"], strict=True))

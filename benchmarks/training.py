@@ -10,10 +10,10 @@
    yield exactly one labelled example: the count of those that did not is reported.
 2. ``snapshot_rows_per_s``: ``write_snapshot`` (canonical form, content hash, partitioned parquet, reference
    statistics, manifest) on the examples the joiner wrote, into a fresh folder.
-3. What the streaming features are worth: the synthetic stream with planted fraud (streams/synthetic.py, 2,000
-   users at 5 transactions/s, so a velocity burst stands out of a user's history) goes through Kafka, its
-   labelled transactions are backfilled point in time with the offline recompute (the feature job's windows),
-   and the demo model's config (offline_training/configs/fraud_mlp.yaml; 8 epochs in full runs) trains
+3. What the streaming features are worth: the fraud template's synthetic world with planted fraud
+   (loopline/templates/fraud/world.py, 2,000 users at 5 transactions/s, so a velocity burst stands out of a user's
+   history) goes through Kafka, its labelled transactions are backfilled point in time with the offline recompute
+   (the feature job's windows), and the demo model's config (the project's model/train.yaml; 8 epochs in full runs) trains
    twice on the same rows and time split: with the user's streaming features and the request fields, and with
    the request fields alone. ``auc_gain`` and ``auc_ratio`` are computed here from the two holdout AUCs.
 4. ``train_samples_per_s``: DeepSpeed on this CPU (ZeRO 1, 2 processes under torchrun, gloo), the streaming
@@ -52,9 +52,6 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, Producer
 from rich.console import Console
-from templates import LABELS, LabelEvent, SyntheticConfig, SyntheticStream  # noqa: E402, TRANSACTIONS
-
-from streams.world import Emitted
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -63,22 +60,29 @@ from feedback_loop.example_log import backfill_examples  # noqa: E402
 from feedback_loop.snapshots import examples_frame, write_snapshot  # noqa: E402
 from harness import private_stack, report  # noqa: E402  (this folder)
 from infra.service import tail, wait_until  # noqa: E402
-from loopline.components import feature_plan  # noqa: E402
+from loopline.components import feature_plan, project  # noqa: E402
 from loopline.job_processes import start_joiner, stop_process_group  # noqa: E402
-from loopline.retraining import BACKFILL_INPUTS, DEFAULT_TRAIN_CONFIG  # noqa: E402
+from loopline.project import world_of  # noqa: E402
+from loopline.retraining import DEFAULT_TRAIN_CONFIG  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from offline_training.ablation import train_arms  # noqa: E402
 from offline_training.gpu_plan import ModelShape, training_memory  # noqa: E402
-from offline_training.train_config import load_train_config  # noqa: E402
+from offline_training.train_config import TrainConfig, load_train_config  # noqa: E402
+from schemas.project import Project  # noqa: E402
 from schemas.records import PredictionRecord, TrainingExample  # noqa: E402
 from schemas.topics import DAY_MS, PREDICTIONS, TRAINING_EXAMPLES, TopicSpec  # noqa: E402
 from schemas.validation import decode, encode  # noqa: E402
 from streams.producer import EventProducer  # noqa: E402
 from streams.topics import apply_topics, read_topic  # noqa: E402
+from streams.world import Emitted  # noqa: E402
 
 console = Console()
-#: The synthetic stream of the comparison (see tests/test_streaming_value.py for why these knobs).
-STREAM, STREAM_SEED = SyntheticConfig(users=2_000, merchants=500, rate_per_s=5.0), 1
+#: The synthetic world of the comparison (see tests/test_streaming_value.py for why these knobs).
+STREAM, STREAM_SEED = {"users": 2_000, "merchants": 500, "rate_per_s": 5.0}, 1
+#: The inputs of the comparison (and of the joiner's predictions): a user's velocity, spend and novelty, and the amount
+#: asked about, as every earlier run measured them (tests/test_streaming_value.py's too).
+BACKFILL_INPUTS = (*(f"user_transaction_features:{name}" for name in ("txn_count_5m", "txn_count_1h", "amount_sum_1h", "amount_max_24h",
+                     "distinct_merchants_1h", "distinct_countries_24h", "secs_since_prev_txn")), "request:amount")  # fmt: skip
 REQUEST_INPUTS = [name for name in BACKFILL_INPUTS if name.startswith("request:")]
 CHECKPOINT_INTERVAL_MS = 1_000
 WARMUP_EVENTS = 500
@@ -106,20 +110,23 @@ class ExampleCounter:
         self.consumer.close()
 
 
-def _event_records(prefix: str, count: int) -> list[tuple[str, str, bytes]]:
-    """(topic, key, value) of ``count`` scored events: each prediction (the demo model's inputs) followed by its label."""
+def _event_records(declared: Project, prefix: str, count: int) -> list[tuple[str, str, bytes]]:
+    """(topic, key, value) of ``count`` scored events: each prediction (the comparison's inputs) followed by its label
+    (on the project's label topic)."""
     now = int(time.time() * 1000)
+    labels = declared.labels.topic
+    label_type = declared.contract(labels).record_type
     records = []
     for i in range(count):
         event = f"{prefix}-{i}"
         features = {name: float(i % 97) for name in BACKFILL_INPUTS}
         prediction = PredictionRecord(
             schema_version=1, request_id=f"req-{event}", entity_keys={"user_id": f"u{i % 2_000:06d}"}, features=features,
-            model_name="fraud", model_version="1", score=0.1, requested_at_ms=now - 5, scored_at_ms=now, event_id=event,
+            model_name=declared.spec.model.name, model_version="1", score=0.1, requested_at_ms=now - 5, scored_at_ms=now, event_id=event,
         )  # fmt: skip
-        label = LabelEvent(schema_version=1, event_id=event, user_id=f"u{i % 2_000:06d}", is_fraud=i % 10 == 0, label_time_ms=now,
+        label = label_type(schema_version=1, event_id=event, user_id=f"u{i % 2_000:06d}", is_fraud=i % 10 == 0, label_time_ms=now,
                            source="chargeback" if i % 10 == 0 else "manual_review")  # fmt: skip
-        records += [(PREDICTIONS.name, prediction.request_id, encode(prediction)), (LABELS.name, event, encode(label))]
+        records += [(PREDICTIONS.name, prediction.request_id, encode(prediction)), (labels, event, declared.encode(labels, label))]
     return records
 
 
@@ -136,36 +143,44 @@ def _produce(producer: Producer, records: list[tuple[str, str, bytes]]) -> None:
 
 
 def _backfill(settings: Settings, records: int):
-    """The synthetic stream's labelled transactions with their features recomputed point in time (snapshot columns)."""
-    bootstrap, run = settings.kafka.bootstrap, uuid.uuid4().hex[:6]
-    transactions = TopicSpec(f"bench.tx.{run}", TRANSACTIONS.record_type, key="user_id", partitions=2, retention_ms=7 * DAY_MS)
-    labels = TopicSpec(f"bench.labels.{run}", LABELS.record_type, key="event_id", partitions=1, retention_ms=7 * DAY_MS)
+    """The synthetic world's labelled transactions with their features recomputed point in time (snapshot columns)."""
+    bootstrap, run, declared = settings.kafka.bootstrap, uuid.uuid4().hex[:6], project(settings)
+    declared_topics = {spec.name: spec for spec in declared.topics}
+    scored, labelled = declared_topics[declared.spec.scored_event.topic], declared_topics[declared.labels.topic]
+    transactions = TopicSpec(f"bench.tx.{run}", scored.record_type, key=scored.key, partitions=2, retention_ms=7 * DAY_MS)
+    labels = TopicSpec(f"bench.labels.{run}", labelled.record_type, key=labelled.key, partitions=1, retention_ms=7 * DAY_MS)
     apply_topics(bootstrap, [transactions, labels])
     # Yesterday's midnight (UTC): every window bucket falls where it does on any day, so the examples are the same.
     start_ms = (int(time.time() * 1000) // DAY_MS - 1) * DAY_MS
-    routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
-    stream = SyntheticStream(STREAM, seed=STREAM_SEED, start_ms=start_ms)
+    routed = {scored.name: transactions.name, labelled.name: labels.name}
+    stream = world_of(declared, STREAM_SEED, start_ms, **STREAM)
     EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in itertools.islice(stream, records))
-    plan = feature_plan(settings).reading(transactions.name)
-    return backfill_examples(plan, read_topic(bootstrap, transactions.name), read_topic(bootstrap, labels.name), BACKFILL_INPUTS)
+    plan = feature_plan(settings).reading({scored.name: transactions.name})
+    return backfill_examples(plan, declared, {transactions.name: read_topic(bootstrap, transactions.name)}, read_topic(bootstrap, labels.name),
+                             BACKFILL_INPUTS, scored_topic=transactions.name)  # fmt: skip
 
 
-def _train_config(folder: Path, epochs: int | None, ds_config: str | None = None, hidden: tuple[int, ...] | None = None) -> Path:
-    """The demo model's config, with ``epochs`` (and ``ds_config``, ``hidden``) replaced, written to ``folder``."""
-    config = load_train_config(DEFAULT_TRAIN_CONFIG)
+def _demo_config(settings: Settings) -> TrainConfig:
+    """The demo model's training config: the project's (``model.train_config``), else Loopline's default."""
+    return load_train_config(settings.feedback.train_config or DEFAULT_TRAIN_CONFIG)
+
+
+def _train_config(folder: Path, config: TrainConfig, epochs: int | None, ds_config: str | None = None,
+                  hidden: tuple[int, ...] | None = None) -> Path:  # fmt: skip
+    """The demo model's ``config``, with ``epochs`` (and ``ds_config``, ``hidden``) replaced, written to ``folder``."""
     changes = {"epochs": epochs or config.epochs, "ds_config": Path(ds_config or config.ds_config), "hidden": hidden or config.hidden}
     path = folder / f"train-{changes['epochs']}-{changes['ds_config'].stem}-{'x'.join(map(str, changes['hidden']))}.yaml"
     path.write_text(json.dumps(config.model_copy(update=changes).model_dump(mode="json")))  # JSON is YAML
     return path
 
 
-def _memory_against_plan(frame, work: Path, stage: int) -> dict:
+def _memory_against_plan(frame, work: Path, demo: TrainConfig, stage: int) -> dict:
     """Train the demo's model and the wide memory model, each one epoch on ``MEMORY_ROWS`` rows with ZeRO ``stage``;
     the most a rank's resident memory grew while training (metrics.json) for the wide one, less the same for the
     demo's (torch's and DeepSpeed's own start-up, like for like), against ``plan-gpu``'s fp32 estimate."""
     grown = {}
     for name, hidden in (("demo", None), ("wide", MEMORY_HIDDEN)):
-        config = _train_config(work, 1, f"infra/deepspeed/zero{stage}.json", hidden)
+        config = _train_config(work, demo, 1, f"infra/deepspeed/zero{stage}.json", hidden)
         arm = f"memory_{name}_zero{stage}"
         grown[name] = train_arms(frame.head(MEMORY_ROWS), {arm: BACKFILL_INPUTS}, work / arm, config)[arm].metrics
     metrics = grown["wide"]
@@ -189,14 +204,14 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="loopline-bench-training-"))
 
     with private_stack(console, "loopline-bench-training-") as settings:
-        bootstrap = settings.kafka.bootstrap
+        bootstrap, declared, demo = settings.kafka.bootstrap, project(settings), _demo_config(settings)
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
         counter = ExampleCounter(bootstrap)
         log = work / "joiner.log"
         launched = time.monotonic()
         joiner = start_joiner(settings, log, LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS=str(CHECKPOINT_INTERVAL_MS))
         try:
-            _produce(producer, _event_records("warmup", WARMUP_EVENTS))
+            _produce(producer, _event_records(declared, "warmup", WARMUP_EVENTS))
             # The job starts (unmeasured) while the comparison's examples are backfilled beside it.
             with console.status(f"backfilling {records:,} synthetic records while the joiner starts"):
                 frame = _backfill(settings, records)
@@ -206,7 +221,7 @@ def main() -> None:
                 ):
                     raise SystemExit(f"the joiner did not start within {START_TIMEOUT_S:.0f} s; its log:\n" + "\n".join(tail(log, 30)))
             figures["joiner_startup_s"] = round(time.monotonic() - launched, 1)
-            batch = _event_records(f"bench-{uuid.uuid4().hex[:6]}", events)
+            batch = _event_records(declared, f"bench-{uuid.uuid4().hex[:6]}", events)
             with console.status(f"joining {events:,} events ({len(batch):,} records)"):
                 started = time.monotonic()
                 _produce(producer, batch)
@@ -227,12 +242,12 @@ def main() -> None:
             rows = examples_frame(examples)
             started = time.monotonic()
             manifest = write_snapshot(rows, str(work / "snapshots"), kind="feedback", source={"benchmark": True},
-                                      time_range={"from_ms": None, "to_ms": None})  # fmt: skip
+                                      time_range={"from_ms": None, "to_ms": None}, label_kind=declared.labels.kind)  # fmt: skip
             seconds = time.monotonic() - started
         figures |= {"snapshot_rows_per_s": round(manifest.rows / seconds), "snapshot_rows": manifest.rows,
                     "snapshot_seconds": round(seconds, 3)}  # fmt: skip
 
-    config = _train_config(work, epochs)
+    config = _train_config(work, demo, epochs)
     arms = {"streaming": BACKFILL_INPUTS, "no_streaming": REQUEST_INPUTS}
     with console.status(f"training twice (DeepSpeed ZeRO 1, 2 processes, {load_train_config(config).epochs} epochs) on {len(frame):,} rows"):
         started = time.monotonic()
@@ -246,12 +261,12 @@ def main() -> None:
         "train_rows": streaming.metrics["rows"]["train"], "holdout_rows": streaming.metrics["rows"]["holdout"],
         "holdout_positives": int(frame.sort_values(["predicted_at_ms", "event_id"])["label"].tail(streaming.metrics["rows"]["holdout"]).sum()),
         "epochs": streaming.metrics["epochs"], "synthetic_records": records, "two_trainings_wall_s": round(training_wall, 1),
-        "holdout_auc_streaming": round(streaming.holdout_auc, 4), "holdout_auc_no_streaming": round(no_streaming.holdout_auc, 4),
-        "auc_gain": round(streaming.holdout_auc - no_streaming.holdout_auc, 4),
-        "auc_ratio": round(streaming.holdout_auc / no_streaming.holdout_auc, 3),
+        "holdout_auc_streaming": round(streaming.holdout("auc"), 4), "holdout_auc_no_streaming": round(no_streaming.holdout("auc"), 4),
+        "auc_gain": round(streaming.holdout("auc") - no_streaming.holdout("auc"), 4),
+        "auc_ratio": round(streaming.holdout("auc") / no_streaming.holdout("auc"), 3),
     }  # fmt: skip
     if not args.quick:
-        zero2 = _train_config(work, epochs, "infra/deepspeed/zero2.json")
+        zero2 = _train_config(work, demo, epochs, "infra/deepspeed/zero2.json")
         with console.status("training once more with ZeRO 2"):
             figures["train_samples_per_s_zero2"] = train_arms(frame, {"zero2": BACKFILL_INPUTS}, work / "zero2", zero2)["zero2"].metrics[
                 "samples_per_second"
@@ -259,7 +274,7 @@ def main() -> None:
 
     with console.status(f"peak training memory of a {'x'.join(map(str, MEMORY_HIDDEN))} MLP against plan-gpu (ZeRO 1 and 2)"):
         for stage in (1, 2):
-            figures |= _memory_against_plan(frame, work, stage)
+            figures |= _memory_against_plan(frame, work, demo, stage)
 
     quick = f"quick mode: {events:,} events" if args.quick else f"{events:,} events"
     anchors = {

@@ -226,10 +226,15 @@ def apply_all(
     topics: Annotated[bool, typer.Option(help="Also `topics apply`; --no-topics where an operator owns the topics (Strimzi's "
                                          "KafkaTopics).")] = True,
 ) -> None:
-    """`feast apply` on the feature repo (the Feast registry and Redis of these settings), then `topics apply`."""
-    from feature_store.config import apply_definitions
+    """`feast apply` on the feature repo (the Feast registry and Redis of these settings), then `topics apply`. The
+    stream feature views are compiled against the project's contracts first: what the engine cannot compute is
+    refused before anything is registered, naming the view."""
+    from feature_store.config import apply_definitions, repo_stream_views
+    from streams.feature_plan import compile_plan
 
     config = settings()
+    plan = compile_plan(repo_stream_views(config.repo_path), project(config))
+    console.print(f"the streaming plan: {len(plan.views)} views over {', '.join(plan.topics)}", highlight=False)
     views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path, redis_cluster=config.redis_cluster)
     console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
     if topics:

@@ -8,13 +8,17 @@ import uuid
 
 import pytest
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
-from templates import TRANSACTIONS, TransactionEvent
+from templates import FRAUD, TRANSACTIONS, TransactionEvent
 
 from infra.service import wait_until
 from schemas import DeadLetterRecord, Record
 from schemas.topics import DEAD_LETTERS, TOPICS, TopicSpec
+from schemas.validation import decode
 from streams.topics import TopicSpecError, apply_topics
 from streams.validating_consumer import ValidatingConsumer
+
+#: The fraud project's transactions, read by their contract.
+TRANSACTION_DECODER = {TRANSACTIONS.name: FRAUD.decoder(TRANSACTIONS.name)}
 
 
 def kcat(bootstrap: str, *args: str, stdin: str | None = None) -> str:
@@ -31,7 +35,8 @@ def test_applied_topics_are_visible_to_kcat(bootstrap: str) -> None:
 
 
 def test_topics_apply_is_idempotent_and_repairs_drift(bootstrap: str) -> None:
-    assert {change.action for change in apply_topics(bootstrap, TOPICS)} == {"unchanged"}
+    topics = (*FRAUD.topics, *TOPICS)  # the session's project's and Loopline's own, as `loopline topics apply` applies them
+    assert {change.action for change in apply_topics(bootstrap, topics)} == {"unchanged"}
     admin = AdminClient({"bootstrap.servers": bootstrap})
     drifted = ConfigResource(
         ConfigResource.Type.TOPIC,
@@ -44,10 +49,10 @@ def test_topics_apply_is_idempotent_and_repairs_drift(bootstrap: str) -> None:
     assert wait_until(
         lambda: admin.describe_configs([described])[described].result()["retention.ms"].value == "1000", 10.0
     )
-    changes = {change.topic: change for change in apply_topics(bootstrap, TOPICS)}
+    changes = {change.topic: change for change in apply_topics(bootstrap, topics)}
     assert changes[TRANSACTIONS.name].action == "updated"
     assert f"retention.ms={TRANSACTIONS.retention_ms}" in changes[TRANSACTIONS.name].detail
-    assert {change.action for change in apply_topics(bootstrap, TOPICS)} == {"unchanged"}
+    assert {change.action for change in apply_topics(bootstrap, topics)} == {"unchanged"}
 
 
 def test_fewer_partitions_than_the_topic_has_is_refused(bootstrap: str) -> None:
@@ -78,7 +83,7 @@ def test_kcat_events_are_validated_and_bad_ones_dead_lettered(bootstrap: str) ->
     kcat(bootstrap, "-P", "-t", TRANSACTIONS.name, "-p", "3", "-K", "|", stdin=lines)
 
     seen: list[Record] = []
-    consumer = ValidatingConsumer(bootstrap, f"test-{uuid.uuid4()}", [TRANSACTIONS], DEAD_LETTERS.name, "test-validator")
+    consumer = ValidatingConsumer(bootstrap, f"test-{uuid.uuid4()}", TRANSACTION_DECODER, DEAD_LETTERS.name, "test-validator")
     try:
         counts = consumer.run_until_caught_up(timeout_s=60, on_valid=lambda _t, record: seen.append(record))
     finally:
@@ -88,7 +93,8 @@ def test_kcat_events_are_validated_and_bad_ones_dead_lettered(bootstrap: str) ->
     assert counts[TRANSACTIONS.name].dead_lettered >= 2
 
     letters: list[DeadLetterRecord] = []
-    reader = ValidatingConsumer(bootstrap, f"test-{uuid.uuid4()}", [DEAD_LETTERS], DEAD_LETTERS.name, "test-reader")
+    reader = ValidatingConsumer(bootstrap, f"test-{uuid.uuid4()}", {DEAD_LETTERS.name: lambda b: decode(DeadLetterRecord, b)},
+                                DEAD_LETTERS.name, "test-reader")  # fmt: skip
     try:
         reader.run_until_caught_up(timeout_s=60, on_valid=lambda _t, record: letters.append(record))
     finally:
@@ -106,7 +112,7 @@ def test_kcat_events_are_validated_and_bad_ones_dead_lettered(bootstrap: str) ->
 
 def test_committed_offsets_mean_nothing_is_read_twice(bootstrap: str) -> None:
     group = f"test-{uuid.uuid4()}"
-    first = ValidatingConsumer(bootstrap, group, [TRANSACTIONS], DEAD_LETTERS.name)
+    first = ValidatingConsumer(bootstrap, group, TRANSACTION_DECODER, DEAD_LETTERS.name)
     try:
         first.run_until_caught_up(timeout_s=60)
     finally:
@@ -114,7 +120,7 @@ def test_committed_offsets_mean_nothing_is_read_twice(bootstrap: str) -> None:
     event_id = str(uuid.uuid4())
     kcat(bootstrap, "-P", "-t", TRANSACTIONS.name, "-K", "|", stdin=f"u-kcat|{json.dumps(_transaction(event_id))}\n")
     seen: list[Record] = []
-    second = ValidatingConsumer(bootstrap, group, [TRANSACTIONS], DEAD_LETTERS.name)
+    second = ValidatingConsumer(bootstrap, group, TRANSACTION_DECODER, DEAD_LETTERS.name)
     try:
         counts = second.run_until_caught_up(timeout_s=60, on_valid=lambda _t, record: seen.append(record))
     finally:

@@ -30,7 +30,7 @@ from loopline import cli
 from loopline.components import model_release, release_controller
 from loopline.project import template_path
 from loopline.serving import build_scorer, model_watcher
-from loopline.settings import Settings
+from loopline.settings import Settings, settings_environment
 from offline_training.onnx_models import write_linear_model
 from offline_training.release import ModelRelease, ReleaseError
 from offline_training.release_controller import ACTOR, ReleaseController, scrape
@@ -562,28 +562,27 @@ def _trained_elsewhere(path: Path, inputs: list[str], logits: bool = False) -> P
     return path
 
 
-def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_and_rolled_back_like_a_trained_one(
+def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_promoted_and_rolled_back_like_a_trained_one(
         served, models, run_cli, tmp_path: Path) -> None:  # fmt: skip
     settings, release = served
     name = settings.serving.model_name
-    env = {"LOOPLINE_SERVING__MODEL_NAME": name, "LOOPLINE_MODEL_REGISTRY__TRACKING_URI": settings.model_registry.tracking_uri,
-           "LOOPLINE_PROJECT": str(settings.project_path)}  # fmt: skip
-    if settings.model_registry.artifact_location:
-        env["LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION"] = str(settings.model_registry.artifact_location)
+    env = {k: v for k, v in settings_environment(settings).items() if k.startswith("LOOPLINE_")}  # the CLI on these settings
     prod = release.register(name, models["a"])
     release.set_alias(name, PROD_ALIAS, prod, "test")
 
     # Refused, each with its reason, and nothing registered: an input the project does not declare, and scores that
     # are no probabilities for the project's binary label.
-    misnamed = _trained_elsewhere(tmp_path / "misnamed.onnx", [*INPUTS[:3], "request:amount_eur"])
-    code, output, _ = run_cli(["models", "register", str(misnamed)], env)
-    assert code == 2 and "declares no request:amount_eur" in output, output
-    code, output, _ = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "logits.onnx", INPUTS, logits=True))], env)
-    assert code == 2 and "scores are not probabilities" in output, output
-    assert [v.version for v in release.client.search_model_versions(f"name='{name}'")] == [prod]
+    def refused(path: Path) -> str:
+        code, output, _ = run_cli(["models", "register", str(path)], env)
+        assert code == 2, output
+        return " ".join(output.replace("│", " ").split())  # the error's words, out of its box
 
-    code, output, _ = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "elsewhere.onnx", INPUTS))], env)
-    assert code == 0 and f"registered {name} v2" in output and "request:amount (number)" in output, output
+    assert "declares no request:amount_eur" in refused(_trained_elsewhere(tmp_path / "misnamed.onnx", [*INPUTS[:3], "request:amount_eur"]))
+    assert "scores are not probabilities" in refused(_trained_elsewhere(tmp_path / "logits.onnx", INPUTS, logits=True))
+    assert [str(v.version) for v in release.client.search_model_versions(f"name='{name}'")] == [prod], "nothing registered"
+
+    code, output, error = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "elsewhere.onnx", INPUTS))], env)
+    assert code == 0 and f"registered {name} v2" in output and "request:amount (number)" in output, (output, error)
     canary = "2"
     scorer = build_scorer(settings)
     predictions = LogReader(settings.kafka.bootstrap, PREDICTIONS.name, from_end=True)
@@ -600,8 +599,12 @@ def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_and_rolled_ba
             assert wait_until(lambda: len(logged()) > 0, 30, 0.2), "the canary's predictions were not logged"
             assert all(set(r.features) == set(INPUTS) and 0 <= r.score <= 1 for r in logged())
 
-            code, output, _ = run_cli(["rollback", "--reason", "trained elsewhere, tried"], env)
-            assert code == 0, output
+            # Promoted, then rolled back, each in one command.
+            assert run_cli(["models", "promote", canary, "--reason", "held as a canary"], env)[0] == 0
+            assert wait_until(lambda: _serving(url) == {PROD_ALIAS: canary}, 30, 0.05), "the promoted version never took prod"
+            assert set(_score(url, 20)) == {(200, canary)}
+            code, output, error = run_cli(["rollback", "--reason", "trained elsewhere, tried"], env)
+            assert code == 0, (output, error)
             assert release.aliases(name) == {PROD_ALIAS: prod}
             assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod}, 30, 0.05), "the rolled-back canary kept serving"
             assert set(_score(url, 20)) == {(200, prod)}

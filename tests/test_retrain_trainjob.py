@@ -323,13 +323,13 @@ def test_the_trigger_pod_mounts_what_the_code_reads(rendered: dict[str, list[dic
 
 
 def _bad_examples(count: int, model: str, version: str, now_ms: int) -> list[TrainingExample]:
-    """``count`` labeled examples of ``model`` v``version`` scored in the last hour, half fraud, scores noise (AUC ~0.5)."""
+    """``count`` labeled examples of ``model`` v``version`` scored in the last hour, half positive, scores noise (AUC ~0.5)."""
     rng = np.random.default_rng(3)
     return [
         TrainingExample(
             schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"tj-{i}", request_id=f"tj-req-{i}",
             entity_keys={"user_id": f"u{i}"}, features={"request:amount": float(rng.lognormal(3, 1))}, model_name=model,
-            model_version=version, score=float(rng.random()), label=i % 2 == 0, requested_at_ms=now_ms - 3_600_000 + i,
+            model_version=version, score=float(rng.random()), label=float(i % 2 == 0), requested_at_ms=now_ms - 3_600_000 + i,
             predicted_at_ms=now_ms - 3_600_000 + i + 3, label_time_ms=now_ms, joined_at_ms=now_ms,
         )  # fmt: skip
         for i in range(count)
