@@ -638,9 +638,8 @@ class Settings(BaseSettings):
         return (self.home / "run").absolute()
 
 
-class _ProjectSource(PydanticBaseSettingsSource):
-    """The project's serving budget, model, labels and training config as settings, beneath every explicit source:
-    what the domain declares is the default an operator may still override."""
+class _DerivedSource(PydanticBaseSettingsSource):
+    """Settings derived from what the explicit sources (arguments, environment, settings file) say, beneath them."""
 
     def __init__(self, settings_cls: type[BaseSettings], explicit: tuple[PydanticBaseSettingsSource, ...]) -> None:
         super().__init__(settings_cls)
@@ -649,11 +648,20 @@ class _ProjectSource(PydanticBaseSettingsSource):
     def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
         return None, field_name, False
 
+    def explicit_value(self, name: str) -> Any:
+        """The top-level setting ``name`` as the first explicit source giving it says (None if none does)."""
+        return next((source().get(name) for source in self.explicit if source().get(name)), None)
+
+
+class _ProjectSource(_DerivedSource):
+    """The project's serving budget, model, labels and training config as settings, beneath every explicit source:
+    what the domain declares is the default an operator may still override."""
+
     def __call__(self) -> dict[str, Any]:
         from loopline.project import loaded_project
         from schemas.project import duration_ms, find_project
 
-        named = next((source().get("project") for source in self.explicit if source().get("project")), None)
+        named = self.explicit_value("project")
         path = Path(named) if named else find_project(Path.cwd())
         if path is None or not (path / "loopline_project.yaml").is_file():
             return {}
@@ -665,20 +673,11 @@ class _ProjectSource(PydanticBaseSettingsSource):
         return {"serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms}, "feedback": feedback}
 
 
-class _StackShapeSource(PydanticBaseSettingsSource):
+class _StackShapeSource(_DerivedSource):
     """The remembered stack shape (``STACK_SHAPE_FILE`` under the home the explicit sources name), as settings."""
 
-    def __init__(self, settings_cls: type[BaseSettings], explicit: tuple[PydanticBaseSettingsSource, ...]) -> None:
-        super().__init__(settings_cls)
-        self.explicit = explicit
-
-    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
-        return None, field_name, False
-
     def __call__(self) -> dict[str, Any]:
-        homes = (source().get("home") for source in self.explicit)
-        home = Path(next((home for home in homes if home), settings_default("home")))
-        return read_stack_shape(home)
+        return read_stack_shape(Path(self.explicit_value("home") or settings_default("home")))
 
 
 def settings_default(name: str) -> Any:

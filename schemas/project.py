@@ -21,10 +21,10 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schemas.contracts import ContractError, EventContract, load_contract
 from schemas.topics import TopicSpec
@@ -48,6 +48,15 @@ def duration_ms(text: str | int | float) -> int:
     return int(float(match.group(1)) * _UNIT_MS[match.group(2)])
 
 
+def _checked_duration(text: str) -> str:
+    duration_ms(text)
+    return text
+
+
+#: A duration as the project file writes it ("7d", "90s"), checked when read.
+Duration = Annotated[str, AfterValidator(_checked_duration)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -60,13 +69,7 @@ class TopicDeclaration(_Strict):
     format: Literal["json", "avro"] = Field(default="json", description="How its events are encoded: JSON objects, or Avro "
                                             "binary of the contract (a Kafka source over it says the same: JsonFormat, AvroFormat).")
     partitions: int = Field(default=6, ge=1)
-    retention: str = Field(default="7d", description="How long Kafka keeps its events: also how far back a rebuild can read.")
-
-    @field_validator("retention")
-    @classmethod
-    def _duration(cls, value: str) -> str:
-        duration_ms(value)
-        return value
+    retention: Duration = Field(default="7d", description="How long Kafka keeps its events: also how far back a rebuild can read.")
 
 
 class LabelDeclaration(_Strict):
@@ -76,16 +79,10 @@ class LabelDeclaration(_Strict):
     joins_on: str = Field(description="The label field naming the scored event: a score request's event_id.")
     value: str = Field(description="The label field holding the outcome.")
     kind: Literal["binary", "numeric"] = Field(description="binary: a boolean outcome (classification); numeric: a number (regression).")
-    horizon: str = Field(default="7d", description="How long a prediction waits for its label; then it is unlabeled.")
+    horizon: Duration = Field(default="7d", description="How long a prediction waits for its label; then it is unlabeled.")
     time: str | None = Field(default=None, description="The label field holding when the outcome was known (epoch ms); "
                              "default: the label's Kafka timestamp.")  # fmt: skip
     source: str | None = Field(default=None, description="A label field saying where the outcome came from (kept with the example).")
-
-    @field_validator("horizon")
-    @classmethod
-    def _duration(cls, value: str) -> str:
-        duration_ms(value)
-        return value
 
 
 class ScoredEventDeclaration(_Strict):

@@ -16,6 +16,9 @@ interface, so a demo, a fault drill or a benchmark runs on any project that ship
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -52,6 +55,32 @@ class WorldConfig:
     malformed_rate: float = 0.0
     label_delay_s: tuple[float, float] = (5.0, 120.0)
     knobs: Mapping[str, Any] = field(default_factory=dict)
+
+    def event_time(self, rng: random.Random, now_ms: int) -> int:
+        """An event's time as producers stamp it: usually now, sometimes a little behind (out of order, up to
+        ``max_out_of_order_s``), rarely far behind (late, by ``late_by_s``)."""
+        draw = rng.random()
+        if draw < self.late_rate:
+            return now_ms - int(rng.uniform(*self.late_by_s) * 1000)
+        if draw < self.late_rate + self.out_of_order_rate:
+            return now_ms - int(rng.uniform(0, self.max_out_of_order_s) * 1000)
+        return now_ms
+
+
+class Later:
+    """Records a world publishes later than it makes them (labels, a burst's next events), in emission order."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, Emitted]] = []
+        self._sequence = itertools.count()
+
+    def add(self, emitted: Emitted) -> None:
+        heapq.heappush(self._heap, (emitted.emit_at_ms, next(self._sequence), emitted))
+
+    def due(self, now_ms: int) -> Iterator[Emitted]:
+        """The records due by ``now_ms``, earliest first (in the order added, at the same time)."""
+        while self._heap and self._heap[0][0] <= now_ms:
+            yield heapq.heappop(self._heap)[2]
 
 
 class World(Protocol):

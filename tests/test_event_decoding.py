@@ -8,20 +8,15 @@ UTF-8 or not JSON, nesting around the depth limit, lone surrogates, and Avro rec
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from jvm_driver import JvmDriver, jvm_driver
 
-from infra.jars import operator_libraries
-from loopline.settings import Settings
 from schemas.contracts import MAX_JSON_DEPTH, ContractError, parse_contract
 from schemas.validation import ContractViolation
-from streams.operators_jar import SOURCES, flink_classpath, operators_jar
 
-DRIVER = Path(__file__).with_name("jvm")
 CONTRACT = parse_contract({
     "type": "record", "name": "probe", "fields": [
         {"name": "id", "type": "string", "constraints": {"minLength": 1, "maxLength": 8}},
@@ -40,37 +35,22 @@ CONTRACT = parse_contract({
 
 
 class Replay:
-    """The Java driver (``ContractReplay``), one process for the module."""
+    """The Java driver (``ContractReplay``) holding ``CONTRACT``."""
 
-    def __init__(self, jar: Path) -> None:
-        self.process = subprocess.Popen(["java", "-cp", f"{jar}:{flink_classpath()}", "dev.loopline.streams.ContractReplay"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8")  # fmt: skip
-        self._send(f"contract {CONTRACT.jvm_spec()}")
-
-    def _send(self, line: str) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.write(line + "\n")
-        self.process.stdin.flush()
+    def __init__(self, driver: JvmDriver) -> None:
+        self.driver = driver
+        driver.tell(f"contract {CONTRACT.jvm_spec()}")
 
     def decode(self, payload: bytes, wire: str) -> tuple[str, object]:
         """("ok", the values) or ("invalid", the field at fault), as the JVM decides."""
-        self._send(f"decode {wire} {payload.hex()}")
-        assert self.process.stdout is not None
-        verdict, _, rest = self.process.stdout.readline().rstrip("\n").partition(" ")
+        verdict, _, rest = self.driver.ask(f"decode {wire} {payload.hex()}").partition(" ")
         return verdict, json.loads(rest) if verdict == "ok" else rest
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory: pytest.TempPathFactory):
-    libraries = operator_libraries(Settings().resolved_jars_dir)
-    driver = Replay(operators_jar(tmp_path_factory.mktemp("contract"), libraries, (SOURCES, DRIVER), "contract-replay"))
-    yield driver
-    driver.close()
+    with jvm_driver(tmp_path_factory.mktemp("contract"), "ContractReplay") as driver:
+        yield Replay(driver)
 
 
 def python_verdict(payload: bytes, wire: str) -> tuple[str, object]:

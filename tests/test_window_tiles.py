@@ -10,20 +10,15 @@ window is empty.
 
 from __future__ import annotations
 
-import subprocess
-from pathlib import Path
-
 import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jvm_driver import JvmDriver, jvm_driver
 from templates import EVENT_TIME, view_plan
 from window_definition import steps_by_definition, window_by_definition
 
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, Window, view_windows
-from infra.jars import operator_libraries
-from loopline.settings import Settings
-from streams.operators_jar import SOURCES, flink_classpath, operators_jar
 from streams.recompute import recompute, same_feature_value
 
 START = 1_790_000_000_000
@@ -32,39 +27,27 @@ AMOUNTS = st.one_of(
     st.integers(0, 10**8).map(lambda i: (i + 0.5) / SCALE),  # on a half of 1/SCALE: rounds to even
     st.integers(2**52, 2**53).map(lambda i: i / SCALE),  # two of them total past 2**53 (in 1/SCALE)
 )
-DRIVER = Path(__file__).with_name("jvm")
 
 
 class Replay:
-    """The Java driver (``WindowsReplay``), one process for the module."""
+    """The Java driver (``WindowsReplay``)."""
 
-    def __init__(self, jar: Path) -> None:
-        self.process = subprocess.Popen(["java", "-cp", f"{jar}:{flink_classpath()}", "dev.loopline.streams.WindowsReplay"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    def __init__(self, driver: JvmDriver) -> None:
+        self.driver = driver
 
     def run(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[bytes], list]:
         """Each window's steps and each aggregation's finished value after absorbing ``events`` in their order."""
         spec = ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms},{a.slide_ms}" for a in aggregations)
-        lines = [f"plan {spec}", *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read"]
-        assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.write("\n".join(lines) + "\n")
-        self.process.stdin.flush()
-        steps, finished = self.process.stdout.readline().split("|")
+        answer = self.driver.ask(f"plan {spec}", *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read")
+        steps, finished = answer.split("|")
         values = [None if v == "null" else float(v) if "." in v or "E" in v else int(v) for v in finished.split()]
         return [bytes.fromhex(hexed) for hexed in steps.split()], values
-
-    def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
-        self.process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def replay(tmp_path_factory: pytest.TempPathFactory):
-    libraries = operator_libraries(Settings().resolved_jars_dir)
-    driver = Replay(operators_jar(tmp_path_factory.mktemp("replay"), libraries, (SOURCES, DRIVER), "window-replay"))
-    yield driver
-    driver.close()
+    with jvm_driver(tmp_path_factory.mktemp("replay"), "WindowsReplay") as driver:
+        yield Replay(driver)
 
 
 @st.composite

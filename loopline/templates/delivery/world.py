@@ -18,7 +18,6 @@ Its knobs beside the common ones (``streams/world.py``): ``restaurants``, ``cour
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import math
@@ -33,7 +32,7 @@ from schemas.project import Project
 from schemas.records import ScoreRequest
 from schemas.topics import SCORE_REQUESTS
 from schemas.validation import encode
-from streams.world import Emitted, WorldConfig
+from streams.world import Emitted, Later, WorldConfig
 
 ORDERS, LOCATIONS, DELIVERIES = "events.orders", "events.courier_locations", "events.deliveries"
 
@@ -102,14 +101,10 @@ class DeliveryWorld:
         self._couriers = [_Courier(f"c{i:04d}", rng.randrange(knobs.zones), rng.lognormvariate(math.log(18.0), 0.25))
                           for i in range(knobs.couriers)]  # fmt: skip
         self._kitchen: dict[str, deque[int]] = {}
-        self._pending: list[tuple[int, int, Emitted]] = []
-        self._sequence = itertools.count()
+        self._later = Later()
 
     def _uuid(self) -> str:
         return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
-
-    def _schedule(self, emitted: Emitted) -> None:
-        heapq.heappush(self._pending, (emitted.emit_at_ms, next(self._sequence), emitted))
 
     def _distance(self, a: int, b: int) -> int:
         """Blocks between two zones of the grid."""
@@ -118,15 +113,6 @@ class DeliveryWorld:
     def _neighbour(self, zone: int) -> int:
         candidates = [z for z in range(self.knobs.zones) if self._distance(zone, z) == 1]
         return self._rng.choice(candidates) if candidates else zone
-
-    def _event_time(self, now_ms: int) -> int:
-        """Event time: usually now, sometimes a little behind (out of order), rarely far behind (late)."""
-        draw = self._rng.random()
-        if draw < self.config.late_rate:
-            return now_ms - int(self._rng.uniform(*self.config.late_by_s) * 1000)
-        if draw < self.config.late_rate + self.config.out_of_order_rate:
-            return now_ms - int(self._rng.uniform(0, self.config.max_out_of_order_s) * 1000)
-        return now_ms
 
     def _ping(self, now_ms: int) -> Emitted:
         rng = self._rng
@@ -137,7 +123,7 @@ class DeliveryWorld:
             return Emitted(LOCATIONS, courier.courier_id, broken, now_ms, None)
         if rng.random() < 0.05:
             courier.zone = self._neighbour(courier.zone)
-        location = self._location(courier, now_ms, self._event_time(now_ms))
+        location = self._location(courier, now_ms, self.config.event_time(self._rng, now_ms))
         return Emitted(LOCATIONS, courier.courier_id, self.project.encode(LOCATIONS, location), now_ms, location)
 
     def _location(self, courier: _Courier, now_ms: int, at_ms: int):
@@ -168,7 +154,7 @@ class DeliveryWorld:
         items = min(100, 1 + int(rng.expovariate(0.5)))
         price, cuisine_minutes = CUISINES[restaurant.cuisine]
         order = self._order_type(
-            order_id=self._uuid(), placed_at_ms=self._event_time(now_ms), restaurant_id=restaurant.restaurant_id,
+            order_id=self._uuid(), placed_at_ms=self.config.event_time(self._rng, now_ms), restaurant_id=restaurant.restaurant_id,
             customer_id=f"k{rng.randrange(50_000):05d}", courier_id=courier.courier_id, zone=zone_name(zone), items=items,
             subtotal=round(items * price * rng.lognormvariate(0.0, 0.2), 2), cuisine=restaurant.cuisine,
             note=rng.choice(["ring twice", "no onions", "leave at the door"]) if rng.random() < 0.1 else None,
@@ -187,7 +173,7 @@ class DeliveryWorld:
         at = placed_ms + int(self._rng.uniform(*self.config.label_delay_s) * 1000)
         delivery = self._delivery_type(order_id=order.order_id, courier_id=order.courier_id, delivered_at_ms=at,
                                        minutes_to_deliver=round(minutes, 2))  # fmt: skip
-        self._schedule(Emitted(DELIVERIES, order.order_id, self.project.encode(DELIVERIES, delivery), at, delivery))
+        self._later.add(Emitted(DELIVERIES, order.order_id, self.project.encode(DELIVERIES, delivery), at, delivery))
 
     def _malformed_order(self, now_ms: int, restaurant: _Restaurant) -> Emitted:
         """A broken order of one of the kinds real producers send."""
@@ -215,8 +201,7 @@ class DeliveryWorld:
         while True:
             clock += self._rng.expovariate(rate_per_ms)
             now_ms = int(clock)
-            while self._pending and self._pending[0][0] <= now_ms:
-                yield heapq.heappop(self._pending)[2]
+            yield from self._later.due(now_ms)
             yield self._ping(now_ms) if self._rng.random() < self.knobs.ping_share else self._order(now_ms)
 
     def score_request(self, emitted: Emitted, request_id: str, skew: Mapping[str, float]) -> ScoreRequest | None:

@@ -20,7 +20,6 @@ Its knobs beside the common ones (``streams/world.py``): ``users``, ``merchants`
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import random
@@ -34,7 +33,7 @@ from schemas.project import Project
 from schemas.records import ScoreRequest
 from schemas.topics import SCORE_REQUESTS
 from schemas.validation import encode
-from streams.world import Emitted, WorldConfig
+from streams.world import Emitted, Later, WorldConfig
 
 TRANSACTIONS, LABELS = "events.transactions", "events.labels"
 
@@ -126,20 +125,16 @@ class FraudWorld:
         # Long-run average rate equals rate_per_s despite bursts.
         self._base_rate = config.rate_per_s / (1 + _BURST_SHARE * (_BURST_FACTOR - 1))
         self._burst_until_ms = -1
-        self._pending: list[tuple[int, int, Emitted]] = []  # (emit_at_ms, tie-break, record)
-        self._sequence = itertools.count()
+        self._later = Later()
 
     def _uuid(self) -> str:
         return str(uuid.UUID(int=self._rng.getrandbits(128), version=4))
-
-    def _schedule(self, emitted: Emitted) -> None:
-        heapq.heappush(self._pending, (emitted.emit_at_ms, next(self._sequence), emitted))
 
     def _transaction(self, now_ms: int, user: _User, merchant: _Merchant, amount: float, channel: str) -> Emitted:
         event = self._transaction_type(
             schema_version=1,
             event_id=self._uuid(),
-            event_time_ms=self._event_time(now_ms),
+            event_time_ms=self.config.event_time(self._rng, now_ms),
             user_id=user.user_id,
             merchant_id=merchant.merchant_id,
             amount=round(amount, 2),
@@ -149,15 +144,6 @@ class FraudWorld:
             country=merchant.country,
         )
         return Emitted(TRANSACTIONS, user.user_id, self.project.encode(TRANSACTIONS, event), now_ms, event)
-
-    def _event_time(self, now_ms: int) -> int:
-        """Event time: usually now, sometimes a little behind (out of order), rarely far behind (late)."""
-        draw = self._rng.random()
-        if draw < self.config.late_rate:
-            return now_ms - int(self._rng.uniform(*self.config.late_by_s) * 1000)
-        if draw < self.config.late_rate + self.config.out_of_order_rate:
-            return now_ms - int(self._rng.uniform(0, self.config.max_out_of_order_s) * 1000)
-        return now_ms
 
     def _label(self, transaction, emitted_ms: int, is_fraud: bool) -> None:
         delay_ms = int(self._rng.uniform(*self.config.label_delay_s) * 1000)
@@ -169,7 +155,7 @@ class FraudWorld:
             label_time_ms=emitted_ms + delay_ms,
             source=self._rng.choice(["chargeback", "customer_report"]) if is_fraud else "manual_review",
         )
-        self._schedule(Emitted(LABELS, transaction.event_id, self.project.encode(LABELS, label), emitted_ms + delay_ms, label))
+        self._later.add(Emitted(LABELS, transaction.event_id, self.project.encode(LABELS, label), emitted_ms + delay_ms, label))
 
     def _malformed(self, now_ms: int, user: _User) -> Emitted:
         """A broken payload of one of the kinds real producers send."""
@@ -210,7 +196,7 @@ class FraudWorld:
             merchant = self._rng.choice(foreign)
             amount = user.typical_amount * self._rng.uniform(1.5, 5.0)
             emitted = self._transaction(at, user, merchant, amount, "online")
-            self._schedule(emitted)
+            self._later.add(emitted)
             self._label(emitted.record, at, is_fraud=True)
 
     def _organic(self, now_ms: int) -> Emitted:
@@ -248,8 +234,7 @@ class FraudWorld:
         while True:
             clock = self._next_arrival(clock)
             now_ms = int(clock)
-            while self._pending and self._pending[0][0] <= now_ms:
-                yield heapq.heappop(self._pending)[2]
+            yield from self._later.due(now_ms)
             yield self._organic(now_ms)
 
 
