@@ -2,7 +2,7 @@
 
 An entity's row of every view lives in one hash, keyed by the serialized entity key and the project; a view's
 features are hashed fields (murmur3 of ``<stored name>:<feature>``), its event time is ``_ts:<stored name>``, and
-Loopline's writer adds ``_order:<stored name>``, and for windowed views one field per window with its steps,
+Loopline's writer adds ``_order:<stored name>``, ``_absorbed:<stored name>`` (the log positions behind the row), and for windowed views one field per window with its steps,
 ``_window:<stored name>:<slide ms>:<window ms>:<digest of its aggregations>`` (``feature_store/window_tiles.py``).
 The stored name is Feast's own (``_versioned_fv_name``): the view's name, with its version when the registry turns
 on online feature view versioning, so both paths address the fields Feast's ``get_online_features`` reads whatever
@@ -35,6 +35,8 @@ class ViewLayout:
     join_keys: tuple[str, ...]
     timestamp_field: bytes
     order_field: bytes
+    #: The log positions the row absorbed (``partition:offset,...``).
+    absorbed_field: bytes
     fields: dict[str, bytes]  # feature name -> hashed Redis field
     #: The view's windowed aggregations by feature name, and its windows by (slide ms, window ms), in the job's order,
     #: each with the field of its steps; both empty for a view without windows.
@@ -63,6 +65,7 @@ class OnlineLayout:
                 join_keys=tuple(column.name for column in view.entity_columns),
                 timestamp_field=f"_ts:{stored}".encode(),
                 order_field=f"_order:{stored}".encode(),
+                absorbed_field=f"_absorbed:{stored}".encode(),
                 fields={f.name: _mmh3(f"{stored}:{f.name}") for f in feature_fields(view)},
                 aggregations={a.name: a for window in windows.values() for a in window.aggregations},
                 windows={key: (f"_window:{stored}:{key[0]}:{key[1]}:{window.digest}".encode(), window) for key, window in windows.items()},

@@ -98,10 +98,11 @@ class OnlineReader:
 
     def read_with_row_times(
         self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None
-    ) -> tuple[dict[str, list], dict[str, list[int | None]]]:
-        """:meth:`get_online_features`, and per view the event time (ms) of each entity's row as read, None for
-        none: in the same round trip, so the time is that of the values returned. With ``at_ms`` (a read time per
-        row, epoch ms), windowed features are as of those times (the module's docstring)."""
+    ) -> tuple[dict[str, list], dict[str, list[int | None]], dict[str, list[str | None]]]:
+        """:meth:`get_online_features`, and per view the event time (ms) of each entity's row as read and the log
+        positions it absorbed (``partition:offset,...``, as the job wrote them), None for none: in the same round
+        trip, so they are those of the values returned. With ``at_ms`` (a read time per row, epoch ms), windowed
+        features are as of those times (the module's docstring)."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
         by_view: dict[str, list[str]] = {}
@@ -119,6 +120,7 @@ class OnlineReader:
         replies = iter(pipe.execute())
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
+        row_absorbed: dict[str, list[str | None]] = {}
         for row in entity_rows:
             for key, value in row.items():
                 result.setdefault(key, []).append(value)
@@ -130,17 +132,19 @@ class OnlineReader:
             for name, column in zip(names, columns, strict=True):
                 result[name] = column
             times = row_times[view] = [None] * count
+            absorbed = row_absorbed[view] = [None] * count
             direct, stamp_at = plan.direct, len(plan.direct)
             for i in range(count):
                 reply = next(replies)
                 for position, raw in zip(direct, reply, strict=False):
                     if raw is not None:  # a double inline (most features): the call costs more than the decode
                         columns[position][i] = unpack_double(raw, 1)[0] if len(raw) == 9 and raw[0] == _DOUBLE_TAG else decode(raw)
-                stamp = reply[stamp_at]
+                stamp, positions_read = reply[stamp_at], reply[stamp_at + 1]
                 time_ms = times[i] = None if stamp is None else _millis(Timestamp.FromString(stamp))
+                absorbed[i] = None if positions_read is None else positions_read.decode()
                 missing = []
                 for w, (window, positions) in enumerate(plan.windows):
-                    steps = reply[stamp_at + 1 + w]
+                    steps = reply[stamp_at + 2 + w]
                     if steps and window.latest_ms(steps) == time_ms:
                         for position, value in zip(positions, window.values_at(steps, read_at[i]), strict=True):
                             if position is not None:
@@ -151,7 +155,7 @@ class OnlineReader:
                     unstepped.append((plan, columns, i, missing))
         if unstepped:
             self._read_finished(unstepped, entity_rows)
-        return result, row_times
+        return result, row_times, row_absorbed
 
     def _read_finished(self, unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]], entity_rows: list[dict[str, str]]) -> None:
         """Where a window had no steps of the row's own event time, its finished values: one more pipelined round trip
@@ -186,7 +190,8 @@ class OnlineReader:
                 finished_fields += [layout.fields[a.name] for a in window.aggregations]
             plan = self._plans[key] = _ReadPlan(
                 join_keys=layout.join_keys,
-                fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, *(steps_field for steps_field, *_ in windows)],
+                fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, layout.absorbed_field,
+                        *(steps_field for steps_field, *_ in windows)],
                 direct=direct,
                 windows=[(window, positions) for _, window, positions in windows],
                 finished_fields=finished_fields,

@@ -11,7 +11,8 @@ of the key's slot in a Redis Cluster); the rows of a batch go in one pipelined r
 The hash is Feast's own: its key, its hashed feature fields with serialized Value protos, and ``_ts:<view>`` the
 event time as a protobuf Timestamp, so Feast's ``get_online_features`` reads the rows as it reads its own writes.
 Beside them one field, ``_order:<view>``, holds ``<event time µs>:<events>``, the tie-break of rows of one event
-time. A row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and
+time, and one, ``_absorbed:<view>``, the log positions behind the row (each partition's last absorbed offset): which
+events it holds, exactly, however an entity's events spread over partitions (the consistency replay reads them). A row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and
 fields come from ``feature_store/online_layout.py``, the layout the reader uses too.
 
 Windowed views also keep, per window, the steps the job merged from the entity's tiles (``feature_store/window_tiles.py``),
@@ -82,6 +83,8 @@ class FeatureRow:
     features: dict[str, float | int | str | bool | None]
     events: int = 0
     windows: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (slide ms, window ms) -> the window's steps
+    #: The log positions behind the row: each partition's last absorbed offset, ``partition:offset,...`` by partition.
+    absorbed: str = ""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -135,7 +138,7 @@ class OnlineWriter:
             layout, kinds = self.layout.views[row.view], self._kinds[row.view]
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)
-            values, cleared = [], []
+            values, cleared = [layout.absorbed_field, row.absorbed.encode()], []
             for name, value in row.features.items():
                 values += [layout.fields[name], (Value() if value is None else Value(**{kinds[name]: value})).SerializeToString()]
             for key, (steps_field, _) in layout.windows.items():
@@ -171,6 +174,7 @@ class OnlineWriter:
             "username": params.get("username"), "password": params.get("password"), "ssl": bool(params.get("ssl", False)),
             "db": int(params.get("db", 0)), "timeoutMs": timeout_ms, "keyParts": [encode(part) for part in parts], "keyOrder": order,
             "timestampField": encode(layout.timestamp_field), "orderField": encode(layout.order_field),
+            "absorbedField": encode(layout.absorbed_field),
             "featureFields": [encode(layout.fields[name]) for name in features],
             "featureKinds": [kinds[self._kinds[view][name]] for name in features],
             "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],

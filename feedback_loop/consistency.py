@@ -5,10 +5,12 @@ of the request's time (``streams/recompute.py``, the job's window semantics writ
 with the value the scorer logged:
 
 * **match**: equal (exactly; means within a relative 1e-9, one division of exact sums: ``same_feature_value``);
-* **lag**: different, but explained by the online row being behind: the row the scorer read (its event time is
-  logged with the request) equals the recompute over a prefix of the entity's events in log order that had reached
-  Kafka before the request was scored — the job had not applied the rest yet, out-of-order events included.
-  Streaming always lags a little; this is freshness, not a bug;
+* **lag**: different, but explained by the online row being behind: the row the scorer read equals the recompute
+  over the events behind it — exactly those, when the row names the log positions it absorbed (each partition's last
+  offset, logged with the request: an entity whose events spread over partitions, e.g. one that is not the topic's
+  key, has no single log order); else a prefix of the entity's events in log order (one partition) with the row's
+  logged event time, all of which had reached Kafka before the request was scored. The job had not applied the rest
+  yet, out-of-order events included. Streaming always lags a little; this is freshness, not a bug;
 * **ahead**: different, but the online row is such a prefix's row *newer* than the request's time: an event stamped
   after the request (the event producer's clock ahead of the requester's) was already in Kafka and applied when it
   was scored. Clocks, not a bug either; a steady share says the clocks disagree;
@@ -141,7 +143,9 @@ def check_consistency(
         # Only a value that differs needs the recompute as of its row (to tell lag from a wrong value).
         differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times, strict=True) if row_time is not None
                      and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
-        as_of_rows = _as_of_rows(view, view_events, differing)
+        positioned = {"partition", "offset"} <= set(view_events.columns)
+        exact = [d for d in differing if positioned and view.name in d[0].feature_row_absorbed]
+        as_of_rows = {**_as_of_rows(view, view_events, [d for d in differing if d not in exact]), **_absorbed_rows(view, view_events, exact)}
         for record, key in zip(chosen, keys, strict=True):
             offline = lookup.get((key, record.requested_at_ms))
             as_of_row = as_of_rows.get(record.request_id, [])
@@ -200,6 +204,45 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
         as_of |= {(prefix, at): {**rows[(number, at)], key_column: prefix[0]} for prefix, number, at in points}
     return {request_id: [as_of[point] for point in points] for request_id, points in candidates.items()}
 
+
+
+def _absorbed_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:
+    """Per request id whose row named the log positions it absorbed (``feature_row_absorbed``): the one row of exactly
+    those events of its entity (each partition's up to its offset, however the entity's events spread over
+    partitions), read at the request's time (or the row's, if later). One recompute evaluates them all."""
+    if not differing:
+        return {}
+    key_column = view.entity_key
+    positions = events.groupby(key_column, sort=False).indices
+    partitions, offsets = events["partition"].to_numpy(), events["offset"].to_numpy()
+    rows: dict[tuple[Hashable, str], int] = {}
+    parts, points = [], {}
+    for record, key, row_time in differing:
+        absorbed = record.feature_row_absorbed[view.name]
+        where = positions.get(key)
+        if where is None:
+            continue
+        number = rows.get((key, absorbed))
+        if number is None:
+            number = rows[(key, absorbed)] = len(rows)
+            last = dict(_absorbed_positions(absorbed))
+            limit = np.array([last.get(int(p), -1) for p in partitions[where]])
+            parts.append((number, where[offsets[where] <= limit]))
+        points[record.request_id] = (key, number, max(record.requested_at_ms, row_time))
+    parts = [(number, where) for number, where in parts if len(where)]
+    if not parts:
+        return {}
+    frame = events.iloc[np.concatenate([where for _, where in parts])].assign(
+        **{key_column: np.repeat([number for number, _ in parts], [len(where) for _, where in parts])})
+    read = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]}))
+    return {request_id: [{**read[(n, at)], key_column: key}] for request_id, (key, n, at) in points.items() if (n, at) in read}
+
+
+def _absorbed_positions(text: str) -> Iterator[tuple[int, int]]:
+    """``partition:offset,...`` as (partition, offset) pairs."""
+    for pair in filter(None, text.split(",")):
+        partition, _, offset = pair.partition(":")
+        yield int(partition), int(offset)
 
 
 def _rows_up_to_row_time(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:

@@ -88,7 +88,7 @@ def _look_texts_up(exported, vocabularies: list[list[str]]) -> None:
         nodes += [
             helper.make_node("Gather", [TEXT_INPUT_NAME, index], [f"{index}_text"], axis=1),
             helper.make_node("LabelEncoder", [f"{index}_text"], [f"{index}_code"], domain="ai.onnx.ml",
-                             keys_strings=words or [""], values_int64=list(range(1, len(words) + 1)) or [0], default_int64=0),
+                             keys_strings=words or [""], values_int64s=list(range(1, len(words) + 1)) or [0], default_int64=0),
             helper.make_node("Unsqueeze", [f"{index}_code", "text_axis"], [f"{index}_codes"]),
         ]  # fmt: skip
     graph.initializer.append(numpy_helper.from_array(np.asarray([1], dtype=np.int64), "text_axis"))

@@ -29,6 +29,7 @@ class _Read:
     at_ms: int
     values: list | None = None
     row_times_ms: dict[str, int | None] | None = None
+    row_absorbed: dict[str, str | None] | None = None
     finished_at: float | None = None
 
 
@@ -43,6 +44,8 @@ class FetchedFeatures:
     fallback: str | None = None
     #: Per feature view, the event time (ms) of the row the values came from (views with no row left out).
     row_times_ms: dict[str, int] = field(default_factory=dict)
+    #: Per feature view, the log positions behind that row (``partition:offset,...``; views whose row has none left out).
+    row_absorbed: dict[str, str] = field(default_factory=dict)
     #: The pipelined Redis read the request's entities went in (its wait, its length, how many entities it read), when
     #: the request waited for it.
     read: BatchTiming | None = None
@@ -72,11 +75,13 @@ class FeatureFetcher:
         self._unwarned = 0
 
     def _read_batch(self, reads: list[_Read]) -> list[list]:
-        found, row_times = self.reader.read_with_row_times(self.features, [read.keys for read in reads], [read.at_ms for read in reads])
+        found, row_times, absorbed = self.reader.read_with_row_times(self.features, [read.keys for read in reads],
+                                                                     [read.at_ms for read in reads])  # fmt: skip
         finished = time.perf_counter()
         for i, read in enumerate(reads):
             read.values = [found[name][i] for name in self._names]
             read.row_times_ms = {view: times[i] for view, times in row_times.items()}
+            read.row_absorbed = {view: positions[i] for view, positions in absorbed.items()}
             read.finished_at = finished  # set last: once the event loop sees it, the values are there
         return [read.values for read in reads]
 
@@ -108,7 +113,8 @@ class FeatureFetcher:
                 defaulted.append(ref)
             values[ref] = value
         row_times = {view: ms for view, ms in (read.row_times_ms or {}).items() if ms is not None}
-        return FetchedFeatures(values, defaulted, row_times_ms=row_times, read=timing)
+        absorbed = {view: positions for view, positions in (read.row_absorbed or {}).items() if positions}
+        return FetchedFeatures(values, defaulted, row_times_ms=row_times, row_absorbed=absorbed, read=timing)
 
     def _warn(self, err: Exception) -> None:
         """Log a read that fell back for an error, at most once per ``_WARN_EVERY_S`` (an outage would

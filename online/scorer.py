@@ -243,6 +243,7 @@ class Scorer:
             scored_at_ms=int(time.time() * 1000),
             event_id=request.event_id,
             feature_row_times_ms=fetched.row_times_ms,
+            feature_row_absorbed=fetched.row_absorbed,
             trace_id=None if trace is None else trace.trace_id_hex,
         )
 

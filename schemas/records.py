@@ -103,6 +103,11 @@ class PredictionRecord(Record):
         description="Per feature view, the event time of the online row the features were read from (views with a row): "
         "tells a lagging feature from a wrong one.",
     )
+    feature_row_absorbed: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per feature view, the log positions behind that row (each partition's last absorbed offset, "
+        "'partition:offset,...'): exactly which events it held, for the consistency replay.",
+    )
     trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$",
                                  description="The request's trace (W3C trace id), when the scorer traces requests.")  # fmt: skip
 

@@ -49,6 +49,7 @@ from streams.kafka_tables import KafkaTables
 #: SQL type -> DataStream type, for the columns the job carries.
 _TYPES = {
     "BYTES": Types.PRIMITIVE_ARRAY(Types.BYTE()),
+    "INT": Types.INT(),
     "BIGINT": Types.LONG(),
     "DOUBLE": Types.DOUBLE(),
     "STRING": Types.STRING(),
@@ -58,6 +59,11 @@ _TYPES = {
 _RAW = ("key", "value", "partition", "offset", "topic")
 #: The Python types of the columns of the offline log's rows (Feast's value types).
 _VALUE_SQL = {"INT64": "BIGINT", "DOUBLE": "DOUBLE", "STRING": "STRING", "BOOL": "BOOLEAN"}
+
+
+#: What the event decoder appends to each event, after its contract's fields: where the log has it (``SlidingWindows``
+#: keeps each partition's last absorbed offset; the online rows carry them).
+EVENT_POSITION = {"_kafka_partition": "INT", "_kafka_offset": "BIGINT"}
 
 
 def row_type(columns: dict[str, str]):
@@ -94,7 +100,7 @@ class AppendOffline(ScalarFunction):
 
 
 #: The columns of a view's rows ``SlidingWindows`` emits after the join keys and before the features (its javadoc).
-_ROW_VERSION, _ROW_ORDER = "version_us", ("latest_ms", "events")
+_ROW_VERSION, _ROW_ORDER, _ABSORBED = "version_us", ("latest_ms", "events"), "absorbed"
 
 
 def steps_columns(view: ViewPlan) -> tuple[str, ...]:
@@ -104,11 +110,11 @@ def steps_columns(view: ViewPlan) -> tuple[str, ...]:
 
 def feature_columns(view: ViewPlan, online: bool = False) -> dict[str, str]:
     """A view's rows: its join keys, row version (µs, for the offline log), the latest event time (ms) and the number
-    of events absorbed (the online store's order), in ``online`` rows each window's steps, then each feature (of the
-    type its function gives)."""
+    of events absorbed (the online store's order), in ``online`` rows the log positions absorbed and each window's
+    steps, then each feature (of the type its function gives)."""
     features = {a.name: _VALUE_SQL[view.value_types[a.name]] for a in view.aggregations}
-    steps = dict.fromkeys(steps_columns(view), "BYTES") if online else {}
-    return {**dict.fromkeys(view.entity_keys, "STRING"), **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **steps, **features}
+    online_only = {_ABSORBED: "STRING", **dict.fromkeys(steps_columns(view), "BYTES")} if online else {}
+    return {**dict.fromkeys(view.entity_keys, "STRING"), **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **online_only, **features}
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:

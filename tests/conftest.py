@@ -144,6 +144,23 @@ def applied(settings: Settings, stack: LocalStack) -> Settings:
     return settings
 
 
+@pytest.fixture(scope="session")
+def delivery_applied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
+    """A second stack, acting on a delivery project (the session's own acts on fraud): started when a test first asks
+    for it, its topics and Feast definitions applied, stopped at the session's end."""
+    home = tmp_path_factory.mktemp("delivery-stack")
+    settings = stack_settings(home, init_project(home / "project", "delivery"))
+    local = build_stack(settings)
+    local.setup()
+    local.up()
+    try:
+        apply_loopline_topics(settings)
+        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+        yield settings
+    finally:
+        local.down(wipe=True)
+
+
 def start_group_at_end(bootstrap: str, group: str, topic: str) -> None:
     """Commit ``group``'s offsets at the end of ``topic``: it sees only what is produced from now on."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})

@@ -12,6 +12,7 @@ from schemas.project import load_project
 from streams.feature_plan import FeaturePlan, SourcePlan, ViewPlan
 
 FRAUD = load_project(template_path("fraud"))
+DELIVERY = load_project(template_path("delivery"))
 #: The fraud transactions' event time field.
 EVENT_TIME = "event_time_ms"
 TRANSACTIONS, LABELS = (FRAUD.topics[i] for i in range(2))

@@ -149,6 +149,34 @@ def test_a_row_newer_than_the_request_is_ahead_only_if_its_events_were_in_kafka_
     assert outcome(times[-1] + 50, events.drop(columns=["offset", "kafka_ms"]))["ahead"] == 2
 
 
+def test_a_row_of_events_from_several_partitions_is_judged_by_the_positions_it_absorbed() -> None:
+    """An entity whose events spread over partitions (one that is not the topic's key) has no single log order: a row
+    is judged by exactly the events behind it, each partition's up to the offset the row names. A row that had
+    absorbed partition 0's events and only the first of partition 1's lags; the same value said to hold every event
+    is a value mismatch; without the positions, the one-partition prefixes cannot explain it."""
+    times = [START + n * 10_000 for n in range(6)]
+    events = pd.DataFrame({"user_id": "u1", "event_time_ms": times, "amount": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+                           "partition": [0, 1, 0, 1, 0, 1], "offset": [0, 0, 1, 1, 2, 2],
+                           "kafka_ms": [t + 100 for t in times]})  # fmt: skip
+    absorbed = events[(events["partition"] == 0) | (events["offset"] == 0)]  # partition 0's three, partition 1's first
+    row = recompute(VIEW, absorbed).iloc[0]
+    asked_at = times[-1] + 1_000
+
+    def outcome(positions: str | None) -> dict[str, int]:
+        record = PredictionRecord(
+            schema_version=1, request_id="r", entity_keys={"user_id": "u1"},
+            features={f"{VIEW.name}:{name}": row[name].item() for name in VIEW.feature_names}, defaulted_features=[],
+            model_name="m", model_version="1", score=0.5, requested_at_ms=asked_at, scored_at_ms=asked_at + 5,
+            feature_row_times_ms={VIEW.name: int(row[LATEST_EVENT])},
+            feature_row_absorbed={} if positions is None else {VIEW.name: positions},
+        )  # fmt: skip
+        return by_outcome(check_consistency(PLAN, {"t": events}, [record]))
+
+    assert outcome("0:2,1:0")["lag"] == 2
+    assert outcome("0:2,1:2")["value"] == 2, "the whole log's row is not this one"
+    assert outcome(None)["value"] == 2, "no prefix of one log order is the row"
+
+
 def test_the_events_after_the_time_a_batch_names_give_its_whole_report() -> None:
     """Checked over only the events at or after ``events_needed_since`` (what the monitor's reader keeps of the log), a
     batch of the log's later requests gets the report the whole log gives: rows as of the requests, and lagging rows

@@ -44,7 +44,8 @@ def _rows(view: ViewPlan, rng: random.Random, entities: list[str]) -> list[tuple
                 else:
                     features.append(rng.choice([0.0, -0.0, 1.5, -2.25e-7, 9.0e9, rng.uniform(-1e6, 1e6)]))
             steps = [rng.randbytes(rng.choice([8, 24, 200])) for _ in steps_columns(view)]
-            rows.append((entity, latest * 1000, latest, rng.randint(1, 5), *steps, *features))
+            absorbed = ",".join(f"{p}:{rng.randint(0, 10**12)}" for p in sorted(rng.sample(range(12), rng.randint(0, 3))))
+            rows.append((entity, latest * 1000, latest, rng.randint(1, 5), absorbed, *steps, *features))
     rng.shuffle(rows)
     return rows
 
@@ -75,10 +76,10 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
     store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     for view, rows in written.values():
         windows = list(reader.layout.views[view.name].windows)
-        for entity, _, latest, events, *values in rows:  # one write each: Python's writer keeps a batch's newest too
+        for entity, _, latest, events, absorbed, *values in rows:  # one write each: Python's writer keeps a batch's newest too
             steps, features = values[: len(windows)], values[len(windows) :]
             writer.write([FeatureRow(view.name, f"py-{entity}", latest * 1000, dict(zip(view.feature_names, features, strict=True)),
-                                     events, dict(zip(windows, steps, strict=True)))])  # fmt: skip
+                                     events, dict(zip(windows, steps, strict=True)), absorbed)])  # fmt: skip
         entities = sorted({row[0] for row in rows})
         for entity in entities:
             jvm_key, python_key = (reader.layout.redis_key(view.entity_keys, (e,)) for e in (entity, f"py-{entity}"))
@@ -89,5 +90,5 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
         by_feast = store.get_online_features(names, [{view.entity_key: e} for e in entities]).to_dict()
         newest = {entity: max((r for r in rows if r[0] == entity), key=lambda r: (r[2], r[3])) for entity in entities}
         for i, entity in enumerate(entities):
-            expected = dict(zip(view.feature_names, newest[entity][4 + len(windows):], strict=True))
+            expected = dict(zip(view.feature_names, newest[entity][5 + len(windows):], strict=True))
             assert {n: by_feast[n][i] for n in view.feature_names} == expected, entity

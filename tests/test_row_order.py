@@ -87,7 +87,7 @@ def windows(applied: Settings, plan: FeaturePlan, tmp_path_factory: pytest.TempP
     from pyflink.common import Row
     from pyflink.datastream.data_stream import DataStream
 
-    from streams.feature_job import feature_columns, new_environment, row_type, windowed_rows
+    from streams.feature_job import EVENT_POSITION, feature_columns, new_environment, row_type, windowed_rows
 
     checkpoints = tmp_path_factory.mktemp("row-order-checkpoints")
 
@@ -98,7 +98,9 @@ def windows(applied: Settings, plan: FeaturePlan, tmp_path_factory: pytest.TempP
 
     def run(view: ViewPlan, events: list[tuple]) -> dict[str, list[dict]]:
         env = new_environment(settings)
-        source = env.from_collection([Row(*event) for event in events], type_info=row_type(COLUMNS))
+        # Each event as the decoder hands it on: its contract's fields, then its log position (its number, in one partition).
+        positioned = [Row(*event, 0, offset) for offset, event in enumerate(events)]
+        source = env.from_collection(positioned, type_info=row_type({**COLUMNS, **EVENT_POSITION}))
         rows = DataStream(windowed_rows(source._j_data_stream, plan_of(view), view, settings.online_interval_ms)[0])
         by_entity: dict[str, list[dict]] = {}
         names = list(feature_columns(view))
@@ -186,8 +188,8 @@ def _feast_row(view: ViewPlan, feast_view, entity: str, row: dict) -> tuple:
     return key, values, datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=row["latest_ms"]), None
 
 
-def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
-    """What Feast's ``online_write_batch`` writes for a row, field by field and byte by byte, and one field more."""
+def test_the_hash_is_feasts_own_plus_the_order_and_absorbed_fields(applied: Settings) -> None:
+    """What Feast's ``online_write_batch`` writes for a row, field by field and byte by byte, and two fields more."""
     from feast.infra.online_stores.helpers import get_online_store_from_config
     from feast.protos.feast.types.EntityKey_pb2 import EntityKey
     from feast.protos.feast.types.Value_pb2 import Value
@@ -199,7 +201,8 @@ def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
               "distinct_merchants_1h": Value(int64_val=2)}  # fmt: skip
     at_us = START_MS * 1000 + 123
     ours, feasts = f"hash-{RUN}-ours", f"hash-{RUN}-feast"
-    OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write([FeatureRow(view.name, ours, at_us, features, 7)])
+    row = FeatureRow(view.name, ours, at_us, features, 7, absorbed="0:41,3:7")
+    OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write([row])
     key = EntityKey(join_keys=["user_id"], entity_values=[Value(string_val=feasts)])
     at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=at_us)
     get_online_store_from_config(store.config.online_store).online_write_batch(store.config, view, [(key, values, at, None)], None)
@@ -208,4 +211,5 @@ def test_the_hash_is_feasts_own_plus_the_order_field(applied: Settings) -> None:
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)
     written = client.hgetall(reader.layout.redis_key(("user_id",), (ours,)))
     assert written.pop(f"_order:{view.name}".encode()) == f"{at_us}:7".encode()
+    assert written.pop(f"_absorbed:{view.name}".encode()) == b"0:41,3:7"
     assert written == client.hgetall(reader.layout.redis_key(("user_id",), (feasts,)))

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from templates import LABELS, LabelEvent
+from templates import FRAUD, LABELS, LabelEvent
 
 from conftest import stack_settings
 from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from infra.service import free_port, wait_until
-from loopline.components import apply_loopline_topics, build_stack
+from loopline.components import apply_loopline_topics, build_stack, feature_plan
 from loopline.job_processes import start_feature_job, start_joiner, start_loopline, stop_process_group, wait_until_serving
 from loopline.settings import Settings, settings_environment
 from schemas.records import PredictionRecord, TrainingExample
@@ -68,7 +68,7 @@ def _publish_scored_event(producer: Producer) -> str:
     )  # fmt: skip
     label = LabelEvent(schema_version=1, event_id=event, user_id="u-1", is_fraud=True, label_time_ms=now + 1, source="chargeback")
     producer.produce(PREDICTIONS.name, encode(prediction), prediction.request_id, timestamp=now)
-    producer.produce(LABELS.name, encode(label), event, timestamp=now + 1)
+    producer.produce(LABELS.name, FRAUD.encode(LABELS.name, label), event, timestamp=now + 1)
     return event
 
 
@@ -188,9 +188,9 @@ def test_a_checkpoint_of_the_wiped_cluster_is_refused_in_one_line_and_no_restore
         assert wait_until(lambda: any(e.event_id == event for e in _examples(bootstrap)) or joiner.poll() is not None, 240, 1.0), (
             f"no example; see {tmp_path / 'joiner.log'}"
         )
-        assert [e.label for e in _examples(bootstrap) if e.event_id == event] == [True]
+        assert [e.label for e in _examples(bootstrap) if e.event_id == event] == [1.0]
         reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
-        wait_until_serving(features, settings, reader, timeout_s=240)
+        wait_until_serving(features, settings, reader, feature_plan(settings), timeout_s=240)
         for folder in (settings.checkpoint_dir, settings.feedback_checkpoint_dir):
             assert wait_until(lambda folder=folder: recorded_origin(latest_checkpoint(folder)) == new_cluster, 60, 0.5), (
                 f"the newest checkpoint in {folder} is not one of the new run's, recorded for the new cluster"

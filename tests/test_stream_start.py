@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
 
-from templates import TransactionEvent
+from templates import TRANSACTIONS, TransactionEvent
 
 from feature_store.online_read import OnlineReader
 from infra.service import wait_until
@@ -40,7 +41,7 @@ def test_the_job_starts_at_the_events_published_since_the_time_given(applied: Se
     since_ms = int(time.time() * 1000)
     producer.publish(_events(user, [30.0, 12.5, 7.5], now))
     job = start_feature_job(applied, tmp_path / "job.log", restore=False, from_ms=since_ms,
-                            LOOPLINE_STREAM__SOURCE_TOPIC=SOURCE.name, LOOPLINE_STREAM__GROUP_ID=f"start-{uuid.uuid4().hex[:8]}",
+                            LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}), LOOPLINE_STREAM__GROUP_ID=f"start-{uuid.uuid4().hex[:8]}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
     try:
         reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)

@@ -11,6 +11,7 @@ of the user's latest event.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from templates import EVENT_TIME, TransactionEvent
+from templates import EVENT_TIME, TRANSACTIONS, TransactionEvent
 from window_definition import window_by_definition
 
 from conftest import serving_doors
@@ -67,7 +68,7 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
     EventProducer(applied.kafka.bootstrap, client_config=applied.kafka.client_config).publish(
         [Emitted(source.name, user, encode(_record(e)), e[EVENT_TIME], _record(e)) for e in events]
     )
-    job = start_feature_job(applied, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPIC=source.name,
+    job = start_feature_job(applied, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: source.name}),
                             LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name, LOOPLINE_STREAM__GROUP_ID=f"decay-{run}",
                             LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
     store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)

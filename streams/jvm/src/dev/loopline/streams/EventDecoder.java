@@ -24,8 +24,8 @@ import com.google.gson.JsonParser;
 
 /**
  * The feature job's door: every raw Kafka record of every topic the job reads, keyed by its topic and partition,
- * becomes either an event of its topic's contract (a row of the contract's fields, in declaration order, to the side
- * output {@link #events}) or a dead letter (the main output, {@code DeadLetterRecord} JSON) saying why not:
+ * becomes either an event of its topic's contract (a row of the contract's fields, in declaration order, then its
+ * partition and offset, to the side output {@link #events}) or a dead letter (the main output, {@code DeadLetterRecord} JSON) saying why not:
  * <ul>
  *   <li>{@code invalid}: the record breaks its contract ({@link EventContract}: JSON or Avro, as its topic is encoded);
  *   <li>{@code out_of_range}: a valid event the engine cannot aggregate exactly (its event time past
@@ -100,15 +100,21 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         return sources.get(topic).tag;
     }
 
-    /** The type of a contract's rows: its fields, named, as String, Long, Double or Boolean. */
+    /** The type of a contract's events: its fields, named, as String, Long, Double or Boolean, then the record's Kafka
+     * partition and offset. */
     static RowTypeInfo rowType(EventContract contract) {
         Class<?>[] classes = contract.fieldClasses();
-        TypeInformation<?>[] types = new TypeInformation<?>[classes.length];
+        TypeInformation<?>[] types = new TypeInformation<?>[classes.length + 2];
+        String[] names = java.util.Arrays.copyOf(contract.fieldNames(), classes.length + 2);
         for (int i = 0; i < classes.length; i++) {
             types[i] = classes[i] == Long.class ? Types.LONG : classes[i] == Double.class ? Types.DOUBLE
                     : classes[i] == Boolean.class ? Types.BOOLEAN : Types.STRING;
         }
-        return new RowTypeInfo(types, contract.fieldNames());
+        types[classes.length] = Types.INT;
+        types[classes.length + 1] = Types.LONG;
+        names[classes.length] = "_kafka_partition";
+        names[classes.length + 1] = "_kafka_offset";
+        return new RowTypeInfo(types, names);
     }
 
     @Override
@@ -154,7 +160,10 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         if (seen == null || eventTime > seen) {
             newest.update(eventTime);
         }
-        ctx.output(source.tag, Row.of(event));
+        Object[] positioned = java.util.Arrays.copyOf(event, event.length + 2);
+        positioned[event.length] = raw.getField(partitionAt);
+        positioned[event.length + 1] = raw.getField(offsetAt);
+        ctx.output(source.tag, Row.of(positioned));
     }
 
     /** {@code field: why} when the event holds a value the engine cannot aggregate exactly, else null (the first such

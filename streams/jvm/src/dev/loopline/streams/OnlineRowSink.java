@@ -34,7 +34,7 @@ import redis.clients.jedis.util.SafeEncoder;
 
 /**
  * Writes a view's online rows ({@code SlidingWindows}' side output: the entity's join keys' values, version, latest,
- * events, each window's steps, each feature) into Redis in the layout of Feast's Redis online store, exactly as
+ * events, the absorbed log positions, each window's steps, each feature) into Redis in the layout of Feast's Redis online store, exactly as
  * {@code feature_store/online_write.py} does: the same compare-and-set script (handed over with the layout, so there
  * is one copy of it), one per row, the rows of a batch pipelined in one round trip (per master, on a Redis Cluster).
  * Python computes the layout from Feast itself ({@code OnlineWriter.jvm_layout}: the entity key's bytes around the
@@ -80,6 +80,8 @@ public final class OnlineRowSink implements Sink<Row> {
         List<Integer> keyOrder;
         String timestampField;
         String orderField;
+        /** The field of the row's absorbed log positions. */
+        String absorbedField;
         /** Per feature, in the row's order: its field, and its Value kind (int64, int32, double, float, string, bool). */
         List<String> featureFields;
         List<String> featureKinds;
@@ -115,6 +117,7 @@ public final class OnlineRowSink implements Sink<Row> {
         private final int head;
         private final byte[] timestampField;
         private final byte[] orderField;
+        private final byte[] absorbedField;
         private final byte[][] featureFields;
         private final String[] featureKinds;
         private final byte[][] stepsFields;
@@ -136,6 +139,7 @@ public final class OnlineRowSink implements Sink<Row> {
             this.head = keyOrder.length;
             this.timestampField = base64.decode(layout.timestampField);
             this.orderField = base64.decode(layout.orderField);
+            this.absorbedField = base64.decode(layout.absorbedField);
             this.featureFields = layout.featureFields.stream().map(base64::decode).toArray(byte[][]::new);
             this.featureKinds = layout.featureKinds.toArray(String[]::new);
             this.stepsFields = layout.stepsFields.stream().map(base64::decode).toArray(byte[][]::new);
@@ -239,7 +243,7 @@ public final class OnlineRowSink implements Sink<Row> {
             long micros = Math.multiplyExact(latestMs, 1000L);
             long seconds = Math.floorDiv(micros, 1_000_000L);
             long nanos = Math.floorMod(micros, 1_000_000L) * 1000L;
-            List<byte[]> call = new ArrayList<>(10 + 2 * (featureFields.length + stepsFields.length));
+            List<byte[]> call = new ArrayList<>(12 + 2 * (featureFields.length + stepsFields.length));
             call.add(key);
             call.add(timestampField);
             call.add(timestamp(seconds, nanos));
@@ -250,13 +254,15 @@ public final class OnlineRowSink implements Sink<Row> {
             call.add(ascii((Long) row.getField(head + 2)));
             call.add(ttl);
             call.add(ascii(0));  // no field to delete: the row has every window's steps
+            call.add(absorbedField);
+            call.add(((String) row.getField(head + 3)).getBytes(StandardCharsets.US_ASCII));
             for (int i = 0; i < featureFields.length; i++) {
                 call.add(featureFields[i]);
-                call.add(value(featureKinds[i], row.getField(head + 3 + stepsFields.length + i)));
+                call.add(value(featureKinds[i], row.getField(head + 4 + stepsFields.length + i)));
             }
             for (int i = 0; i < stepsFields.length; i++) {
                 call.add(stepsFields[i]);
-                call.add((byte[]) row.getField(head + 3 + i));
+                call.add((byte[]) row.getField(head + 4 + i));
             }
             return call;
         }

@@ -26,9 +26,12 @@ import org.apache.flink.util.OutputTag;
  *
  * <p>For the online store the operator sends, to the side output {@code online}, an entity's newest row at most
  * once per {@code coalesceMs} of processing time (on a timer, aligned for all entities, checkpointed with the
- * state), with each window's steps ({@link WindowPlan#steps}) after {@code events}:
- * {@code (key..., version, latest, events, steps..., feature...)}. The store keeps only the newest row anyway, and
- * a row carries the entity's whole windows, so a coalesced row loses nothing.
+ * state), with the log positions it absorbed ({@link WindowPlan.Windows#absorbedPositions}: which events are behind
+ * it, exactly, however the entity's events spread over partitions) and each window's steps ({@link WindowPlan#steps})
+ * after {@code events}: {@code (key..., version, latest, events, absorbed, steps..., feature...)}. The store keeps
+ * only the newest row anyway, and a row carries the entity's whole windows, so a coalesced row loses nothing.
+ *
+ * <p>An input row is an event of the view's topic, its contract's fields, then its Kafka partition and offset.
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
@@ -58,9 +61,11 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             w = plan.newState(plan.eventTime(row));
         }
         plan.absorb(w, row);
+        int arity = row.getArity();
+        w.absorbedAt((Integer) row.getField(arity - 2), (Long) row.getField(arity - 1));
         w.pending = true;
         state.update(w);
-        out.collect(row(ctx.getCurrentKey(), w, new byte[0][]));
+        out.collect(row(ctx.getCurrentKey(), w, null));
         // One timer per entity per interval: Flink keeps a single timer per key and time.
         long now = ctx.timerService().currentProcessingTime();
         ctx.timerService().registerProcessingTimeTimer((now / coalesceMs + 1) * coalesceMs);
@@ -77,11 +82,12 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         state.update(w);
     }
 
-    /** The entity's row as of its latest event, with {@code steps} (none in an offline row) before the features. */
+    /** The entity's row as of its latest event; an online row (with {@code steps}) carries its absorbed positions and
+     * the steps before the features, an offline row ({@code steps} null) neither. */
     private Row row(String key, WindowPlan.Windows w, byte[][] steps) {
         Object[] features = plan.finished(w);
-        int head = keys + 3;
-        Row out = new Row(head + steps.length + features.length);
+        int head = keys + 3 + (steps == null ? 0 : 1 + steps.length);
+        Row out = new Row(head + features.length);
         String[] parts = FieldKey.parts(key, keys);
         for (int i = 0; i < keys; i++) {
             out.setField(i, parts[i]);
@@ -89,11 +95,14 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         out.setField(keys, w.version);
         out.setField(keys + 1, w.latest);
         out.setField(keys + 2, w.events);
-        for (int i = 0; i < steps.length; i++) {
-            out.setField(head + i, steps[i]);
+        if (steps != null) {
+            out.setField(keys + 3, w.absorbedPositions());
+            for (int i = 0; i < steps.length; i++) {
+                out.setField(keys + 4 + i, steps[i]);
+            }
         }
         for (int i = 0; i < features.length; i++) {
-            out.setField(head + steps.length + i, features[i]);
+            out.setField(head + i, features[i]);
         }
         return out;
     }

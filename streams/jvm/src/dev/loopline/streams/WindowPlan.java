@@ -186,8 +186,31 @@ public final class WindowPlan implements Serializable {
         /** Per {@code last} aggregation: its value (null: no event had one yet), and that event's time. */
         public Object[] lastValues;
         public long[] lastTimes;
+        /** Per partition of the view's topic (by number), one more than the offset of the last event absorbed from it
+         * (0: none): the events behind the entity's row, exactly, as the log has them. */
+        public long[] absorbed = new long[0];
 
         public Windows() {}
+
+        /** Note the event at {@code offset} of {@code partition} as absorbed (a partition's events come in order). */
+        public void absorbedAt(int partition, long offset) {
+            if (partition >= absorbed.length) {
+                absorbed = java.util.Arrays.copyOf(absorbed, partition + 1);
+            }
+            absorbed[partition] = Math.max(absorbed[partition], offset + 1);
+        }
+
+        /** The absorbed positions as the online row carries them: {@code partition:offset} of each partition's last
+         * absorbed event, comma-separated, by partition. */
+        public String absorbedPositions() {
+            StringBuilder text = new StringBuilder();
+            for (int p = 0; p < absorbed.length; p++) {
+                if (absorbed[p] > 0) {
+                    text.append(text.length() == 0 ? "" : ",").append(p).append(':').append(absorbed[p] - 1);
+                }
+            }
+            return text.toString();
+        }
     }
 
     /** A new entity's state, before its first event. */

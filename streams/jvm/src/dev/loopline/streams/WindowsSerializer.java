@@ -47,6 +47,7 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         w.newestTile = new ArrayList<>();
         w.lastValues = new Object[0];
         w.lastTimes = new long[0];
+        w.absorbed = new long[0];
         return w;
     }
 
@@ -61,6 +62,7 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         to.pending = from.pending;
         to.lastValues = from.lastValues.clone();  // the values are immutable
         to.lastTimes = from.lastTimes.clone();
+        to.absorbed = from.absorbed.clone();
         to.buckets = new ArrayList<>(from.buckets.size());
         for (TreeMap<Long, WindowPlan.Bucket> tiles : from.buckets) {
             TreeMap<Long, WindowPlan.Bucket> copied = new TreeMap<>();
@@ -113,6 +115,10 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
             writeValue(w.lastValues[i], out);
             out.writeLong(w.lastTimes[i]);
         }
+        out.writeInt(w.absorbed.length);
+        for (long position : w.absorbed) {
+            out.writeLong(position);
+        }
         out.writeInt(w.buckets.size());
         for (TreeMap<Long, WindowPlan.Bucket> tiles : w.buckets) {
             out.writeInt(tiles.size());
@@ -164,6 +170,10 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         for (int i = 0; i < lasts; i++) {
             w.lastValues[i] = readValue(in);
             w.lastTimes[i] = in.readLong();
+        }
+        w.absorbed = new long[in.readInt()];
+        for (int p = 0; p < w.absorbed.length; p++) {
+            w.absorbed[p] = in.readLong();
         }
         int slides = in.readInt();
         w.buckets = new ArrayList<>(slides);
