@@ -155,7 +155,11 @@ def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests:
     event_times = asked[plan.source(project.spec.scored_event.topic).time_field].to_numpy()
     features: dict[str, list] = {}
     row_times: dict[str, list] = {}
+    absorbed: dict[str, list] = {}  # the log positions behind each row, as the job writes them with it
+    time_field = plan.source(project.spec.scored_event.topic).time_field
     for view in plan.views:
+        logged = view.with_entity(events).groupby(view.entity_key, sort=False)
+        history = {key: (group[time_field].to_numpy(), group["offset"].to_numpy()) for key, group in logged}
         broken = replace(view, aggregations=tuple(replace(a, window_ms=a.window_ms + a.slide_ms) if f"{view.name}:{a.name}" == BROKEN else a
                                                   for a in view.aggregations))  # fmt: skip
         at = pd.DataFrame({view.entity_key: view.with_entity(asked)[view.entity_key].to_numpy(), "at_ms": event_times})
@@ -167,6 +171,9 @@ def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests:
             for name in view.feature_names:
                 features.setdefault(f"{view.name}:{name}", []).append(None if found is None else found[name])
             row_times.setdefault(view.name, []).append(None if found is None else int(found[LATEST_EVENT]))
+            times, offsets = history.get(key, ((), ()))
+            behind = int(np.searchsorted(times, at_ms, side="right"))  # sent in time order: the row's events are a prefix
+            absorbed.setdefault(view.name, []).append(f"0:{offsets[behind - 1]}" if behind else None)
     keys = list(dict.fromkeys(key for view in plan.views for key in view.entity_keys))
     records = []
     for i, (_, event) in enumerate(asked.iterrows()):
@@ -176,6 +183,7 @@ def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests:
             features=values, defaulted_features=[n for n, v in values.items() if v is None], model_name=project.spec.model.name,
             model_version="1", score=0.5, requested_at_ms=int(event_times[i]) + 1, scored_at_ms=int(event["kafka_ms"]) + 2,
             feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
+            feature_row_absorbed={view: positions[i] for view, positions in absorbed.items() if positions[i] is not None},
         ))  # fmt: skip
     return records
 

@@ -144,8 +144,10 @@ def check_consistency(
         differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times, strict=True) if row_time is not None
                      and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
         positioned = {"partition", "offset"} <= set(view_events.columns)
-        exact = [d for d in differing if positioned and view.name in d[0].feature_row_absorbed]
-        as_of_rows = {**_as_of_rows(view, view_events, [d for d in differing if d not in exact]), **_absorbed_rows(view, view_events, exact)}
+        exact, prefixed = [], []
+        for d in differing:
+            (exact if positioned and view.name in d[0].feature_row_absorbed else prefixed).append(d)
+        as_of_rows = {**_as_of_rows(view, view_events, prefixed), **_absorbed_rows(view, view_events, exact)}
         for record, key in zip(chosen, keys, strict=True):
             offline = lookup.get((key, record.requested_at_ms))
             as_of_row = as_of_rows.get(record.request_id, [])

@@ -1,4 +1,4 @@
-"""The project a command acts on: found as Feast finds ``feature_store.yaml`` (or named), made from a template.
+"""The project a command acts on: found as git finds its repository (or named), made from a template.
 
 Loopline ships its templates as complete projects (``loopline/templates/<name>``), as ``feast init`` ships its own:
 ``loopline init DIR --template NAME`` copies one into a folder the user then owns. A command acts on
@@ -9,6 +9,7 @@ directory: the nearest folder at or above it with a ``loopline_project.yaml``.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import shutil
 import sys
@@ -80,30 +81,37 @@ def loaded_project(path: Path) -> Project:
 
 
 def instance_of_template(home: Path, template: str) -> Path:
-    """The project the demo of ``template`` runs: ``<home>/projects/<template>``, made from the template the first time."""
+    """The project the demo of ``template`` runs: ``<home>/projects/<template>``, the template's files as this Loopline
+    ships them (copied again each time, over an earlier version's), beside the data its Feast repo made there."""
     path = (home / "projects" / template).absolute()
-    if not (path / PROJECT_FILE).is_file():
-        init_project(path, template)
+    shutil.copytree(template_path(template), path, ignore=shutil.ignore_patterns(*_NOT_COPIED), dirs_exist_ok=True)
     return path
 
 
 def world_class(project: Project) -> type:
-    """The project's synthetic world (``world: file.py:ClassName`` in its project file), loaded from its folder;
-    ProjectError when it declares none."""
+    """The project's synthetic world (``world: file.py:ClassName`` in its project file), loaded from its folder once
+    per process; ProjectError when it declares none."""
     declared = project.spec.world
     if declared is None:
         raise ProjectError(f"{project.path / PROJECT_FILE} declares no world (world: file.py:ClassName) to publish events from")
     file, _, name = declared.partition(":")
-    spec = importlib.util.spec_from_file_location(f"loopline_world_{project.name}", project.resolve(file))
+    return _world_class(project.resolve(file), name, project.path / PROJECT_FILE)
+
+
+@lru_cache(maxsize=16)
+def _world_class(file: Path, name: str, declared_in: Path) -> type:
+    # A module of its own per file: two projects (a template and its copy) may both have a world.py.
+    module_name = f"loopline_world_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(module_name, file)
     if spec is None or spec.loader is None:
-        raise ProjectError(f"{project.path / PROJECT_FILE}: cannot load {file}")
+        raise ProjectError(f"{declared_in}: cannot load {file}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses and pickling look a class's module up there
     spec.loader.exec_module(module)
     try:
         return getattr(module, name)
     except AttributeError:
-        raise ProjectError(f"{project.resolve(file)} has no {name}") from None
+        raise ProjectError(f"{file} has no {name}") from None
 
 
 def world_of(project: Project, seed: int, start_ms: int, **options):

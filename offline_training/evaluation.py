@@ -1,8 +1,8 @@
 """How good a model's scores are against outcomes, by the kind of its label.
 
-* binary (fraud or not): ranking (ROC AUC), calibration (Brier, log loss, per-bin rates) and the operating point
+* binary (a yes/no outcome): ranking (ROC AUC), calibration (Brier, log loss, per-bin rates) and the operating point
   (precision and recall at the threshold an alert fires at); the headline is the AUC, higher is better;
-* numeric (minutes to deliver): the errors (RMSE, MAE, the mean error's sign and size) and the share of variance
+* numeric (a quantity): the errors (RMSE, MAE, the mean error's sign and size) and the share of variance
   explained (R²); the headline is the RMSE, lower is better.
 
 Training's holdout, the comparison of a candidate with ``prod`` on the same rows, the release controller's quality

@@ -4,7 +4,7 @@ A contract is the file a team writes once for its events (``contracts/<name>.avs
 schema, the form Feast's ``AvroFormat`` takes verbatim and Kafka schema registries keep, so one file describes the
 event on both wire formats Loopline reads, JSON and Avro. A field may add ``constraints``, in JSON Schema's words::
 
-    {"name": "amount", "type": "double", "constraints": {"minimum": 0}}
+    {"name": "price", "type": "double", "constraints": {"minimum": 0}}
     {"name": "country", "type": "string", "constraints": {"pattern": "[A-Z]{2}"}}
 
 Field types: ``string``, ``boolean``, ``int``, ``long``, ``float``, ``double``, an ``enum``, and any of them in a union
@@ -14,7 +14,8 @@ must match the whole value). Numbers are finite; an ``int`` fits 32 bits, a ``lo
 
 Everything else is derived from the contract, never written again: the validation of an event (here, as a pydantic
 model; in the feature job, by the JVM decoder from :meth:`EventContract.jvm_spec`, tested to agree with this one),
-the SQL columns of the job and the DDL of Feast's ``JsonFormat``, and the compatibility check of a changed contract.
+the recompute's columns, the DDL of Feast's ``JsonFormat`` and the schema of its ``AvroFormat``, and the compatibility
+check of a changed contract. A pattern keeps to the regular expressions Python and Java read alike.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from schemas.validation import WHOLE_PAYLOAD, ContractViolation, FieldError, vio
 
 #: The wire formats of events: JSON objects, or Avro binary (the schema's own encoding, no header).
 WireFormat = Literal["json", "avro"]
-WIRE_FORMATS: tuple[str, ...] = ("json", "avro")
 #: The deepest a JSON event may nest (a contract is flat; only fields it does not know may nest at all).
 MAX_JSON_DEPTH = 32
 _PRIMITIVES = ("string", "boolean", "int", "long", "float", "double")
@@ -45,6 +45,12 @@ _FLOAT32_MAX = 3.4028234663852886e38
 _NUMBER_CONSTRAINTS = {"minimum": "ge", "maximum": "le", "exclusiveMinimum": "gt", "exclusiveMaximum": "lt"}
 _STRING_CONSTRAINTS = {"minLength": "min_length", "maxLength": "max_length", "pattern": None}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Regular expression syntax Python and Java read differently, or one of them not at all: a contract's patterns keep
+#: to what both read alike (the job checks them in the JVM, the recompute in Python).
+_DIALECT_ONLY = {"(?P": "Python's named groups", "&&": "Java's class intersections", "\\p{": "Unicode classes",
+                 "\\P{": "Unicode classes", "(?<": "named groups and look-behinds", "*+": "possessive quantifiers",
+                 "++": "possessive quantifiers", "?+": "possessive quantifiers", "\\Z": "end anchors", "\\z": "end anchors",
+                 "\\h": "Java's horizontal space", "\\R": "Java's line break"}  # fmt: skip
 
 
 class ContractError(ValueError):
@@ -60,6 +66,10 @@ class Event(BaseModel):
     RECORD_NAME: ClassVar[str] = ""
     #: Contracts are versioned by their registered copies, not by a field of every event.
     SCHEMA_VERSION: ClassVar[int | None] = None
+
+
+#: Names a contract's fields cannot take: the records' own attributes (pydantic's, and the two above).
+_RESERVED = frozenset(name for name in dir(Event) if not name.startswith("__"))
 
 
 @dataclass(frozen=True)
@@ -205,6 +215,9 @@ def parse_contract(schema: Mapping[str, Any], source: str = "<inline>") -> Event
     names = [f.name for f in fields]
     if len(set(names)) != len(names):
         raise ContractError(f"{source}: a field name appears twice")
+    taken = sorted(name for name in names if name in _RESERVED or name.startswith("_"))
+    if taken:
+        raise ContractError(f"{source}: fields {taken} have names the event records use themselves (or start with an underscore); rename them")
     try:  # Avro's own rules on the rest (enum symbols, defaults that fit their types), as Avro libraries apply them
         import fastavro
 
@@ -244,6 +257,10 @@ def _parse_field(source: str, raw: Any) -> ContractField:
                 re.compile(value)
             except re.error as err:
                 raise ContractError(f"{where}: pattern {value!r} is not a regular expression ({err})") from None
+            dialect = next((what for token, what in _DIALECT_ONLY.items() if token in value), None)
+            if dialect is not None:
+                raise ContractError(f"{where}: pattern {value!r} uses {dialect}, which Python and Java read differently; "
+                                    "keep to classes, groups, alternation, quantifiers and anchors ^ $")  # fmt: skip
     has_default = "default" in raw
     return ContractField(name=raw["name"], type=kind, nullable=nullable, has_default=has_default, default=raw.get("default"),
                          symbols=symbols, constraints=constraints, doc=str(raw.get("doc", "")))  # fmt: skip
@@ -400,6 +417,8 @@ def breaking_changes(old: EventContract, new: EventContract) -> list[str]:
             problems.append(f"changed the symbols of enum field '{name}'")
         if was.required != now.required:
             problems.append(f"field '{name}' became {'required' if now.required else 'optional'}")
+        elif was.nullable and not now.nullable:
+            problems.append(f"field '{name}' may no longer be null (events already written may hold null)")
         if dict(was.constraints) != dict(now.constraints):
             problems.append(f"changed the constraints of field '{name}'")
     return problems

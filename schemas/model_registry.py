@@ -1,6 +1,6 @@
 """How models are kept in the model registry (MLflow), so training can release them and serving load them.
 
-* One registered model per use case (e.g. ``fraud``). Each version's artifact is a folder holding
+* One registered model per use case (a project's ``model.name``). Each version's artifact is a folder holding
   one ONNX file, ``model.onnx``, shaped as ``schemas/model_contract.py`` says.
 * The version tag ``loopline.artifact_sha256`` records the SHA-256 of that file at registration.
   Serving recomputes it on the copy it downloaded and refuses to load a mismatch (the version it

@@ -12,7 +12,7 @@ retention), its labels (topic, the label field, binary or numeric, the field joi
 its event, the horizon), its model (name and inputs), the event a score request is about (so training history can
 be backfilled from the event log), and optionally serving budgets and a synthetic world. Everything the engine needs
 to know about a domain is read from the folder once and handed to the parts as plain data: the parts never import a
-project. A project is found as Feast finds ``feature_store.yaml``: in the working directory, or above it.
+project. A project is found as git finds its repository: the working directory, or the nearest folder above it.
 """
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def _check_fields(project: Project) -> None:
     file = project.path / PROJECT_FILE
     problems = []
 
-    def check(what: str, topic: str, name: str | None, types: tuple[str, ...] | None = None) -> None:
+    def check(what: str, topic: str, name: str | None, types: tuple[str, ...] | None = None, required: bool = False) -> None:
         if name is None:
             return
         contract = project.contracts[topic]
@@ -233,17 +233,24 @@ def _check_fields(project: Project) -> None:
             problems.append(f"{what} names {name!r}, not a field of {contract.name} ({contract.source})")
         elif types is not None and contract.field(name).type not in types:
             problems.append(f"{what}: field {name!r} of {contract.name} is a {contract.field(name).type}, not a {' or '.join(types)}")
+        elif required and contract.field(name).nullable:
+            problems.append(f"{what}: field {name!r} of {contract.name} may be null; it must hold a value in every event")
 
     for topic, declared in project.spec.topics.items():
-        check(f"topics.{topic}.key", topic, declared.key, ("string",))
+        check(f"topics.{topic}.key", topic, declared.key, ("string",), required=True)
     labels, scored = project.spec.labels, project.spec.scored_event
-    check("labels.joins_on", labels.topic, labels.joins_on, ("string",))
-    check("labels.value", labels.topic, labels.value, ("boolean",) if labels.kind == "binary" else ("int", "long", "float", "double"))
-    check("labels.time", labels.topic, labels.time, ("long",))
+    check("labels.joins_on", labels.topic, labels.joins_on, ("string",), required=True)
+    check("labels.value", labels.topic, labels.value, ("boolean",) if labels.kind == "binary" else ("int", "long", "float", "double"),
+          required=True)  # fmt: skip
+    check("labels.time", labels.topic, labels.time, ("long",), required=True)
     check("labels.source", labels.topic, labels.source, ("string", "enum"))
-    check("scored_event.id", scored.topic, scored.id, ("string",))
+    check("scored_event.id", scored.topic, scored.id, ("string",), required=True)
     for request_field, event_field in scored.request_fields.items():
         check(f"scored_event.request_fields.{request_field}", scored.topic, event_field)
+    # Training history is backfilled from the scored events: each request input of the model comes from one of its fields.
+    unmapped = [name for name in project.spec.model.inputs if name.startswith("request:") and name[len("request:"):] not in scored.request_fields]
+    if unmapped:
+        problems.append(f"model.inputs {unmapped} are request fields scored_event.request_fields does not take from the scored event")
     if problems:
         raise ProjectError(f"{file}: " + "; ".join(problems))
 

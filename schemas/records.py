@@ -72,7 +72,7 @@ class ScoreRequest(Record):
     requested_at_ms: EpochMillis = Field(gt=0)
     model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")
     event_id: str | None = Field(
-        default=None, min_length=1, description="The event this request scores (an order, a transaction): labels join predictions by it."
+        default=None, min_length=1, description="The event this request scores: labels join predictions by it."
     )
 
 
@@ -116,7 +116,7 @@ class TrainingExample(Record):
     """A scored event with the exact features the scorer used and, once known, its label (topic ``training.examples``).
 
     ``label`` is the outcome as a number: 1.0 or 0.0 for a binary label, the value itself for a numeric one; None for
-    an event still unlabeled when the feedback horizon passed (for a binary label such as fraud, positive-unlabeled:
+    an event still unlabeled when the feedback horizon passed (for a binary label, positive-unlabeled:
     most such events are negatives, but not all). Version 1 carried binary labels only, as booleans; it is still read."""
 
     RECORD_NAME: ClassVar[str] = "training_example"

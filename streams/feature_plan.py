@@ -59,11 +59,6 @@ class SourcePlan:
     time_field: str
     out_of_orderness_ms: int
 
-    @property
-    def columns(self) -> dict[str, str]:
-        """The SQL type of each of the events' fields, in the contract's order (the job's rows of this topic)."""
-        return self.contract.column_types()
-
 
 @dataclass(frozen=True)
 class ViewPlan:
@@ -126,10 +121,6 @@ class FeaturePlan:
             if source.topic == topic:
                 return source
         raise KeyError(f"the plan reads no topic {topic!r}; it reads {', '.join(self.topics)}")
-
-    def views_of(self, topic: str) -> tuple[ViewPlan, ...]:
-        """The views over ``topic``'s events."""
-        return tuple(view for view in self.views if view.topic == topic)
 
     @property
     def out_of_orderness_ms(self) -> int:

@@ -44,8 +44,8 @@ class Emitted:
 
 @dataclass(frozen=True)
 class WorldConfig:
-    """Knobs every world takes (rates per event), and the world's own (``knobs``: a fraud world's users and merchants, a
-    delivery world's restaurants and couriers)."""
+    """Knobs every world takes (rates per event), and the world's own (``knobs``: how many customers, shops or vehicles
+    it has, as the world defines them)."""
 
     rate_per_s: float = 1_000.0
     out_of_order_rate: float = 0.05

@@ -1,5 +1,5 @@
 """Each template's whole loop on the real stack, as `loopline demo` runs it: its world's events → the streaming
-features (equal to the recompute at request time) → scoring over Kafka and HTTP → labels joined → snapshot →
+features (each windowed input equal to the recompute at request time, as the monitor replays it) → scoring over Kafka and HTTP → labels joined → snapshot →
 training (a classifier for fraud, a regression for delivery) → canary → promote, while a running scorer hot-swaps
 with no failed request → the skew monitor against the loop's snapshot: quiet on the healthy stream, then the
 project's injected skew moves exactly its feature; and `loopline rollback`.
@@ -158,11 +158,16 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, tmp_path: Path)
 
         # The healthy pipeline is consistent: the monitor's replay of every scored request (the job rebuilt its state
         # from the whole log, as the replay reads it) finds no value mismatch; differences are lag or clocks.
-        report = consistency_replay(settings, feature_plan(settings))(records)
+        plan = feature_plan(settings)
+        report = consistency_replay(settings, plan)(records)
         outcomes = by_outcome(report)
         wrong = {feature: round(figures["mismatch_ratio"], 3) for feature, figures in summary(report).items() if figures["mismatch_ratio"] > 0}
         assert outcomes["value"] == outcomes["extra"] == 0 and outcomes["match"] > 0, (outcomes, wrong)
-        assert report and {c.compared for c in report.values()} == {len(records)}, "every scored request compared, each feature"
+        # Every windowed model input replayed (the replay's, as the monitor's: an unwindowed one would need the whole
+        # log; test_template_features holds those to the recompute), for every scored request, each matching often.
+        windowed = {f"{v.name}:{a.name}" for v in plan.views for a in v.aggregations if a.window_ms} & set(declared.spec.model.inputs)
+        assert set(report) == windowed and {c.compared for c in report.values()} == {len(records)}, sorted(report)
+        assert all(c.counts["match"] > 0 and c.rate("missing") < 0.1 for c in report.values()), summary(report)
 
         # One command puts the previous version back, and the alias history says who did what and why.
         outcome = CliRunner().invoke(app, ["rollback", "--reason", "test"], env=settings_environment(settings))

@@ -156,6 +156,39 @@ def test_any_bytes_get_the_same_verdict(replay: Replay, payload: bytes, wire: st
     assert_same(replay.decode(payload, wire), python_verdict(payload, wire))
 
 
+BOUNDS = parse_contract({
+    "type": "record", "name": "bounds", "fields": [
+        {"name": "price", "type": "double", "constraints": {"minimum": 0.3, "maximum": 99.99}},
+        {"name": "units", "type": "long", "constraints": {"minimum": 0.5, "exclusiveMaximum": 1e3}},
+    ],
+})  # fmt: skip
+
+
+def test_decimal_bounds_and_other_text_encodings_get_the_same_verdict(replay: Replay) -> None:
+    """Bounds no double holds exactly (0.3, 99.99: each side takes the double nearest, as Python reads the contract),
+    and JSON in another encoding than UTF-8, or behind a byte order mark, which JSON refuses."""
+    prices = ["0.3", "0.29999999999999998", "0.29999999999999993", "0.30000000000000004", "99.99", "99.990000000000009",
+              "99.99000000000002", "1e-400", "99.98999999999999"]  # fmt: skip
+    payloads = [f'{{"price": {price}, "units": {units}}}'.encode() for price in prices for units in ("0", "1", "999", "1000")]
+    good = b'{"price": 1.5, "units": 3}'
+    payloads += [b"\xef\xbb\xbf" + good, good.decode().encode("utf-16-le"), good.decode().encode("utf-16"), good.decode().encode("utf-32")]
+    replay.driver.tell(f"contract {BOUNDS.jvm_spec()}")
+    try:
+        verdicts = {payload: replay.decode(payload, "json") for payload in payloads}
+    finally:
+        replay.driver.tell(f"contract {CONTRACT.jvm_spec()}")
+    for payload, jvm in verdicts.items():
+        try:
+            event = BOUNDS.decode(payload, "json")
+        except ContractViolation as violation:
+            python: tuple[str, object] = ("invalid", violation.field)
+        else:
+            python = ("ok", [event.price, event.units])
+        assert_same(jvm, python)
+    assert verdicts[good.decode().encode("utf-16-le")][0] == verdicts[b"\xef\xbb\xbf" + good][0] == "invalid"
+    assert {verdicts[f'{{"price": {p}, "units": 1}}'.encode()][0] for p in ("0.3", "99.99")} == {"ok"}, "a bound takes its own value"
+
+
 def test_a_valid_event_reads_the_same_on_both_wires(replay: Replay) -> None:
     event = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "b", "small": -3, "count": 99, "ratio": 0.5, "flag": False,
              "note": None, "zone": "z"}  # fmt: skip
@@ -184,6 +217,10 @@ def test_a_contract_that_loopline_cannot_take_is_refused_naming_the_field() -> N
         ({"type": "record", "name": "x", "fields": [{"name": "a", "type": ["null", "string", "long"]}]}, "one type with null"),
         ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "("}}]}, "not a regular"),
         ({"type": "enum", "name": "x", "symbols": ["a"]}, "record schema"),
+        ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "(?P<n>a)"}}]},
+         "read differently"),
+        ({"type": "record", "name": "x", "fields": [{"name": "json", "type": "string"}]}, "use themselves"),
+        ({"type": "record", "name": "x", "fields": [{"name": "_a", "type": "string"}]}, "underscore"),
     ]  # fmt: skip
     for schema, words in bad:
         with pytest.raises(ContractError, match=words):

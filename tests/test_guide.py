@@ -4,6 +4,7 @@ served, and every command it runs exists."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import shlex
@@ -61,8 +62,16 @@ def test_the_guides_score_request_names_the_delivery_models_entities_and_fields(
 
 
 def _command_lines() -> list[str]:
-    """Each `loopline ...` line of the guide's shell blocks, without its comment."""
-    return sorted({line.split("  #")[0].strip() for block in _blocks("bash") for line in block.splitlines() if line.startswith("loopline ")})
+    """Each `loopline ...` command the guide gives: its shell blocks' lines (without their comments), and the commands
+    written inline in its text."""
+    in_blocks = {line.split("  #")[0].strip() for block in _blocks("bash") for line in block.splitlines() if line.startswith("loopline ")}
+    inline = set(re.findall(r"`(loopline [^`<]+)`", GUIDE.read_text()))
+    return sorted(in_blocks | {command.strip() for command in inline})
+
+
+@pytest.mark.parametrize("module", sorted(set(re.findall(r"python -m ([\w.]+)", GUIDE.read_text()))))
+def test_every_module_the_guide_runs_exists(module: str) -> None:
+    assert importlib.util.find_spec(module) is not None, module
 
 
 @pytest.mark.parametrize("line", _command_lines())

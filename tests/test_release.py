@@ -531,9 +531,10 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
 # --- a model trained elsewhere ---------------------------------------------------------------------------------
 
 
-def _trained_elsewhere(path: Path, inputs: list[str], logits: bool = False) -> Path:
+def _trained_elsewhere(path: Path, inputs: list[str], flaw: str | None = None) -> Path:
     """A model as a team trains it outside Loopline: plain torch on its own rows, exported to ONNX by torch, the
-    contract's input names and metadata set by hand (the guide's recipe). With ``logits`` it forgets the sigmoid."""
+    contract's input names and metadata set by hand (the guide's recipe). With a ``flaw``: "logits" forgets the sigmoid,
+    "nan" lets a missing input through as NaN, "text" says in its metadata that its last input is a text."""
     import onnx
     import torch
 
@@ -551,13 +552,14 @@ def _trained_elsewhere(path: Path, inputs: list[str], logits: bool = False) -> P
 
     class Scorer(torch.nn.Module):
         def forward(self, features: torch.Tensor) -> torch.Tensor:
-            z = net(torch.nan_to_num(features) / scale).squeeze(1)
-            return z if logits else torch.sigmoid(z)
+            z = net((features if flaw == "nan" else torch.nan_to_num(features)) / scale).squeeze(1)
+            return z if flaw == "logits" else torch.sigmoid(z)
 
     torch.onnx.export(Scorer().eval(), (rows[:2],), str(path), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                       dynamic_shapes=({0: torch.export.Dim("batch")},), dynamo=True, external_data=False, verbose=False)  # fmt: skip
     model = onnx.load(str(path))
-    onnx.helper.set_model_props(model, features_metadata([ModelInput(name) for name in inputs]))
+    kinds = ["number"] * (len(inputs) - 1) + ["text" if flaw == "text" else "number"]
+    onnx.helper.set_model_props(model, features_metadata([ModelInput(name, kind) for name, kind in zip(inputs, kinds, strict=True)]))
     onnx.save(model, str(path))
     return path
 
@@ -578,7 +580,9 @@ def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_promoted_and_
         return " ".join(output.replace("│", " ").split())  # the error's words, out of its box
 
     assert "declares no request:amount_eur" in refused(_trained_elsewhere(tmp_path / "misnamed.onnx", [*INPUTS[:3], "request:amount_eur"]))
-    assert "scores are not probabilities" in refused(_trained_elsewhere(tmp_path / "logits.onnx", INPUTS, logits=True))
+    assert "scores are not probabilities" in refused(_trained_elsewhere(tmp_path / "logits.onnx", INPUTS, flaw="logits"))
+    assert "must handle NaN inputs" in refused(_trained_elsewhere(tmp_path / "nan.onnx", INPUTS, flaw="nan"))
+    assert "its 'features' input must be float32 [batch, 3]" in refused(_trained_elsewhere(tmp_path / "text.onnx", INPUTS, flaw="text"))
     assert [str(v.version) for v in release.client.search_model_versions(f"name='{name}'")] == [prod], "nothing registered"
 
     code, output, error = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "elsewhere.onnx", INPUTS))], env)
@@ -588,7 +592,10 @@ def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_promoted_and_
     predictions = LogReader(settings.kafka.bootstrap, PREDICTIONS.name, from_end=True)
     try:
         with serving_doors(settings, scorer, model_watcher(settings, scorer).run) as (url, _):
-            _start_canary_behind_a_busy_prod(release, name, url, prod, canary)
+            assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod}, 30, 0.05), "prod never served"
+            code, output, error = run_cli(["release", canary, "--canary", "50"], env)  # as the guide releases it
+            assert code == 0 and f"v{canary} is the canary on 50 % of requests" in output, (output, error)
+            assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod, CANARY_ALIAS: canary}, 60, 0.05), "the canary never served"
             sent: list[tuple[int, str | None]] = []
             assert _until_both_arms_served(url, canary, prod, 20, sent)
             assert {status for status, _ in sent} == {200}

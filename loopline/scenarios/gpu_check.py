@@ -47,7 +47,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[2]
-INPUTS = ["user_transaction_features:txn_count_5m", "user_transaction_features:amount_sum_1h", "request:amount"]
+#: A probe model's inputs: two features of a made-up view and a request field (rows made in code, no project needed).
+INPUTS = ["probe_features:count_5m", "probe_features:sum_1h", "request:value"]
 #: 20,000 rows, 16,000 of them trained on in micro-batches of 64 per GPU: 250 optimizer steps an epoch on one GPU.
 ROWS, HOLDOUT, MICRO_BATCH, EPOCHS, HIDDEN = 20_000, 0.2, 64, 1, (256, 128)
 MIN_AUC = 0.75
@@ -63,15 +64,15 @@ def synthetic_snapshot(root: Path, rows: int = ROWS, seed: int = 0) -> Path:
     from feedback_loop.snapshots import BASE_COLUMNS, find_snapshot, write_snapshot
 
     rng = np.random.default_rng(seed)
-    count, total, amount = rng.poisson(3, rows), rng.gamma(2, 400, rows), rng.lognormal(4, 1, rows)
-    logit = 0.8 * (count - 3) + 0.002 * (total - 800) + 1.5 * (np.log(amount) - 4) - 1.0
+    count, total, value = rng.poisson(3, rows), rng.gamma(2, 400, rows), rng.lognormal(4, 1, rows)
+    logit = 0.8 * (count - 3) + 0.002 * (total - 800) + 1.5 * (np.log(value) - 4) - 1.0
     frame = pd.DataFrame({column: None for column in BASE_COLUMNS}, index=range(rows))
     frame["event_id"] = [str(uuid.UUID(int=int(i))) for i in rng.integers(0, 2**63, rows)]
     frame["request_id"], frame["model_name"], frame["model_version"] = frame["event_id"], "gpu-check", "0"
     frame["score"], frame["defaulted"] = 0.5, 0
     frame["label"] = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(float)
     frame["predicted_at_ms"] = 1_790_000_000_000 + np.arange(rows) * 1000
-    for name, values in zip(INPUTS, (count, total, amount), strict=True):
+    for name, values in zip(INPUTS, (count, total, value), strict=True):
         frame[name] = values.astype(float)
     manifest = write_snapshot(frame, str(root), kind="synthetic", source={"gpu_check": True}, time_range={"from_ms": None, "to_ms": None})
     return Path(find_snapshot(str(root), manifest.snapshot_id)[1])

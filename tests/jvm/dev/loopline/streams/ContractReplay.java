@@ -10,7 +10,7 @@ import java.util.HexFormat;
 import com.google.gson.Gson;
 
 /**
- * Drives the job's {@link EventContract} for {@code tests/streams/test_event_decoding.py}: one command per line on
+ * Drives the job's {@link EventContract} for {@code tests/test_event_decoding.py}: one command per line on
  * standard input, one answer line per decode.
  * <ul>
  *   <li>{@code contract <spec>}: the contract to decode with ({@code EventContract.jvm_spec}, JSON on one line);

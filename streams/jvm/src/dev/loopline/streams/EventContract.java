@@ -120,14 +120,24 @@ public final class EventContract implements Serializable {
             field.minLength = c.has("minLength") ? c.get("minLength").getAsInt() : null;
             field.maxLength = c.has("maxLength") ? c.get("maxLength").getAsInt() : null;
             field.pattern = c.has("pattern") ? c.get("pattern").getAsString() : null;
+            if (field.pattern != null) {  // a pattern Java cannot read fails the job's start, naming it, not each event
+                field.compiled = Pattern.compile(field.pattern, Pattern.UNICODE_CHARACTER_CLASS);
+            }
             positions.put(field.name, parsed.size());
             parsed.add(field);
         }
         this.fields = parsed.toArray(new Field[0]);
     }
 
+    /** A bound as Python reads it from the contract's JSON: an integer exactly, a decimal as the double nearest it (so
+     * {@code maximum: 0.1} takes the double 0.1 on both sides). */
     private static BigDecimal decimal(JsonObject constraints, String key) {
-        return constraints.has(key) ? new BigDecimal(constraints.get(key).getAsString()) : null;
+        if (!constraints.has(key)) {
+            return null;
+        }
+        String text = constraints.get(key).getAsString();
+        boolean integral = text.chars().noneMatch(c -> c == '.' || c == 'e' || c == 'E');
+        return integral ? new BigDecimal(text) : new BigDecimal(Double.parseDouble(text));
     }
 
     private static Object defaultOf(String type, JsonElement value) {
@@ -214,7 +224,13 @@ public final class EventContract implements Serializable {
         }
         Object[] values = new Object[fields.length];
         java.util.Arrays.fill(values, ABSENT);
-        try (JsonParser parser = json.createParser(payload)) {
+        // From text already checked to be UTF-8: Jackson, given bytes, would detect UTF-16 or 32 and skip a byte order
+        // mark, which the Python decoder (and JSON itself) refuses.
+        String text = new String(payload, java.nio.charset.StandardCharsets.UTF_8);
+        if (text.startsWith("\uFEFF")) {
+            throw new Violation(WHOLE_PAYLOAD, "not valid JSON (Unexpected UTF-8 BOM)");
+        }
+        try (JsonParser parser = json.createParser(text)) {
             JsonToken first = parser.nextToken();
             if (first != JsonToken.START_OBJECT) {
                 throw new Violation(WHOLE_PAYLOAD, first == null ? "not valid JSON (empty)" : "expected a JSON object");

@@ -7,7 +7,7 @@ import org.apache.flink.types.Row;
 
 /**
  * Keys a row by the text of some of its fields (by position): one field's text as it is; several fields' texts each
- * after its length and a colon ({@code 3:abc5:zone1}), so no two different combinations make one key, and
+ * after its length and a colon ({@code 3:abc2:xy}), so no two different combinations make one key, and
  * {@link #parts} reads them back. No position puts every row under one key.
  */
 public final class FieldKey implements KeySelector<Row, String> {

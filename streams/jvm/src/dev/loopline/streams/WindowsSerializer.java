@@ -7,7 +7,8 @@ import java.util.HashSet;
 import java.util.Map;
 import java.util.TreeMap;
 
-import org.apache.flink.api.common.typeutils.SimpleTypeSerializerSnapshot;
+import org.apache.flink.api.common.typeutils.TypeSerializer;
+import org.apache.flink.api.common.typeutils.TypeSerializerSchemaCompatibility;
 import org.apache.flink.api.common.typeutils.TypeSerializerSnapshot;
 import org.apache.flink.api.common.typeutils.base.TypeSerializerSingleton;
 import org.apache.flink.core.memory.DataInputView;
@@ -278,10 +279,39 @@ public final class WindowsSerializer extends TypeSerializerSingleton<WindowPlan.
         return new Snapshot();
     }
 
-    /** The serializer has no configuration: a snapshot says only which one wrote the state. */
-    public static final class Snapshot extends SimpleTypeSerializerSnapshot<WindowPlan.Windows> {
-        public Snapshot() {
-            super(() -> INSTANCE);
+    /** Which layout of the state a checkpoint holds: a checkpoint of another layout (an earlier Loopline's) is refused
+     * when the job is restored from it, rather than misread; the job then starts once with {@code --no-restore}. */
+    public static final class Snapshot implements TypeSerializerSnapshot<WindowPlan.Windows> {
+        /** 4: with the {@code last} values and the absorbed log positions (3 was the layout before them, written by
+         * Flink's SimpleTypeSerializerSnapshot, whose version was 3). */
+        static final int LAYOUT = 4;
+        private int read = LAYOUT;
+
+        public Snapshot() {}
+
+        @Override
+        public int getCurrentVersion() {
+            return LAYOUT;
+        }
+
+        @Override
+        public void writeSnapshot(DataOutputView out) {}
+
+        @Override
+        public void readSnapshot(int readVersion, DataInputView in, ClassLoader classLoader) {
+            read = readVersion;
+        }
+
+        @Override
+        public TypeSerializer<WindowPlan.Windows> restoreSerializer() {
+            return INSTANCE;
+        }
+
+        @Override
+        public TypeSerializerSchemaCompatibility<WindowPlan.Windows> resolveSchemaCompatibility(
+                TypeSerializerSnapshot<WindowPlan.Windows> old) {
+            return old instanceof Snapshot written && written.read == LAYOUT ? TypeSerializerSchemaCompatibility.compatibleAsIs()
+                    : TypeSerializerSchemaCompatibility.incompatible();
         }
     }
 }
