@@ -252,6 +252,10 @@ def _parse_field(source: str, raw: Any) -> ContractField:
         expected = str if key == "pattern" else int if key in ("minLength", "maxLength") else (int, float)
         if isinstance(value, bool) or not isinstance(value, expected):
             raise ContractError(f"{where}: constraint {key} must be a {'text' if key == 'pattern' else 'number'}")
+        if kind in _INTEGER_RANGE and key in _NUMBER_CONSTRAINTS:
+            if isinstance(value, float) and not value.is_integer():
+                raise ContractError(f"{where}: constraint {key} of an {kind} must be a whole number, not {value}")
+            constraints[key] = int(value)
         if key == "pattern":
             try:
                 re.compile(value)

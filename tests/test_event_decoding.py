@@ -159,7 +159,7 @@ def test_any_bytes_get_the_same_verdict(replay: Replay, payload: bytes, wire: st
 BOUNDS = parse_contract({
     "type": "record", "name": "bounds", "fields": [
         {"name": "price", "type": "double", "constraints": {"minimum": 0.3, "maximum": 99.99}},
-        {"name": "units", "type": "long", "constraints": {"minimum": 0.5, "exclusiveMaximum": 1e3}},
+        {"name": "units", "type": "long", "constraints": {"minimum": 1, "exclusiveMaximum": 1e3}},
     ],
 })  # fmt: skip
 
@@ -220,6 +220,7 @@ def test_a_contract_that_loopline_cannot_take_is_refused_naming_the_field() -> N
         ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "(?P<n>a)"}}]},
          "read differently"),
         ({"type": "record", "name": "x", "fields": [{"name": "json", "type": "string"}]}, "use themselves"),
+        ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "int", "constraints": {"minimum": 0.5}}]}, "whole number"),
         ({"type": "record", "name": "x", "fields": [{"name": "_a", "type": "string"}]}, "underscore"),
     ]  # fmt: skip
     for schema, words in bad:
