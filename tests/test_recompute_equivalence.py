@@ -21,7 +21,7 @@ from templates import EVENT_TIME, view_plan
 from feature_store.window_tiles import TILED_FUNCTIONS
 from feedback_loop.consistency import features_at
 from streams.feature_plan import SCALE, AggregationSpec, ViewPlan
-from streams.recompute import recompute
+from streams.recompute import LATEST_EVENT, recompute
 
 START = 1_790_000_000_000
 AMOUNTS = st.one_of(
@@ -62,7 +62,7 @@ def _reference_row(plan: ViewPlan, history: list[dict], at_ms: int) -> dict | No
     if not past:
         return None
     latest = max(e[EVENT_TIME] for e in past)
-    row: dict = {plan.entity_key: past[0][plan.entity_key], EVENT_TIME: latest, "at_ms": at_ms}
+    row: dict = {plan.entity_key: past[0][plan.entity_key], LATEST_EVENT: latest, "at_ms": at_ms}
     for agg in plan.aggregations:
         if agg.function == "time_since_previous":
             earlier = [e[EVENT_TIME] for e in past if e[EVENT_TIME] < latest]
@@ -92,7 +92,7 @@ def _reference(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame, times: bo
     for entity in dict.fromkeys(e["user"] for e in log):
         history = [e for e in log if e["user"] == entity]
         rows += [row for at_ms in at.loc[at["user"] == entity, "at_ms"] if (row := _reference_row(plan, history, at_ms))]
-    return pd.DataFrame(rows, columns=["user", EVENT_TIME, *(["at_ms"] if times else []), *plan.feature_names])
+    return pd.DataFrame(rows, columns=["user", LATEST_EVENT, *(["at_ms"] if times else []), *plan.feature_names])
 
 
 def _same(a: object, b: object) -> bool:
