@@ -90,7 +90,7 @@ def test_a_last_value_and_a_composite_entity_compile() -> None:
     probe = view(Aggregation(name="last_country", function="last", column="country"),
                  Aggregation(name="pair_count", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
                  entities=(USER, MERCHANT))  # fmt: skip
-    probe.schema[0].dtype = String
+    next(f for f in probe.features if f.name == "last_country").dtype = String  # by name: the schema's order is Feast's
     plan, _ = compile_view(probe, FRAUD)
     assert plan.entity_keys == ("user_id", "merchant_id") and plan.entity_key == "(user_id,merchant_id)"
     assert plan.value_types == {"last_country": "STRING", "pair_count": "INT64"}
