@@ -331,16 +331,18 @@ def stream_submit(
 
     if from_time is not None and restore:
         raise typer.BadParameter("--from-time rebuilds the state from the log: use it with --no-restore")
-    if from_time is not None and jobmanager is not None:
-        raise typer.BadParameter("--from-time starts the embedded job; a cluster's job starts from its savepoint or the group's offsets")
     if jobmanager is None and (from_savepoint or print_command or image):
         raise typer.BadParameter("--from-savepoint, --print-command and --image are for a cluster: give --jobmanager")
     config = settings()
     if jobmanager is not None:
         from loopline.cluster_jobs import feature_job_submission
 
-        _submit_to_cluster(feature_job_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image)), jobmanager,
-                           print_command)
+        if from_savepoint is not None and not restore:
+            raise typer.BadParameter("--from-savepoint restores that savepoint: leave out --no-restore")
+        if image and not restore:
+            raise typer.BadParameter("a FlinkDeployment's job starts as its upgradeMode says: --no-restore is for a shipped job")
+        submission = feature_job_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image), _epoch_ms(from_time))
+        _submit_to_cluster(submission, jobmanager, print_command)
         return
     from streams.feature_job import run_embedded
 

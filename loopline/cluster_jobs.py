@@ -66,16 +66,19 @@ def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_comma
 
 
 def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
-                           restore: bool, image: FlinkImage | None = None) -> Submission:  # fmt: skip
+                           restore: bool, image: FlinkImage | None = None, start_from_ms: int | None = None) -> Submission:  # fmt: skip
     """The submission of the feature job to the cluster at ``jobmanager``: shipping its code and environment, or with
     ``image`` run by a Loopline Flink image's entry (``loopline/flink_image_job.py``), which reads the settings where
-    it runs."""
+    it runs. Without ``restore`` (and no savepoint) the shipped job rebuilds its windows from the oldest retained event,
+    or the first published at ``start_from_ms``."""
 
     def shipped(parallelism: int, restore_from: str | None) -> list[str]:
         from streams.feature_job import submit_command
 
         # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
-        job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism)
+        rebuild = restore_from is None and not restore
+        job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism, rebuild=rebuild,
+                                  start_from_ms=start_from_ms if rebuild else None)  # fmt: skip
         return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
 
     return _submission(settings, FEATURE_JOB, settings.checkpoint_dir, "loopline stream submit", jobmanager,

@@ -265,6 +265,11 @@ class RequestLimitSettings(BaseModel):
     max_request_fields: int = Field(default=64, ge=0)
     max_key_length: int = Field(default=256, ge=1, description="Request id, entity keys, field names and string values.")
     max_json_depth: int = Field(default=32, ge=2)
+    max_ahead_s: float = Field(
+        default=5.0, ge=0, description="A request stamped (requested_at_ms) further ahead of the scorer's clock is refused "
+        "(HTTP 422, gRPC INVALID_ARGUMENT, a dead letter): its windows would be read as of a time no event has reached yet. "
+        "Raise it to score what-if requests at later times.",
+    )
 
 
 class ServingSettings(BaseModel):

@@ -7,6 +7,7 @@ INVALID_ARGUMENT/RESOURCE_EXHAUSTED, a dead letter on Kafka).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from online.errors import InvalidRequest, PayloadTooLarge
@@ -24,6 +25,9 @@ class RequestLimits:
     #: The longest request id, entity key, request field name or string value, in characters.
     max_key_length: int = 256
     max_json_depth: int = 32
+    #: How far ahead of this machine's clock a request may be stamped, in seconds (a clock a little ahead is usual; a
+    #: day ahead is a bug, and every window read as of it would be empty).
+    max_ahead_s: float = 5.0
 
 
 def parse_request(payload: bytes, limits: RequestLimits) -> ScoreRequest:
@@ -39,7 +43,12 @@ def parse_request(payload: bytes, limits: RequestLimits) -> ScoreRequest:
 
 
 def check_limits(request: ScoreRequest, limits: RequestLimits) -> None:
-    """InvalidRequest naming the first part of ``request`` beyond ``limits``."""
+    """InvalidRequest naming the first part of ``request`` beyond ``limits``, its time included: stamped further ahead of
+    this machine's clock than ``limits.max_ahead_s`` is refused, never clamped (a clamped request would be logged and
+    judged as of a time it did not name)."""
+    ahead_s = request.requested_at_ms / 1000 - time.time()
+    if ahead_s > limits.max_ahead_s:
+        raise InvalidRequest("requested_at_ms", f"{ahead_s:,.1f} s ahead of the scorer's clock; at most {limits.max_ahead_s:g} s")
     if len(request.entity_keys) > limits.max_entity_keys:
         raise InvalidRequest("entity_keys", f"{len(request.entity_keys)} keys; at most {limits.max_entity_keys}")
     if len(request.request_fields) > limits.max_request_fields:

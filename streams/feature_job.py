@@ -276,7 +276,7 @@ def _main(settings_json: str) -> None:
     plan = registered_plan(load_project(settings.project_path), settings.feast_registry_path, settings.redis_connection,
                            settings.source_topics)  # fmt: skip
     env = new_environment(settings)
-    build_job(env, plan, settings)
+    build_job(env, plan, settings, from_earliest=settings.rebuild)
     env.execute(JOB_NAME)
 
 

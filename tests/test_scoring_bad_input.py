@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -36,7 +37,7 @@ from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
 from schemas.grpc_api import scoring_api
 from schemas.records import DeadLetterRecord, PredictionRecord
-from schemas.topics import DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
+from schemas.topics import DAY_MS, DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 HTTP_ANSWERS = {200, 404, 413, 422}
@@ -97,14 +98,15 @@ def _post(served: Served, body: bytes) -> requests.Response:
     return requests.post(f"{served.url}/v1/score", data=body, headers={"content-type": "application/json"}, timeout=10)
 
 
-def _grpc(served: Served, request_id: str, entity_keys: dict, fields: dict[str, struct_pb2.Value], model_name: str = ""):
+def _grpc(served: Served, request_id: str, entity_keys: dict, fields: dict[str, struct_pb2.Value], model_name: str = "",
+          requested_at_ms: int = 1):
     """(status code, details) of a gRPC Score call."""
     messages, services = scoring_api()
     with grpc.insecure_channel(served.grpc_address) as channel:
         try:
             services.ScorerStub(channel).Score(
                 messages.ScoreRequest(request_id=request_id, entity_keys=entity_keys, request_fields=fields,
-                                      requested_at_ms=1, model_name=model_name),  # fmt: skip
+                                      requested_at_ms=requested_at_ms, model_name=model_name),  # fmt: skip
                 timeout=10,
             )
             return grpc.StatusCode.OK, ""
@@ -136,6 +138,7 @@ BAD_REQUESTS = [
     ("a huge key", _json("1", entity_keys={"user_id": "u" * 1_000}), 422, "entity_keys.user_id"),
     ("an unknown model", _json("1", model_name="not-served"), 404, "model_name"),
     ("a body over 64 KiB", _json("1", request_id="r" * 70_000), 413, None),
+    ("stamped a day ahead", _json("1", requested_at_ms=int(time.time() * 1000) + DAY_MS), 422, "requested_at_ms"),
 ]
 
 
@@ -154,6 +157,8 @@ def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: S
         assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("request_fields.amount"), (value, code, details)
     assert _grpc(served, "g-2", {"user_id": "u"}, {"amount": struct_pb2.Value(number_value=1)}, "not-served")[0] == grpc.StatusCode.NOT_FOUND
     assert _grpc(served, "g-3", {"user_id": "u" * 70_000}, {})[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
+    ahead = _grpc(served, "g-4", {"user_id": "u"}, {"amount": struct_pb2.Value(number_value=1)}, requested_at_ms=int(time.time() * 1000) + DAY_MS)
+    assert ahead[0] == grpc.StatusCode.INVALID_ARGUMENT and ahead[1].startswith("requested_at_ms"), ahead
 
     # And over Kafka: each one is dead-lettered with its reason and field, and the door goes on.
     dead = LogReader(applied.kafka.bootstrap, DEAD_LETTERS.name)

@@ -83,7 +83,9 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
 
     aggregations = {a.name: a for view in feature_plan(applied).views if view.name == VIEW for a in view.aggregations}
     model = write_linear_model(tmp_path / "decay.onnx", INPUTS, np.full(len(INPUTS), 0.01), -1.0)
-    roomy = applied.model_copy(update={"serving": applied.serving.model_copy(update={"feature_budget_ms": 2_000.0})})
+    # Requests up to 22 hours ahead of the clock: what-if requests, which the scorer takes once told to.
+    ahead = applied.serving.limits.model_copy(update={"max_ahead_s": 26 * HOUR / 1000})
+    roomy = applied.model_copy(update={"serving": applied.serving.model_copy(update={"feature_budget_ms": 2_000.0, "limits": ahead})})
     # The late event's tile is [+40 s, +50 s): the 5-minute window's tail for requests in [+330 s, +340 s).
     after = {"burst": 55 * SECOND, "late tile the tail": 335 * SECOND, "late tile out": 345 * SECOND,
              "last tile out": 350 * SECOND, "5 minutes quiet": 6 * MINUTE, "hour quiet": 2 * HOUR,
