@@ -106,7 +106,8 @@ def _newest_row_ms(reader: OnlineReader, watched: _Watched) -> int | None:
 def _absorb_history(world: DemoWorld, job, reader: OnlineReader, watched: _Watched, console: Console) -> float:
     """Wait, showing progress, until the feature job has read the world's history and follows it live; its seconds."""
     began = time.monotonic()
-    with Live(console=console, refresh_per_second=2) as live:
+    # Transient: the line printed after it says how it ended (off a terminal, a kept last frame ran into that line).
+    with Live(console=console, refresh_per_second=2, transient=True) as live:
         while True:
             if job.poll() is not None:
                 raise RuntimeError("the feature job stopped while reading the history; see feature-job.log under the stack's logs")
