@@ -18,6 +18,8 @@ Which records count, each contract-valid record ending either counted once or le
 * A record with no features at all is left out as ``no_features``: it says nothing of what a model was given.
 * A feature the reference does not have is not measured, whatever its value (a newer model's extra input has
   nothing to compare with); the record's referenced features count. A referenced feature the record lacks is missing.
+* A record whose every referenced stored feature defaulted (its read overran the budget) is not counted, as the
+  reference leaves such rows out (``reference.overran_reads``): it says nothing of the features' distribution.
 * A model version never seen counts under its own version, against the one reference every version is measured
   against (the prod version's training snapshot: a canary's skew shows against it), whatever its name holds (the
   key's ``|`` included: a key is read from both ends).
@@ -29,7 +31,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import asdict
 
 from feedback_loop.drift import NOT_FINITE, WRONG_TYPE, FeatureCounts, FeatureSkew, count_values, feature_skew, value_problem
-from feedback_loop.reference import FeatureReference
+from feedback_loop.reference import FeatureReference, overran_reads
 from schemas.records import PredictionRecord
 
 #: A record with an empty feature vector.
@@ -89,7 +91,9 @@ class FeatureLogWindow:
         if offset is not None and len(records) != 1:
             raise ValueError(f"an offset names one record, not {len(records)}")
         groups: dict[tuple[str, int], list[PredictionRecord]] = {}
-        for record in (r for r in records if self.problem(r) is None):
+        read = [r for r in records if self.problem(r) is None]
+        overran = overran_reads([sum(name in r.defaulted_features for name in self.references) for r in read], list(self.references))
+        for record in (r for r, skipped in zip(read, overran, strict=True) if not skipped):
             groups.setdefault((record.model_version, record.scored_at_ms // self.bucket_ms * self.bucket_ms), []).append(record)
         counted = 0
         for (version, bucket), batch in groups.items():

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from schemas.model_contract import REQUEST_PREFIX
+
 #: Reference histograms use this many bins (deciles of the snapshot's own values).
 REFERENCE_BINS = 10
 
@@ -36,8 +38,20 @@ def is_categorical(column: pd.Series) -> bool:
     return any(isinstance(value, str) for value in column.dropna())
 
 
+def overran_reads(defaulted: pd.Series | np.ndarray, inputs: Sequence[str]) -> np.ndarray:
+    """Which rows had every stored input defaulted (``defaulted``: how many inputs each row defaulted): a feature read
+    that overran its budget, or found no row for any of the entities. Such a row says nothing of the features'
+    distribution, so skew is measured without it, on both sides; how often it happens is the default rate's own
+    metric and alert (``LooplineFeaturesDefaulted``)."""
+    stored = sum(1 for name in inputs if not name.startswith(REQUEST_PREFIX))
+    return np.asarray(defaulted) >= stored if stored else np.zeros(len(defaulted), dtype=bool)
+
+
 def reference_statistics(frame: pd.DataFrame, inputs: Sequence[str]) -> dict[str, FeatureReference]:
-    """Each input's reference distribution in ``frame``: decile bins for numbers, value shares for categories."""
+    """Each input's reference distribution in ``frame``: decile bins for numbers, value shares for categories; rows
+    whose every stored input defaulted (its ``defaulted`` column, when it has one) are left out (``overran_reads``)."""
+    if "defaulted" in frame:
+        frame = frame[~overran_reads(frame["defaulted"], inputs)]
     references = {}
     for name in inputs:
         missing = float(frame[name].isna().mean()) if len(frame) else 0.0

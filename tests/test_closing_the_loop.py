@@ -121,7 +121,7 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, tmp_path: Path)
             # features still fill up here, with no history: the demo, with its hour of history, checks that they stay
             # quiet.)
             def injected() -> bool:
-                skew.step()
+                skew.step(release_decided=loop.settled())
                 return skew.injected_at is not None
 
             assert wait_until(injected, 90, 0.5), "the monitor never measured the healthy stream"

@@ -162,7 +162,7 @@ def _run_live(run: _Run, budget_end: float, console: Console) -> None:
 
     with Live(console=console, refresh_per_second=1) as live:
         while True:
-            run.skew.step()
+            run.skew.step(release_decided=run.loop.settled())
             live.update(tables())
             now = time.monotonic()
             if not run.world.running:

@@ -73,10 +73,11 @@ class DemoSkew:
         self._monitor = start_loopline(self.settings, ["monitor"], self.logs / "monitor.log", BACKGROUND_NICENESS, **env)
         self._monitor_started = time.monotonic()
 
-    def step(self) -> None:
-        """Inject the skew once the monitor has measured the healthy stream a while."""
+    def step(self, release_decided: bool) -> None:
+        """Inject the skew once the monitor has measured the healthy stream a while and the loop's release is decided
+        (``release_decided``): the canary is judged on the healthy stream, as it would be without the demo's bug."""
         started = self._monitor_started
-        if self.field is None:
+        if self.field is None or not release_decided:
             return
         if self.injected_at is None and started is not None and time.monotonic() - started >= _HEALTHY_S and self._psi() is not None:
             self.scoring.skew = {self.field: self.factor}
