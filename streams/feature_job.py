@@ -23,6 +23,7 @@ ends with the row of every event, never with one written before the failure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -124,9 +125,10 @@ def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
     )
 
 
-def _startup(settings: JobSettings, from_earliest: bool) -> dict[str, str]:
-    """The Kafka source's start: the group's committed offsets, the oldest retained event, or a publishing time."""
-    if not from_earliest:
+def _startup(settings: JobSettings) -> dict[str, str]:
+    """The Kafka source's start: the group's committed offsets, or to rebuild the oldest retained event or a publishing
+    time."""
+    if not settings.rebuild:
         return {"scan.startup.mode": "group-offsets"}
     if settings.start_from_ms is None:
         return {"scan.startup.mode": "earliest-offset"}
@@ -170,17 +172,17 @@ def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms
 warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"pyflink\.")
 
 
-def build_job(env, plan: FeaturePlan, settings: JobSettings, from_earliest: bool = False) -> None:
+def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     """Add the feature pipeline for ``plan`` to a PyFlink StreamExecutionEnvironment.
 
     The source starts where the consumer group committed (or a restored checkpoint says), or with
-    ``from_earliest`` at the oldest retained event (or the first published at ``settings.start_from_ms``), to
+    ``settings.rebuild`` at the oldest retained event (or the first published at ``settings.start_from_ms``), to
     rebuild the window state from the log.
     """
     t_env = StreamTableEnvironment.create(env)
     tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
     fetch = {"properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "20"}
-    t_env.execute_sql(tables.raw_source("raw_events", ";".join(plan.topics), {**fetch, **_startup(settings, from_earliest)},
+    t_env.execute_sql(tables.raw_source("raw_events", ";".join(plan.topics), {**fetch, **_startup(settings)},
                                         ["`topic` STRING METADATA VIRTUAL"]))  # fmt: skip
     t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
     t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
@@ -255,7 +257,7 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
     """
     def build(restore_from: str | None):
         env = new_environment(settings, restore_from)
-        build_job(env, plan, settings, from_earliest=not restore)
+        build_job(env, plan, dataclasses.replace(settings, rebuild=not restore))
         return env
 
     run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore",
@@ -271,12 +273,12 @@ def submit_command(flink: Path, jobmanager: str, settings: JobSettings, archives
 
 def _main(settings_json: str) -> None:
     """Entry point under ``flink run``: compile the plan from the project's Feast registry and submit the job to that
-    cluster."""
+    cluster (restored from what ``flink run`` names, or rebuilding when ``settings.rebuild`` says so)."""
     settings = JobSettings.from_json(settings_json)
     plan = registered_plan(load_project(settings.project_path), settings.feast_registry_path, settings.redis_connection,
                            settings.source_topics)  # fmt: skip
     env = new_environment(settings)
-    build_job(env, plan, settings, from_earliest=settings.rebuild)
+    build_job(env, plan, settings)
     env.execute(JOB_NAME)
 
 

@@ -52,12 +52,12 @@ class JobSettings:
     #: Feature rows are appended under <offline_dir>/<view>; None: where each view's FileSource points.
     offline_dir: Path | None = None
     group_id: str = "loopline-features"
-    #: Started on a cluster without a checkpoint to restore (``stream submit --jobmanager --no-restore``): rebuild the
-    #: windows from the oldest retained event (or ``start_from_ms``), as the embedded job does, not from the group's
-    #: committed offsets with empty state.
+    #: Started without a checkpoint to restore (``stream submit --no-restore``, embedded or on a cluster): rebuild the
+    #: windows from the oldest retained event (or ``start_from_ms``), not from the group's committed offsets with
+    #: empty state.
     rebuild: bool = False
-    #: Started without a checkpoint to restore (``from_earliest``), read from the first event published at or after
-    #: this time (epoch ms, the records' Kafka timestamps) rather than from the oldest retained one.
+    #: With ``rebuild``, read from the first event published at or after this time (epoch ms, the records' Kafka
+    #: timestamps) rather than from the oldest retained one.
     start_from_ms: int | None = None
     dead_letter_topic: str = DEAD_LETTERS.name
     checkpoint_interval_ms: int = 5_000

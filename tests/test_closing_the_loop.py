@@ -164,8 +164,9 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, tmp_path: Path)
         wrong = {feature: round(figures["mismatch_ratio"], 3) for feature, figures in summary(report).items() if figures["mismatch_ratio"] > 0}
         assert outcomes["value"] == outcomes["extra"] == 0 and outcomes["match"] > 0, (outcomes, wrong)
         # Every windowed model input replayed (the replay's, as the monitor's: an unwindowed one would need the whole
-        # log; test_template_features holds those to the recompute), for every scored request, each matching and most
-        # read from a row. (Most are lag: the scorer reads the row before the job has applied the scored event itself.)
+        # log; test_template_features holds those to the recompute), for every scored request, each matching, and more
+        # of them matching or lagging than missing (a new entity's first event): most are lag, the scorer reading the row
+        # before the job has applied the scored event itself.
         windowed = {f"{v.name}:{a.name}" for v in plan.views for a in v.aggregations if a.window_ms} & set(declared.spec.model.inputs)
         assert set(report) == windowed and {c.compared for c in report.values()} == {len(records)}, sorted(report)
         counts = {feature: c.counts for feature, c in report.items()}

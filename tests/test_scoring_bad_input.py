@@ -35,8 +35,10 @@ from infra.service import free_port, wait_until
 from loopline.job_processes import start_scorer
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
+from online.errors import InvalidRequest
+from online.request_limits import RequestLimits, check_limits
 from schemas.grpc_api import scoring_api
-from schemas.records import DeadLetterRecord, PredictionRecord
+from schemas.records import DeadLetterRecord, PredictionRecord, ScoreRequest
 from schemas.topics import DAY_MS, DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
@@ -139,7 +141,19 @@ BAD_REQUESTS = [
     ("an unknown model", _json("1", model_name="not-served"), 404, "model_name"),
     ("a body over 64 KiB", _json("1", request_id="r" * 70_000), 413, None),
     ("stamped a day ahead", _json("1", requested_at_ms=int(time.time() * 1000) + DAY_MS), 422, "requested_at_ms"),
+    ("a 400-digit timestamp", _json("1", requested_at_ms="STAMP").replace(b'"STAMP"', b"9" * 400), 422, "requested_at_ms"),
 ]
+
+
+def test_a_request_stamped_ahead_is_refused_beyond_the_bound_only() -> None:
+    limits, now_ms = RequestLimits(max_ahead_s=5.0), int(time.time() * 1000)
+    for ahead_ms, refused in ((-DAY_MS, False), (0, False), (4_000, False), (6_000, True), (10**400, True)):
+        request = ScoreRequest.model_validate({**score_request("u", 1.0), "requested_at_ms": now_ms + ahead_ms})
+        if refused:
+            with pytest.raises(InvalidRequest, match="^requested_at_ms: .* ahead of the scorer's clock; at most 5 s$"):
+                check_limits(request, limits)
+        else:
+            check_limits(request, limits)
 
 
 def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: Settings) -> None:
@@ -205,6 +219,8 @@ def _assert_scores_on_every_door(served: Served, settings: Settings) -> None:
 
 
 _text = st.text(max_size=12)
+#: Stamped within the last day: requests the scorer takes (most of those further ahead are refused before scoring).
+_recent_ms = st.integers(min_value=int(time.time() * 1000) - DAY_MS, max_value=int(time.time() * 1000))
 _value = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(10**400), max_value=10**400), _text, st.booleans(),
     st.none(), st.lists(st.integers(), max_size=3), st.dictionaries(_text, st.integers(), max_size=2),
@@ -212,7 +228,7 @@ _value = st.one_of(
 _structured = st.fixed_dictionaries(
     {"schema_version": st.sampled_from([1, 1, 1, 2, "1"]), "entity_keys": st.dictionaries(_text, st.one_of(_text, st.integers()), max_size=10),
      "request_fields": st.dictionaries(st.sampled_from(["amount", "other", ""]), _value, max_size=3),
-     "requested_at_ms": st.one_of(st.integers(min_value=-5, max_value=2**70), _text)},
+     "requested_at_ms": st.one_of(_recent_ms, _recent_ms, st.integers(min_value=-5, max_value=2**70), _text)},
     optional={"model_name": st.one_of(st.none(), _text, st.just("fraud")), "extra": _value},
 )  # fmt: skip
 
