@@ -297,7 +297,7 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         if step.name == "snapshot" and step.state == "done" and loop.outcome.snapshot_id:
             skew.start_monitor(loop.outcome.snapshot_id)
 
-    loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step, min_span_s=float(project(settings).spec.demo.get("snapshot_span_s", 0)))
+    loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
     jobs: list = []
     published: list[PublishStats] = []

@@ -78,13 +78,12 @@ class DemoLoop:
 
     def __init__(
         self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_positive: int = MIN_POSITIVE,
-        on_step: Callable[[Step], None] | None = None, min_span_s: float = 0.0,
+        on_step: Callable[[Step], None] | None = None,
     ) -> None:  # fmt: skip
         """The loop over ``settings``' stack, for the score requests whose ids start with ``run_id``; it trains once
-        ``min_labeled`` of them have their labels (of a binary label, ``min_positive`` positives among them), scored
-        over at least ``min_span_s`` (a snapshot of a few seconds holds each entity's windows at one moment: the
-        reference the skew monitor then measures against). ``on_step`` is called as each step starts and ends."""
-        self.settings, self.run_id, self.on_step, self.min_span_s = settings, run_id, on_step, min_span_s
+        ``min_labeled`` of them have their labels (of a binary label, ``min_positive`` positives among them). ``on_step``
+        is called as each step starts and ends."""
+        self.settings, self.run_id, self.on_step = settings, run_id, on_step
         self.quality = Quality(project(settings).labels.kind)
         self.min_labeled, self.min_positive = min_labeled, min_positive if self.quality.kind == "binary" else 0
         self.started_ms = int(time.time() * 1000)
@@ -152,13 +151,10 @@ class DemoLoop:
             while not self._stop.is_set():
                 labeled = self.labeled()
                 positives = sum(bool(e.label) for e in labeled) if self.quality.kind == "binary" else 0
-                span_s = (max(e.predicted_at_ms for e in labeled) - min(e.predicted_at_ms for e in labeled)) / 1000 if labeled else 0.0
-                need = (f"need {self.min_labeled}" + (f", {self.min_positive} positive" if self.min_positive else "")
-                        + (f", over {self.min_span_s:.0f} s" if self.min_span_s else ""))  # fmt: skip
+                need = f"need {self.min_labeled}" + (f", {self.min_positive} positive" if self.min_positive else "")
                 self.steps["labels"].detail = (f"{len(labeled):,} labeled examples joined"
-                                               + (f", {positives} positive" if self.min_positive else "")
-                                               + (f", scored over {span_s:.0f} s" if self.min_span_s else "") + f" ({need})")  # fmt: skip
-                if len(labeled) >= self.min_labeled and positives >= self.min_positive and span_s >= self.min_span_s:
+                                               + (f", {positives} positive" if self.min_positive else "") + f" ({need})")  # fmt: skip
+                if len(labeled) >= self.min_labeled and positives >= self.min_positive:
                     return self.steps["labels"].detail
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"not enough labels before the time budget ran out ({self.steps['labels'].detail})")
