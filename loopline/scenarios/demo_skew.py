@@ -75,7 +75,7 @@ class DemoSkew:
 
     def step(self, release_decided: bool) -> None:
         """Inject the skew once the monitor has measured the healthy stream a while and the loop's release is decided
-        (``release_decided``): the canary is judged on the healthy stream, as it would be without the demo's bug."""
+        (``release_decided``): the canary is judged on the healthy stream, before the demo's upstream bug goes in."""
         started = self._monitor_started
         if self.field is None or not release_decided:
             return
