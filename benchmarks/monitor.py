@@ -152,11 +152,11 @@ def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests:
     """A request 1 ms after each of the last ``requests`` events, logging the recompute's values — the broken feature's
     with its window one bucket longer, and every tenth request's as of the entity's previous event (lag)."""
     asked = events.tail(requests)
-    event_times = asked[plan.source(project.spec.scored_event.topic).time_field].to_numpy()
+    time_field = plan.source(project.spec.scored_event.topic).time_field
+    event_times = asked[time_field].to_numpy()
     features: dict[str, list] = {}
     row_times: dict[str, list] = {}
     absorbed: dict[str, list] = {}  # the log positions behind each row, as the job writes them with it
-    time_field = plan.source(project.spec.scored_event.topic).time_field
     for view in plan.views:
         logged = view.with_entity(events).groupby(view.entity_key, sort=False)
         history = {key: (group[time_field].to_numpy(), group["offset"].to_numpy()) for key, group in logged}

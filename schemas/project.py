@@ -27,6 +27,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schemas.contracts import ContractError, EventContract, load_contract
+from schemas.model_contract import REQUEST_PREFIX
 from schemas.topics import TopicSpec
 
 PROJECT_FILE = "loopline_project.yaml"
@@ -248,7 +249,8 @@ def _check_fields(project: Project) -> None:
     for request_field, event_field in scored.request_fields.items():
         check(f"scored_event.request_fields.{request_field}", scored.topic, event_field)
     # Training history is backfilled from the scored events: each request input of the model comes from one of its fields.
-    unmapped = [name for name in project.spec.model.inputs if name.startswith("request:") and name[len("request:"):] not in scored.request_fields]
+    unmapped = [name for name in project.spec.model.inputs
+                if name.startswith(REQUEST_PREFIX) and name.removeprefix(REQUEST_PREFIX) not in scored.request_fields]  # fmt: skip
     if unmapped:
         problems.append(f"model.inputs {unmapped} are request fields scored_event.request_fields does not take from the scored event")
     if problems:
