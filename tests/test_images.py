@@ -94,7 +94,7 @@ def test_the_scorer_image_scores_with_the_stacks_features(podman: Podman, applie
         path.chmod(0o755 if path.is_dir() else 0o644)
     http_port, grpc_port = free_ports(2)
     env = _loopline_environment(
-        applied, "LOOPLINE_HOME", "LOOPLINE_JARS_DIR", LOOPLINE_SERVING__HTTP_PORT=str(http_port),
+        applied, "LOOPLINE_HOME", "LOOPLINE_JARS_DIR", "LOOPLINE_PROJECT", LOOPLINE_SERVING__HTTP_PORT=str(http_port),
         LOOPLINE_SERVING__GRPC_PORT=str(grpc_port), LOOPLINE_FEATURE_STORE__FEAST_REGISTRY_PATH=f"{FEAST_DIR}/registry.db",
     )  # fmt: skip
     mounts = [f"--volume={shared / 'model'}:{MODEL_DIR}:ro", f"--volume={shared / 'feast'}:{FEAST_DIR}:ro"]
@@ -178,7 +178,7 @@ def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does
     source = TopicSpec(f"test.images.events.{run}", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
     objects = render(overrides={
         "kafka.strimzi": "false", "kafka.bootstrapServers": f"{{{applied.kafka.bootstrap}}}", "redis.mode": "standalone",
-        "redis.nodes": f"{{{','.join(applied.redis.addresses)}}}", "settings.stream.source_topic": source.name,
+        "redis.nodes": f"{{{','.join(applied.redis.addresses)}}}", "settings.stream.source_topics.events\\.transactions": source.name,
         "settings.stream.group_id": f"images-{run}",
     }, helm=helm)  # fmt: skip
     (deployment,) = [o for o in objects if o["kind"] == "FlinkDeployment" and o["metadata"]["name"] == "loopline-feature-job"]
