@@ -659,8 +659,8 @@ class _DerivedSource(PydanticBaseSettingsSource):
 
 
 class _ProjectSource(_DerivedSource):
-    """The project's serving budget, model, labels and training config as settings, beneath every explicit source:
-    what the domain declares is the default an operator may still override."""
+    """The project's serving budget, model, labels, training config and skew thresholds as settings, beneath every
+    explicit source: what the domain declares is the default an operator may still override."""
 
     def __call__(self) -> dict[str, Any]:
         from loopline.project import loaded_project
@@ -675,7 +675,9 @@ class _ProjectSource(_DerivedSource):
         feedback: dict[str, Any] = {"labels_topic": spec.labels.topic, "horizon_s": duration_ms(spec.labels.horizon) / 1000}
         if spec.model.train_config:
             feedback["train_config"] = project.resolve(spec.model.train_config)
-        return {"serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms}, "feedback": feedback}
+        thresholds = {name: limits.model_dump(exclude_none=True) for name, limits in spec.monitoring.skew_thresholds.items()}
+        return {"serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms}, "feedback": feedback,
+                "monitor": {"feature_thresholds": thresholds}}  # fmt: skip
 
 
 class _StackShapeSource(_DerivedSource):

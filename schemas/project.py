@@ -10,7 +10,7 @@
 ``loopline_project.yaml`` names the project's topics (each with its contract, its message key, partitions and
 retention), its labels (topic, the label field, binary or numeric, the field joining a label to the prediction of
 its event, the horizon), its model (name and inputs), the event a score request is about (so training history can
-be backfilled from the event log), and optionally serving budgets and a synthetic world. Everything the engine needs
+be backfilled from the event log), and optionally serving budgets, per-feature skew thresholds and a synthetic world. Everything the engine needs
 to know about a domain is read from the folder once and handed to the parts as plain data: the parts never import a
 project. A project is found as git finds its repository: the working directory, or the nearest folder above it.
 """
@@ -110,6 +110,23 @@ class ServingDeclaration(_Strict):
     feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
 
 
+class SkewThresholdDeclaration(_Strict):
+    """A feature's own skew thresholds, where the field's defaults do not fit its shape; unset ones keep the defaults."""
+
+    psi_warn: float | None = Field(default=None, gt=0)
+    psi_alert: float | None = Field(default=None, gt=0)
+    js_alert: float | None = Field(default=None, gt=0, le=1)
+    linf_alert: float | None = Field(default=None, gt=0, le=1)
+
+
+class MonitoringDeclaration(_Strict):
+    """How the skew monitor judges the project's features (settings may still override it)."""
+
+    skew_thresholds: dict[str, SkewThresholdDeclaration] = Field(
+        default_factory=dict, description="Per model input ('view:feature', 'request:<field>'): its own thresholds."
+    )
+
+
 class ProjectFile(_Strict):
     """The contents of ``loopline_project.yaml``."""
 
@@ -121,6 +138,7 @@ class ProjectFile(_Strict):
     scored_event: ScoredEventDeclaration
     model: ModelDeclaration
     serving: ServingDeclaration = ServingDeclaration()
+    monitoring: MonitoringDeclaration = MonitoringDeclaration()
     world: str | None = Field(default=None, description="A synthetic world for demos and tests: 'file.py:ClassName'.")
     demo: dict[str, Any] = Field(default_factory=dict, description="What `loopline demo` shows and injects (see the templates).")
 
@@ -129,6 +147,10 @@ class ProjectFile(_Strict):
         for what, topic in (("labels.topic", self.labels.topic), ("scored_event.topic", self.scored_event.topic)):
             if topic not in self.topics:
                 raise ValueError(f"{what} names {topic!r}, which is not among the project's topics ({', '.join(self.topics)})")
+        unknown = sorted(set(self.monitoring.skew_thresholds) - set(self.model.inputs))
+        if unknown:
+            raise ValueError(f"monitoring.skew_thresholds names {', '.join(unknown)}, which the model does not take "
+                             f"(model.inputs: {', '.join(self.model.inputs)})")  # fmt: skip
         return self
 
 

@@ -46,6 +46,9 @@ CASES = {
     "a request input the scored event cannot backfill": (
         _edit_file(lambda s: s["scored_event"]["request_fields"].pop("cuisine")), "['request:cuisine'] are request fields"),
     "a key the contract lacks": (_edit_file(lambda s: s["topics"]["events.orders"].update(key="shop_id")), "key names 'shop_id'"),
+    "skew thresholds for a feature the model does not take": (
+        _edit_file(lambda s: s["monitoring"]["skew_thresholds"].update({"zone_features:zone_orders_1h": {"psi_alert": 1.0}})),
+        "monitoring.skew_thresholds names zone_features:zone_orders_1h"),
     "an unknown entry": (_edit_file(lambda s: s.update(modle={})), "modle"),
 }  # fmt: skip
 

@@ -10,8 +10,10 @@ from templates import FRAUD
 
 from feature_store.redis_connection import redis_client
 from loopline.project import init_project
+from schemas.project import load_project
 from loopline.settings import (
     Settings,
+    SkewThresholdSettings,
     UnknownSettingError,
     forget_stack_shape,
     remember_stack_shape,
@@ -106,6 +108,20 @@ def test_the_project_is_found_where_the_command_runs_and_its_declarations_are_th
     assert settings.feedback.train_config == project / "model" / "train.yaml"
     monkeypatch.setenv("LOOPLINE_SERVING__MODEL_NAME", "fraud-v2")  # an operator's setting still wins
     assert Settings().serving.model_name == "fraud-v2"
+
+
+def test_a_projects_skew_thresholds_reach_the_monitor_beneath_the_operators(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    project = init_project(tmp_path / "city", "delivery")
+    monkeypatch.chdir(project)
+    declared = load_project(project).spec.monitoring.skew_thresholds
+    assert declared, "the delivery template declares its zone features' own thresholds"
+    thresholds = Settings().monitor.feature_thresholds
+    name, limits = next(iter(declared.items()))
+    assert set(thresholds) == set(declared) and thresholds[name].psi_alert == limits.psi_alert
+    assert thresholds[name].linf_alert == SkewThresholdSettings().linf_alert, "what the project leaves unset keeps the default"
+    monkeypatch.setenv("LOOPLINE_MONITOR__FEATURE_THRESHOLDS", json.dumps({name: {"psi_alert": 9.0}}))
+    operator = Settings().monitor.feature_thresholds[name]
+    assert (operator.psi_alert, operator.js_alert) == (9.0, limits.js_alert), "the operator's value wins, key by key"
 
 
 def test_without_a_project_a_command_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
