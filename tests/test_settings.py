@@ -10,7 +10,6 @@ from templates import FRAUD
 
 from feature_store.redis_connection import redis_client
 from loopline.project import init_project
-from schemas.project import load_project
 from loopline.settings import (
     Settings,
     SkewThresholdSettings,
@@ -19,6 +18,7 @@ from loopline.settings import (
     remember_stack_shape,
     settings_environment,
 )
+from schemas.project import load_project
 
 
 def test_environment_overrides_nested_values(monkeypatch: pytest.MonkeyPatch) -> None:
