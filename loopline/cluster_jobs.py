@@ -9,38 +9,42 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_savepoint, submit_job
-from loopline.components import job_archives, job_settings, joiner_settings
+from loopline.components import feature_plan, job_archives, job_settings, joiner_settings
 from loopline.flink_image_job import FEATURE_JOB, IMAGE_ENTRY_MODULE, JOINER
 from loopline.settings import Settings
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin, recorded_plan
 from streams.flink_job import latest_checkpoint, savepoint_dir
 from streams.flink_submit import FlinkImage, flink_run_command
 
 
 @dataclass(frozen=True)
 class Submission:
-    """A job's `flink run` command, what it restores, and the Kafka cluster its checkpoints will describe."""
+    """A job's `flink run` command, what it restores, and the Kafka cluster (and feature plan) its checkpoints will
+    describe."""
 
     command: list[str]
     restore_from: str | None
     checkpoint_dir: str
     bootstrap_servers: str
     kafka_properties: Mapping[str, str]
-    #: What starts the job without its checkpoint, should that checkpoint describe another Kafka cluster.
+    #: What starts the job without its checkpoint, should that checkpoint describe another Kafka cluster or plan.
     fresh_command: str
+    #: The feature job's plan (view -> identity) as this project compiles it; None for the joiner, and for an image's
+    #: job, which compiles the project it carries.
+    plan: Mapping[str, str] | None = None
 
 
 def submit(submission: Submission, jobmanager: str) -> str:
     """Run the submission's command against the cluster at ``jobmanager`` and return the job's id: refused (JobStateError)
-    when what it restores describes another Kafka cluster; the new job's checkpoints recorded as describing this one,
-    as an embedded job's are (``streams/checkpoint_origin.py``)."""
+    when what it restores describes another Kafka cluster or plan; the new job's checkpoints recorded as describing
+    this one, as an embedded job's are (``streams/checkpoint_origin.py``)."""
     cluster_id = kafka_cluster_id(submission.bootstrap_servers, submission.kafka_properties)
     if submission.restore_from:
-        check_origin(submission.restore_from, cluster_id, submission.fresh_command)
+        check_origin(submission.restore_from, cluster_id, submission.fresh_command, submission.plan)
     job_id = submit_job(submission.command, jobmanager)
     local = local_folder(submission.checkpoint_dir)
     if local is not None:
-        record_origin(local / job_id, cluster_id)
+        record_origin(local / job_id, cluster_id, submission.plan)
     return job_id
 
 
@@ -52,9 +56,10 @@ def _restore_point(checkpoint_dir: str, from_savepoint: str | None, restore: boo
 
 def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_command: str, jobmanager: str, parallelism: int,
                 from_savepoint: str | None, restore: bool, image: FlinkImage | None,
-                shipped: Callable[[int, str | None], list[str]]) -> Submission:  # fmt: skip
+                shipped: Callable[[int, str | None], list[str]], plan: Mapping[str, str] | None = None) -> Submission:  # fmt: skip
     """A job's submission at ``parallelism``: run by a Loopline Flink image's entry as ``entry`` with ``image``, else
-    ``shipped(parallelism, restore_from)``, the `flink run` that ships its code and environment."""
+    ``shipped(parallelism, restore_from)``, the `flink run` that ships its code and environment (and window state
+    under ``plan``)."""
     restore_from = _restore_point(checkpoint_dir, from_savepoint, restore and image is None)
     if image is not None:
         command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [entry, str(parallelism)], image, parallelism=parallelism,
@@ -62,7 +67,7 @@ def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_comma
     else:
         command = shipped(parallelism, restore_from)
     return Submission(command, restore_from, checkpoint_dir, settings.kafka.bootstrap, dict(settings.kafka.client_config),
-                      f"{fresh_command} --jobmanager {jobmanager} --no-restore")  # fmt: skip
+                      f"{fresh_command} --jobmanager {jobmanager} --no-restore", plan)  # fmt: skip
 
 
 def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
@@ -82,7 +87,8 @@ def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int
         return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
 
     return _submission(settings, FEATURE_JOB, settings.checkpoint_dir, "loopline stream submit", jobmanager,
-                       parallelism or settings.stream.parallelism, from_savepoint, restore, image, shipped)  # fmt: skip
+                       parallelism or settings.stream.parallelism, from_savepoint, restore, image, shipped,
+                       None if image is not None else feature_plan(settings).identities())  # fmt: skip
 
 
 def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
@@ -113,8 +119,10 @@ def stop_job(jobmanager: str, job_id: str, settings: Settings | None) -> str | N
         cancel_job(jobmanager, job_id)
         return None
     savepoint = stop_with_savepoint(jobmanager, job_id, savepoint_dir(settings.checkpoint_dir))
-    # The job ran against the settings' Kafka: the savepoint keeps that record, so a restore from it is checked too.
-    taken = local_folder(savepoint)
+    # The job ran against the settings' Kafka, under the plan its run recorded: the savepoint keeps both records, so a
+    # restore from it is checked too.
+    taken, run = local_folder(savepoint), local_folder(settings.checkpoint_dir)
     if taken is not None:
-        record_origin(taken, kafka_cluster_id(settings.kafka.bootstrap, settings.kafka.client_config))
+        plan = recorded_plan(str(run / job_id)) if run is not None else None
+        record_origin(taken, kafka_cluster_id(settings.kafka.bootstrap, settings.kafka.client_config), plan)
     return savepoint

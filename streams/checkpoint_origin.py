@@ -1,14 +1,22 @@
-"""Which Kafka cluster a job's checkpoints describe: recorded beside them when the job starts, checked before one is
-restored.
+"""What a job's checkpoints describe — the Kafka cluster, and for the feature job the plan of each view — recorded
+beside them when the job starts, checked before one is restored.
 
 A checkpoint holds the sources' offsets and the exactly-once sinks' open transactions of one Kafka cluster. Restored
 against another (the stack was wiped and brought up again), the sinks try to commit transactions the new cluster
 never knew (``InvalidPidMappingException``), every task restart fails the same way and no checkpoint completes
 again: the job is refused up front instead.
+
+A view's window state means what its plan said when it was built (``ViewPlan.identity``: source, keys, event time,
+windows, slides and aggregations). Flink maps restored state by operator id alone, so under a changed plan a new
+slide or distinct column fails every restart, a replaced column counts the old values under the new name, and a
+widened window or an added view undercounts until it refills. A checkpoint whose plan differs from the job's, view by
+view, is refused up front too, naming the views: none of its window state is carried over, the job rebuilds them all
+from the retained events.
 """
 
 from __future__ import annotations
 
+import json
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,6 +28,8 @@ from streams.job_settings import JobStateError
 
 #: Beside the ``chk-N`` folders of one job run (``<checkpoint_dir>/<job id>/``): the cluster that run read and wrote.
 ORIGIN_FILE = "kafka-cluster-id"
+#: Beside them too, for the feature job: each view's plan identity its window state was built under (JSON).
+PLAN_FILE = "feature-plan.json"
 
 
 def kafka_cluster_id(bootstrap_servers: str, kafka_properties: Mapping[str, str], timeout_s: float = 60.0) -> str:
@@ -37,10 +47,13 @@ def kafka_cluster_id(bootstrap_servers: str, kafka_properties: Mapping[str, str]
     return cluster_id
 
 
-def record_origin(job_run_dir: Path, cluster_id: str) -> None:
-    """Record that the checkpoints of the job run under ``job_run_dir`` describe the cluster ``cluster_id``."""
+def record_origin(job_run_dir: Path, cluster_id: str, plan: Mapping[str, str] | None = None) -> None:
+    """Record that the checkpoints of the job run under ``job_run_dir`` describe the cluster ``cluster_id`` and, for
+    the feature job, window state built under ``plan`` (view -> plan identity)."""
     job_run_dir.mkdir(parents=True, exist_ok=True)
     (job_run_dir / ORIGIN_FILE).write_text(cluster_id)
+    if plan is not None:
+        (job_run_dir / PLAN_FILE).write_text(json.dumps(dict(sorted(plan.items()))))
 
 
 def local_folder(checkpoint: str) -> Path | None:
@@ -51,25 +64,47 @@ def local_folder(checkpoint: str) -> Path | None:
     return None if "://" in checkpoint else Path(checkpoint).absolute()
 
 
-def recorded_origin(checkpoint: str) -> str | None:
-    """The cluster recorded for ``checkpoint``: a savepoint's own record (written as it was taken), else its job run's
-    (a ``chk-N`` folder's parent); None when none was recorded or it lies on an object store."""
+def _recorded(checkpoint: str, name: str) -> str | None:
+    """The record ``name`` of ``checkpoint``: a savepoint's own (written as it was taken), else its job run's (a
+    ``chk-N`` folder's parent); None when none was kept or it lies on an object store."""
     folder = local_folder(checkpoint)
     if folder is None:
         return None
-    for record in (folder / ORIGIN_FILE, folder.parent / ORIGIN_FILE):
+    for record in (folder / name, folder.parent / name):
         if record.exists():
             return record.read_text().strip()
     return None
 
 
-def check_origin(checkpoint: str, cluster_id: str, fresh_command: str) -> None:
+def recorded_origin(checkpoint: str) -> str | None:
+    """The cluster recorded for ``checkpoint`` (None when none was)."""
+    return _recorded(checkpoint, ORIGIN_FILE)
+
+
+def recorded_plan(checkpoint: str) -> dict[str, str] | None:
+    """The plan (view -> identity) recorded for ``checkpoint``; None when none was (not the feature job's, or written
+    before plans were recorded)."""
+    text = _recorded(checkpoint, PLAN_FILE)
+    return None if text is None else json.loads(text)
+
+
+def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Mapping[str, str] | None = None) -> None:
     """Refuse, with JobStateError saying to run ``fresh_command``, a checkpoint recorded for a cluster other than
-    ``cluster_id``. A checkpoint with no record (written before records were kept) passes: the job's watchdog ends a
-    restore that never checkpoints."""
+    ``cluster_id``, or (given the job's ``plan``) for window state of another plan. A checkpoint with no record
+    (written before records were kept) passes: the job's watchdog ends a restore that never checkpoints."""
     recorded = recorded_origin(checkpoint)
     if recorded is not None and recorded != cluster_id:
         raise JobStateError(
             f"the newest checkpoint ({checkpoint}) describes Kafka cluster {recorded}, but the broker now is cluster "
             f"{cluster_id} (the stack was wiped or Kafka replaced), so it cannot be restored", fresh_command,
+        )
+    recorded_views = recorded_plan(checkpoint) if plan is not None else None
+    if plan is not None and recorded_views is not None and recorded_views != dict(plan):
+        changes = [f"{what}: {', '.join(views)}" for what, views in (
+            ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
+            ("added", sorted(plan.keys() - recorded_views.keys())), ("removed", sorted(recorded_views.keys() - plan.keys())),
+        ) if views]  # fmt: skip
+        raise JobStateError(
+            f"the newest checkpoint ({checkpoint}) holds window state of another feature plan ({'; '.join(changes)}): "
+            "its windows cannot carry over; rebuild them from the retained events", fresh_command,
         )

@@ -261,7 +261,7 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
         return env
 
     run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore",
-            bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties)
+            bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties, plan=plan.identities())
 
 
 def submit_command(flink: Path, jobmanager: str, settings: JobSettings, archives: JobArchives, from_savepoint: str | None) -> list[str]:

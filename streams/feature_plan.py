@@ -10,9 +10,10 @@ gives.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
@@ -80,6 +81,14 @@ class ViewPlan:
         return tuple(a.name for a in self.aggregations)
 
     @property
+    def identity(self) -> str:
+        """A digest of what the view's window state means: its topic, join keys, event time field and allowed
+        out-of-orderness, and each aggregation (name, function, column, window, slide). State built under one
+        identity is never restored under another (``streams/checkpoint_origin.py``)."""
+        text = json.dumps([self.topic, self.entity_keys, self.time_field, self.out_of_orderness_ms, [astuple(a) for a in self.aggregations]])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
     def last_columns(self) -> frozenset[str]:
         """The columns some ``last`` aggregation takes (kept as they are, None where an event has no value)."""
         return frozenset(a.column for a in self.aggregations if a.function == "last")
@@ -121,6 +130,10 @@ class FeaturePlan:
             if source.topic == topic:
                 return source
         raise KeyError(f"the plan reads no topic {topic!r}; it reads {', '.join(self.topics)}")
+
+    def identities(self) -> dict[str, str]:
+        """Each view's :attr:`ViewPlan.identity`, by name: what the job's checkpoints record and check."""
+        return {view.name: view.identity for view in self.views}
 
     @property
     def out_of_orderness_ms(self) -> int:

@@ -132,18 +132,20 @@ def new_environment(
 def run_job(
     build: Callable[[str | None], Any], name: str, checkpoint_dir: str, restore: bool, fresh_command: str, *,
     bootstrap_servers: str, kafka_properties: Mapping[str, str], stall_after_s: float = STALL_AFTER_S,
+    plan: Mapping[str, str] | None = None,
 ) -> None:  # fmt: skip
     """Run the job ``build(restore_from)`` makes (an environment with the job on it) until it fails or the process is
     stopped; with ``restore`` from the newest checkpoint under ``checkpoint_dir``. Each run records which Kafka cluster
-    (at ``bootstrap_servers``) its checkpoints describe.
+    (at ``bootstrap_servers``) its checkpoints describe, and the feature job's the ``plan`` (view -> identity) of its
+    window state.
 
     A job that completes no checkpoint for ``stall_after_s`` is cancelled and run again from its newest checkpoint:
     PyFlink's Beam runner can fail the embedded mini-cluster's only task manager while cancelling a task ("Reference
     count must not be negative"), after which the job stays RUNNING with every task SCHEDULED, doing nothing.
 
     JobStateError, saying to run ``fresh_command``, when the checkpoint cannot be restored: it describes another
-    Kafka cluster, its state does not fit the job's operators, or the job stalled twice in a row restored from it
-    without completing a checkpoint.
+    Kafka cluster or another plan, its state does not fit the job's operators, or the job stalled twice in a row
+    restored from it without completing a checkpoint.
     """
     from py4j.protocol import Py4JJavaError
 
@@ -152,9 +154,9 @@ def run_job(
     while True:
         cluster_id = kafka_cluster_id(bootstrap_servers, kafka_properties)
         if restore_from:
-            check_origin(restore_from, cluster_id, fresh_command)
+            check_origin(restore_from, cluster_id, fresh_command, plan)
         try:
-            _run_watched(build(restore_from), name, checkpoint_dir, stall_after_s, cluster_id)
+            _run_watched(build(restore_from), name, checkpoint_dir, stall_after_s, cluster_id, plan)
             return
         except JobStalled as err:
             newest = latest_checkpoint(checkpoint_dir) or restore_from
@@ -176,16 +178,16 @@ def run_job(
             raise
 
 
-def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, cluster_id: str) -> None:
-    """Execute the job, record that its checkpoints describe the Kafka cluster ``cluster_id``, and wait for its end,
-    raising JobStalled (after cancelling it) when no checkpoint completes for ``stall_after_s``."""
+def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, cluster_id: str, plan: Mapping[str, str] | None) -> None:
+    """Execute the job, record that its checkpoints describe the Kafka cluster ``cluster_id`` (and ``plan``), and wait
+    for its end, raising JobStalled (after cancelling it) when no checkpoint completes for ``stall_after_s``."""
     from pyflink.common import JobStatus
 
     client = env.execute_async(name)
     # Flink keeps each job run's checkpoints in a folder named for its job id.
     local = local_folder(checkpoint_dir)
     if local is not None:
-        record_origin(local / str(client.get_job_id()), cluster_id)
+        record_origin(local / str(client.get_job_id()), cluster_id, plan)
     newest, since = latest_checkpoint(checkpoint_dir), time.monotonic()
     while not client.get_job_status().result().is_globally_terminal_state():
         time.sleep(_WATCH_INTERVAL_S)
