@@ -7,9 +7,9 @@ never knew (``InvalidPidMappingException``), every task restart fails the same w
 again: the job is refused up front instead.
 
 A view's window state means what its plan said when it was built (``ViewPlan.identity``: source, keys, event time,
-windows, slides and aggregations). Flink maps restored state by operator id alone, so under a changed plan a new
-slide or distinct column fails every restart, a replaced column counts the old values under the new name, and a
-widened window or an added view undercounts until it refills. A checkpoint whose plan differs from the job's, view by
+windows, slides and aggregations). Flink maps restored state by operator id alone, so under a changed plan the
+restored windows would mean something else: tiles of another slide, a replaced column's values under the new name,
+a widened window or an added view counting only what arrives after the restore. A checkpoint whose plan differs from the job's, view by
 view, is refused up front too, naming the views: none of its window state is carried over, the job rebuilds them all
 from the retained events.
 """
