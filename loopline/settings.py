@@ -2,7 +2,9 @@
 
 Sources, highest priority first: constructor arguments, ``LOOPLINE_*`` environment variables
 (nested with ``__``, e.g. ``LOOPLINE_KAFKA__PORT=19092``), the YAML file named by
-``LOOPLINE_CONFIG`` (or ``loopline.yaml`` in the working directory when present), defaults.
+``LOOPLINE_CONFIG`` (or ``loopline.yaml`` in the working directory when present), the project's
+declarations (``_ProjectSource``), the remembered stack shape (``_StackShapeSource``), defaults.
+Nested sections merge key by key: a higher source overrides the values it names and keeps the rest.
 Only this package reads settings; components receive plain values.
 """
 
@@ -455,12 +457,19 @@ class RetrainSettings(BaseModel):
 
 
 class SkewThresholdSettings(BaseModel):
-    """When a feature's distribution skew warns or alerts (the field's usual defaults)."""
+    """When a feature's distribution skew warns or alerts (the field's usual defaults; a per-feature entry's unset
+    ones are these defaults too, not ``monitor.thresholds``)."""
 
     psi_warn: float = Field(default=SkewThresholds.psi_warn, gt=0)
     psi_alert: float = Field(default=SkewThresholds.psi_alert, gt=0)
     js_alert: float = Field(default=SkewThresholds.js_alert, gt=0, le=1)
     linf_alert: float = Field(default=SkewThresholds.linf_alert, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _warns_before_it_alerts(self) -> SkewThresholdSettings:
+        if self.psi_warn > self.psi_alert:
+            raise ValueError(f"psi_warn {self.psi_warn} is above psi_alert {self.psi_alert}: a feature would page before it warns")
+        return self
 
     def thresholds(self) -> SkewThresholds:
         """The thresholds these settings declare."""
@@ -675,7 +684,7 @@ class _ProjectSource(_DerivedSource):
         feedback: dict[str, Any] = {"labels_topic": spec.labels.topic, "horizon_s": duration_ms(spec.labels.horizon) / 1000}
         if spec.model.train_config:
             feedback["train_config"] = project.resolve(spec.model.train_config)
-        thresholds = {name: limits.model_dump(exclude_none=True) for name, limits in spec.monitoring.skew_thresholds.items()}
+        thresholds = {name: dict(limits) for name, limits in spec.monitoring.skew_thresholds.items()}
         return {"serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms}, "feedback": feedback,
                 "monitor": {"feature_thresholds": thresholds}}  # fmt: skip
 

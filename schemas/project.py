@@ -10,9 +10,10 @@
 ``loopline_project.yaml`` names the project's topics (each with its contract, its message key, partitions and
 retention), its labels (topic, the label field, binary or numeric, the field joining a label to the prediction of
 its event, the horizon), its model (name and inputs), the event a score request is about (so training history can
-be backfilled from the event log), and optionally serving budgets, per-feature skew thresholds and a synthetic world. Everything the engine needs
-to know about a domain is read from the folder once and handed to the parts as plain data: the parts never import a
-project. A project is found as git finds its repository: the working directory, or the nearest folder above it.
+be backfilled from the event log), and optionally serving budgets, per-feature skew thresholds and a synthetic
+world. Everything the engine needs to know about a domain is read from the folder once and handed to the parts as
+plain data: the parts never import a project. A project is found as git finds its repository: the working
+directory, or the nearest folder above it.
 """
 
 from __future__ import annotations
@@ -110,20 +111,14 @@ class ServingDeclaration(_Strict):
     feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults.")
 
 
-class SkewThresholdDeclaration(_Strict):
-    """A feature's own skew thresholds, where the field's defaults do not fit its shape; unset ones keep the defaults."""
-
-    psi_warn: float | None = Field(default=None, gt=0)
-    psi_alert: float | None = Field(default=None, gt=0)
-    js_alert: float | None = Field(default=None, gt=0, le=1)
-    linf_alert: float | None = Field(default=None, gt=0, le=1)
-
-
 class MonitoringDeclaration(_Strict):
-    """How the skew monitor judges the project's features (settings may still override it)."""
+    """How the skew monitor judges the project's features (settings may still override it, and check the values as
+    they check ``monitor.feature_thresholds``)."""
 
-    skew_thresholds: dict[str, SkewThresholdDeclaration] = Field(
-        default_factory=dict, description="Per model input ('view:feature', 'request:<field>'): its own thresholds."
+    skew_thresholds: dict[str, dict[Literal["psi_warn", "psi_alert", "js_alert", "linf_alert"], float]] = Field(
+        default_factory=dict,
+        description="Per model input ('view:feature', 'request:<field>'): the thresholds it sets apart from the field's "
+        "defaults (PSI 0.1 warn / 0.25 alert, JS and L-infinity 0.1 alert), where they do not fit the feature's shape.",
     )
 
 

@@ -228,3 +228,26 @@ def test_counting_any_contract_valid_records_never_raises_and_each_ends_counted_
             assert counts.rows == rows and sum(counts.bins) + sum(n for _, n in counts.categories) + counts.missing == rows
     window.skews(now)
     assert set(window.stale(now + 10**9)) == set(window.store)
+
+
+def test_a_unit_bug_in_a_dozen_zone_feature_still_reaches_the_delivery_templates_own_thresholds() -> None:
+    """The delivery template judges its zone features only for gross shifts (``monitoring.skew_thresholds``): a value
+    per zone (a dozen levels, as measured in its demo: 78–152 couriers, uneven request shares, 2 % read as the
+    default 0), so a unit bug multiplies every level by 100. It must still alert under the template's thresholds."""
+    from loopline.project import template_path
+    from schemas.project import load_project
+
+    name = "zone_courier_features:couriers_15m"
+    limits = load_project(template_path("delivery")).spec.monitoring.skew_thresholds[name]
+    thresholds = SkewThresholds(**{**SkewThresholds().__dict__, **limits})
+    rng = np.random.default_rng(3)
+    levels = np.array([81, 112, 92, 114, 152, 124, 108, 144, 115, 78, 103, 78], dtype=float)
+    shares = rng.dirichlet(np.full(len(levels), 4.0))
+    zones = rng.choice(len(levels), 6_000, p=shares)
+    values = np.round(levels[zones] + rng.normal(0, 0.5, zones.size))  # tight: some decile edges merge
+    values[rng.random(values.size) < 0.02] = 0.0
+    reference = reference_statistics(pd.DataFrame({name: values[:3_000]}), [name])[name]
+    healthy = feature_skew(name, reference, count_values(reference, values[3_000:]))
+    unit_bug = feature_skew(name, reference, count_values(reference, np.where(values[3_000:] > 0, values[3_000:] * 100, 0.0)))
+    assert healthy.level(thresholds) == "ok", healthy
+    assert unit_bug.level(thresholds) == "alert" and unit_bug.psi >= thresholds.psi_alert, unit_bug

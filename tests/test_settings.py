@@ -110,18 +110,21 @@ def test_the_project_is_found_where_the_command_runs_and_its_declarations_are_th
     assert Settings().serving.model_name == "fraud-v2"
 
 
-def test_a_projects_skew_thresholds_reach_the_monitor_beneath_the_operators(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_projects_skew_thresholds_are_the_monitors_settings_beneath_the_operators(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     project = init_project(tmp_path / "city", "delivery")
     monkeypatch.chdir(project)
     declared = load_project(project).spec.monitoring.skew_thresholds
     assert declared, "the delivery template declares its zone features' own thresholds"
     thresholds = Settings().monitor.feature_thresholds
     name, limits = next(iter(declared.items()))
-    assert set(thresholds) == set(declared) and thresholds[name].psi_alert == limits.psi_alert
+    assert set(thresholds) == set(declared) and thresholds[name].psi_alert == limits["psi_alert"]
     assert thresholds[name].linf_alert == SkewThresholdSettings().linf_alert, "what the project leaves unset keeps the default"
     monkeypatch.setenv("LOOPLINE_MONITOR__FEATURE_THRESHOLDS", json.dumps({name: {"psi_alert": 9.0}}))
     operator = Settings().monitor.feature_thresholds[name]
-    assert (operator.psi_alert, operator.js_alert) == (9.0, limits.js_alert), "the operator's value wins, key by key"
+    assert (operator.psi_alert, operator.js_alert) == (9.0, limits["js_alert"]), "the operator's value wins, key by key"
+    monkeypatch.setenv("LOOPLINE_MONITOR__FEATURE_THRESHOLDS", json.dumps({name: {"psi_warn": 20.0}}))
+    with pytest.raises(ValueError, match="psi_warn 20.0 is above psi_alert"):
+        Settings()
 
 
 def test_without_a_project_a_command_says_how_to_make_one(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
