@@ -29,9 +29,10 @@ class Submission:
     kafka_properties: Mapping[str, str]
     #: What starts the job without its checkpoint, should that checkpoint describe another Kafka cluster or plan.
     fresh_command: str
-    #: The feature job's plan (view -> identity) as this project compiles it; None for the joiner, and for an image's
-    #: job, which compiles the project it carries.
-    plan: Mapping[str, str] | None = None
+    #: The feature job's plan (view -> identity) as this project compiles it, compiled only when the job is submitted
+    #: (a printed command needs no registry); None for the joiner, and for an image's job, which compiles the project
+    #: it carries.
+    plan: Callable[[], Mapping[str, str]] | None = None
 
 
 def submit(submission: Submission, jobmanager: str) -> str:
@@ -39,12 +40,13 @@ def submit(submission: Submission, jobmanager: str) -> str:
     when what it restores describes another Kafka cluster or plan; the new job's checkpoints recorded as describing
     this one, as an embedded job's are (``streams/checkpoint_origin.py``)."""
     cluster_id = kafka_cluster_id(submission.bootstrap_servers, submission.kafka_properties)
+    plan = submission.plan() if submission.plan is not None else None
     if submission.restore_from:
-        check_origin(submission.restore_from, cluster_id, submission.fresh_command, submission.plan)
+        check_origin(submission.restore_from, cluster_id, submission.fresh_command, plan)
     job_id = submit_job(submission.command, jobmanager)
     local = local_folder(submission.checkpoint_dir)
     if local is not None:
-        record_origin(local / job_id, cluster_id, submission.plan)
+        record_origin(local / job_id, cluster_id, plan)
     return job_id
 
 
@@ -56,7 +58,8 @@ def _restore_point(checkpoint_dir: str, from_savepoint: str | None, restore: boo
 
 def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_command: str, jobmanager: str, parallelism: int,
                 from_savepoint: str | None, restore: bool, image: FlinkImage | None,
-                shipped: Callable[[int, str | None], list[str]], plan: Mapping[str, str] | None = None) -> Submission:  # fmt: skip
+                shipped: Callable[[int, str | None], list[str]],
+                plan: Callable[[], Mapping[str, str]] | None = None) -> Submission:  # fmt: skip
     """A job's submission at ``parallelism``: run by a Loopline Flink image's entry as ``entry`` with ``image``, else
     ``shipped(parallelism, restore_from)``, the `flink run` that ships its code and environment (and window state
     under ``plan``)."""
@@ -88,7 +91,7 @@ def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int
 
     return _submission(settings, FEATURE_JOB, settings.checkpoint_dir, "loopline stream submit", jobmanager,
                        parallelism or settings.stream.parallelism, from_savepoint, restore, image, shipped,
-                       None if image is not None else feature_plan(settings).identities())  # fmt: skip
+                       None if image is not None else lambda: feature_plan(settings).identities())  # fmt: skip
 
 
 def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,

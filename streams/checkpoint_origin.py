@@ -6,17 +6,18 @@ against another (the stack was wiped and brought up again), the sinks try to com
 never knew (``InvalidPidMappingException``), every task restart fails the same way and no checkpoint completes
 again: the job is refused up front instead.
 
-A view's window state means what its plan said when it was built (``ViewPlan.identity``: source, keys, event time,
-windows, slides and aggregations). Flink maps restored state by operator id alone, so under a changed plan the
-restored windows would mean something else: tiles of another slide, a replaced column's values under the new name,
-a widened window or an added view counting only what arrives after the restore. A checkpoint whose plan differs from the job's, view by
-view, is refused up front too, naming the views: none of its window state is carried over, the job rebuilds them all
-from the retained events.
+A view's window state means what its plan said when it was built (``FeaturePlan.identity``: source, keys, event
+time, and the aggregations with their windows, slides and kept value types). Flink maps restored state by operator
+id alone, so under a changed plan the restored windows would mean something else: tiles of another slide, a replaced
+column's values under the new name, a widened window or an added view counting only what arrives after the restore.
+A checkpoint whose plan differs from the job's, view by view, is refused up front too, naming the views: none of its
+window state is carried over, the job rebuilds them all from the retained events.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -53,7 +54,10 @@ def record_origin(job_run_dir: Path, cluster_id: str, plan: Mapping[str, str] | 
     job_run_dir.mkdir(parents=True, exist_ok=True)
     (job_run_dir / ORIGIN_FILE).write_text(cluster_id)
     if plan is not None:
-        (job_run_dir / PLAN_FILE).write_text(json.dumps(dict(sorted(plan.items()))))
+        # Written whole or not at all: a restore reads it, and a half-written record would be a traceback there.
+        partial = job_run_dir / f".{PLAN_FILE}.partial"
+        partial.write_text(json.dumps(dict(sorted(plan.items()))))
+        os.replace(partial, job_run_dir / PLAN_FILE)
 
 
 def local_folder(checkpoint: str) -> Path | None:
@@ -99,7 +103,7 @@ def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Map
             f"{cluster_id} (the stack was wiped or Kafka replaced), so it cannot be restored", fresh_command,
         )
     recorded_views = recorded_plan(checkpoint) if plan is not None else None
-    if plan is not None and recorded_views is not None and recorded_views != dict(plan):
+    if recorded_views is not None and recorded_views != dict(plan):
         changes = [f"{what}: {', '.join(views)}" for what, views in (
             ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
             ("added", sorted(plan.keys() - recorded_views.keys())), ("removed", sorted(recorded_views.keys() - plan.keys())),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Hashable, Iterable, Mapping
-from dataclasses import astuple, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from functools import cached_property
 from typing import TYPE_CHECKING, Literal
@@ -31,6 +31,8 @@ if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled
 UNWINDOWED_FUNCTIONS = frozenset({"time_since_previous", "last"})
 SUPPORTED_FUNCTIONS = TILED_FUNCTIONS | UNWINDOWED_FUNCTIONS
 _NUMERIC_FUNCTIONS = frozenset({"sum", "mean", "max", "min"})
+#: Functions whose state keeps the column's values themselves (as the JVM's String, Long, Double or Boolean).
+_KEPT_VALUE_FUNCTIONS = frozenset({"count_distinct", "last"})
 #: The largest magnitude an aggregated value may have: its integer of 1/SCALE stays exact in a double
 #: (2**53), and over a thousand of them still sum within a 64-bit integer.
 MAX_EXACT_VALUE = 2**53 / SCALE
@@ -81,14 +83,6 @@ class ViewPlan:
         return tuple(a.name for a in self.aggregations)
 
     @property
-    def identity(self) -> str:
-        """A digest of what the view's window state means: its topic, join keys, event time field and allowed
-        out-of-orderness, and each aggregation (name, function, column, window, slide). State built under one
-        identity is never restored under another (``streams/checkpoint_origin.py``)."""
-        text = json.dumps([self.topic, self.entity_keys, self.time_field, self.out_of_orderness_ms, [astuple(a) for a in self.aggregations]])
-        return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-    @property
     def last_columns(self) -> frozenset[str]:
         """The columns some ``last`` aggregation takes (kept as they are, None where an event has no value)."""
         return frozenset(a.column for a in self.aggregations if a.function == "last")
@@ -131,9 +125,23 @@ class FeaturePlan:
                 return source
         raise KeyError(f"the plan reads no topic {topic!r}; it reads {', '.join(self.topics)}")
 
+    def identity(self, view: ViewPlan) -> str:
+        """A digest of what ``view``'s window state means, which a checkpoint records and a restore checks
+        (``streams/checkpoint_origin.py``): its topic, join keys and event time field; per aggregation, in order (the
+        job keeps state by position), its function, column, window and slide, and the type of the values a distinct
+        count or a last value keeps (the contract's SQL type of its column); and ``SCALE``, the unit totals are kept
+        in. Feature names, lateness and the offline path are left out: state restored under other ones means the
+        same."""
+        contract = self.source(view.topic).contract
+        aggregations = [[a.function, a.column, a.window_ms, a.slide_ms,
+                         contract.field(a.column).sql_type if a.function in _KEPT_VALUE_FUNCTIONS else None]
+                        for a in view.aggregations]  # fmt: skip
+        text = json.dumps([SCALE, view.topic, view.entity_keys, view.time_field, aggregations])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
     def identities(self) -> dict[str, str]:
-        """Each view's :attr:`ViewPlan.identity`, by name: what the job's checkpoints record and check."""
-        return {view.name: view.identity for view in self.views}
+        """Each view's :meth:`identity`, by name: what the job's checkpoints record and check."""
+        return {view.name: self.identity(view) for view in self.views}
 
     @property
     def out_of_orderness_ms(self) -> int:

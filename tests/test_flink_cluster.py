@@ -39,7 +39,7 @@ from infra.service import free_ports, wait_until
 from loopline.settings import FlinkSettings, Settings, settings_environment
 from schemas import DeadLetterRecord, PredictionRecord, TrainingExample, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
-from streams.checkpoint_origin import kafka_cluster_id, recorded_origin
+from streams.checkpoint_origin import kafka_cluster_id, recorded_origin, recorded_plan
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.flink_submit import ENVIRONMENT_DIR
 from streams.producer import EventProducer
@@ -278,6 +278,8 @@ def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Setting
         publish()
         resumed = _loopline(cluster, "stream", "submit", "--jobmanager", address, "--parallelism", "1", "--from-savepoint", savepoint, **env)
         resumed_id = _submitted_id(resumed.stdout)
+        # A job `stream submit` started records the plan its windows are built under (a printed command's does not).
+        assert recorded_plan(str(shared / "checkpoints" / resumed_id)) == plan.identities()
         assert wait_until(lambda: _running(cluster, resumed_id, 1), 180, 1), _job(cluster, resumed_id)
         agrees_with_the_recompute(240)
         _loopline(cluster, "stream", "cancel", "--jobmanager", address, **env)

@@ -217,7 +217,7 @@ def test_a_checkpoint_of_another_plan_is_refused_in_one_line(wiped: Wiped, tmp_p
         dataclasses.replace(a, window_ms=a.window_ms * 2) if a.window_ms else a for a in view.aggregations))  # fmt: skip
     run = Path(latest_checkpoint(settings.checkpoint_dir)).parent
     (run / ORIGIN_FILE).write_text(kafka_cluster_id(settings.kafka.bootstrap, {}))
-    (run / PLAN_FILE).write_text(json.dumps({**plan.identities(), view.name: wider.identity}))
+    (run / PLAN_FILE).write_text(json.dumps({**plan.identities(), view.name: plan.identity(wider)}))
 
     log = tmp_path / "features-refused.log"
     line = _refusal(start_feature_job(settings, log), log, 120)
