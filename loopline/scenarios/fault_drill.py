@@ -336,11 +336,12 @@ class FaultDrill:
                              "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
         consumer.subscribe([self.settings.feedback.examples_topic])
         prefix = self._kafka_prefix.encode()
+        seen: set[tuple[int, int]] = set()
         try:
             while not self._stop.is_set():
                 for message in consumer.consume(1000, timeout=0.2):
                     key = message.key() if message.error() is None else None
-                    if key and key.startswith(prefix):
+                    if key and key.startswith(prefix) and _first_reading(message, seen):
                         self._examples.append(key.decode())
         finally:
             consumer.close()
@@ -349,11 +350,12 @@ class FaultDrill:
         consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap, "group.id": f"{self.run_id}-reader",
                              "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
         consumer.subscribe([PREDICTIONS.name])
+        seen: set[tuple[int, int]] = set()
         try:
             while not self._stop.is_set():
                 for message in consumer.consume(1000, timeout=0.2):
                     key = message.key() if message.error() is None else None
-                    if key and key.startswith(self.run_id.encode()):
+                    if key and key.startswith(self.run_id.encode()) and _first_reading(message, seen):
                         self._arrivals.append((self._now(), key.decode()))
         finally:
             consumer.close()
@@ -649,3 +651,14 @@ class FaultDrill:
 
         wait_until(agrees, timeout_s, 1.0)
         return problems, sum(len(frame) for frame in expected.values())
+
+
+def _first_reading(message, seen: set[tuple[int, int]]) -> bool:
+    """Whether this reader meets ``message``'s log position (partition, offset) for the first time, remembering it in
+    ``seen``. A reader whose group rejoins after the broker's restart resumes from its last committed offset and reads
+    records again: the log holds each once, so only a second record of a key is a duplicate."""
+    position = (message.partition(), message.offset())
+    if position in seen:
+        return False
+    seen.add(position)
+    return True
