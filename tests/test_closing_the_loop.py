@@ -63,9 +63,13 @@ def loop_settings(template_stack: Settings, tmp_path: Path) -> Settings:
     settings = template_stack
     serving = ServingSettings(http_port=free_port(), grpc_port=free_port(), kafka_group_id=f"loop-scorer-{tmp_path.name}",
                               model_name=f"loop-{project(settings).name}")  # fmt: skip
-    release = ReleaseSettings(min_watch_s=5, min_requests=100, max_watch_s=120, max_latency_ratio=10.0)
-    # This test is about the loop's plumbing: whichever model the few hundred labels train is registered (the gate's
-    # judgement is tested in test_candidate.py).
+    # This test is about the loop's plumbing: whichever model the few hundred labels train is registered and, unless
+    # it fails or slows requests, promoted. Its quality is not the question here: with no history the windows still
+    # fill while the canary runs, so a model of the first minutes can be judged worse on the later ones (a delivery
+    # run rolled back, canary RMSE 39.9 against prod's 25.6), which is the controller being right. The gate's and the
+    # controller's quality judgements are tested in test_candidate.py and test_release.py.
+    release = ReleaseSettings(min_watch_s=5, min_requests=100, max_watch_s=120, max_latency_ratio=10.0, max_auc_drop=1.0,
+                              max_rmse_increase=math.inf)  # fmt: skip
     retrain = settings.retrain.model_copy(update={"max_auc_drop": 1.0, "max_rmse_increase": math.inf})
     registry = settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})
     return settings.model_copy(update={"serving": serving, "release": release, "retrain": retrain, "model_registry": registry})
