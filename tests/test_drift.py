@@ -235,11 +235,12 @@ def test_a_unit_bug_in_a_dozen_zone_feature_still_reaches_the_delivery_templates
     per zone (a dozen levels, as measured in its demo: 78–152 couriers, uneven request shares, 2 % read as the
     default 0), so a unit bug multiplies every level by 100. It must still alert under the template's thresholds."""
     from loopline.project import template_path
+    from loopline.settings import SkewThresholdSettings
     from schemas.project import load_project
 
     name = "zone_courier_features:couriers_15m"
     limits = load_project(template_path("delivery")).spec.monitoring.skew_thresholds[name]
-    thresholds = SkewThresholds(**{**SkewThresholds().__dict__, **limits})
+    thresholds = SkewThresholdSettings(**limits).thresholds()
     rng = np.random.default_rng(3)
     levels = np.array([81, 112, 92, 114, 152, 124, 108, 144, 115, 78, 103, 78], dtype=float)
     shares = rng.dirichlet(np.full(len(levels), 4.0))

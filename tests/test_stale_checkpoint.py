@@ -9,7 +9,6 @@ One private stack for the module (it is wiped). Real Kafka, Redis, Flink and Fea
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 import shutil
 import subprocess
@@ -36,7 +35,7 @@ from loopline.settings import Settings, settings_environment
 from schemas.records import PredictionRecord, TrainingExample
 from schemas.topics import PREDICTIONS, TRAINING_EXAMPLES
 from schemas.validation import decode, encode
-from streams.checkpoint_origin import ORIGIN_FILE, PLAN_FILE, kafka_cluster_id, recorded_origin, recorded_plan
+from streams.checkpoint_origin import ORIGIN_FILE, kafka_cluster_id, record_origin, recorded_origin, recorded_plan
 from streams.flink_job import latest_checkpoint
 from streams.topics import read_topic
 
@@ -216,8 +215,7 @@ def test_a_checkpoint_of_another_plan_is_refused_in_one_line(wiped: Wiped, tmp_p
     wider = dataclasses.replace(view, aggregations=tuple(
         dataclasses.replace(a, window_ms=a.window_ms * 2) if a.window_ms else a for a in view.aggregations))  # fmt: skip
     run = Path(latest_checkpoint(settings.checkpoint_dir)).parent
-    (run / ORIGIN_FILE).write_text(kafka_cluster_id(settings.kafka.bootstrap, {}))
-    (run / PLAN_FILE).write_text(json.dumps({**plan.identities(), view.name: plan.identity(wider)}))
+    record_origin(run, kafka_cluster_id(settings.kafka.bootstrap, {}), {**plan.identities(), view.name: plan.identity(wider)})
 
     log = tmp_path / "features-refused.log"
     line = _refusal(start_feature_job(settings, log), log, 120)
