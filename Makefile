@@ -25,7 +25,7 @@ demo: setup
 # The tests start their own stack (own ports and data dir) and stop it at the end; the image tests run apart.
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q -m "not images"
+	$(BIN)/pytest -q -m "not images" --durations=25
 
 # Container images (infra/images/catalog.py) built with podman, cached: IMAGES="KEY ..." builds those, IMAGES=--all
 # every one (the trainer, several GB, only when asked).

@@ -25,11 +25,16 @@ def feast_config(
     redis_cluster: bool = False,
 ):
     """The repo's ``feature_store.yaml`` with the registry file and Redis address overridden when given (then also
-    Feast's ``redis_type``: ``redis_cluster`` with ``redis_cluster``, else ``redis``)."""
+    Feast's ``redis_type``: ``redis_cluster`` with ``redis_cluster``, else ``redis``), and Feast's Redis store read in
+    each view's serving generation (``feature_store/feast_online_store.py``)."""
     import yaml
     from feast.repo_config import RepoConfig
 
     raw = yaml.safe_load((repo_path / "feature_store.yaml").read_text())
+    if raw.get("online_store", {}).get("type", "redis") == "redis":  # Feast's, reading the views' serving generations
+        from feature_store.feast_online_store import STORE_TYPE
+
+        raw["online_store"] = {**raw.get("online_store", {}), "type": STORE_TYPE}
     if feast_registry_path is not None:
         feast_registry_path.parent.mkdir(parents=True, exist_ok=True)
         raw["registry"] = str(feast_registry_path)

@@ -21,19 +21,30 @@ job computes both from the same exact totals). One step field per window is fewe
 value per feature. Where a window has no steps of the row's own event time (a row written by hand, or views changed
 and the job not yet restarted with them), its finished values, as of the entity's latest event, are returned, read in
 a second round trip for all such rows.
+
+Generations and progress (``feature_store/view_state.py``). Each stream feature view is read in the generation readers
+serve, under its namespace and as its plan defines it (a feature it does not compute reads None), so a view rebuilt
+under a changed plan is read in its previous plan until the rebuild has caught up, then in the new one; a row carrying
+another plan's identity reads as no row. And where the job lags (stopped, or catching up), a read is as of the view's
+progress, never as of a later time its windows have not absorbed yet: a busy entity's count does not read 0 because
+the job is down. The serving generations and the progress are read once every ``states_refresh_s`` (one HGETALL),
+not per read.
 """
 
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from feature_store.config import feature_fields, feature_store
 from feature_store.defaults import declared_default
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
+from feature_store.view_state import Generation, ViewStates, read_view_states
 from feature_store.window_tiles import Window
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
@@ -44,9 +55,10 @@ _DOUBLE = struct.Struct("<d")
 @dataclass(frozen=True)
 class _ReadPlan:
     """How a read of some features of one view goes: the fields its HMGET asks for (the features read as stored, the
-    row's event time, then the steps of each window holding a feature asked), where each answer goes among the features
-    asked, and the finished values' fields of the windows, read only where a window has no steps of the row's event
-    time."""
+    row's event time, absorbed positions and plan, then the steps of each window holding a feature asked), where each
+    answer goes among the features asked, and the finished values' fields of the windows, read only where a window has
+    no steps of the row's event time. Of the serving ``generation`` when the view has one (None: as the registry
+    defines it, under Feast's name); a feature the generation does not compute is not read (it reads None)."""
 
     join_keys: tuple[str, ...]
     fields: list[bytes]
@@ -54,6 +66,21 @@ class _ReadPlan:
     windows: list[tuple[Window, list[int | None]]]  # per steps read, the position of each of its values (None: not asked)
     finished_fields: list[bytes]  # every window's features' fields, window after window
     finished_at: list[slice]  # where each window's are among them
+    generation: Generation | None
+
+
+class OnlineRead(NamedTuple):
+    """What :meth:`OnlineReader.read_with_row_times` read, per feature or view, one entry per entity row."""
+
+    #: By feature name (and the rows' join keys), as Feast's ``get_online_features(...).to_dict()``.
+    values: dict[str, list]
+    #: Per view, the event time (ms) of each entity's row, None for none.
+    row_times: dict[str, list[int | None]]
+    #: Per view, the log positions each row absorbed (``partition:offset,...``), None for none.
+    row_absorbed: dict[str, list[str | None]]
+    #: Per view whose job lags, for each row read as of its progress instead of the read time, that progress (ms);
+    #: None for a row read at its time.
+    read_as_of: dict[str, list[int | None]]
 
 
 class OnlineReader:
@@ -67,9 +94,13 @@ class OnlineReader:
         timeout_s: float | None = None,
         *,
         redis_cluster: bool = False,
+        stale_after_s: float = 5.0,
+        states_refresh_s: float = 0.5,
     ) -> None:
         """``timeout_s`` bounds connecting and each reply (None: wait as long as Redis takes); ``redis_cluster``: the
-        connection names a Redis Cluster's nodes."""
+        connection names a Redis Cluster's nodes. A read at a time more than ``stale_after_s`` past a view's progress,
+        while the job is that far behind the clock too, is read as of the progress (:meth:`read_with_row_times`); the
+        views' serving generations and progress are read again at most every ``states_refresh_s``."""
         from feast.protos.feast.types.Value_pb2 import Value
 
         store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
@@ -80,9 +111,12 @@ class OnlineReader:
         #: Where each view's rows are in Redis (the writer's layout too).
         self.layout = OnlineLayout(store.config, views)
         self._views, self._redis_key = self.layout.views, self.layout.redis_key
-        self._plans: dict[tuple[str, tuple[str, ...]], _ReadPlan] = {}
+        self._plans: dict[tuple[str, tuple[str, ...], str | None], _ReadPlan] = {}
         online_store = store.config.online_store
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
+        self._project = store.config.project
+        self._stale_after_ms, self._states_refresh_s = int(stale_after_s * 1000), states_refresh_s
+        self._states, self._states_read_at = ViewStates(), -states_refresh_s
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""
@@ -92,17 +126,31 @@ class OnlineReader:
         """The fields of an entity's hash a read of ``names`` of ``view`` asks for (its one HMGET)."""
         return list(self._plan(view, tuple(names)).fields)
 
+    def view_states(self) -> ViewStates:
+        """The views' serving generations and progress, as last read (again when older than ``states_refresh_s``)."""
+        now = time.monotonic()
+        if now - self._states_read_at >= self._states_refresh_s:
+            self._states, self._states_read_at = read_view_states(self._redis, self._project), now
+        return self._states
+
+    def progress_ms(self, view: str) -> int | None:
+        """How far in event time the rows readers serve of ``view`` have absorbed their topic, as the job last said;
+        None when the view has no serving generation (rows written by hand)."""
+        states = self.view_states()
+        generation = states.serving.get(view)
+        return None if generation is None else states.progress.get(generation.namespace, (0, 0))[0]
+
     def get_online_features(self, features: list[str], entity_rows: list[dict[str, str]]) -> dict[str, list]:
         """Like Feast's ``get_online_features(features, entity_rows).to_dict()`` (without full feature names)."""
-        return self.read_with_row_times(features, entity_rows)[0]
+        return self.read_with_row_times(features, entity_rows).values
 
-    def read_with_row_times(
-        self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None
-    ) -> tuple[dict[str, list], dict[str, list[int | None]], dict[str, list[str | None]]]:
+    def read_with_row_times(self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None) -> OnlineRead:
         """:meth:`get_online_features`, and per view the event time (ms) of each entity's row as read and the log
-        positions it absorbed (``partition:offset,...``, as the job wrote them), None for none: in the same round
-        trip, so they are those of the values returned. With ``at_ms`` (a read time per row, epoch ms), windowed
-        features are as of those times (the module's docstring)."""
+        positions it absorbed, in the same round trip, so they are those of the values returned. With ``at_ms`` (a read
+        time per row, epoch ms), windowed features are as of those times (the module's docstring); but where the job
+        lags (a view's progress more than ``stale_after_s`` behind both the read time and the clock: stopped, or
+        catching up), as of the progress, and said so (``read_as_of``): its windows hold no event after it yet (a row written by hand, of no plan, is read at its time). Each
+        view is read in its serving generation; a row of another plan reads as no row."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
         by_view: dict[str, list[str]] = {}
@@ -110,17 +158,18 @@ class OnlineReader:
             view, feature = reference.split(":", 1)
             by_view.setdefault(view, []).append(feature)
         plans = {view: self._plan(view, tuple(names)) for view, names in by_view.items()}
-        # Without read times, as of each entity's latest event: any time before it reads as of it (the first step).
-        read_at = [0] * len(entity_rows) if at_ms is None else at_ms
+        states = self.view_states()
+        now_ms = int(time.time() * 1000)
         pipe = self._redis.pipeline(transaction=False)
         for plan in plans.values():
             join_keys = plan.join_keys
             for row in entity_rows:
-                pipe.hmget(self._redis_key(join_keys, tuple(row[key] for key in join_keys)), plan.fields)
+                pipe.hmget(self._redis_key(join_keys, tuple(row.get(key, "") for key in join_keys)), plan.fields)
         replies = iter(pipe.execute())
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
         row_absorbed: dict[str, list[str | None]] = {}
+        read_as_of: dict[str, list[int | None]] = {}
         for row in entity_rows:
             for key, value in row.items():
                 result.setdefault(key, []).append(value)
@@ -133,20 +182,34 @@ class OnlineReader:
                 result[name] = column
             times = row_times[view] = [None] * count
             absorbed = row_absorbed[view] = [None] * count
+            identity = None if plan.generation is None else plan.generation.identity.encode()
+            # Without read times, as of each entity's latest event: any time before it reads as of it (the first step).
+            read_at = [0] * count if at_ms is None else at_ms
+            lagging = None if at_ms is None else self._lagging_progress(plan, states, now_ms)
+            as_of = None
             direct, stamp_at = plan.direct, len(plan.direct)
             for i in range(count):
                 reply = next(replies)
+                stamp, positions_read, row_plan = reply[stamp_at], reply[stamp_at + 1], reply[stamp_at + 2]
+                if identity is not None and row_plan is not None and row_plan != identity:
+                    continue  # a row of another plan: never read as this one's
+                at = read_at[i]
+                # A row the lagging job wrote holds no event after its progress: read as of it, and say so. (A row of no
+                # plan, written by hand, is not the job's to lag.)
+                if lagging is not None and row_plan is not None and at > lagging + self._stale_after_ms:
+                    if as_of is None:
+                        as_of = read_as_of[view] = [None] * count
+                    at = as_of[i] = lagging
                 for position, raw in zip(direct, reply, strict=False):
                     if raw is not None:  # a double inline (most features): the call costs more than the decode
                         columns[position][i] = unpack_double(raw, 1)[0] if len(raw) == 9 and raw[0] == _DOUBLE_TAG else decode(raw)
-                stamp, positions_read = reply[stamp_at], reply[stamp_at + 1]
                 time_ms = times[i] = None if stamp is None else _millis(Timestamp.FromString(stamp))
                 absorbed[i] = None if positions_read is None else positions_read.decode()
                 missing = []
                 for w, (window, positions) in enumerate(plan.windows):
-                    steps = reply[stamp_at + 2 + w]
+                    steps = reply[stamp_at + 3 + w]
                     if steps and window.latest_ms(steps) == time_ms:
-                        for position, value in zip(positions, window.values_at(steps, read_at[i]), strict=True):
+                        for position, value in zip(positions, window.values_at(steps, at), strict=True):
                             if position is not None:
                                 columns[position][i] = value
                     else:
@@ -155,14 +218,22 @@ class OnlineReader:
                     unstepped.append((plan, columns, i, missing))
         if unstepped:
             self._read_finished(unstepped, entity_rows)
-        return result, row_times, row_absorbed
+        return OnlineRead(result, row_times, row_absorbed, read_as_of)
+
+    def _lagging_progress(self, plan: _ReadPlan, states: ViewStates, now_ms: int) -> int | None:
+        """The progress of ``plan``'s generation where its job lags the clock by more than ``stale_after_s``; None
+        where it does not, or has published none."""
+        if plan.generation is None:
+            return None
+        progress = states.progress.get(plan.generation.namespace)
+        return progress[0] if progress is not None and now_ms > progress[0] + self._stale_after_ms else None
 
     def _read_finished(self, unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]], entity_rows: list[dict[str, str]]) -> None:
         """Where a window had no steps of the row's own event time, its finished values: one more pipelined round trip
         for all such rows (rows written by hand, or by a job of other views)."""
         pipe = self._redis.pipeline(transaction=False)
         for plan, _, i, _ in unstepped:
-            pipe.hmget(self._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields)
+            pipe.hmget(self._redis_key(plan.join_keys, tuple(entity_rows[i].get(key, "") for key in plan.join_keys)), plan.finished_fields)
         for (plan, columns, i, missing), reply in zip(unstepped, pipe.execute(), strict=True):
             for w in missing:
                 for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
@@ -170,11 +241,13 @@ class OnlineReader:
                         columns[position][i] = None if raw is None else self._decode(raw)
 
     def _plan(self, view: str, names: tuple[str, ...]) -> _ReadPlan:
-        """How a read of ``names`` of ``view`` goes (``_ReadPlan``), computed once per view and names."""
-        key = (view, names)
+        """How a read of ``names`` of ``view`` goes (``_ReadPlan``) in its serving generation, computed once per view,
+        names and generation."""
+        generation = self.view_states().serving.get(view)
+        key = (view, names, None if generation is None else generation.namespace)
         plan = self._plans.get(key)
         if plan is None:
-            layout = self._views[view]
+            layout = self._views[view] if generation is None else self.layout.generation(generation)
             where = {name: i for i, name in enumerate(names)}
             windows = []  # (steps field, window, position of each of its values among the names)
             for steps_field, window in layout.windows.values():
@@ -182,7 +255,7 @@ class OnlineReader:
                 if any(p is not None for p in positions):
                     windows.append((steps_field, window, positions))
             stepped = {p for *_, positions in windows for p in positions if p is not None}
-            direct = [i for i in range(len(names)) if i not in stepped]
+            direct = [i for i in range(len(names)) if i not in stepped and names[i] in layout.fields]
             finished_fields: list[bytes] = []
             finished_at = []
             for _, window, _ in windows:
@@ -190,21 +263,27 @@ class OnlineReader:
                 finished_fields += [layout.fields[a.name] for a in window.aggregations]
             plan = self._plans[key] = _ReadPlan(
                 join_keys=layout.join_keys,
-                fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, layout.absorbed_field,
+                fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, layout.absorbed_field, layout.plan_field,
                         *(steps_field for steps_field, *_ in windows)],
                 direct=direct,
                 windows=[(window, positions) for _, window, positions in windows],
                 finished_fields=finished_fields,
                 finished_at=finished_at,
+                generation=generation,
             )
         return plan
 
+    def _layout(self, view: str):
+        """Where the rows of ``view``'s serving generation are (as the registry defines the view, without one)."""
+        generation = self.view_states().serving.get(view)
+        return self._views[view] if generation is None else self.layout.generation(generation)
+
     def row_timestamps_us(self, view: str, entities: list[dict[str, str]]) -> list[int | None]:
         """When each entity's row (``entities``: join key -> value) was computed (its event time, in microseconds), or
-        None if it has none."""
+        None if it has none (in the generation readers serve)."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
-        layout = self._views[view]
+        layout = self._layout(view)
         pipe = self._redis.pipeline(transaction=False)
         for entity in entities:
             pipe.hget(self._redis_key(layout.join_keys, tuple(entity[key] for key in layout.join_keys)), layout.timestamp_field)

@@ -30,9 +30,12 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+import redis
+
 from feature_store.config import feature_fields, feature_store
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
+from feature_store.view_state import Generation, read_view_states
 
 #: Feast value-proto field for each feature dtype Loopline declares.
 _VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_val", "FLOAT": "float_val",
@@ -85,6 +88,9 @@ class FeatureRow:
     windows: dict[tuple[int, int], bytes] = field(default_factory=dict)  # (slide ms, window ms) -> the window's steps
     #: The log positions behind the row: each partition's last absorbed offset, ``partition:offset,...`` by partition.
     absorbed: str = ""
+    #: The identity of the plan that computed the row (``FeaturePlan.identity``), as the feature job writes it; empty
+    #: for a row of no plan (written by hand).
+    plan: str = ""
 
     @property
     def order(self) -> tuple[int, int]:
@@ -102,12 +108,22 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
     return list(newest.values())
 
 
+class ReplicaAckError(RuntimeError):
+    """Rows a master took but fewer of its replicas than asked acknowledged in time (``OnlineWriter`` with
+    ``replica_acks``): they are in Redis, but a failover of that master may lose them."""
+
+
 class OnlineWriter:
     """Writes FeatureRows of the registry's views to the online store configured in the repo."""
 
-    def __init__(self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path, *, redis_cluster: bool = False) -> None:
+    def __init__(
+        self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path, *, redis_cluster: bool = False,
+        replica_acks: int = 0, replica_ack_timeout_ms: int = 2_000,
+    ) -> None:  # fmt: skip
         """``redis_cluster``: the connection names a Redis Cluster's nodes (each entity's row is one hash, so each
-        write names one key and goes to the master of its slot)."""
+        write names one key and goes to the master of its slot). ``replica_acks``: replicas each node's rows must
+        reach (Redis WAIT, within ``replica_ack_timeout_ms``) before :meth:`write` returns, as the feature job's
+        writer does (``redis.write_acks``)."""
         from feast.infra.online_stores.helpers import get_online_store_from_config
 
         store = feature_store(feast_registry_path, redis_connection, repo_path, redis_cluster=redis_cluster)
@@ -120,6 +136,7 @@ class OnlineWriter:
         self._kinds = {name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
                        for name, view in self._views.items()}  # fmt: skip
         self._ttl_s = store.config.online_store.key_ttl_seconds or 0
+        self._replica_acks, self._replica_ack_timeout_ms = replica_acks, replica_ack_timeout_ms
 
     @cached_property
     def _redis(self):
@@ -128,17 +145,25 @@ class OnlineWriter:
         return redis_client(online_store.connection_string, cluster=online_store.redis_type == "redis_cluster")
 
     def write(self, rows: list[FeatureRow]) -> int:
-        """Write the newest row of each entity where it is newer than the stored one; return how many rows were sent."""
+        """Write the newest row of each entity where it is newer than the stored one, in the generation of its view
+        that readers serve (``feature_store/view_state.py``); return how many rows were sent."""
         from feast.protos.feast.types.Value_pb2 import Value
         from google.protobuf.timestamp_pb2 import Timestamp
 
         newest = latest_per_entity(rows)
-        pipe = self._redis.pipeline(transaction=False)
+        serving = read_view_states(self._redis, self.project).serving
+        calls = []
         for row in newest:
-            layout, kinds = self.layout.views[row.view], self._kinds[row.view]
+            generation, kinds = serving.get(row.view), self._kinds[row.view]
+            layout = self.layout.views[row.view] if generation is None else self.layout.generation(generation)
+            if not row.features.keys() <= layout.fields.keys():
+                raise ValueError(f"{row.view}: the generation readers serve ({generation.namespace}) computes no "
+                                 f"{sorted(row.features.keys() - layout.fields.keys())}")  # fmt: skip
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)
             values, cleared = [layout.absorbed_field, row.absorbed.encode()], []
+            if row.plan:
+                values += [layout.plan_field, row.plan.encode()]
             for name, value in row.features.items():
                 values += [layout.fields[name], (Value() if value is None else Value(**{kinds[name]: value})).SerializeToString()]
             for key, (steps_field, _) in layout.windows.items():
@@ -146,39 +171,89 @@ class OnlineWriter:
                     values += [steps_field, row.windows[key]]
                 else:
                     cleared.append(steps_field)
-            # EVAL as a plain command: redis-py's cluster pipeline has no eval(), but routes EVAL by its one key.
             entity = (row.entity,) if isinstance(row.entity, str) else row.entity
-            pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, self.layout.redis_key(layout.join_keys, entity), layout.timestamp_field,
-                                 stamp.SerializeToString(), stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us,
-                                 row.events, self._ttl_s, len(cleared), *cleared, *values)  # fmt: skip
-        pipe.execute()
+            calls.append((self.layout.redis_key(layout.join_keys, entity), [layout.timestamp_field, stamp.SerializeToString(),
+                          stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us, row.events, self._ttl_s,
+                          len(cleared), *cleared, *values]))  # fmt: skip
+        try:
+            self._send(calls)
+        except redis.exceptions.ResponseError as err:  # a slot moved (a failover): look the cluster up again, once
+            moved = isinstance(err, redis.exceptions.MovedError) or str(err).startswith("MOVED")
+            if not (moved and self._config.online_store.redis_type == "redis_cluster"):
+                raise
+            self._redis.nodes_manager.initialize()
+            self._send(calls)
         return len(newest)
 
-    def jvm_layout(self, view: str, features: Sequence[str], max_batch_rows: int, timeout_ms: int = 10_000) -> str:
-        """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write ``view``'s rows, whose
-        ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection (Feast's, parsed by
-        Feast), the key's bytes around the join keys' values, the fields (base64), each feature's Value kind, the TTL and this
-        module's compare-and-set script; and its largest batch (``max_batch_rows`` entities) and ``timeout_ms`` per
-        reply."""
+    def _send(self, calls: list[tuple[bytes, list]]) -> None:
+        """The compare-and-sets, pipelined per node (each master's, on a cluster), each node's pipeline ending in WAIT
+        where ``replica_acks`` asks for it; ReplicaAckError where a node's replicas acknowledged fewer in time."""
+        if self._config.online_store.redis_type == "redis_cluster":
+            nodes: dict[str, list] = {}
+            for call in calls:
+                nodes.setdefault(self._redis.get_node_from_key(call[0]).name, []).append(call)
+            by_node = [(self._redis.get_redis_connection(self._redis.get_node(node_name=name)), name, node_calls)
+                       for name, node_calls in nodes.items()]  # fmt: skip
+        else:
+            by_node = [(self._redis, "Redis", calls)]
+        for client, name, node_calls in by_node:
+            pipe = client.pipeline(transaction=False)
+            for key, args in node_calls:
+                pipe.execute_command("EVAL", _COMPARE_AND_SET, 1, key, *args)
+            if self._replica_acks:
+                pipe.execute_command("WAIT", self._replica_acks, self._replica_ack_timeout_ms)
+            replies = pipe.execute()
+            if self._replica_acks and replies[-1] < self._replica_acks:
+                raise ReplicaAckError(f"{len(node_calls)} online rows on {name} reached {replies[-1]} of {self._replica_acks} "
+                                      f"replica(s) within {self._replica_ack_timeout_ms} ms: a failover may lose them; write them again")  # fmt: skip
+
+    def jvm_connection(self, timeout_ms: int = 10_000) -> dict:
+        """The online store's connection as the JVM writers take it (``streams/jvm`` ``RedisConnection``): Feast's
+        connection string, parsed by Feast, with ``timeout_ms`` per reply."""
         from feast.infra.online_stores.redis import RedisOnlineStore
 
         online_store = self._config.online_store
         nodes, params = RedisOnlineStore._parse_connection_string(online_store.connection_string)
-        layout = self.layout.views[view]
+        return {
+            "nodes": [f"{node['host']}:{node['port']}" for node in nodes], "cluster": online_store.redis_type == "redis_cluster",
+            "username": params.get("username"), "password": params.get("password"), "ssl": bool(params.get("ssl", False)),
+            "db": int(params.get("db", 0)), "timeoutMs": timeout_ms,
+        }  # fmt: skip
+
+    @property
+    def project(self) -> str:
+        """The Feast project the rows belong to."""
+        return self._config.project
+
+    @property
+    def redis(self):
+        """The writer's Redis client (made at first use)."""
+        return self._redis
+
+    def jvm_layout(
+        self, generation: Generation, features: Sequence[str], max_batch_rows: int, timeout_ms: int = 10_000, *,
+        replica_acks: int = 0, replica_ack_timeout_ms: int = 2_000,
+    ) -> str:  # fmt: skip
+        """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write the rows of a view's
+        ``generation``, whose ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection,
+        the key's bytes around the join keys' values, the fields of the generation's namespace (base64), each feature's
+        Value kind, the plan identity, the TTL and this module's compare-and-set script; and its largest batch
+        (``max_batch_rows`` entities), ``timeout_ms`` per reply, and the replicas each batch must reach (Redis WAIT)
+        within ``replica_ack_timeout_ms``."""
+        layout = self.layout.generation(generation)
         parts, order = self.layout.key_parts(layout.join_keys)
         kinds = {"int64_val": "int64", "int32_val": "int32", "double_val": "double", "float_val": "float", "string_val": "string",
                  "bool_val": "bool"}  # fmt: skip
         encode = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
         return json.dumps({
-            "nodes": [f"{node['host']}:{node['port']}" for node in nodes], "cluster": online_store.redis_type == "redis_cluster",
-            "username": params.get("username"), "password": params.get("password"), "ssl": bool(params.get("ssl", False)),
-            "db": int(params.get("db", 0)), "timeoutMs": timeout_ms, "keyParts": [encode(part) for part in parts], "keyOrder": order,
+            "connection": self.jvm_connection(timeout_ms), "keyParts": [encode(part) for part in parts], "keyOrder": order,
             "timestampField": encode(layout.timestamp_field), "orderField": encode(layout.order_field),
-            "absorbedField": encode(layout.absorbed_field),
+            "absorbedField": encode(layout.absorbed_field), "planField": encode(layout.plan_field), "plan": generation.identity,
             "featureFields": [encode(layout.fields[name]) for name in features],
-            "featureKinds": [kinds[self._kinds[view][name]] for name in features],
+            "featureKinds": [kinds[self._kinds[generation.view][name]] for name in features],
             "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],
             "ttlSeconds": self._ttl_s, "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows,
+            "replicaAcks": replica_acks, "replicaAckTimeoutMs": replica_ack_timeout_ms,
         })  # fmt: skip
 
     def delete_rows(self) -> list[str]:

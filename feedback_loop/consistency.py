@@ -116,8 +116,15 @@ def events_needed_since(plan: FeaturePlan, requests: Sequence[PredictionRecord],
     history = plan.history_ms(name for record in requests for name in record.features if name in wanted)
     if not history:
         return None
-    earliest = min(min([record.requested_at_ms, *record.feature_row_times_ms.values()]) for record in requests)
+    earliest = min(min([record.requested_at_ms, *record.feature_row_times_ms.values(), *record.feature_read_as_of_ms.values()])
+                   for record in requests)  # fmt: skip
     return earliest - history - plan.out_of_orderness_ms
+
+
+def read_time(record: PredictionRecord, view: str) -> int:
+    """When the scorer read ``view``'s windows for ``record``: at the request's time, or as of the view's progress where
+    its job lagged (``feature_read_as_of_ms``: the features stale), which the recompute then reads at too."""
+    return record.feature_read_as_of_ms.get(view, record.requested_at_ms)
 
 
 def check_consistency(
@@ -138,18 +145,18 @@ def check_consistency(
         view_events = view.with_entity(events[view.topic])
         keys = [view.entity(r.entity_keys) for r in chosen]
         row_times = [r.feature_row_times_ms.get(view.name) for r in chosen]
-        at = pd.DataFrame({view.entity_key: pd.Series(keys, dtype=object), "at_ms": [r.requested_at_ms for r in chosen]})
+        at = pd.DataFrame({view.entity_key: pd.Series(keys, dtype=object), "at_ms": [read_time(r, view.name) for r in chosen]})
         lookup = features_at(view, view_events, at)
         # Only a value that differs needs the recompute as of its row (to tell lag from a wrong value).
         differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times, strict=True) if row_time is not None
-                     and _differs(record, names, lookup.get((key, record.requested_at_ms)))]  # fmt: skip
+                     and _differs(record, names, lookup.get((key, read_time(record, view.name))))]  # fmt: skip
         positioned = {"partition", "offset"} <= set(view_events.columns)
         exact, prefixed = [], []
         for d in differing:
             (exact if positioned and view.name in d[0].feature_row_absorbed else prefixed).append(d)
         as_of_rows = {**_as_of_rows(view, view_events, prefixed), **_absorbed_rows(view, view_events, exact)}
         for record, key in zip(chosen, keys, strict=True):
-            offline = lookup.get((key, record.requested_at_ms))
+            offline = lookup.get((key, read_time(record, view.name)))
             as_of_row = as_of_rows.get(record.request_id, [])
             for name in names:
                 if name not in record.features:
@@ -188,7 +195,7 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
     for record, key, row_time in differing:
         if key in positions:
             ends = np.flatnonzero((row_times[key] == row_time) & (reached[key] <= record.scored_at_ms)) + 1
-            read_at = max(record.requested_at_ms, row_time)
+            read_at = max(read_time(record, view.name), row_time)
             candidates[record.request_id] = [((key, end), read_at) for end in ends.tolist()]
             for prefix, _ in candidates[record.request_id]:
                 prefixes.setdefault(prefix, len(prefixes))
@@ -230,7 +237,7 @@ def _absorbed_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[P
             last = dict(_absorbed_positions(absorbed))
             limit = np.array([last.get(int(p), -1) for p in partitions[where]])
             parts.append((number, where[offsets[where] <= limit]))
-        points[record.request_id] = (key, number, max(record.requested_at_ms, row_time))
+        points[record.request_id] = (key, number, max(read_time(record, view.name), row_time))
     parts = [(number, where) for number, where in parts if len(where)]
     if not parts:
         return {}
@@ -259,7 +266,7 @@ def _rows_up_to_row_time(view: ViewPlan, events: pd.DataFrame, differing: list[t
         return {}
     frame = events.iloc[np.concatenate([where for _, where in parts])].assign(
         **{key_column: np.repeat([n for n, _ in parts], [len(where) for _, where in parts])})
-    points = {record.request_id: (key, numbers[(key, row_time)], max(record.requested_at_ms, row_time)) for record, key, row_time in differing}
+    points = {record.request_id: (key, numbers[(key, row_time)], max(read_time(record, view.name), row_time)) for record, key, row_time in differing}
     rows = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]}))
     return {request_id: [{**rows[(n, at)], key_column: key}] for request_id, (key, n, at) in points.items() if (n, at) in rows}
 

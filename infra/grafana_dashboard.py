@@ -32,6 +32,10 @@ PANELS = [
      [("sum by (alias, version, outcome) (rate(loopline_scoring_model_requests_total[5m]))", "{{alias}} v{{version}} {{outcome}}")], 12),
     ("Feature job freshness (emit lag)", "ms", [("max(flink_taskmanager_job_task_operator_currentEmitEventTimeLag)", "lag")], 12),
     ("Feature job consumer lag", "none", [("sum(flink_taskmanager_job_task_operator_pendingRecords)", "pending records")], 12),
+    ("Feature view lag (progress behind the clock, as scorers read it)", "s",
+     [("max by (view) (loopline_feature_view_lag_seconds)", "{{view}}")], 12),
+    ("Stale features served (read as of a lagging job's progress)", "ops",
+     [("sum by (instance) (rate(loopline_scoring_stale_features_total[5m]))", "{{instance}}")], 12),
 ]  # fmt: skip
 
 

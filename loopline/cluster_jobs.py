@@ -5,6 +5,7 @@ settings), where they restore from, and stopping them with a savepoint (`stream 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -12,7 +13,7 @@ from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_s
 from loopline.components import feature_plan, job_archives, job_settings, joiner_settings
 from loopline.flink_image_job import FEATURE_JOB, IMAGE_ENTRY_MODULE, JOINER
 from loopline.settings import Settings
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin, recorded_plan
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, plan_changes, record_origin, recorded_plan
 from streams.flink_job import latest_checkpoint, savepoint_dir
 from streams.flink_submit import FlinkImage, flink_run_command
 
@@ -33,17 +34,28 @@ class Submission:
     #: (a printed command needs no registry); None for the joiner, and for an image's job, which compiles the project
     #: it carries.
     plan: Callable[[], Mapping[str, str]] | None = None
+    #: The command that rebuilds the job's state from the log instead, submitted when ``restore_from`` is the newest
+    #: checkpoint (not a savepoint named) and holds window state of another ``plan``.
+    rebuild_command: list[str] | None = None
 
 
 def submit(submission: Submission, jobmanager: str) -> str:
     """Run the submission's command against the cluster at ``jobmanager`` and return the job's id: refused (JobStateError)
-    when what it restores describes another Kafka cluster or plan; the new job's checkpoints recorded as describing
-    this one, as an embedded job's are (``streams/checkpoint_origin.py``)."""
+    when what it restores describes another Kafka cluster, or is a savepoint named of another plan; over the newest
+    checkpoint of another plan, the job rebuilds its state from the log instead (``rebuild_command``, said on stderr).
+    The new job's checkpoints are recorded as describing this cluster and plan, as an embedded job's are
+    (``streams/checkpoint_origin.py``)."""
     cluster_id = kafka_cluster_id(submission.bootstrap_servers, submission.kafka_properties)
     plan = submission.plan() if submission.plan is not None else None
-    if submission.restore_from:
-        check_origin(submission.restore_from, cluster_id, submission.fresh_command, plan)
-    job_id = submit_job(submission.command, jobmanager)
+    command, restore_from = submission.command, submission.restore_from
+    changes = plan_changes(restore_from, plan) if restore_from and plan is not None and submission.rebuild_command else []
+    if changes:
+        print(f"the views changed since the newest checkpoint ({'; '.join(changes)}): the job rebuilds them from the retained "
+              "events, readers keep the previous rows until the rebuild has caught up", file=sys.stderr, flush=True)  # fmt: skip
+        command, restore_from = submission.rebuild_command, None
+    if restore_from:
+        check_origin(restore_from, cluster_id, submission.fresh_command, plan)
+    job_id = submit_job(command, jobmanager)
     local = local_folder(submission.checkpoint_dir)
     if local is not None:
         record_origin(local / job_id, cluster_id, plan)
@@ -64,27 +76,30 @@ def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_comma
     ``shipped(parallelism, restore_from)``, the `flink run` that ships its code and environment (and window state
     under ``plan``)."""
     restore_from = _restore_point(checkpoint_dir, from_savepoint, restore and image is None)
+    rebuild_command = None
     if image is not None:
         command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [entry, str(parallelism)], image, parallelism=parallelism,
                                     from_savepoint=restore_from)  # fmt: skip
     else:
         command = shipped(parallelism, restore_from)
+        if restore_from is not None and from_savepoint is None:
+            rebuild_command = shipped(parallelism, None)
     return Submission(command, restore_from, checkpoint_dir, settings.kafka.bootstrap, dict(settings.kafka.client_config),
-                      f"{fresh_command} --jobmanager {jobmanager} --no-restore", plan)  # fmt: skip
+                      f"{fresh_command} --jobmanager {jobmanager} --no-restore", plan, rebuild_command)  # fmt: skip
 
 
 def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
                            restore: bool, image: FlinkImage | None = None, start_from_ms: int | None = None) -> Submission:  # fmt: skip
     """The submission of the feature job to the cluster at ``jobmanager``: shipping its code and environment, or with
     ``image`` run by a Loopline Flink image's entry (``loopline/flink_image_job.py``), which reads the settings where
-    it runs. Without ``restore`` (and no savepoint) the shipped job rebuilds its windows from the oldest retained event,
-    or the first published at ``start_from_ms``."""
+    it runs. Without a checkpoint to restore (``restore`` off, none taken yet, or the newest of another plan) the
+    shipped job rebuilds its windows from the oldest retained event, or the first published at ``start_from_ms``."""
 
     def shipped(parallelism: int, restore_from: str | None) -> list[str]:
         from streams.feature_job import submit_command
 
         # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
-        rebuild = restore_from is None and not restore
+        rebuild = restore_from is None
         job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism, rebuild=rebuild,
                                   start_from_ms=start_from_ms if rebuild else None)  # fmt: skip
         return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)

@@ -166,7 +166,8 @@ def feature_plan(settings: Settings) -> FeaturePlan:
 def feature_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
     """The feature job's JVM operators (``streams/jvm``) in ``folder`` (default: the jar cache), compiled there if not
     there yet."""
-    return operators_jar(folder or settings.resolved_jars_dir / "loopline", operator_libraries(settings.resolved_jars_dir))
+    jars = settings.resolved_jars_dir
+    return operators_jar(folder or jars / "loopline", operator_libraries(jars), flink_connector_jar(jars))
 
 
 def joiner_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
@@ -175,8 +176,9 @@ def joiner_operators_jar(settings: Settings, folder: Path | None = None) -> Path
     from feedback_loop.joiner_job import OPERATOR_SOURCES
     from streams.operators_jar import SOURCES
 
-    return operators_jar(folder or settings.resolved_jars_dir / "loopline", operator_libraries(settings.resolved_jars_dir),
-                         (SOURCES, OPERATOR_SOURCES), "loopline-feedback")
+    jars = settings.resolved_jars_dir
+    return operators_jar(folder or jars / "loopline", operator_libraries(jars), flink_connector_jar(jars), (SOURCES, OPERATOR_SOURCES),
+                         "loopline-feedback")
 
 
 def _connector_jar(settings: Settings, image: FlinkImage | None) -> Path:
@@ -220,6 +222,8 @@ def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSett
         feast_registry_path=settings.feast_registry_path,
         redis_connection=settings.redis_connection,
         redis_cluster=settings.redis_cluster,
+        replica_acks=settings.redis.replica_acks,
+        replica_ack_timeout_ms=settings.redis.write_ack_timeout_ms,
         kafka_properties=dict(settings.kafka.client_config),
         offline_dir=stream.offline_dir.absolute() if stream.offline_dir else None,
         group_id=stream.group_id,
@@ -230,6 +234,7 @@ def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSett
         online_interval_ms=stream.online_interval_ms,
         parallelism=stream.parallelism,
         metrics_port=stream.metrics_port,
+        allow_partial_rebuild=stream.allow_partial_rebuild,
     )
 
 

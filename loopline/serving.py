@@ -44,7 +44,7 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
     serving = settings.serving
     budget_s = serving.feature_budget_ms / 1000
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s,
-                          redis_cluster=settings.redis_cluster)  # fmt: skip
+                          redis_cluster=settings.redis_cluster, stale_after_s=serving.stale_after_s)  # fmt: skip
     knobs = BatchingKnobs(
         max_batch_size=serving.max_batch_size,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,

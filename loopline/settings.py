@@ -121,6 +121,34 @@ class RedisSettings(BaseModel):
         description="host:port of a Redis elsewhere: a cluster's nodes, any that answer (a list, or comma-separated); "
         "empty: the stack's own (host, port).",
     )
+    write_acks: int | None = Field(
+        default=None, ge=0, le=3,
+        description="Replicas each batch of the feature job's rows must reach (Redis WAIT) before it counts as written, "
+        "so a checkpoint completes only once its rows survive a failover; unset: the shape's (1 on the stack's own "
+        "cluster with replicas, else 0; for a Redis elsewhere, set it to the replicas its masters have).",
+    )  # fmt: skip
+    write_ack_timeout_ms: int = Field(
+        default=2_000, ge=1,
+        description="How long a batch waits for those replicas; past it the write fails and the job restarts from its "
+        "last checkpoint, writing the rows again.",
+    )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _acks_fit(self) -> RedisSettings:
+        own = 0 if self.mode == "standalone" else self.cluster_replicas
+        if not self.nodes and self.write_acks is not None and self.write_acks > own:
+            raise ValueError(
+                f"redis.write_acks {self.write_acks}: the stack's own Redis has {own} replica(s) per master, so no write "
+                f"could ever be acknowledged (leave it unset, or raise redis.cluster_replicas with redis.mode cluster)"
+            )
+        return self
+
+    @property
+    def replica_acks(self) -> int:
+        """How many replicas each of the feature job's row batches must reach: ``write_acks``, else the shape's."""
+        if self.write_acks is not None:
+            return self.write_acks
+        return 1 if self.mode == "cluster" and not self.nodes and self.cluster_replicas > 0 else 0
 
     @property
     def node_ports(self) -> list[int]:
@@ -233,6 +261,10 @@ class StreamSettings(BaseModel):
                     "against work per event.",
     )
     parallelism: int = Field(default=JobSettings.parallelism, ge=1)
+    allow_partial_rebuild: bool = Field(
+        default=JobSettings.allow_partial_rebuild, description="Rebuild the windows even where a topic no longer retains a "
+        "view's longest window (they count only what is retained, filling as new events come); else such a rebuild is refused.",
+    )
     checkpoint_dir: str | None = Field(default=None, description="Checkpoints and savepoints: a path or any Flink filesystem "
                                        "URI (file:///shared/..., s3://bucket/... at scale); default <home>/checkpoints/<group_id>.")
     offline_dir: Path | None = Field(
@@ -286,6 +318,11 @@ class ServingSettings(BaseModel):
     model_version: str = Field(default="file", description="The version a model_path file is reported as.")
     model_registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the model registry's aliases.")
     llm: LlmSettings | None = Field(default=None, description="Serve this LLM (vLLM) instead of ONNX models.")
+    stale_after_s: float = Field(
+        default=5.0, gt=0, description="A feature view whose job has absorbed its events up to more than this before both "
+        "a request's time and the clock is read as of that progress, and its features are named stale in the prediction "
+        "record (loopline_scoring_stale_features): its windows hold no later event yet.",
+    )
     feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults (default: the "
                                      "project's serving budget).")
     max_batch_size: int = Field(default=64, ge=1, description="Requests per model call (the dynamic batcher).")

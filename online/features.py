@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from prometheus_client import Gauge
+
 from feature_store.online_read import OnlineReader
 from online.batcher import BatchTiming, DynamicBatcher
 
@@ -30,6 +32,7 @@ class _Read:
     values: list | None = None
     row_times_ms: dict[str, int | None] | None = None
     row_absorbed: dict[str, str | None] | None = None
+    read_as_of: dict[str, int] | None = None
     finished_at: float | None = None
 
 
@@ -46,6 +49,10 @@ class FetchedFeatures:
     row_times_ms: dict[str, int] = field(default_factory=dict)
     #: Per feature view, the log positions behind that row (``partition:offset,...``; views whose row has none left out).
     row_absorbed: dict[str, str] = field(default_factory=dict)
+    #: Features read as of their view's progress instead of the request's time, the job lagging (``stale``), and per
+    #: such view that progress (ms).
+    stale: list[str] = field(default_factory=list)
+    read_as_of_ms: dict[str, int] = field(default_factory=dict)
     #: The pipelined Redis read the request's entities went in (its wait, its length, how many entities it read), when
     #: the request waited for it.
     read: BatchTiming | None = None
@@ -61,13 +68,18 @@ class FeatureFetcher:
     loop, busy with other requests, picks it up a little late.
     """
 
-    def __init__(self, reader: OnlineReader, features: list[str], budget_s: float = 0.020, max_batch_size: int = 64) -> None:
+    def __init__(self, reader: OnlineReader, features: list[str], budget_s: float = 0.020, max_batch_size: int = 64,
+                 view_lag: Gauge | None = None) -> None:  # fmt: skip
+        """``view_lag``: a gauge by view, set to how far (s) each view's job is behind the clock, as the reader last
+        read it."""
         self.reader = reader
         self.features = features
         self.budget_s = budget_s
         self.defaults = {ref: reader.defaults.get(ref) for ref in features}
         self.join_keys = reader.join_keys(features)
         self._names = [ref.split(":", 1)[1] for ref in features]
+        self._views = sorted({ref.split(":", 1)[0] for ref in features})
+        self._view_lag, self._states_seen = view_lag, None
         self._batcher: DynamicBatcher[_Read, list] = DynamicBatcher(
             self._read_batch, max_batch_size=max_batch_size, max_queue_delay_s=0.0, max_queue_size=16 * max_batch_size
         )
@@ -75,15 +87,29 @@ class FeatureFetcher:
         self._unwarned = 0
 
     def _read_batch(self, reads: list[_Read]) -> list[list]:
-        found, row_times, absorbed = self.reader.read_with_row_times(self.features, [read.keys for read in reads],
-                                                                     [read.at_ms for read in reads])  # fmt: skip
+        found, row_times, absorbed, read_as_of = self.reader.read_with_row_times(self.features, [read.keys for read in reads],
+                                                                                 [read.at_ms for read in reads])  # fmt: skip
         finished = time.perf_counter()
         for i, read in enumerate(reads):
             read.values = [found[name][i] for name in self._names]
             read.row_times_ms = {view: times[i] for view, times in row_times.items()}
             read.row_absorbed = {view: positions[i] for view, positions in absorbed.items()}
+            read.read_as_of = {view: at[i] for view, at in read_as_of.items() if at[i] is not None}
             read.finished_at = finished  # set last: once the event loop sees it, the values are there
+        if self._view_lag is not None:
+            self._observe_lag()
         return [read.values for read in reads]
+
+    def _observe_lag(self) -> None:
+        """Each view's lag behind the clock, once per reading of the views' states (not per batch)."""
+        states = self.reader.view_states()
+        if states is self._states_seen:
+            return
+        self._states_seen, now_ms = states, time.time() * 1000
+        for view in self._views:
+            progress = self.reader.progress_ms(view)
+            if progress is not None:
+                self._view_lag.labels(view).set(max(0.0, (now_ms - progress) / 1000))
 
     def _all_defaults(self, fallback: str) -> FetchedFeatures:
         return FetchedFeatures(dict(self.defaults), list(self.features), fallback)
@@ -114,7 +140,10 @@ class FeatureFetcher:
             values[ref] = value
         row_times = {view: ms for view, ms in (read.row_times_ms or {}).items() if ms is not None}
         absorbed = {view: positions for view, positions in (read.row_absorbed or {}).items() if positions}
-        return FetchedFeatures(values, defaulted, row_times_ms=row_times, row_absorbed=absorbed, read=timing)
+        read_as_of = read.read_as_of or {}
+        stale = [ref for ref in self.features if ref.split(":", 1)[0] in read_as_of] if read_as_of else []
+        return FetchedFeatures(values, defaulted, row_times_ms=row_times, row_absorbed=absorbed, stale=stale, read_as_of_ms=read_as_of,
+                               read=timing)  # fmt: skip
 
     def _warn(self, err: Exception) -> None:
         """Log a read that fell back for an error, at most once per ``_WARN_EVERY_S`` (an outage would

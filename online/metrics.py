@@ -54,6 +54,16 @@ class ScorerMetrics:
         self.defaulted_features = Counter(
             "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.collector_registry
         )
+        self.stale_features = Counter(
+            "loopline_scoring_stale_features",
+            "Features read as of their view's progress, not the request's time: the feature job lagged (the prediction record "
+            "names them).", registry=self.collector_registry,
+        )  # fmt: skip
+        self.feature_view_lag = Gauge(
+            "loopline_feature_view_lag_seconds",
+            "How far behind the clock each feature view's job has absorbed its events, as the scorer last read its progress.",
+            ["view"], multiprocess_mode="max", registry=self.collector_registry,
+        )  # fmt: skip
         self.feature_fallbacks = Counter(
             "loopline_scoring_feature_fallbacks",
             "Requests scored on all-default features because the read failed, by reason (over_budget, unavailable, no_entity).",

@@ -97,7 +97,8 @@ class Scorer:
     def _put(self, alias: str, model: ServedModel) -> ModelLane | None:
         """Route ``alias`` to a new lane for ``model``; the lane it replaces, if any."""
         features = [spec.name for spec in model.inputs if not spec.from_request]
-        fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size)
+        fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size,
+                                 view_lag=self.metrics.feature_view_lag)
         previous = self._lanes.get(alias)
         self._lanes[alias] = ModelLane(alias, model, fetcher, self.knobs, self.metrics)
         self.metrics.model.labels(alias).info({"name": model.name, "version": model.version, "provider": model.provider})
@@ -225,6 +226,8 @@ class Scorer:
             self.metrics.stages[stage].observe(seconds)
         self.metrics.features.inc(len(lane.fetcher.features))
         self.metrics.defaulted_features.inc(len(fetched.defaulted))
+        if fetched.stale:
+            self.metrics.stale_features.inc(len(fetched.stale))
         if fetched.fallback is not None:
             self.metrics.feature_fallbacks.labels(fetched.fallback).inc()
         if trace is not None:
@@ -244,6 +247,8 @@ class Scorer:
             event_id=request.event_id,
             feature_row_times_ms=fetched.row_times_ms,
             feature_row_absorbed=fetched.row_absorbed,
+            stale_features=fetched.stale,
+            feature_read_as_of_ms=fetched.read_as_of_ms,
             trace_id=None if trace is None else trace.trace_id_hex,
         )
 

@@ -108,6 +108,15 @@ class PredictionRecord(Record):
         description="Per feature view, the log positions behind that row (each partition's last absorbed offset, "
         "'partition:offset,...'): exactly which events it held, for the consistency replay.",
     )
+    stale_features: list[str] = Field(
+        default_factory=list,
+        description="Features whose view's job lagged the request's time: read as of its progress, not the request's time.",
+    )
+    feature_read_as_of_ms: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per feature view read as of its job's progress (its features stale), that progress: the time its "
+        "windows were read at instead of requested_at_ms.",
+    )
     trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$",
                                  description="The request's trace (W3C trace id), when the scorer traces requests.")  # fmt: skip
 

@@ -10,8 +10,10 @@ A view's window state means what its plan said when it was built (``FeaturePlan.
 time, and the aggregations with their windows, slides and kept value types). Flink maps restored state by operator
 id alone, so under a changed plan the restored windows would mean something else: tiles of another slide, a replaced
 column's values under the new name, a widened window or an added view counting only what arrives after the restore.
-A checkpoint whose plan differs from the job's, view by view, is refused up front too, naming the views: none of its
-window state is carried over, the job rebuilds them all from the retained events.
+A job started over the newest checkpoint of another plan (the project's views changed) does not restore it: it
+rebuilds every view from the retained events (``streams/feature_job.py``), and readers switch to the new plan's rows
+once they have caught up (``feature_store/view_state.py``). A checkpoint or savepoint named explicitly whose plan
+differs is refused in one line, naming the views and the command that rebuilds.
 """
 
 from __future__ import annotations
@@ -92,6 +94,18 @@ def recorded_plan(checkpoint: str) -> dict[str, str] | None:
     return None if text is None else json.loads(text)
 
 
+def plan_changes(checkpoint: str, plan: Mapping[str, str]) -> list[str]:
+    """How the plan recorded for ``checkpoint`` differs from the job's ``plan`` (view -> identity), as lines such as
+    ``changed: user_stats``; empty when they agree or none was recorded."""
+    recorded_views = recorded_plan(checkpoint)
+    if recorded_views is None or recorded_views == dict(plan):
+        return []
+    return [f"{what}: {', '.join(views)}" for what, views in (
+        ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
+        ("added", sorted(plan.keys() - recorded_views.keys())), ("removed", sorted(recorded_views.keys() - plan.keys())),
+    ) if views]  # fmt: skip
+
+
 def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Mapping[str, str] | None = None) -> None:
     """Refuse, with JobStateError saying to run ``fresh_command``, a checkpoint recorded for a cluster other than
     ``cluster_id``, or (given the job's ``plan``) for window state of another plan. A checkpoint with no record
@@ -102,13 +116,9 @@ def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Map
             f"the newest checkpoint ({checkpoint}) describes Kafka cluster {recorded}, but the broker now is cluster "
             f"{cluster_id} (the stack was wiped or Kafka replaced), so it cannot be restored", fresh_command,
         )
-    recorded_views = recorded_plan(checkpoint) if plan is not None else None
-    if recorded_views is not None and recorded_views != dict(plan):
-        changes = [f"{what}: {', '.join(views)}" for what, views in (
-            ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
-            ("added", sorted(plan.keys() - recorded_views.keys())), ("removed", sorted(recorded_views.keys() - plan.keys())),
-        ) if views]  # fmt: skip
+    changes = plan_changes(checkpoint, plan) if plan is not None else []
+    if changes:
         raise JobStateError(
-            f"the newest checkpoint ({checkpoint}) holds window state of another feature plan ({'; '.join(changes)}): "
+            f"the checkpoint {checkpoint} holds window state of another feature plan ({'; '.join(changes)}): "
             "its windows cannot carry over; rebuild them from the retained events", fresh_command,
         )

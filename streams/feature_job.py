@@ -38,6 +38,7 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import ScalarFunction, udf
 
+from feature_store.view_state import PENDING, PROGRESS, SERVING, Generation, PlannedView, plan_generations, views_key
 from feature_store.window_tiles import view_windows
 from schemas.project import load_project
 from streams.feature_plan import MAX_EVENT_TIME_MS, MAX_EXACT_VALUE, SCALE, FeaturePlan, SourcePlan, ViewPlan, registered_plan
@@ -46,6 +47,7 @@ from streams.flink_job import new_environment as flink_environment
 from streams.flink_submit import JobArchives, flink_run_command
 from streams.job_settings import JOB_NAME, JobSettings
 from streams.kafka_tables import KafkaTables
+from streams.retention_check import check_retention
 
 #: SQL type -> DataStream type, for the columns the job carries.
 _TYPES = {
@@ -56,6 +58,8 @@ _TYPES = {
     "STRING": Types.STRING(),
     "BOOLEAN": Types.BOOLEAN(),
 }
+#: How often the job publishes each view's progress (``ProgressSink``).
+PROGRESS_INTERVAL_MS = 1_000
 #: The raw source's columns: each record as read, and where it was read.
 _RAW = ("key", "value", "partition", "offset", "topic")
 #: The Python types of the columns of the offline log's rows (Feast's value types).
@@ -147,11 +151,12 @@ def decoder_spec(plan: FeaturePlan) -> str:
     })  # fmt: skip
 
 
-def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms: int):
+def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms: int, identity: str):
     """The rows of ``view`` (``feature_columns``) from the sliding windows of its entity (``SlidingWindows``) over
     ``events`` (a Java DataStream of its topic's events, the contract's fields in order): one per event (for the
     offline log), and the rows for the online store, an entity's newest at most once per ``online_interval_ms``, with
-    its windows' steps."""
+    its windows' steps. The windows' operator is named for the plan's ``identity``: a checkpoint of another plan holds
+    no state Flink would map to it."""
     from pyflink.datastream import OutputTag
 
     operators = get_gateway().jvm.dev.loopline.streams
@@ -163,7 +168,7 @@ def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms
         events.keyBy(operators.FieldKey(java_ints([positions[key] for key in view.entity_keys])))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
         .name(f"aggregate {view.name}")
-        .uid(f"aggregate-{view.name}")
+        .uid(f"aggregate-{view.name}-{identity}")
     )
     return rows, rows.getSideOutput(online)
 
@@ -177,8 +182,11 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
 
     The source starts where the consumer group committed (or a restored checkpoint says), or with
     ``settings.rebuild`` at the oldest retained event (or the first published at ``settings.start_from_ms``), to
-    rebuild the window state from the log.
+    rebuild the window state from the log: refused (RetentionError) where a topic no longer retains a view's longest
+    window, unless ``settings.allow_partial_rebuild`` (``streams/retention_check.py``).
     """
+    if settings.rebuild and settings.start_from_ms is None and not settings.allow_partial_rebuild:
+        check_retention(plan, settings.bootstrap_servers, settings.kafka_properties)
     t_env = StreamTableEnvironment.create(env)
     tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
     fetch = {"properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "20"}
@@ -204,19 +212,22 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
 
     offline_dirs = _offline_dirs(plan, settings)
     writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
+    generations = view_generations(writer, plan)
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
         events = letters.getSideOutput(decoder.events(view.topic))
-        rows, online_rows = windowed_rows(events, plan.source(view.topic), view, settings.online_interval_ms)
+        identity = plan.rows_identity(view)
+        rows, online_rows = windowed_rows(events, plan.source(view.topic), view, settings.online_interval_ms, identity)
         if tuple(writer.layout.views[view.name].windows) != tuple(view_windows(view.aggregations)):  # the rows' steps, in order
             raise ValueError(f"{view.name}: the registry's windows are not the plan's; compile the plan from the same registry")
-        layout = writer.jvm_layout(view.name, view.feature_names, settings.max_batch_rows)
+        layout = writer.jvm_layout(generations[view.name][0], view.feature_names, settings.max_batch_rows,
+                                   replica_acks=settings.replica_acks, replica_ack_timeout_ms=settings.replica_ack_timeout_ms)  # fmt: skip
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
             rows.keyBy(operators.FieldKey(java_ints([])))
             .process(operators.TimedBatches(settings.offline_flush_interval_ms, view_row), view_row)
             .name(f"hold {view.name} for the offline log")
-            .uid(f"hold-offline-{view.name}")
+            .uid(f"hold-offline-{view.name}-{identity}")
         )
         t_env.create_temporary_view(f"held_{index}", t_env.from_data_stream(DataStream(held)))
         t_env.create_temporary_function(
@@ -225,7 +236,32 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         )
         columns = _quoted([*view.entity_keys, _ROW_VERSION, *view.feature_names])
         statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({columns}) FROM held_{index}")
+    progress = progress_config(writer, plan, generations, settings, PROGRESS_INTERVAL_MS)
+    (letters.getSideOutput(decoder.progress()).sinkTo(operators.ProgressSink(progress)).setParallelism(1)
+     .name("publish the views' progress").uid("publish-progress"))  # fmt: skip
     statements.attach_as_datastream()
+
+
+def view_generations(writer, plan: FeaturePlan) -> dict[str, tuple[Generation, bool]]:
+    """The generation of each view's rows the job writes, and whether it is pending (``feature_store/view_state.py``)."""
+    planned = [PlannedView(view.name, plan.rows_identity(view), writer.layout.views[view.name].stored_name, view.entity_keys,
+                           view.aggregations) for view in plan.views]  # fmt: skip
+    return plan_generations(writer.redis, writer.project, planned)
+
+
+def progress_config(writer, plan: FeaturePlan, generations: dict[str, tuple[Generation, bool]], settings: JobSettings,
+                    interval_ms: int) -> str:  # fmt: skip
+    """What the job's ``ProgressSink`` takes, as JSON: where to publish each view's progress, its pending generation
+    to promote, and the Kafka cluster whose end offsets it compares with."""
+    views = [{
+        "view": view.name, "topic": view.topic, "progressField": PROGRESS + generation.namespace,
+        "pending": generation.to_json() if pending else None, "pendingField": PENDING + view.name, "servingField": SERVING + view.name,
+    } for view in plan.views for generation, pending in [generations[view.name]]]  # fmt: skip
+    return json.dumps({
+        "connection": writer.jvm_connection(), "key": views_key(writer.project), "views": views,
+        "bootstrapServers": settings.bootstrap_servers, "kafkaProperties": dict(settings.kafka_properties),
+        "groupId": settings.group_id, "restored": not settings.rebuild, "intervalMs": interval_ms,
+    })  # fmt: skip
 
 
 def _offline_dirs(plan: FeaturePlan, settings: JobSettings) -> dict[str, Path]:
@@ -251,13 +287,16 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
 def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True) -> None:
     """Run the job on an embedded mini-cluster until it fails or the process is stopped.
 
-    With ``restore`` it resumes from the newest retained checkpoint, when there is one; without,
-    it rebuilds its state from the oldest retained event. JobStateError when the checkpoint cannot
-    be restored (see ``streams/flink_job.run_job``).
+    With ``restore`` it resumes from the newest retained checkpoint, when there is one of the same plan; without one
+    (or without ``restore``), it rebuilds its state from the oldest retained event (or the first published at
+    ``settings.start_from_ms``). JobStateError when the checkpoint cannot be restored (see
+    ``streams/flink_job.run_job``).
     """
+
     def build(restore_from: str | None):
         env = new_environment(settings, restore_from)
-        build_job(env, plan, dataclasses.replace(settings, rebuild=not restore))
+        rebuild = restore_from is None
+        build_job(env, plan, dataclasses.replace(settings, rebuild=rebuild, start_from_ms=settings.start_from_ms if rebuild else None))
         return env
 
     run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore",

@@ -139,9 +139,17 @@ class FeaturePlan:
         text = json.dumps([SCALE, view.topic, view.entity_keys, view.time_field, aggregations])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
+    def rows_identity(self, view: ViewPlan) -> str:
+        """A digest of what ``view``'s online rows mean: its window state's :meth:`identity` and the feature names the
+        rows keep its values under. What the job's checkpoints record and check, what each row carries, and what
+        tells one generation of the view's rows from the next (``feature_store/view_state.py``): under renamed
+        features the state means the same, but the rows already written do not, so the job rebuilds them."""
+        text = json.dumps([self.identity(view), [a.name for a in view.aggregations]])
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
     def identities(self) -> dict[str, str]:
-        """Each view's :meth:`identity`, by name: what the job's checkpoints record and check."""
-        return {view.name: self.identity(view) for view in self.views}
+        """Each view's :meth:`rows_identity`, by name: what the job's checkpoints record and check."""
+        return {view.name: self.rows_identity(view) for view in self.views}
 
     @property
     def out_of_orderness_ms(self) -> int:

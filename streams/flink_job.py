@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, record_origin
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, plan_changes, record_origin
 from streams.job_settings import JobStalled, JobStateError
 
 _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
@@ -143,13 +143,21 @@ def run_job(
     PyFlink's Beam runner can fail the embedded mini-cluster's only task manager while cancelling a task ("Reference
     count must not be negative"), after which the job stays RUNNING with every task SCHEDULED, doing nothing.
 
+    ``build(None)`` builds the job to rebuild its state from the log: where there is no checkpoint, and where the
+    newest checkpoint holds window state of another ``plan`` (the views changed: it is not restored).
+
     JobStateError, saying to run ``fresh_command``, when the checkpoint cannot be restored: it describes another
-    Kafka cluster or another plan, its state does not fit the job's operators, or the job stalled twice in a row
-    restored from it without completing a checkpoint.
+    Kafka cluster, its state does not fit the job's operators, or the job stalled twice in a row restored from it
+    without completing a checkpoint.
     """
     from py4j.protocol import Py4JJavaError
 
     restore_from = latest_checkpoint(checkpoint_dir) if restore else None
+    changes = plan_changes(restore_from, plan) if restore_from and plan is not None else []
+    if changes:
+        print(f"{name}: the views changed since the newest checkpoint ({'; '.join(changes)}); rebuilding them from the "
+              "retained events, readers keep the previous rows until the rebuild has caught up", file=sys.stderr, flush=True)  # fmt: skip
+        restore_from = None
     stalled_from: str | None = None
     while True:
         cluster_id = kafka_cluster_id(bootstrap_servers, kafka_properties)

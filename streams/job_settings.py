@@ -45,6 +45,10 @@ class JobSettings:
     redis_connection: str | None = None
     #: The connection names a Redis Cluster's nodes (Feast's ``redis_type: redis_cluster``).
     redis_cluster: bool = False
+    #: Replicas every batch of online rows must reach (Redis WAIT on each node written) within the timeout, or the
+    #: write fails: the checkpoint that follows a batch then covers only rows a failover keeps.
+    replica_acks: int = 0
+    replica_ack_timeout_ms: int = 2_000
     #: Topics read instead of those the project declares (declared -> read): a replay's, or a test's.
     source_topics: dict[str, str] = field(default_factory=dict)
     #: Extra Kafka client properties for the job's source and sinks (security.protocol, sasl.*, ssl.*).
@@ -59,6 +63,8 @@ class JobSettings:
     #: With ``rebuild``, read from the first event published at or after this time (epoch ms, the records' Kafka
     #: timestamps) rather than from the oldest retained one.
     start_from_ms: int | None = None
+    #: Rebuild even where a topic no longer retains a view's longest window (its windows then fill as events come).
+    allow_partial_rebuild: bool = False
     dead_letter_topic: str = DEAD_LETTERS.name
     checkpoint_interval_ms: int = 5_000
     #: The longest a row waits for its Python batch (decoding, the offline log), and the batch size (also the most

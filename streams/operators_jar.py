@@ -43,16 +43,20 @@ def _source_digest(sources: list[tuple[Path, Path]], libraries: list[str]) -> st
     return digest.hexdigest()[:12]
 
 
-def operators_jar(build_dir: Path, libraries: Sequence[Path], roots: Sequence[Path] = (SOURCES,), name: str = "loopline-operators") -> Path:
+def operators_jar(
+    build_dir: Path, libraries: Sequence[Path], connector: Path, roots: Sequence[Path] = (SOURCES,), name: str = "loopline-operators"
+) -> Path:
     """The jar of the Java sources under ``roots`` (the feature job's by default) with the classes of ``libraries``
     (``infra/jars.operator_libraries``), in ``build_dir``, compiled with the JDK's ``javac`` if these sources have no
-    jar yet (another job adds its own root to the feature job's)."""
+    jar yet (another job adds its own root to the feature job's). They compile against the Kafka ``connector`` jar too
+    (the progress publisher asks Kafka for end offsets with the client it shades), which every job carries beside this
+    one, so it is not packed."""
     located = sorted((root, source) for root in roots for source in root.rglob("*.java"))
     sources = [source for _, source in located]
-    jar = build_dir / f"{name}-{_source_digest(located, [library.name for library in libraries])}.jar"
+    jar = build_dir / f"{name}-{_source_digest(located, [library.name for library in (*libraries, connector)])}.jar"
     if jar.exists():
         return jar
-    missing = [library for library in libraries if not library.exists()]
+    missing = [library for library in (*libraries, connector) if not library.exists()]
     if missing:
         raise OperatorsBuildError(f"the operators' libraries are not fetched ({missing[0]}; fix: loopline stack setup)")
     javac = shutil.which("javac")
@@ -61,7 +65,7 @@ def operators_jar(build_dir: Path, libraries: Sequence[Path], roots: Sequence[Pa
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=build_dir) as classes:
         result = subprocess.run(
-            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", ":".join([flink_classpath(), *map(str, libraries)]),
+            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", ":".join([flink_classpath(), *map(str, libraries), str(connector)]),
              *map(str, sources)],
             capture_output=True,
             text=True,

@@ -204,8 +204,9 @@ def read_topic_from(
         if positions is not None:
             ends = {p: (max(positions.get(p, low), low), high) for p, (low, high) in ends.items()}
         elif since_ms is not None:
-            # offsets_for_times gives the first offset at or after the time (-1 when every record is older: start at the end).
-            found = consumer.offsets_for_times([TopicPartition(topic, p, since_ms) for p in ends], timeout=_TIMEOUT_S)
+            # offsets_for_times gives the first offset at or after the time (-1 when every record is older: start at the end);
+            # a time before 1970 (a window reaching back past it) reads from the start, as 0 does.
+            found = consumer.offsets_for_times([TopicPartition(topic, p, max(since_ms, 0)) for p in ends], timeout=_TIMEOUT_S)
             ends = {tp.partition: (ends[tp.partition][1] if tp.offset < 0 else max(tp.offset, ends[tp.partition][0]),
                                    ends[tp.partition][1]) for tp in found}  # fmt: skip
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])

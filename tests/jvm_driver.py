@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from infra.jars import operator_libraries
+from infra.jars import flink_connector_jar, operator_libraries
 from loopline.settings import Settings
 from streams.operators_jar import SOURCES, flink_classpath, operators_jar
 
@@ -43,8 +43,8 @@ class JvmDriver:
 @contextmanager
 def jvm_driver(folder: Path, main_class: str) -> Iterator[JvmDriver]:
     """The driver ``main_class`` built into a jar under ``folder`` with the operators and their libraries, running."""
-    libraries = operator_libraries(Settings().resolved_jars_dir)
-    driver = JvmDriver(operators_jar(folder, libraries, (SOURCES, DRIVERS), main_class), main_class)
+    jars = Settings().resolved_jars_dir
+    driver = JvmDriver(operators_jar(folder, operator_libraries(jars), flink_connector_jar(jars), (SOURCES, DRIVERS), main_class), main_class)
     try:
         yield driver
     finally:

@@ -69,6 +69,9 @@ def test_a_views_identity_follows_what_its_window_state_means(plan: FeaturePlan)
     }
     for what, other in same.items():
         assert plan.identity(other) == plan.identity(view), f"{what}: the state kept by position means the same"
+    renamed, later = same["a renamed feature"], same["more lateness"]
+    assert plan.rows_identity(renamed) != plan.rows_identity(view), "rows keep values under the names: a rename rebuilds them"
+    assert plan.rows_identity(later) == plan.rows_identity(view), "lateness changes neither state nor rows"
     assert plan.source(view.topic).contract.field(distinct.column).type == "string"
     as_enum = _with_column_type(plan, view.topic, distinct.column, "enum")
     assert as_enum.identity(view) == plan.identity(view), "an enum reaches the state as the same strings"

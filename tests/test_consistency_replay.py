@@ -100,14 +100,14 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
             seen = sorted(latest)
 
             def applied_round(seen: list[str] = seen, latest: dict[str, int] = latest) -> bool:
-                _, row_times, _ = reader.read_with_row_times(features[:1], [{"user_id": u} for u in seen])
+                row_times = reader.read_with_row_times(features[:1], [{"user_id": u} for u in seen]).row_times
                 return row_times[VIEW] == [latest[u] for u in seen]
 
             assert wait_until(applied_round, 180 if round_index == 0 else 60, 0.2), f"the job did not apply round {round_index}; see {tmp_path / 'job.log'}"
             # Score every user of the round, as the scorer would (the values and the row's event time), as of the round's
             # end in event time: the next rounds' events come after it.
             as_of, now = start_ms + (round_index + 1) * ROUND_SPAN_MS, int(time.time() * 1000)
-            values, row_times, _ = reader.read_with_row_times(features, [{"user_id": u} for u in seen], [as_of] * len(seen))
+            values, row_times, *_ = reader.read_with_row_times(features, [{"user_id": u} for u in seen], [as_of] * len(seen))
             logged += [PredictionRecord(
                 schema_version=PredictionRecord.SCHEMA_VERSION, request_id=f"{run}-{round_index}-{u}", entity_keys={"user_id": u},
                 features={name: values[name.split(":", 1)[1]][i] for name in features}, defaulted_features=[], model_name="m",

@@ -19,9 +19,10 @@ import redis
 from feature_store.config import feature_store
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import FeatureRow, OnlineWriter
+from feature_store.view_state import views_key
 from loopline.components import feature_plan, job_settings
 from loopline.settings import Settings
-from streams.feature_job import feature_columns, new_environment, row_type, steps_columns
+from streams.feature_job import feature_columns, new_environment, row_type, steps_columns, view_generations
 from streams.feature_plan import ViewPlan
 
 RUN = uuid.uuid4().hex[:6]
@@ -62,11 +63,13 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
     rng = random.Random(20)
     env = new_environment(settings)
     written: dict[str, tuple[ViewPlan, list[tuple]]] = {}
+    writer.redis.delete(views_key(writer.project))  # this plan's rows serve at once (another test's job may have left others)
+    generations = view_generations(writer, plan)
     for view in plan.views:
         entities = [f"sink-{RUN}-{name}" for name in ("a", "ünïcødé-名前", "x" * 200, "", "b", "c")]
         rows = _rows(view, rng, entities)
         written[view.name] = (view, rows)
-        layout = writer.jvm_layout(view.name, view.feature_names, max_batch_rows=3)
+        layout = writer.jvm_layout(generations[view.name][0], view.feature_names, max_batch_rows=3)
         source = env.from_collection([Row(*row) for row in rows], type_info=row_type(feature_columns(view, online=True)))
         source._j_data_stream.sinkTo(get_gateway().jvm.dev.loopline.streams.OnlineRowSink(layout))
     env.execute("online row sink test")
@@ -79,7 +82,7 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
         for entity, _, latest, events, absorbed, *values in rows:  # one write each: Python's writer keeps a batch's newest too
             steps, features = values[: len(windows)], values[len(windows) :]
             writer.write([FeatureRow(view.name, f"py-{entity}", latest * 1000, dict(zip(view.feature_names, features, strict=True)),
-                                     events, dict(zip(windows, steps, strict=True)), absorbed)])  # fmt: skip
+                                     events, dict(zip(windows, steps, strict=True)), absorbed, generations[view.name][0].identity)])  # fmt: skip
         entities = sorted({row[0] for row in rows})
         for entity in entities:
             jvm_key, python_key = (reader.layout.redis_key(view.entity_keys, (e,)) for e in (entity, f"py-{entity}"))

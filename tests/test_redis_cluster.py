@@ -1,7 +1,8 @@
 """Redis Cluster as the online store: three masters and three replicas of this module's own (the stack's
 ``redis.mode: cluster``), Feast's ``redis_type: redis_cluster``, the fast read path, the result cache and the real
-feature job on it; and a master killed with ``kill -9`` under load: its replica takes over, reads meanwhile are
-answered on defaults within the budget, then fresh again, and no row is lost once the writer has written again.
+feature job on it; and a master killed with ``kill -9`` under load, its replica frozen behind it: the replica takes over,
+reads meanwhile are answered on defaults within the budget, then fresh again, and no row the job counted as written
+(acknowledged by a replica) is lost.
 
 Real redis-server nodes (formed by ``redis-cli --cluster create``), Feast, Kafka and Flink; the session's Kafka.
 """
@@ -28,7 +29,7 @@ from templates import FRAUD, TRANSACTIONS, TransactionEvent, fraud_world
 
 from feature_store.config import apply_definitions, feature_fields, feature_store
 from feature_store.online_read import OnlineReader
-from feature_store.online_write import FeatureRow, OnlineWriter
+from feature_store.online_write import FeatureRow, OnlineWriter, ReplicaAckError
 from infra.redis_cluster import RedisCluster
 from infra.service import free_port_block, wait_until
 from loopline.components import build_stack
@@ -39,9 +40,11 @@ from online.result_cache import ResultCache
 from schemas import DeadLetterRecord
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import compile_plan
+from streams.flink_job import latest_checkpoint
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, feature_differences, recompute
 from streams.topics import apply_topics, read_topic
+from streams.world import Emitted
 
 USER_VIEW, MERCHANT_VIEW = "user_transaction_features", "merchant_transaction_features"
 #: Short, so a master's failure is noticed (and its replica promoted) within a couple of seconds.
@@ -53,6 +56,7 @@ SLACK_S = 0.025
 #: few over-budget answers took 50-56 ms).
 HANG_S = 0.25
 SOURCE = TopicSpec("test.cluster.features", TransactionEvent, key="user_id", partitions=3, retention_ms=DAY_MS)
+FAILOVER = TopicSpec("test.cluster.failover", TransactionEvent, key="user_id", partitions=3, retention_ms=DAY_MS)
 DEAD = TopicSpec("test.cluster.features.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=DAY_MS)
 
 
@@ -219,6 +223,26 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
         assert len(_masters_of(_client(cluster_settings), [reader.layout.redis_key(view.entity_keys, (k,)) for k in keys])) == 3
 
 
+def test_a_write_counts_only_once_a_replica_has_it(cluster_settings: Settings) -> None:
+    """``replica_acks``: a master whose replica is frozen (SIGSTOP) takes the rows, but the write is refused, naming
+    the node; thawed, the same write goes through."""
+    cluster, client = _cluster(cluster_settings), _client(cluster_settings)
+    writer = OnlineWriter(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path,
+                          redis_cluster=True, replica_acks=1, replica_ack_timeout_ms=300)  # fmt: skip
+    users = [f"acks-u{i}" for i in range(30)]
+    master = client.get_node_from_key(writer.layout.redis_key(("user_id",), (users[0],)))
+    replica = next(node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == master.port)
+    now_us = int(time.time() * 1e6)
+    os.kill(replica.pid(), signal.SIGSTOP)
+    try:
+        with pytest.raises(ReplicaAckError, match=rf"on {master.name} reached 0 of 1 replica\(s\) within 300 ms"):
+            writer.write([_user_row(user, now_us, 1) for user in users])
+    finally:
+        os.kill(replica.pid(), signal.SIGCONT)
+    assert wait_until(lambda: cluster.healthy(), 30, 0.2)
+    assert writer.write([_user_row(user, now_us + 1, 2) for user in users]) == len(users)
+
+
 @dataclass(frozen=True)
 class _Answer:
     sent_s: float
@@ -254,57 +278,129 @@ def _p99(values: list[float]) -> float:
     return sorted(values)[min(len(values) - 1, int(len(values) * 0.99))]
 
 
+def _events(users: list[str], at_ms: int, batch: str) -> list[Emitted]:
+    """One transaction per user at ``at_ms``, on the failover drill's topic."""
+    events = []
+    for user in users:
+        event = TransactionEvent(schema_version=1, event_id=f"{user}-{batch}", event_time_ms=at_ms, user_id=user, merchant_id="m1",
+                                 amount=10.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        events.append(Emitted(FAILOVER.name, user, FRAUD.encode(TRANSACTIONS.name, event), at_ms, event))
+    return events
+
+
 def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settings: Settings) -> None:
-    """Runs last here: it kills a master, then restarts it (it rejoins as a replica of the promoted one)."""
+    """The feature job writes the rows (acknowledged by a replica each, ``redis.write_acks`` 1 by the shape); nobody
+    writes them again by hand. With the victim master's replica frozen (SIGSTOP), a second event per user reaches the
+    master, which acknowledges its rows; the replica does not, so the job's batch fails and no checkpoint covers
+    those events. Then the master is killed and the replica thawed: it takes over without the rows only the master
+    held, and the job, restarted from its last checkpoint, writes them again. Meanwhile reads are answered on defaults
+    within the budget, and at the end every user reads both events. With ``write_acks`` 0 the master's
+    acknowledgement would have let a checkpoint complete over rows the failover lost, never written again.
+
+    Runs last here: it kills a master, then restarts it (it rejoins as a replica of the promoted one)."""
     cluster, client = _cluster(cluster_settings), _client(cluster_settings)
-    connection = cluster_settings.redis_connection
-    writer = OnlineWriter(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, redis_cluster=True)
+    assert cluster_settings.redis.replica_acks == 1
+    connection, home = cluster_settings.redis_connection, cluster_settings.home
+    bootstrap = cluster_settings.kafka.bootstrap
+    apply_topics(bootstrap, [FAILOVER, DEAD])
     reader = OnlineReader(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, timeout_s=BUDGET_S, redis_cluster=True)
     users = [f"failover-u{i}" for i in range(300)]
-    start_us = int(time.time() * 1e6)
-    writer.write([_user_row(user, start_us, 1) for user in users])
     victim_key = reader.layout.redis_key(("user_id",), (users[0],))
     victim = next(node for node in cluster.nodes if node.port == client.get_node_from_key(victim_key).port)
     replica = next(node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == victim.port)
     on_victim = [u for u in users if client.get_node_from_key(reader.layout.redis_key(("user_id",), (u,))).port == victim.port]
+    checkpoints, log = home / "failover-checkpoints", home / "failover-job.log"
+    job = start_feature_job(cluster_settings, log, LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: FAILOVER.name}),
+                            LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name, LOOPLINE_STREAM__GROUP_ID=f"failover-{uuid.uuid4()}",
+                            LOOPLINE_STREAM__OFFLINE_DIR=str(home / "failover-offline"), LOOPLINE_STREAM__METRICS_PORT="0",
+                            LOOPLINE_STREAM__CHECKPOINT_DIR=str(checkpoints), LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000")  # fmt: skip
+    counts = lambda: reader.get_online_features([f"{USER_VIEW}:txn_count_5m"], [{"user_id": u} for u in users])["txn_count_5m"]  # noqa: E731
+
+    def every_user_reads(count: int) -> bool:
+        assert job.poll() is None, f"the job ended; see {log}"
+        try:
+            return all(c == count for c in counts())
+        except (redis.RedisError, OSError):
+            return False
 
     fetcher = FeatureFetcher(reader, [f"{USER_VIEW}:txn_count_5m"], budget_s=BUDGET_S)
     stop, answers = threading.Event(), []
     load = threading.Thread(target=_read_load, args=(fetcher, users, stop, answers), daemon=True)
-    # As `loopline serve` does before serving: a full collection walking the millions of objects this process holds
-    # (Feast, PyFlink's recompute, the earlier tests') stalls every thread for a few hundred ms.
-    gc.collect()
-    gc.freeze()
-    load.start()
+    frozen = job_frozen = False
     try:
+        first_ms = int(time.time() * 1000)
+        EventProducer(bootstrap).publish(_events(users, first_ms, "a"))
+        assert wait_until(lambda: every_user_reads(1), 180, 0.5), f"the job wrote every user's first row; see {log}"
+        covered = latest_checkpoint(checkpoints)
+        assert wait_until(lambda: latest_checkpoint(checkpoints) != covered, 30, 0.2), "a checkpoint completes over them"
+
+        # As `loopline serve` does before serving: a full collection walking the millions of objects this process holds
+        # (Feast, PyFlink's recompute, the earlier tests') stalls every thread for a few hundred ms.
+        gc.collect()
+        gc.freeze()
+        load.start()
         assert wait_until(lambda: len(answers) > 200, 10), "the read load runs"
+        os.kill(replica.pid(), signal.SIGSTOP)
+        frozen = True
+        # Cut the replication link too: what the master sends the frozen replica would wait in its socket, read on waking.
+        victim.query("CLIENT", "KILL", "TYPE", "replica")
+        EventProducer(bootstrap).publish(_events(users, first_ms + 1_000, "b"))
+        refused = f"reached 0 of 1 replica(s) within {cluster_settings.redis.write_ack_timeout_ms} ms"
+        flink_logs = log.with_name(f"{log.stem}-flink")  # where the job's JVM logs (loopline.job_processes)
+
+        def batch_refused() -> bool:
+            return any(refused in f.read_text(errors="replace") for f in flink_logs.glob("*.log"))
+
+        assert wait_until(batch_refused, 60, 0.2), f"the unacknowledged batch failed; see {flink_logs}"
+        victim_counts: list[int] = []
+
+        def victim_users_read() -> bool:
+            try:
+                read = counts()
+            except (redis.RedisError, OSError):  # a moved slot, until the reader's cluster client learns the new master
+                return False
+            victim_counts[:] = [read[users.index(u)] for u in on_victim]
+            return True
+
+        # The master holds (and acknowledged) second rows, those of the batches written before the first refusal failed
+        # the job's attempt; its frozen replica holds none.
+        assert wait_until(lambda: victim_users_read() and 2 in victim_counts, 60, 0.2), "the master has second rows"
+        # The job frozen too, so that nothing writes between the promotion and the look at what the promoted node holds.
+        os.killpg(job.pid, signal.SIGSTOP)
+        job_frozen = True
         killed = time.monotonic()
         os.kill(victim.pid(), signal.SIGKILL)
+        os.kill(replica.pid(), signal.SIGCONT)
+        frozen = False
         assert wait_until(lambda: replica.query("ROLE")[0] == b"master", 30, 0.02), "the replica takes over"
         promoted = time.monotonic()
-
-        def written_again() -> bool:  # what the job does after a failed write: write the rows again
-            try:
-                writer.write([_user_row(user, start_us + 1, 2) for user in users])
-                return True
-            except (redis.RedisError, OSError):
-                return False
-
-        assert wait_until(written_again, 30, 0.1), "the rows are written again once the replica has taken over"
-        rewritten = time.monotonic()
-        assert wait_until(lambda: any(a.sent_s > rewritten + 1.0 for a in answers), 10), "the load goes on after the rewrite"
+        assert wait_until(victim_users_read, 30, 0.2), "the promoted master answers"
+        assert set(victim_counts) == {1}, "the failover lost the second rows, acknowledged by the killed master alone"
+        os.killpg(job.pid, signal.SIGCONT)
+        job_frozen = False
+        cluster.start()  # the killed node back: it rejoins as the promoted one's replica, which acknowledges writes again
+        assert victim.query("ROLE")[0] == b"slave" and cluster.healthy()
+        assert wait_until(lambda: every_user_reads(2), 120, 0.5), f"the job wrote every user's second row; see {log}"
+        recovered = time.monotonic()
+        assert wait_until(lambda: any(a.sent_s > recovered + 1.0 for a in answers), 10), "the load goes on after the recovery"
     finally:
+        if frozen:
+            os.kill(replica.pid(), signal.SIGCONT)
+        if job_frozen:
+            os.killpg(job.pid, signal.SIGCONT)
         stop.set()
-        load.join(30)
+        if load.is_alive():
+            load.join(30)
         gc.unfreeze()
+        stop_process_group(job, signal.SIGKILL)
 
     # Two shared cores can make any read late (over budget, on defaults); only the outage makes Redis unavailable.
-    before, after = [a for a in answers if a.sent_s < killed], [a for a in answers if a.sent_s > rewritten]
-    assert all(a.fallback != "unavailable" for a in before + after), "Redis unavailable only after the kill, until the rewrite"
-    assert all(a.count == 2 for a in after if a.fallback is None), "fresh again: every read after the rewrite has the new row"
+    before, after = [a for a in answers if a.sent_s < killed], [a for a in answers if a.sent_s > recovered]
+    assert all(a.fallback != "unavailable" for a in before + after), "Redis unavailable only after the kill, until the recovery"
+    assert all(a.count == 2 for a in after if a.fallback is None), "fresh again: every read after the recovery has the new row"
     # Over budget is the cores' doing (5.5 % of these reads at load average 14 on 2 cores), not Redis's: only most must be in time.
     assert sum(a.fallback is None for a in after) >= 0.5 * len(after), "... and most come from Redis, in time"
-    defaulted = [a for a in answers if a.fallback is not None and killed <= a.sent_s <= rewritten]
+    defaulted = [a for a in answers if a.fallback == "unavailable" and killed <= a.sent_s <= recovered]
     assert defaulted, "reads to the killed master fall back to the defaults"
     last_default = max(a.sent_s for a in defaulted)
     during = [a for a in answers if killed <= a.sent_s <= last_default]
@@ -314,18 +410,12 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
         f"reads meanwhile answered within the budget (p99 {_p99(latencies) * 1000:.1f} ms), none hung; "
         f"(sent after the kill, took, fallback): {hung[:10]}"
     )
-    assert last_default < promoted + 5.0, "reads fresh again soon after the promotion"
+    assert last_default < promoted + 5.0, "Redis available again soon after the promotion"
     store = feature_store(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, redis_cluster=True)
     rows = [{"user_id": u} for u in users]
     got = reader.get_online_features([f"{USER_VIEW}:txn_count_5m"], rows)
-    lost = sum(count != 2 for count in got["txn_count_5m"])
-    assert lost == 0 and got == store.get_online_features([f"{USER_VIEW}:txn_count_5m"], rows).to_dict()
-
-    began = time.monotonic()
-    cluster.start()  # the killed node back: it rejoins as the promoted one's replica
-    assert victim.query("ROLE")[0] == b"slave" and cluster.healthy()
-    print(f"\nfailover {promoted - killed:.2f} s (node timeout {NODE_TIMEOUT_MS} ms); reads on defaults for "
+    assert got == store.get_online_features([f"{USER_VIEW}:txn_count_5m"], rows).to_dict()
+    print(f"\nfailover {promoted - killed:.2f} s (node timeout {NODE_TIMEOUT_MS} ms); Redis unavailable for "
           f"{last_default - killed:.2f} s: {sum(a.fallback is not None for a in during)}/{len(during)} reads meanwhile, p99 "
           f"{_p99([a.latency_s for a in during]) * 1000:.1f} ms, max {max(a.latency_s for a in during) * 1000:.1f} ms; "
-          f"{len(on_victim)}/{len(users)} users on the killed master; rows lost after the rewrite {lost}; "
-          f"node rejoined in {time.monotonic() - began:.1f} s")  # fmt: skip
+          f"{len(on_victim)}/{len(users)} users on the killed master; every row back {recovered - killed:.1f} s after the kill")  # fmt: skip

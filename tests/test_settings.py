@@ -189,6 +189,18 @@ def test_replicas_must_fit_the_cluster() -> None:
     assert Settings(kafka={"brokers": 3, "replication_factor": 3, "min_insync_replicas": 2}).kafka.replication_factor == 3
 
 
+def test_row_writes_wait_for_a_replica_where_the_shape_has_one() -> None:
+    assert Settings().redis.replica_acks == 0, "one Redis: no replica to wait for"
+    assert Settings(redis={"mode": "cluster", "cluster_replicas": 1}).redis.replica_acks == 1
+    assert Settings(redis={"mode": "cluster", "cluster_replicas": 1, "write_acks": 0}).redis.replica_acks == 0
+    assert Settings(redis={"nodes": ["r:7000"]}).redis.replica_acks == 0, "a Redis elsewhere: as its operator says"
+    assert Settings(redis={"nodes": ["r:7000"], "write_acks": 2}).redis.replica_acks == 2
+    with pytest.raises(ValueError, match="write_acks 2: the stack's own Redis has 1 replica"):
+        Settings(redis={"mode": "cluster", "cluster_replicas": 1, "write_acks": 2})
+    with pytest.raises(ValueError, match="write_acks 1: the stack's own Redis has 0 replica"):
+        Settings(redis={"write_acks": 1})
+
+
 def test_the_stack_shape_is_remembered_beneath_explicit_settings(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
     monkeypatch.setenv("LOOPLINE_HOME", str(tmp_path))
     assert Settings().kafka.brokers == 1

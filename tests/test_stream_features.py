@@ -162,7 +162,7 @@ def _request_time_differences(plan: FeaturePlan, accepted: pd.DataFrame, reader:
         windowed = [a for a in view.aggregations if a.window_ms is not None]
         for after in READ_AFTER_MS:
             at = [max(e[EVENT_TIME] for e in events) + after for events in history.values()]
-            values, _, _ = reader.read_with_row_times([f"{view.name}:{a.name}" for a in windowed], [{view.entity_key: k} for k in history], at)
+            values, *_ = reader.read_with_row_times([f"{view.name}:{a.name}" for a in windowed], [{view.entity_key: k} for k in history], at)
             for aggregation in windowed:
                 for entity, events, at_ms, got in zip(history, history.values(), at, values[aggregation.name], strict=True):
                     want = window_by_definition(aggregation, events, at_ms)

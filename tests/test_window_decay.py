@@ -78,9 +78,18 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
             return store.get_online_features([f"{VIEW}:txn_count_24h"], [{"user_id": user}]).to_dict()["txn_count_24h"] == [len(events)]
 
         assert wait_until(absorbed, 180, 0.5), f"the job did not absorb the burst; see {tmp_path / 'job.log'}"
+        # What-if reads of a live job (one stopped would have them read as of its progress, flagged stale): it has
+        # said it absorbed its topic up to the present.
+        reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
+        absorbed_at = int(time.time() * 1000)
+        assert wait_until(lambda: (reader.progress_ms(VIEW) or 0) >= absorbed_at, 30, 0.2), "the job's progress"
+        _read_ahead(applied, tmp_path, run, user, start_ms, events, store)
     finally:
         stop_process_group(job)
 
+
+def _read_ahead(applied: Settings, tmp_path: Path, run: str, user: str, start_ms: int, events: list[dict], store) -> None:
+    """Score requests for ``user`` at times from the burst to a day after it, and check each window's value."""
     aggregations = {a.name: a for view in feature_plan(applied).views if view.name == VIEW for a in view.aggregations}
     model = write_linear_model(tmp_path / "decay.onnx", INPUTS, np.full(len(INPUTS), 0.01), -1.0)
     # Requests up to 22 hours ahead of the clock: what-if requests, which the scorer takes once told to.
@@ -99,6 +108,7 @@ def test_a_quiet_users_windows_empty_tile_by_tile_as_the_request_time_moves_on(a
             reply = requests.post(f"{url}/v1/score", json=request.model_dump(), timeout=10)
             assert reply.ok, reply.text
             record = PredictionRecord.model_validate_json(reply.content)
+            assert not record.stale_features, (moment, "a live job's what-if reads are not stale")
             seen[moment] = {name.split(":", 1)[1]: value for name, value in record.features.items()}
             for reference in INPUTS:
                 name = reference.split(":", 1)[1]

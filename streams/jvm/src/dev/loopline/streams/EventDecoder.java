@@ -35,10 +35,13 @@ import com.google.gson.JsonParser;
  *       read, so a replay reaches the same verdicts).
  * </ul>
  * A record never stops the job. Counted in {@code invalid_events} (invalid and out of range) and {@code late_events}.
+ * Once a second while a partition's records come, it says how far it has read that partition (the side output
+ * {@link #progress}: topic, partition, the last offset read, the newest event time taken), for {@link ProgressSink}.
  * The raw rows hold the record's topic, key, value, partition and offset at the positions the spec gives.
  */
 public final class EventDecoder extends KeyedProcessFunction<String, Row, String> {
     private static final long serialVersionUID = 1L;
+    private static final long PROGRESS_INTERVAL_MS = 1000;
 
     /** One topic the job reads: its contract and wire format, its event time field, the allowed out-of-orderness, and
      * the numeric fields some view aggregates (checked for range). */
@@ -63,6 +66,9 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     private final BigDecimal maxExactValue;
     private final Map<String, Source> sources = new HashMap<>();
     private transient ValueState<Long> newest;
+    private transient ValueState<Long> lastOffset;
+    private transient ValueState<Boolean> progressDue;
+    private final OutputTag<Row> progress = new OutputTag<>("progress", new RowTypeInfo(Types.STRING, Types.INT, Types.LONG, Types.LONG));
     private transient Counter invalidEvents;
     private transient Counter lateEvents;
 
@@ -95,6 +101,12 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         }
     }
 
+    /** The side output of how far each partition has been read: (topic, partition, last offset read, newest event time
+     * taken, 0 for none), once a second while its records come. */
+    public OutputTag<Row> progress() {
+        return progress;
+    }
+
     /** The side output of {@code topic}'s events. */
     public OutputTag<Row> events(String topic) {
         return sources.get(topic).tag;
@@ -120,6 +132,8 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     @Override
     public void open(OpenContext context) {
         newest = getRuntimeContext().getState(new ValueStateDescriptor<>("newest_event_time", Types.LONG));
+        lastOffset = getRuntimeContext().getState(new ValueStateDescriptor<>("last_offset", Types.LONG));
+        progressDue = getRuntimeContext().getState(new ValueStateDescriptor<>("progress_due", Types.BOOLEAN));
         invalidEvents = getRuntimeContext().getMetricGroup().counter("invalid_events");
         lateEvents = getRuntimeContext().getMetricGroup().counter("late_events");
     }
@@ -128,6 +142,11 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     public void processElement(Row raw, Context ctx, Collector<String> out) throws Exception {
         String topic = (String) raw.getField(topicAt);
         Source source = sources.get(topic);
+        lastOffset.update((Long) raw.getField(offsetAt));
+        if (progressDue.value() == null) {
+            progressDue.update(true);
+            ctx.timerService().registerProcessingTimeTimer(ctx.timerService().currentProcessingTime() + PROGRESS_INTERVAL_MS);
+        }
         byte[] value = (byte[]) raw.getField(valueAt);
         Object[] event;
         try {
@@ -164,6 +183,14 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         positioned[event.length] = raw.getField(partitionAt);
         positioned[event.length + 1] = raw.getField(offsetAt);
         ctx.output(source.tag, Row.of(positioned));
+    }
+
+    @Override
+    public void onTimer(long timestamp, OnTimerContext ctx, Collector<String> out) throws Exception {
+        String[] key = FieldKey.parts(ctx.getCurrentKey(), 2);
+        Long seen = newest.value();
+        ctx.output(progress, Row.of(key[0], Integer.valueOf(key[1]), lastOffset.value(), seen == null ? 0L : seen));
+        progressDue.clear();
     }
 
     /** {@code field: why} when the event holds a value the engine cannot aggregate exactly, else null (the first such

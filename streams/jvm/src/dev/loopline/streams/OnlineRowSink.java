@@ -8,7 +8,6 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.HashMap;
-import java.util.HashSet;
 import java.util.List;
 import java.util.Map;
 import java.util.Set;
@@ -22,21 +21,29 @@ import org.apache.flink.types.Row;
 
 import com.google.gson.Gson;
 
-import redis.clients.jedis.AbstractPipeline;
-import redis.clients.jedis.DefaultJedisClientConfig;
-import redis.clients.jedis.HostAndPort;
+import redis.clients.jedis.Connection;
+import redis.clients.jedis.ConnectionPool;
+import redis.clients.jedis.Pipeline;
 import redis.clients.jedis.RedisClient;
 import redis.clients.jedis.RedisClusterClient;
 import redis.clients.jedis.Response;
 import redis.clients.jedis.UnifiedJedis;
+import redis.clients.jedis.exceptions.JedisMovedDataException;
 import redis.clients.jedis.exceptions.JedisNoScriptException;
+import redis.clients.jedis.util.JedisClusterCRC16;
 import redis.clients.jedis.util.SafeEncoder;
 
 /**
  * Writes a view's online rows ({@code SlidingWindows}' side output: the entity's join keys' values, version, latest,
- * events, the absorbed log positions, each window's steps, each feature) into Redis in the layout of Feast's Redis online store, exactly as
+ * events, the absorbed log positions, each window's steps, each feature) into Redis in the layout of Feast's Redis online
+ * store, under the namespace of the view's generation, with the identity of its plan, exactly as
  * {@code feature_store/online_write.py} does: the same compare-and-set script (handed over with the layout, so there
- * is one copy of it), one per row, the rows of a batch pipelined in one round trip (per master, on a Redis Cluster).
+ * is one copy of it), one per row, the rows of a batch pipelined in one round trip per node (each master's, on a Redis
+ * Cluster), each node's pipeline ending, where {@code replicaAcks} asks for it, in {@code WAIT}: a batch counts as
+ * written only once that many replicas of each node acknowledged it (Redis replicates asynchronously; a row only the
+ * master held is gone after its failover). Since {@link SinkWriter#flush} sends the batch before each checkpoint, a
+ * checkpoint completes only once every row it covers is on a replica; a batch they did not acknowledge in time fails
+ * the write, and the job restarts from its last checkpoint.
  * Python computes the layout from Feast itself ({@code OnlineWriter.jvm_layout}: the entity key's bytes around the
  * join keys' values, the hashed fields, each feature's Value kind); this class only puts bytes together.
  *
@@ -67,13 +74,7 @@ public final class OnlineRowSink implements Sink<Row> {
 
     /** Where and how a view's rows go: the connection, the entity's key and the hash fields (bytes in base64). */
     static final class Layout {
-        List<String> nodes;
-        boolean cluster;
-        String username;
-        String password;
-        boolean ssl;
-        int db;
-        int timeoutMs;
+        RedisConnection connection;
         /** The bytes of the entity's key around its join keys' values (Feast orders them by join key name): before the
          * first, between each two, after the last (base64); and which of the row's key values comes at each place. */
         List<String> keyParts;
@@ -82,6 +83,9 @@ public final class OnlineRowSink implements Sink<Row> {
         String orderField;
         /** The field of the row's absorbed log positions. */
         String absorbedField;
+        /** The field of the plan identity the rows are computed under, and that identity. */
+        String planField;
+        String plan;
         /** Per feature, in the row's order: its field, and its Value kind (int64, int32, double, float, string, bool). */
         List<String> featureFields;
         List<String> featureKinds;
@@ -90,6 +94,9 @@ public final class OnlineRowSink implements Sink<Row> {
         long ttlSeconds;
         String script;
         int maxBatchRows;
+        /** Replicas of each node a batch must reach, and how long it waits for them (ms). */
+        int replicaAcks;
+        long replicaAckTimeoutMs;
 
         void check() {
             Set<String> kinds = Set.of("int64", "int32", "double", "float", "string", "bool");
@@ -98,10 +105,13 @@ public final class OnlineRowSink implements Sink<Row> {
                     throw new IllegalArgumentException("feature kind " + kind + " is not written by the JVM writer: " + kinds);
                 }
             }
-            if (featureFields.size() != featureKinds.size() || nodes.isEmpty() || keyParts.size() != keyOrder.size() + 1) {
-                throw new IllegalArgumentException("a feature field per kind, a key part around each key value and at least one "
-                        + "Redis node are needed");
+            if (replicaAcks < 0 || (replicaAcks > 0 && replicaAckTimeoutMs <= 0)) {
+                throw new IllegalArgumentException("replicaAcks must be 0 or more, with a positive replicaAckTimeoutMs");
             }
+            if (featureFields.size() != featureKinds.size() || keyParts.size() != keyOrder.size() + 1) {
+                throw new IllegalArgumentException("a feature field per kind and a key part around each key value are needed");
+            }
+            connection.check();
         }
     }
 
@@ -118,11 +128,17 @@ public final class OnlineRowSink implements Sink<Row> {
         private final byte[] timestampField;
         private final byte[] orderField;
         private final byte[] absorbedField;
+        private final byte[] planField;
+        private final byte[] plan;
         private final byte[][] featureFields;
         private final String[] featureKinds;
         private final byte[][] stepsFields;
         private final byte[] ttl;
         private final int maxBatchRows;
+        private final int replicaAcks;
+        private final long replicaAckTimeoutMs;
+        /** On a Redis Cluster: each slot's master ("host:port"), as last looked up; null where not looked up yet. */
+        private final String[] slotNodes;
         /** The batch: each entity's newest row, by its Redis key. */
         private final Map<ByteBuffer, Row> newest = new HashMap<>();
         private boolean flushScheduled;
@@ -131,7 +147,7 @@ public final class OnlineRowSink implements Sink<Row> {
             Base64.Decoder base64 = Base64.getDecoder();
             this.time = time;
             this.written = written;
-            this.redis = connect(layout);
+            this.redis = layout.connection.connect();
             this.script = layout.script.getBytes(StandardCharsets.UTF_8);
             this.scriptSha = SafeEncoder.encode(sha1Hex(script));
             this.keyParts = layout.keyParts.stream().map(base64::decode).toArray(byte[][]::new);
@@ -140,24 +156,16 @@ public final class OnlineRowSink implements Sink<Row> {
             this.timestampField = base64.decode(layout.timestampField);
             this.orderField = base64.decode(layout.orderField);
             this.absorbedField = base64.decode(layout.absorbedField);
+            this.planField = base64.decode(layout.planField);
+            this.plan = layout.plan.getBytes(StandardCharsets.US_ASCII);
             this.featureFields = layout.featureFields.stream().map(base64::decode).toArray(byte[][]::new);
             this.featureKinds = layout.featureKinds.toArray(String[]::new);
             this.stepsFields = layout.stepsFields.stream().map(base64::decode).toArray(byte[][]::new);
             this.ttl = ascii(layout.ttlSeconds);
             this.maxBatchRows = layout.maxBatchRows;
-        }
-
-        private static UnifiedJedis connect(Layout layout) {
-            DefaultJedisClientConfig config = DefaultJedisClientConfig.builder().user(layout.username).password(layout.password)
-                    .ssl(layout.ssl).database(layout.db).timeoutMillis(layout.timeoutMs).build();
-            if (layout.cluster) {
-                Set<HostAndPort> nodes = new HashSet<>();
-                for (String node : layout.nodes) {
-                    nodes.add(HostAndPort.from(node));
-                }
-                return RedisClusterClient.builder().nodes(nodes).clientConfig(config).build();
-            }
-            return RedisClient.builder().hostAndPort(HostAndPort.from(layout.nodes.get(0))).clientConfig(config).build();  // as Feast's client
+            this.replicaAcks = layout.replicaAcks;
+            this.replicaAckTimeoutMs = layout.replicaAckTimeoutMs;
+            this.slotNodes = redis instanceof RedisClusterClient ? new String[16384] : null;
         }
 
         @Override
@@ -195,33 +203,79 @@ public final class OnlineRowSink implements Sink<Row> {
             return byTime != 0 ? byTime : Long.compare((Long) a.getField(head + 2), (Long) b.getField(head + 2));
         }
 
-        /** Write the batch: one compare-and-set per entity, pipelined; again with the script's text where Redis has
-         * not cached it (a restarted or new node), which the compare-and-set makes safe. */
+        /** Write the batch: one compare-and-set per entity, pipelined per node, each node's acknowledged by its replicas
+         * where asked; again with the script's text on a node that has not cached it (restarted or new), and again
+         * whole after a slot moved (a failover), which the compare-and-set makes safe. */
         private void send() throws IOException {
             if (newest.isEmpty()) {
                 return;
             }
-            List<List<byte[]>> calls = new ArrayList<>(newest.size());
-            for (Map.Entry<ByteBuffer, Row> e : newest.entrySet()) {
-                calls.add(arguments(e.getKey().array(), e.getValue()));
+            try {
+                sendByNode();
+            } catch (JedisMovedDataException moved) {
+                ((RedisClusterClient) redis).refreshClusterTopology();
+                java.util.Arrays.fill(slotNodes, null);
+                sendByNode();
             }
-            if (!pipelined(calls, true)) {
-                pipelined(calls, false);
-            }
-            written.inc(calls.size());
+            written.inc(newest.size());
             newest.clear();
         }
 
-        /** Run ``calls`` (key, then arguments) in one pipeline; false when Redis did not know the script by its hash. */
-        private boolean pipelined(List<List<byte[]>> calls, boolean bySha) throws IOException {
+        private void sendByNode() throws IOException {
+            Map<String, List<List<byte[]>>> byNode = new HashMap<>();
+            for (Map.Entry<ByteBuffer, Row> e : newest.entrySet()) {
+                byte[] key = e.getKey().array();
+                byNode.computeIfAbsent(node(key), n -> new ArrayList<>()).add(arguments(key, e.getValue()));
+            }
+            for (Map.Entry<String, List<List<byte[]>>> e : byNode.entrySet()) {
+                if (!pipelined(e.getKey(), e.getValue(), true)) {
+                    pipelined(e.getKey(), e.getValue(), false);
+                }
+            }
+        }
+
+        /** The master ("host:port") holding ``key`` on a Redis Cluster; "" for a single server. */
+        private String node(byte[] key) {
+            if (slotNodes == null) {
+                return "";
+            }
+            int slot = JedisClusterCRC16.getSlot(key);
+            if (slotNodes[slot] == null) {
+                try (Connection connection = ((RedisClusterClient) redis).getConnectionFromSlot(slot)) {
+                    slotNodes[slot] = connection.getHostAndPort().toString();
+                }
+            }
+            return slotNodes[slot];
+        }
+
+        private Connection connection(String node) {
+            if (slotNodes == null) {
+                return ((RedisClient) redis).getPool().getResource();
+            }
+            ConnectionPool pool = ((RedisClusterClient) redis).getClusterNodes().get(node);
+            if (pool == null) {  // the node left the cluster since its slots were looked up
+                throw new JedisMovedDataException("no longer a node of the cluster: " + node, null, -1);
+            }
+            return pool.getResource();
+        }
+
+        /** Run ``calls`` (key, then arguments) on ``node`` in one pipeline, then WAIT for its replicas where asked;
+         * false when the node did not know the script by its hash. */
+        private boolean pipelined(String node, List<List<byte[]>> calls, boolean bySha) throws IOException {
             List<Response<Object>> replies = new ArrayList<>(calls.size());
-            try (AbstractPipeline pipe = redis.pipelined()) {
+            Response<Long> acked = null;
+            try (Pipeline pipe = new Pipeline(connection(node), true)) {
                 for (List<byte[]> call : calls) {
                     List<byte[]> keys = call.subList(0, 1);
                     List<byte[]> args = call.subList(1, call.size());
                     replies.add(bySha ? pipe.evalsha(scriptSha, keys, args) : pipe.eval(script, keys, args));
                 }
+                if (replicaAcks > 0) {
+                    acked = pipe.waitReplicas(replicaAcks, replicaAckTimeoutMs);
+                }
                 pipe.sync();
+            } catch (JedisMovedDataException e) {
+                throw e;
             } catch (RuntimeException e) {
                 throw new IOException("writing online rows to Redis failed: " + e.getMessage(), e);
             }
@@ -230,9 +284,16 @@ public final class OnlineRowSink implements Sink<Row> {
                     reply.get();
                 } catch (JedisNoScriptException e) {
                     return false;
+                } catch (JedisMovedDataException e) {
+                    throw e;
                 } catch (RuntimeException e) {
                     throw new IOException("Redis refused an online row: " + e.getMessage(), e);
                 }
+            }
+            if (acked != null && acked.get() < replicaAcks) {
+                throw new IOException(calls.size() + " online rows on " + (node.isEmpty() ? "Redis" : node) + " reached "
+                        + acked.get() + " of " + replicaAcks + " replica(s) within " + replicaAckTimeoutMs
+                        + " ms (redis.write_acks): not counted as written; the job restarts from its last checkpoint");
             }
             return true;
         }
@@ -243,7 +304,7 @@ public final class OnlineRowSink implements Sink<Row> {
             long micros = Math.multiplyExact(latestMs, 1000L);
             long seconds = Math.floorDiv(micros, 1_000_000L);
             long nanos = Math.floorMod(micros, 1_000_000L) * 1000L;
-            List<byte[]> call = new ArrayList<>(12 + 2 * (featureFields.length + stepsFields.length));
+            List<byte[]> call = new ArrayList<>(14 + 2 * (featureFields.length + stepsFields.length));
             call.add(key);
             call.add(timestampField);
             call.add(timestamp(seconds, nanos));
@@ -256,6 +317,8 @@ public final class OnlineRowSink implements Sink<Row> {
             call.add(ascii(0));  // no field to delete: the row has every window's steps
             call.add(absorbedField);
             call.add(((String) row.getField(head + 3)).getBytes(StandardCharsets.US_ASCII));
+            call.add(planField);
+            call.add(plan);
             for (int i = 0; i < featureFields.length; i++) {
                 call.add(featureFields[i]);
                 call.add(value(featureKinds[i], row.getField(head + 4 + stepsFields.length + i)));
