@@ -31,10 +31,13 @@ def feast_config(
     from feast.repo_config import RepoConfig
 
     raw = yaml.safe_load((repo_path / "feature_store.yaml").read_text())
-    if raw.get("online_store", {}).get("type", "redis") == "redis":  # Feast's, reading the views' serving generations
+    store = raw.get("online_store") or {}  # absent or null: Loopline's Redis
+    store = {"type": store} if isinstance(store, str) else dict(store)  # Feast's shorthand, ``online_store: redis``
+    if store.get("type", "redis") == "redis":  # Feast's, reading the views' serving generations
         from feature_store.feast_online_store import STORE_TYPE
 
-        raw["online_store"] = {**raw.get("online_store", {}), "type": STORE_TYPE}
+        store["type"] = STORE_TYPE
+    raw["online_store"] = store
     if feast_registry_path is not None:
         feast_registry_path.parent.mkdir(parents=True, exist_ok=True)
         raw["registry"] = str(feast_registry_path)

@@ -135,10 +135,11 @@ class OnlineReader:
 
     def progress_ms(self, view: str) -> int | None:
         """How far in event time the rows readers serve of ``view`` have absorbed their topic, as the job last said;
-        None when the view has no serving generation (rows written by hand)."""
+        None when the view has no serving generation (rows written by hand) or its job has published none yet."""
         states = self.view_states()
         generation = states.serving.get(view)
-        return None if generation is None else states.progress.get(generation.namespace, (0, 0))[0]
+        progress = None if generation is None else states.progress.get(generation.namespace)
+        return None if progress is None else progress[0]
 
     def get_online_features(self, features: list[str], entity_rows: list[dict[str, str]]) -> dict[str, list]:
         """Like Feast's ``get_online_features(features, entity_rows).to_dict()`` (without full feature names)."""
@@ -161,10 +162,10 @@ class OnlineReader:
         states = self.view_states()
         now_ms = int(time.time() * 1000)
         pipe = self._redis.pipeline(transaction=False)
-        for plan in plans.values():
+        for view, plan in plans.items():
             join_keys = plan.join_keys
             for row in entity_rows:
-                pipe.hmget(self._redis_key(join_keys, tuple(row.get(key, "") for key in join_keys)), plan.fields)
+                pipe.hmget(self._redis_key(join_keys, _join_values(row, join_keys, view)), plan.fields)
         replies = iter(pipe.execute())
         result: dict[str, list] = {}
         row_times: dict[str, list[int | None]] = {}
@@ -233,7 +234,7 @@ class OnlineReader:
         for all such rows (rows written by hand, or by a job of other views)."""
         pipe = self._redis.pipeline(transaction=False)
         for plan, _, i, _ in unstepped:
-            pipe.hmget(self._redis_key(plan.join_keys, tuple(entity_rows[i].get(key, "") for key in plan.join_keys)), plan.finished_fields)
+            pipe.hmget(self._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields)
         for (plan, columns, i, missing), reply in zip(unstepped, pipe.execute(), strict=True):
             for w in missing:
                 for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
@@ -299,6 +300,15 @@ class OnlineReader:
         value = self._value.FromString(raw)
         kind = value.WhichOneof("val")
         return None if kind is None or kind == "null_val" else getattr(value, kind)
+
+
+def _join_values(row: dict[str, str], join_keys: tuple[str, ...], view: str) -> tuple[str, ...]:
+    """The values of ``join_keys`` in the entity row ``row``; ValueError naming the one it lacks (a row read under an
+    empty key would read another entity's features, or none, silently)."""
+    try:
+        return tuple(row[key] for key in join_keys)
+    except KeyError as missing:
+        raise ValueError(f"the entity row {row} has no {missing.args[0]!r}, a join key of the view {view}") from None
 
 
 def _millis(stamp) -> int:

@@ -157,7 +157,7 @@ class OnlineWriter:
             generation, kinds = serving.get(row.view), self._kinds[row.view]
             layout = self.layout.views[row.view] if generation is None else self.layout.generation(generation)
             if not row.features.keys() <= layout.fields.keys():
-                raise ValueError(f"{row.view}: the generation readers serve ({generation.namespace}) computes no "
+                raise ValueError(f"{row.view}: the rows readers serve ({layout.stored_name}) hold no "
                                  f"{sorted(row.features.keys() - layout.fields.keys())}")  # fmt: skip
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)

@@ -1,7 +1,7 @@
 """Which generation of each stream feature view readers serve, and how far each generation has absorbed its topic.
 
-A *generation* is a view's rows as one plan computed them (``FeaturePlan.identity``: the topic, keys, event time and
-aggregations its window state means), written under a namespace of their own in the entity's hash: the view's first
+A *generation* is a view's rows as one plan computed them (``FeaturePlan.rows_identity``: the topic, keys, event time,
+aggregations and feature names its rows mean), written under a namespace of their own in the entity's hash: the view's first
 generation under Feast's own name for the view (what Feast's ``get_online_features`` reads), each later one under
 ``<view>@g<n>``. A changed plan never writes over the rows readers serve: the feature job rebuilds the view from the
 retained events into a new, *pending* generation while readers go on reading the serving one, and makes the pending

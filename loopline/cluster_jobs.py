@@ -5,7 +5,6 @@ settings), where they restore from, and stopping them with a savepoint (`stream 
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -13,7 +12,15 @@ from infra.flink_cluster import cancel_job, list_jobs, pyflink_home, stop_with_s
 from loopline.components import feature_plan, job_archives, job_settings, joiner_settings
 from loopline.flink_image_job import FEATURE_JOB, IMAGE_ENTRY_MODULE, JOINER
 from loopline.settings import Settings
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, plan_changes, record_origin, recorded_plan
+from streams.checkpoint_origin import (
+    check_origin,
+    kafka_cluster_id,
+    local_folder,
+    plan_changes,
+    record_origin,
+    recorded_plan,
+    say_rebuilding,
+)
 from streams.flink_job import latest_checkpoint, savepoint_dir
 from streams.flink_submit import FlinkImage, flink_run_command
 
@@ -50,8 +57,7 @@ def submit(submission: Submission, jobmanager: str) -> str:
     command, restore_from = submission.command, submission.restore_from
     changes = plan_changes(restore_from, plan) if restore_from and plan is not None and submission.rebuild_command else []
     if changes:
-        print(f"the views changed since the newest checkpoint ({'; '.join(changes)}): the job rebuilds them from the retained "
-              "events, readers keep the previous rows until the rebuild has caught up", file=sys.stderr, flush=True)  # fmt: skip
+        say_rebuilding(changes, "the feature job")
         command, restore_from = submission.rebuild_command, None
     if restore_from:
         check_origin(restore_from, cluster_id, submission.fresh_command, plan)

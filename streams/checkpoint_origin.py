@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
@@ -104,6 +105,13 @@ def plan_changes(checkpoint: str, plan: Mapping[str, str]) -> list[str]:
         ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
         ("added", sorted(plan.keys() - recorded_views.keys())), ("removed", sorted(recorded_views.keys() - plan.keys())),
     ) if views]  # fmt: skip
+
+
+def say_rebuilding(changes: list[str], job: str) -> None:
+    """Say on stderr that ``job`` rebuilds its views from the retained events instead of restoring the newest
+    checkpoint, whose plan differs (``changes``, from :func:`plan_changes`)."""
+    print(f"{job}: the views changed since the newest checkpoint ({'; '.join(changes)}): rebuilding them from the retained "
+          "events; readers keep the previous rows until the rebuild has caught up", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Mapping[str, str] | None = None) -> None:

@@ -60,6 +60,10 @@ _TYPES = {
 }
 #: How often the job publishes each view's progress (``ProgressSink``).
 PROGRESS_INTERVAL_MS = 1_000
+#: A rebuilt generation becomes the one readers serve once its progress is this close to the clock (or its topic is read
+#: to its end): as current as the serving one, whose reads are flagged stale only past the scorer's ``stale_after_s``
+#: (5 s by default).
+SWITCH_WITHIN_MS = 5_000
 #: The raw source's columns: each record as read, and where it was read.
 _RAW = ("key", "value", "partition", "offset", "topic")
 #: The Python types of the columns of the offline log's rows (Feast's value types).
@@ -147,7 +151,7 @@ def decoder_spec(plan: FeaturePlan) -> str:
     """What the job's ``EventDecoder`` takes: the sources, the raw rows' layout and the engine's ranges, as JSON."""
     return json.dumps({
         "consumer": JOB_NAME, "raw": {name: i for i, name in enumerate(_RAW)}, "maxEventTimeMs": MAX_EVENT_TIME_MS,
-        "maxExactValue": repr(MAX_EXACT_VALUE), "sources": json.loads(plan.jvm_sources()),
+        "progressIntervalMs": PROGRESS_INTERVAL_MS, "maxExactValue": repr(MAX_EXACT_VALUE), "sources": json.loads(plan.jvm_sources()),
     })  # fmt: skip
 
 
@@ -236,7 +240,7 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         )
         columns = _quoted([*view.entity_keys, _ROW_VERSION, *view.feature_names])
         statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({columns}) FROM held_{index}")
-    progress = progress_config(writer, plan, generations, settings, PROGRESS_INTERVAL_MS)
+    progress = progress_config(writer, plan, generations, settings)
     (letters.getSideOutput(decoder.progress()).sinkTo(operators.ProgressSink(progress)).setParallelism(1)
      .name("publish the views' progress").uid("publish-progress"))  # fmt: skip
     statements.attach_as_datastream()
@@ -249,8 +253,7 @@ def view_generations(writer, plan: FeaturePlan) -> dict[str, tuple[Generation, b
     return plan_generations(writer.redis, writer.project, planned)
 
 
-def progress_config(writer, plan: FeaturePlan, generations: dict[str, tuple[Generation, bool]], settings: JobSettings,
-                    interval_ms: int) -> str:  # fmt: skip
+def progress_config(writer, plan: FeaturePlan, generations: dict[str, tuple[Generation, bool]], settings: JobSettings) -> str:
     """What the job's ``ProgressSink`` takes, as JSON: where to publish each view's progress, its pending generation
     to promote, and the Kafka cluster whose end offsets it compares with."""
     views = [{
@@ -260,7 +263,8 @@ def progress_config(writer, plan: FeaturePlan, generations: dict[str, tuple[Gene
     return json.dumps({
         "connection": writer.jvm_connection(), "key": views_key(writer.project), "views": views,
         "bootstrapServers": settings.bootstrap_servers, "kafkaProperties": dict(settings.kafka_properties),
-        "groupId": settings.group_id, "restored": not settings.rebuild, "intervalMs": interval_ms,
+        "groupId": settings.group_id, "restored": not settings.rebuild, "intervalMs": PROGRESS_INTERVAL_MS,
+        "switchWithinMs": SWITCH_WITHIN_MS,
     })  # fmt: skip
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, plan_changes, record_origin
+from streams.checkpoint_origin import check_origin, kafka_cluster_id, local_folder, plan_changes, record_origin, say_rebuilding
 from streams.job_settings import JobStalled, JobStateError
 
 _REPORTER = "org.apache.flink.metrics.prometheus.PrometheusReporterFactory"
@@ -155,8 +155,7 @@ def run_job(
     restore_from = latest_checkpoint(checkpoint_dir) if restore else None
     changes = plan_changes(restore_from, plan) if restore_from and plan is not None else []
     if changes:
-        print(f"{name}: the views changed since the newest checkpoint ({'; '.join(changes)}); rebuilding them from the "
-              "retained events, readers keep the previous rows until the rebuild has caught up", file=sys.stderr, flush=True)  # fmt: skip
+        say_rebuilding(changes, name)
         restore_from = None
     stalled_from: str | None = None
     while True:

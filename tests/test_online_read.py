@@ -131,3 +131,32 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
     client.hset(key, steps_field, steps_by_definition(ten_s, events[:-1]))  # steps of the row before: another event time
     assert reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m"], [{"user_id": "read-steps"}], day_later)[0]["txn_count_5m"] == [
         by_hand.features["txn_count_5m"]]  # fmt: skip
+
+
+def test_bad_reads_and_writes_say_what_is_wrong(settings: Settings, written: list[str]) -> None:
+    """An entity row without a view's join key is refused naming the key (read under an empty key, it would read no
+    entity's row, silently); a view whose job published no progress has none (not 0, a lag of 56 years); a row with
+    a feature its view does not compute is refused naming it."""
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    with pytest.raises(ValueError, match=f"no 'merchant_id', a join key of the view {MERCHANT_VIEW}"):
+        reader.get_online_features([f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"], [{"user_id": written[0]}])
+    assert reader.progress_ms(USER_VIEW) is None
+    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    with pytest.raises(ValueError, match=r"user_transaction_features: the rows readers serve .* hold no \['txn_count_7d'\]"):
+        writer.write([FeatureRow(USER_VIEW, written[0], int(time.time() * 1e6), {"txn_count_7d": 1})])
+
+
+@pytest.mark.parametrize("online_store", ["redis", None, {"type": "redis", "key_ttl_seconds": 60}])
+def test_feast_s_shorthands_for_the_redis_store_read_the_serving_generations(settings: Settings, tmp_path, online_store) -> None:
+    """``online_store: redis`` (Feast's shorthand), no ``online_store`` at all and a full entry all mean Loopline's
+    Redis store, which reads each view's serving generation."""
+    import yaml
+
+    from feature_store.config import feast_config
+    from feature_store.feast_online_store import STORE_TYPE
+
+    raw = yaml.safe_load((settings.repo_path / "feature_store.yaml").read_text())
+    raw["online_store"] = online_store
+    (tmp_path / "feature_store.yaml").write_text(yaml.safe_dump(raw))
+    config = feast_config(None, settings.redis_connection, tmp_path)
+    assert config.online_store.type == STORE_TYPE and config.online_store.connection_string == settings.redis_connection

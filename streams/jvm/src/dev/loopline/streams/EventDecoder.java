@@ -35,14 +35,12 @@ import com.google.gson.JsonParser;
  *       read, so a replay reaches the same verdicts).
  * </ul>
  * A record never stops the job. Counted in {@code invalid_events} (invalid and out of range) and {@code late_events}.
- * Once a second while a partition's records come, it says how far it has read that partition (the side output
+ * Every {@code progressIntervalMs} while a partition's records come, it says how far it has read that partition (the side output
  * {@link #progress}: topic, partition, the last offset read, the newest event time taken), for {@link ProgressSink}.
  * The raw rows hold the record's topic, key, value, partition and offset at the positions the spec gives.
  */
 public final class EventDecoder extends KeyedProcessFunction<String, Row, String> {
     private static final long serialVersionUID = 1L;
-    private static final long PROGRESS_INTERVAL_MS = 1000;
-
     /** One topic the job reads: its contract and wire format, its event time field, the allowed out-of-orderness, and
      * the numeric fields some view aggregates (checked for range). */
     private static final class Source implements java.io.Serializable {
@@ -63,6 +61,7 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     private final int partitionAt;
     private final int offsetAt;
     private final long maxEventTimeMs;
+    private final long progressIntervalMs;
     private final BigDecimal maxExactValue;
     private final Map<String, Source> sources = new HashMap<>();
     private transient ValueState<Long> newest;
@@ -83,6 +82,7 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         partitionAt = raw.get("partition").getAsInt();
         offsetAt = raw.get("offset").getAsInt();
         maxEventTimeMs = root.get("maxEventTimeMs").getAsLong();
+        progressIntervalMs = root.get("progressIntervalMs").getAsLong();
         maxExactValue = new BigDecimal(root.get("maxExactValue").getAsString());
         for (JsonElement element : root.getAsJsonArray("sources")) {
             JsonObject s = element.getAsJsonObject();
@@ -145,7 +145,7 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         lastOffset.update((Long) raw.getField(offsetAt));
         if (progressDue.value() == null) {
             progressDue.update(true);
-            ctx.timerService().registerProcessingTimeTimer(ctx.timerService().currentProcessingTime() + PROGRESS_INTERVAL_MS);
+            ctx.timerService().registerProcessingTimeTimer(ctx.timerService().currentProcessingTime() + progressIntervalMs);
         }
         byte[] value = (byte[]) raw.getField(valueAt);
         Object[] event;

@@ -44,15 +44,27 @@ import redis.clients.jedis.UnifiedJedis;
  * earlier: the rows of every event read by then are in Redis (the windows send an entity's row within
  * {@code online_interval_ms}, the row writer a millisecond later).
  *
+ * <p>A namespace's progress only moves forward ({@link #PUBLISH}): a job rebuilding from the oldest retained event
+ * reads its unchanged views' events again, but their rows keep what they absorbed (the compare-and-set refuses an older
+ * row), so readers go on reading them as of the progress they had, flagged stale once the clock passes it, until the
+ * rebuild has caught up.
+ *
  * <p>A pending generation (a view rebuilt under a changed plan, written under a namespace of its own) is promoted, in
- * one compare-and-set, once its topic was caught up at a tick: from then on readers read it instead of the generation
- * they served. Kafka or Redis away only pauses the publishing (readers then see the progress stand still and flag their
+ * one compare-and-set, once its topic was caught up at a tick or its progress was within {@code switchWithinMs} of the
+ * tick's time (a topic that never stops receiving events is never read to its end): from then on readers read it
+ * instead of the generation they served, a rebuilt generation then being as current as a serving one is. Kafka or Redis away only pauses the publishing (readers then see the progress stand still and flag their
  * reads stale); it never fails the job. Runs at parallelism 1, on a thread of its own, so a slow broker never holds up
  * the job's tasks.
  */
 public final class ProgressSink implements Sink<Row> {
     private static final long serialVersionUID = 1L;
     private static final Logger LOG = LoggerFactory.getLogger(ProgressSink.class);
+    /** KEYS[1] the views' hash; ARGV: pairs of a progress field and its {@code <progress ms>:<tick ms>}, each set only
+     * where it holds no later progress. */
+    private static final String PUBLISH = "for i = 1, #ARGV, 2 do\n"
+            + "local old = redis.call('HGET', KEYS[1], ARGV[i])\n"
+            + "if not old or tonumber(string.match(old, '^%d+')) <= tonumber(string.match(ARGV[i + 1], '^%d+')) then\n"
+            + "redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end\nend\nreturn 0\n";
     /** KEYS[1] the views' hash; ARGV: the pending field, the pending generation's JSON, the serving field. */
     private static final String PROMOTE = "if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end\n"
             + "redis.call('HSET', KEYS[1], ARGV[3], ARGV[2])\nredis.call('HDEL', KEYS[1], ARGV[1])\nreturn 1\n";
@@ -81,6 +93,8 @@ public final class ProgressSink implements Sink<Row> {
         /** The job restored its offsets from a checkpoint: its group's committed offsets are its own. */
         boolean restored;
         long intervalMs;
+        /** A pending generation is promoted once its progress is this close to the clock (or its topic read to its end). */
+        long switchWithinMs;
     }
 
     static final class ViewEntry {
@@ -216,18 +230,20 @@ public final class ProgressSink implements Sink<Row> {
             if (redis == null) {
                 redis = config.connection.connect();
             }
-            Map<String, String> fields = new HashMap<>();
+            List<String> fields = new ArrayList<>();
             for (ViewEntry view : config.views) {
                 long[] topic = computed.get(view.topic);
                 if (topic[3] == 1) {
-                    fields.put(view.progressField, topic[0] + ":" + topic[1]);
+                    fields.add(view.progressField);
+                    fields.add(topic[0] + ":" + topic[1]);
                 }
             }
             if (!fields.isEmpty()) {
-                redis.hset(config.key, fields);
+                redis.eval(PUBLISH, List.of(config.key), fields);
             }
             for (ViewEntry view : config.views) {
-                if (view.pending != null && computed.get(view.topic)[2] == 1) {
+                long[] topic = computed.get(view.topic);
+                if (view.pending != null && topic[3] == 1 && (topic[2] == 1 || topic[1] - topic[0] <= config.switchWithinMs)) {
                     Object promoted = redis.eval(PROMOTE, List.of(config.key), List.of(view.pendingField, view.pending, view.servingField));
                     LOG.info("view {}: {} {}", view.view, Long.valueOf(1).equals(promoted) ? "promoted" : "no longer pending",
                             view.pending);
