@@ -11,6 +11,8 @@ import redis
 from feature_store.config import apply_definitions, feature_fields, feature_store
 from feature_store.online_read import OnlineReader
 from feature_store.online_write import FeatureRow, OnlineWriter
+from feature_store.redis_connection import redis_client
+from feature_store.view_state import PROGRESS, SERVING, Generation, views_key
 from loopline.settings import Settings
 
 USER_VIEW, MERCHANT_VIEW = "user_transaction_features", "merchant_transaction_features"
@@ -140,7 +142,16 @@ def test_bad_reads_and_writes_say_what_is_wrong(settings: Settings, written: lis
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     with pytest.raises(ValueError, match=f"no 'merchant_id', a join key of the view {MERCHANT_VIEW}"):
         reader.get_online_features([f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"], [{"user_id": written[0]}])
-    assert reader.progress_ms(USER_VIEW) is None
+    # The session's stack is shared: another module's feature job may have published progress in this database.
+    blank_connection = f"{settings.redis_connection},db=9"
+    blank = redis_client(blank_connection)
+    key, serving = views_key(reader._project), Generation(USER_VIEW, 0, "no-progress-yet", "a plan", ("user_id",), ())
+    blank.delete(key)
+    blank.hset(key, SERVING + USER_VIEW, serving.to_json())
+    assert OnlineReader(settings.feast_registry_path, blank_connection, settings.repo_path).progress_ms(USER_VIEW) is None
+    blank.hset(key, PROGRESS + serving.namespace, "1234:5678")
+    assert OnlineReader(settings.feast_registry_path, blank_connection, settings.repo_path).progress_ms(USER_VIEW) == 1234
+    blank.delete(key)
     writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     with pytest.raises(ValueError, match=r"user_transaction_features: the rows readers serve .* hold no \['txn_count_7d'\]"):
         writer.write([FeatureRow(USER_VIEW, written[0], int(time.time() * 1e6), {"txn_count_7d": 1})])
