@@ -5,6 +5,7 @@
            ──invalid, out of range, late──► events.dlq
         ─► per topic: its events ─► per view over it: key by the entity's join keys
            ─► sliding windows updated per event [JVM keyed state]
+              ├──an event that would take a tile past an exact total──► events.dlq (overflow)
               ├─► an entity's newest row, with its windows' steps, at most once per ``online_interval_ms``
               │   [JVM timers] ─► batched, idempotent writes to Redis in Feast's layout [JVM, Jedis pipelines]
               └─► held for ``offline_flush_interval_ms`` [JVM keyed state] ─► parquet offline log [Python]
@@ -158,23 +159,26 @@ def decoder_spec(plan: FeaturePlan) -> str:
 def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms: int, identity: str):
     """The rows of ``view`` (``feature_columns``) from the sliding windows of its entity (``SlidingWindows``) over
     ``events`` (a Java DataStream of its topic's events, the contract's fields in order): one per event (for the
-    offline log), and the rows for the online store, an entity's newest at most once per ``online_interval_ms``, with
-    its windows' steps. The windows' operator is named for the plan's ``identity``: a checkpoint of another plan holds
+    offline log), the rows for the online store, an entity's newest at most once per ``online_interval_ms``, with
+    its windows' steps, and the dead letters (JSON) of events the windows refused (a tile's total past what a window
+    sums exactly). The windows' operator is named for the plan's ``identity``: a checkpoint of another plan holds
     no state Flink would map to it."""
     from pyflink.datastream import OutputTag
 
     operators = get_gateway().jvm.dev.loopline.streams
     positions = {name: i for i, name in enumerate(source.contract.field_names)}
     online = OutputTag(f"online-{view.name}", row_type(feature_columns(view, online=True))).get_java_output_tag()
-    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, online, online_interval_ms,
-                                       len(view.entity_keys))  # fmt: skip
+    refused = OutputTag(f"refused-{view.name}", Types.STRING()).get_java_output_tag()
+    letters = json.dumps({"consumer": JOB_NAME, "topic": view.topic, "fields": list(source.contract.field_names)})
+    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, online, refused, letters,
+                                       online_interval_ms, len(view.entity_keys))  # fmt: skip
     rows = (
         events.keyBy(operators.FieldKey(java_ints([positions[key] for key in view.entity_keys])))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
         .name(f"aggregate {view.name}")
         .uid(f"aggregate-{view.name}-{identity}")
     )
-    return rows, rows.getSideOutput(online)
+    return rows, rows.getSideOutput(online), rows.getSideOutput(refused)
 
 
 # PyFlink's own Table/DataStream bridge calls APIs it deprecated itself; that is not the user's to fix.
@@ -208,9 +212,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         .name("decode events by their contracts")
         .uid("decode-events")
     )
-    t_env.create_temporary_view("refused_events", t_env.from_data_stream(DataStream(letters)))
     statements = t_env.create_statement_set()
-    statements.add_insert_sql("INSERT INTO dead_letters SELECT * FROM refused_events")
+    refused = []
 
     from feature_store.online_write import OnlineWriter  # Feast: on the client that builds the job, not on its workers
 
@@ -221,7 +224,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         view_row = row_type(feature_columns(view)).get_java_type_info()
         events = letters.getSideOutput(decoder.events(view.topic))
         identity = plan.rows_identity(view)
-        rows, online_rows = windowed_rows(events, plan.source(view.topic), view, settings.online_interval_ms, identity)
+        rows, online_rows, overflowed = windowed_rows(events, plan.source(view.topic), view, settings.online_interval_ms, identity)
+        refused.append(DataStream(overflowed))
         if tuple(writer.layout.views[view.name].windows) != tuple(view_windows(view.aggregations)):  # the rows' steps, in order
             raise ValueError(f"{view.name}: the registry's windows are not the plan's; compile the plan from the same registry")
         layout = writer.jvm_layout(generations[view.name][0], view.feature_names, settings.max_batch_rows,
@@ -240,6 +244,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         )
         columns = _quoted([*view.entity_keys, _ROW_VERSION, *view.feature_names])
         statements.add_insert_sql(f"INSERT INTO written SELECT append_offline_{index}({columns}) FROM held_{index}")
+    t_env.create_temporary_view("refused_events", t_env.from_data_stream(DataStream(letters).union(*refused)))
+    statements.add_insert_sql("INSERT INTO dead_letters SELECT * FROM refused_events")
     progress = progress_config(writer, plan, generations, settings)
     (letters.getSideOutput(decoder.progress()).sinkTo(operators.ProgressSink(progress)).setParallelism(1)
      .name("publish the views' progress").uid("publish-progress"))  # fmt: skip

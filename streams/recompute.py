@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import pandas as pd
 
+from feature_store.window_tiles import COUNTING_FUNCTIONS, TILED_FUNCTIONS
 from streams.feature_plan import SCALE, FeaturePlan, ViewPlan
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
     """
     key, time_field = plan.entity_key, plan.time_field
     events = plan.with_entity(events)
+    events = events[~overflowing(plan, events)]
     asked_times = at is not None
     if at is None:
         at = events.groupby(key, as_index=False)[time_field].max().rename(columns={time_field: "at_ms"})
@@ -79,6 +81,55 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
                for column in {agg.column for agg in plan.aggregations if agg.column}}  # fmt: skip
     return pd.DataFrame({key: entities.to_numpy()[timeline.codes[end - 1]], LATEST_EVENT: timeline.times[end - 1],
                          **dict.fromkeys(times, at_ms), **_features(plan, columns, timeline, first, end, at_ms)})  # fmt: skip
+
+
+def overflowing(plan: ViewPlan, events: pd.DataFrame) -> np.ndarray:
+    """Which of ``events`` (with ``plan.entity_key``) the job's windows refuse as an overflow (``WindowPlan.refusal``,
+    a dead letter): an event whose value would take its tile's total (integers of 1/SCALE) past ``(2**63 - 1) // k``,
+    ``k`` the most tiles a window of its slide keeps, so that no window's sum wraps. A refused event is not absorbed at
+    all. Taken per entity in log order (``partition``, ``offset`` when given, else the frame's): the job's arrival
+    order for an entity whose events come from one partition. A boolean per row of ``events``, in their order."""
+    slides: dict[int, tuple[int, list[str]]] = {}  # slide ms -> (kept tiles, the columns it totals)
+    for a in plan.aggregations:
+        if a.function in TILED_FUNCTIONS and a.window_ms and a.slide_ms:
+            kept, columns = slides.get(a.slide_ms, (0, []))
+            if a.function not in COUNTING_FUNCTIONS and a.column not in columns:
+                columns.append(a.column)
+            slides[a.slide_ms] = (max(kept, a.window_ms // a.slide_ms), columns)
+    refused = np.zeros(len(events), dtype=bool)
+    totalled = {slide: (kept, columns) for slide, (kept, columns) in slides.items() if columns}
+    if events.empty or not any(_may_overflow(plan, events, slide, kept, columns) for slide, (kept, columns) in totalled.items()):
+        return refused
+    positions = [column for column in ("partition", "offset") if column in events.columns]
+    ordered = events.reset_index(drop=True)
+    ordered = ordered.sort_values(positions, kind="stable") if positions else ordered
+    for _, entity in ordered.groupby(plan.entity_key, sort=False):
+        absorbed_latest, tiles = None, {slide: {} for slide in totalled}
+        for row, ts, values in zip(entity.index, entity[plan.time_field], entity.to_dict("records"), strict=True):
+            latest = ts if absorbed_latest is None else max(absorbed_latest, ts)  # a refused event moves nothing
+            adds = []
+            for slide, (kept, columns) in totalled.items():
+                index = ts // slide
+                if index < latest // slide - kept + 1:
+                    continue  # too old for any window: the job drops it from the tiles
+                held = tiles[slide].get(index, dict.fromkeys(columns, 0))
+                adds.append((slide, index, {column: held[column] + round(values[column] * SCALE) for column in columns}, (2**63 - 1) // kept))
+            if any(abs(total) > limit for _, _, totals, limit in adds for total in totals.values()):
+                refused[row] = True
+                continue
+            absorbed_latest = latest
+            for slide, index, totals, _ in adds:
+                tiles[slide][index] = totals
+    return refused
+
+
+def _may_overflow(plan: ViewPlan, events: pd.DataFrame, slide: int, kept: int, columns: list[str]) -> bool:
+    """Whether some tile of ``slide`` could pass the bound: the magnitudes of its events' values, summed per entity and
+    tile (in doubles, with room for their rounding), pass it."""
+    tile = events[plan.time_field] // slide
+    magnitudes = events[columns].abs() * SCALE
+    sums = magnitudes.groupby([events[plan.entity_key], tile]).sum()
+    return bool((sums.to_numpy() > (2**63 - 1) // kept * 0.999).any())
 
 
 class _Timeline:

@@ -36,7 +36,7 @@ from schemas import DeadLetterRecord, decode, encode
 from schemas.topics import DAY_MS, TopicSpec
 from streams.feature_plan import FeaturePlan, compile_plan
 from streams.producer import EventProducer
-from streams.recompute import LATEST_EVENT, accepted_events, feature_differences, recompute, same_feature_value
+from streams.recompute import LATEST_EVENT, accepted_events, feature_differences, overflowing, recompute, same_feature_value
 from streams.topics import read_topic
 from streams.world import Emitted
 
@@ -48,7 +48,9 @@ BATCH = 1_500
 EVENT_TIME = "event_time_ms"
 
 
-def _bad_records() -> list[Emitted]:
+def _bad_records(newest_ms: int) -> list[Emitted]:
+    """Records the job refuses: invalid, out of range, and (valid, stamped ``newest_ms``, the newest event time before
+    them, so not late) an overflow."""
     good = json.loads(next(e for e in fraud_world(99, START_MS, **STREAM) if e.record).value)
     cases = {
         "not json": b"{this is not json",
@@ -58,7 +60,14 @@ def _bad_records() -> list[Emitted]:
         # Valid by the contract, but beyond what the engine sums exactly.
         "out of range": json.dumps({**good, "event_id": "huge", "amount": 1e300}).encode(),
     }
-    return [Emitted(SOURCE.name, f"bad-{name}", value, START_MS, None) for name, value in cases.items()]
+    bad = [Emitted(SOURCE.name, f"bad-{name}", value, START_MS, None) for name, value in cases.items()]
+    # Valid, each within range, but twelve in one tile of one user total past what its 24-hour window sums exactly.
+    big = {**good, "user_id": OVERFLOW_USER, "merchant_id": "overflow-merchant", "amount": 9e9, "event_time_ms": newest_ms}
+    return bad + [Emitted(SOURCE.name, OVERFLOW_USER, json.dumps({**big, "event_id": f"big-{i}"}).encode(), newest_ms, None)
+                  for i in range(12)]  # fmt: skip
+
+
+OVERFLOW_USER = "overflow-user"
 
 
 HOT_USER, HOT_MERCHANT = "hot-user", "hot-merchant"
@@ -155,10 +164,11 @@ READ_AFTER_MS = (0, 7_000, 65_000, 290_000, 3_700_000, 30 * 3_600_000)
 
 def _request_time_differences(plan: FeaturePlan, accepted: pd.DataFrame, reader: OnlineReader) -> list[str]:
     """Every (view, entity, feature, read time) where the online read at that time differs from the window definition
-    over the accepted events."""
+    over the accepted events the view's windows absorb (not those they refuse as an overflow)."""
     problems = []
     for view in plan.views:
-        history = {key: group.to_dict("records") for key, group in accepted.groupby(view.entity_key)}
+        absorbed = accepted[~overflowing(view, view.with_entity(accepted))]
+        history = {key: group.to_dict("records") for key, group in absorbed.groupby(view.entity_key)}
         windowed = [a for a in view.aggregations if a.window_ms is not None]
         for after in READ_AFTER_MS:
             at = [max(e[EVENT_TIME] for e in events) + after for events in history.values()]
@@ -206,7 +216,8 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     first = [replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"]
     ms_per_hot_event = (first[-1].emit_at_ms - first[0].emit_at_ms) / 1_500
     producer = EventProducer(bootstrap)
-    producer.publish(_merged(first, _hot_entity(range(0, 1_500), ms_per_hot_event)) + _bad_records())
+    batch = _merged(first, _hot_entity(range(0, 1_500), ms_per_hot_event))
+    producer.publish(batch + _bad_records(max(e.record.event_time_ms for e in batch if e.record is not None)))
 
     job = _start_job(settings, job_group)
     try:
@@ -299,3 +310,9 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     assert refused["bad-too deep"].error_field == "<payload>"
     assert (refused["bad-out of range"].reason, refused["bad-out of range"].error_field) == ("out_of_range", "amount")
     assert sum(d.reason in ("invalid", "out_of_range") for d in by_position.values()) == len(messages) - len(accepted) - len(late)
+    # The windows refuse what would pass an exact total, as the recompute does (and so agreed above without them).
+    overflowed = {(d.source_partition, d.source_offset) for d in by_position.values() if d.reason == "overflow"}
+    assert all((d.key, d.error_field) == (OVERFLOW_USER, "amount") for d in by_position.values() if d.reason == "overflow")
+    refusals = {view.name: accepted[overflowing(view, view.with_entity(accepted))] for view in plan.views}
+    assert overflowed == {(p, o) for frame in refusals.values() for p, o in zip(frame["partition"], frame["offset"], strict=True)}
+    assert len(refusals["user_transaction_features"]) == 2 and refusals["merchant_transaction_features"].empty, "10 fit a 96-tile window"

@@ -19,7 +19,8 @@ from templates import EVENT_TIME, view_plan
 from window_definition import steps_by_definition, window_by_definition
 
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, Window, view_windows
-from streams.recompute import recompute, same_feature_value
+from streams.feature_plan import MAX_EXACT_VALUE
+from streams.recompute import overflowing, recompute, same_feature_value
 
 START = 1_790_000_000_000
 AMOUNTS = st.one_of(
@@ -37,11 +38,27 @@ class Replay:
 
     def run(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[bytes], list]:
         """Each window's steps and each aggregation's finished value after absorbing ``events`` in their order."""
-        spec = ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms},{a.slide_ms}" for a in aggregations)
-        answer = self.driver.ask(f"plan {spec}", *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read")
-        steps, finished = answer.split("|")
-        values = [None if v == "null" else float(v) if "." in v or "E" in v else int(v) for v in finished.split()]
-        return [bytes.fromhex(hexed) for hexed in steps.split()], values
+        answer = self.driver.ask(_plan(aggregations), *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read")
+        return _parsed(answer)
+
+    def offer(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[str], list[bytes], list]:
+        """Each event's answer (``absorbed`` or ``refused <column> <why>``) offered in turn, then each window's steps
+        and each aggregation's finished value."""
+        self.driver.tell(_plan(aggregations))
+        answers = [self.driver.ask(f"offer {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}") for e in events]
+        return answers, *_parsed(self.driver.ask("read"))
+
+
+def _plan(aggregations: list[AggregationSpec]) -> str:
+    """The driver's ``plan`` line: columns 1 amount, 2 merchant."""
+    return "plan " + ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms},{a.slide_ms}" for a in aggregations)
+
+
+def _parsed(answer: str) -> tuple[list[bytes], list]:
+    """The driver's ``read`` answer: each window's steps, each aggregation's finished value."""
+    steps, finished = answer.split("|")
+    values = [None if v == "null" else float(v) if "." in v or "E" in v else int(v) for v in finished.split()]
+    return [bytes.fromhex(hexed) for hexed in steps.split()], values
 
 
 @pytest.fixture(scope="module")
@@ -121,3 +138,46 @@ def test_a_late_event_lands_in_its_tile_and_counts_until_that_tile_leaves(replay
     (window,) = view_windows([total]).values()
     assert finished == [7.0]  # tiles 2, 3 and 4
     assert [window.values_at(steps, t)[0] for t in (41, 49, 50, 69, 70)] == [7.0, 7.0, 2.0, 2.0, None]
+
+
+def test_an_event_that_would_take_a_tile_past_an_exact_total_is_refused_and_changes_nothing(replay: Replay) -> None:
+    """An hour of 10 s tiles keeps 360: a tile may total ``(2**63 - 1) // 360`` units of 1/SCALE and no more, so that
+    the window's sum of its tiles never wraps a long. Events of the largest value the decoder takes fill a tile until
+    the next would pass that: it is refused, naming its column, and the windows hold the absorbed events only; a
+    negative event still goes in, and a tile of its own takes the refused value."""
+    total, mean = AggregationSpec("s", "sum", "amount", 3_600_000, 10_000), AggregationSpec("m", "mean", "amount", 3_600_000, 10_000)
+    fit = (2**63 - 1) // 360 // round(MAX_EXACT_VALUE * SCALE)
+    offered = [{EVENT_TIME: START + i, "amount": MAX_EXACT_VALUE, "merchant": "m1"} for i in range(fit + 2)]
+    offered += [{EVENT_TIME: START + 50, "amount": -MAX_EXACT_VALUE, "merchant": "m1"},
+                {EVENT_TIME: START + 10_000, "amount": MAX_EXACT_VALUE, "merchant": "m1"}]  # fmt: skip
+    answers, steps, finished = replay.offer([total, mean], offered)
+    assert fit == 2 and answers[:fit] == ["absorbed"] * fit and answers[-2:] == ["absorbed"] * 2
+    for refused in answers[fit : fit + 2]:
+        assert refused.startswith("refused 1 ") and "past ±" in refused and "10000 ms tile" in refused, refused
+    absorbed = [e for e, answer in zip(offered, answers, strict=True) if answer == "absorbed"]
+    assert finished == [window_by_definition(a, absorbed, START + 10_000) for a in (total, mean)]
+    assert steps == [steps_by_definition(window, absorbed) for window in view_windows([total, mean]).values()]
+    frame = pd.DataFrame([{"user": "u", **e} for e in offered])
+    assert list(overflowing(view_plan("v", [total, mean], keys=("user",), topic="t"), frame)) == [a != "absorbed" for a in answers]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.data())
+def test_the_recompute_refuses_the_events_the_jobs_windows_refuse(replay: Replay, data: st.DataObject) -> None:
+    """Windows of up to 4,096 tiles over values near the largest the decoder takes, in a shuffled arrival order: the
+    offline recompute's ``overflowing`` names exactly the events the job's ``WindowPlan`` refuses, and the job's
+    values are the window definition's over the others."""
+    aggregations = [AggregationSpec(f"{function}_{i}", function, "amount", span * slide, slide)
+                    for i, (function, slide, span) in enumerate(data.draw(st.lists(st.tuples(
+                        st.sampled_from(["sum", "mean", "max", "count"]), st.sampled_from([1, 1000]), st.sampled_from([1, 3, 2048, 4096])),
+                        min_size=1, max_size=3)))]  # fmt: skip
+    amounts = st.integers(2**50, 2**53).map(lambda i: i / SCALE) | st.integers(-(2**53), -(2**50)).map(lambda i: i / SCALE)
+    events = [{EVENT_TIME: START + t, "amount": a, "merchant": "m1"}
+              for t, a in data.draw(st.lists(st.tuples(st.integers(0, 3000), amounts), min_size=1, max_size=30))]  # fmt: skip
+    answers, _, finished = replay.offer(aggregations, events)
+    frame = pd.DataFrame([{"user": "u", **e} for e in events])
+    assert list(overflowing(view_plan("v", aggregations, keys=("user",), topic="t"), frame)) == [a != "absorbed" for a in answers]
+    absorbed = [e for e, answer in zip(events, answers, strict=True) if answer == "absorbed"]
+    if absorbed:
+        latest = max(e[EVENT_TIME] for e in absorbed)
+        assert finished == [window_by_definition(a, absorbed, latest) for a in aggregations]

@@ -21,7 +21,9 @@ import org.apache.flink.types.Row;
  *   <li>{@code event <time ms> <amount> <merchant>}: absorb one event, then take the state through what a checkpoint
  *       and its restore do ({@link WindowsSerializer}: written, read back, and copied, as the heap backend copies it
  *       while a snapshot runs), so every answer also holds the serializer to the plan;
- *   <li>{@code read}: answers each window's steps in hex, then {@code |}, then each finished value
+ *   <li>{@code offer <time ms> <amount> <merchant>}: absorb it as the job does, unless {@link WindowPlan#refusal}
+ *       refuses it; answers {@code absorbed}, or {@code refused <column> <why>};
+ *   <li>{@code read}: answers (nothing but {@code |} while every event was refused) each window's steps in hex, then {@code |}, then each finished value
  *       ({@code null} for none), space-separated.
  * </ul>
  */
@@ -62,15 +64,25 @@ public final class WindowsReplay {
                     state = null;
                     restored = null;
                 }
-                case "event" -> {
+                case "event", "offer" -> {
                     Row row = Row.of(Long.parseLong(part[1]), Double.parseDouble(part[2]), part[3]);
-                    if (state == null) {
-                        state = plan.newState(plan.eventTime(row));
+                    WindowPlan.Windows next = state == null ? plan.newState(plan.eventTime(row)) : state;
+                    WindowPlan.Refusal refusal = part[0].equals("offer") ? plan.refusal(next, row) : null;
+                    if (refusal == null) {
+                        plan.absorb(next, row);
+                        state = checkpointed(next);
                     }
-                    plan.absorb(state, row);
-                    state = checkpointed(state);
+                    if (part[0].equals("offer")) {
+                        out.println(refusal == null ? "absorbed" : "refused " + refusal.column() + " " + refusal.why());
+                        out.flush();
+                    }
                 }
                 case "read" -> {
+                    if (state == null) {  // every event offered was refused: no state, nothing to read
+                        out.println("|");
+                        out.flush();
+                        continue;
+                    }
                     StringBuilder answer = new StringBuilder();
                     for (byte[] steps : plan.steps(state)) {
                         answer.append(HexFormat.of().formatHex(steps)).append(' ');

@@ -1,5 +1,9 @@
 package dev.loopline.streams;
 
+import java.nio.charset.StandardCharsets;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
@@ -7,6 +11,10 @@ import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.types.Row;
 import org.apache.flink.util.Collector;
 import org.apache.flink.util.OutputTag;
+
+import com.google.gson.Gson;
+import com.google.gson.JsonObject;
+import com.google.gson.JsonParser;
 
 /**
  * One stream feature view's sliding windows for one entity (keyed by its join keys' values, {@link FieldKey}),
@@ -32,6 +40,10 @@ import org.apache.flink.util.OutputTag;
  * only the newest row anyway, and a row carries the entity's whole windows, so a coalesced row loses nothing.
  *
  * <p>An input row is an event of the view's topic, its contract's fields, then its Kafka partition and offset.
+ *
+ * <p>An event that would take a tile's total past what a window sums exactly ({@link WindowPlan#refusal}) is not
+ * absorbed: its dead letter ({@link DeadLetter}, reason {@code overflow}, the event's fields as JSON, at its log
+ * position) goes to the side output {@code refused}, and the entity's windows stay as they were.
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
@@ -39,14 +51,26 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     /** How many join keys the entity has: where version, latest and events are in its rows. */
     private final int keys;
     private final OutputTag<Row> online;
+    private final OutputTag<String> refused;
     private final long coalesceMs;
+    /** The job's name, the view's topic and its contract's field names, in order: what a dead letter says. */
+    private final String consumer;
+    private final String topic;
+    private final String[] fieldNames;
     private transient ValueState<WindowPlan.Windows> state;
 
-    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> online, long coalesceMs, int keys) {
+    /** {@code letters}: {@code {"consumer", "topic", "fields"}} as JSON, for the dead letters of refused events. */
+    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> online, OutputTag<String> refused,
+            String letters, long coalesceMs, int keys) {
         this.plan = new WindowPlan(aggregationSpec, timeField, scale);
         this.keys = keys;
         this.online = online;
+        this.refused = refused;
         this.coalesceMs = coalesceMs;
+        JsonObject spec = JsonParser.parseString(letters).getAsJsonObject();
+        this.consumer = spec.get("consumer").getAsString();
+        this.topic = spec.get("topic").getAsString();
+        this.fieldNames = new Gson().fromJson(spec.get("fields"), String[].class);
     }
 
     @Override
@@ -60,8 +84,13 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         if (w == null) {
             w = plan.newState(plan.eventTime(row));
         }
-        plan.absorb(w, row);
         int arity = row.getArity();
+        WindowPlan.Refusal refusal = plan.refusal(w, row);
+        if (refusal != null) {
+            ctx.output(refused, letter(row, ctx.getCurrentKey(), refusal));
+            return;
+        }
+        plan.absorb(w, row);
         w.absorbedAt((Integer) row.getField(arity - 2), (Long) row.getField(arity - 1));
         w.pending = true;
         state.update(w);
@@ -80,6 +109,19 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
         ctx.output(online, row(ctx.getCurrentKey(), w, plan.steps(w)));
         w.pending = false;
         state.update(w);
+    }
+
+    /** The dead letter of an event the windows refused: its fields as JSON, at its log position. */
+    private String letter(Row row, String key, WindowPlan.Refusal refusal) {
+        Map<String, Object> event = new LinkedHashMap<>();
+        for (int i = 0; i < fieldNames.length; i++) {
+            event.put(fieldNames[i], row.getField(i));
+        }
+        int arity = row.getArity();
+        String field = fieldNames[refusal.column()];
+        return DeadLetter.json(consumer, "overflow", field + ": " + refusal.why(), field, topic, (Integer) row.getField(arity - 2),
+                (Long) row.getField(arity - 1), key.getBytes(StandardCharsets.UTF_8),
+                new Gson().toJson(event).getBytes(StandardCharsets.UTF_8));
     }
 
     /** The entity's row as of its latest event; an online row (with {@code steps}) carries its absorbed positions and

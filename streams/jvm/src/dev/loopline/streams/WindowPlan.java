@@ -235,6 +235,47 @@ public final class WindowPlan implements Serializable {
         return (Long) row.getField(timeField);
     }
 
+    /** Why an event cannot be absorbed: the position of its column at fault in the input row, and why. */
+    public record Refusal(int column, String why) {}
+
+    /**
+     * Why {@code row} cannot be absorbed into {@code w}, or null when it can. A tile's total (integers of
+     * {@code 1/scale}) may reach {@code Long.MAX_VALUE / keptTiles} of its slide and no further, so that every
+     * window's sum over its tiles stays exact in a long: an event whose value would take a tile past that is refused,
+     * not wrapped. Checked before {@link #absorb} changes anything, so a refused event leaves the state as it was.
+     * Which event of a tile near the bound is refused depends on the order the tile's events come in.
+     */
+    public Refusal refusal(Windows w, Row row) {
+        long ts = eventTime(row);
+        long latest = Math.max(w.latest, ts);
+        for (int s = 0; s < slides.size(); s++) {
+            Slide slide = slides.get(s);
+            long index = ts / slide.lengthMs;
+            if (index < latest / slide.lengthMs - slide.keptTiles + 1) {
+                continue;  // too old for any window: absorb drops it
+            }
+            Bucket b = w.buckets.get(s).get(index);
+            long limit = Long.MAX_VALUE / slide.keptTiles;
+            for (int c = 0; c < slide.numericColumns.size(); c++) {
+                int column = slide.numericColumns.get(c);
+                double value = ((Number) row.getField(column)).doubleValue();
+                long scaled = (long) Math.rint(value * scale);
+                long total;
+                try {
+                    total = Math.addExact(b == null ? 0 : b.totals[c], scaled);
+                } catch (ArithmeticException wrapped) {
+                    total = Long.MIN_VALUE;
+                }
+                if (total == Long.MIN_VALUE || Math.abs(total) > limit) {
+                    return new Refusal(column, String.format(java.util.Locale.ROOT,
+                            "%s would take the total of its %d ms tile past ±%.6g, the most a window of %d tiles sums exactly",
+                            BigDecimal.valueOf(value).toPlainString(), slide.lengthMs, (double) limit / scale, slide.keptTiles));
+                }
+            }
+        }
+        return null;
+    }
+
     /**
      * Absorb one event: the entity's latest and previous event times, its row version ({@code T} in microseconds, or
      * one more than the last version when that is larger, so it grows with every event), its event count, and the
