@@ -669,6 +669,19 @@ def snapshot_create(
     console.print(snapshot_table([manifest], title="snapshot"))
 
 
+@snapshot_app.command("backfill")
+def snapshot_backfill(
+    snapshot_id: Annotated[str, typer.Argument(help="The snapshot to extend (a unique prefix will do).")],
+    feature: Annotated[list[str], typer.Option("--feature", help="A feature added since (view:feature); repeat for more.")],
+) -> None:
+    """A new snapshot: the snapshot's examples with features added since, each as of its request's time, recomputed
+    from the retained events with the stream's window semantics."""
+    from loopline.retraining import backfill_snapshot
+
+    manifest = backfill_snapshot(settings(), snapshot_id, feature, console)
+    console.print(snapshot_table([manifest], title=f"snapshot {snapshot_id} with {', '.join(feature)}"))
+
+
 @snapshot_app.command("list")
 def snapshot_list() -> None:
     """Every snapshot, oldest first."""

@@ -63,6 +63,53 @@ def create_snapshot(
                           time_range={"from_ms": from_ms, "to_ms": to_ms}, label_kind=declared.labels.kind)  # fmt: skip
 
 
+def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str], console=None) -> Manifest:
+    """A new snapshot: ``snapshot_id``'s examples with ``features`` (``view:feature``, added since it was taken), each
+    read as of its request's time from the retained events (``feedback_loop/snapshot_backfill.py``), with progress on
+    ``console``. Refused (SnapshotError) for a snapshot not taken from the example log, and where a topic no longer
+    retains the windows the earliest request needs."""
+    from rich.progress import Progress
+
+    from feedback_loop.snapshot_backfill import backfill_features, request_points, requested_features
+    from feedback_loop.snapshots import SnapshotError, read_snapshot
+    from streams.recompute import accepted_events
+    from streams.retention_check import deleted_until_ms
+
+    manifest, frame = read_snapshot(settings.snapshots_root, snapshot_id)
+    if "topic" not in manifest.source:
+        raise SnapshotError(f"snapshot {manifest.snapshot_id} was not taken from the example log ({manifest.kind}): make it "
+                            "anew with the features (loopline snapshot create --backfill) instead")  # fmt: skip
+    plan, kafka = feature_plan(settings), settings.kafka
+    wanted = requested_features(plan, frame, features)
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"reading the example log {manifest.source['topic']}", total=1 + 2 * len(wanted))
+        points = request_points(frame, logged_examples(kafka.bootstrap, manifest.source["topic"], None, None, kafka.client_config)[0])
+        progress.advance(task)
+        events, read = {}, 0
+        for view, _ in wanted:
+            span = max((a.window_ms + (a.slide_ms or 0) for a in view.aggregations if a.window_ms), default=0)
+            since = int(points["requested_at_ms"].min()) - span - plan.out_of_orderness_ms
+            deleted = deleted_until_ms(kafka.bootstrap, kafka.client_config, view.topic)
+            if deleted is not None and deleted > since:
+                raise SnapshotError(f"{view.topic} no longer holds events from before {deleted} ms (deleted by retention), but "
+                                    f"{view.name}'s windows at the snapshot's earliest request need them since {since} ms: "
+                                    "backfilled, they would undercount")  # fmt: skip
+            progress.update(task, description=f"reading {view.topic}")
+            if view.topic not in events:
+                messages = read_topic(kafka.bootstrap, view.topic, kafka.client_config, since_ms=since)
+                events[view.topic], read = accepted_events(plan, view.topic, messages)[0], read + len(messages)
+            progress.advance(task)
+
+        def recomputing(view) -> None:
+            progress.update(task, description=f"recomputing {view.name} as of {len(frame):,} requests", advance=1)
+
+        added = backfill_features(frame, points, wanted, events, on_view=recomputing)
+    source = {**manifest.source, "extends": manifest.snapshot_id, "backfilled": list(features), "events": read}
+    time_range = {k: v for k, v in manifest.time_range.items() if k in ("from_ms", "to_ms")}
+    return write_snapshot(added, settings.snapshots_root, kind=manifest.kind, source=source, time_range=time_range,
+                          label_kind=manifest.label_kind)  # fmt: skip
+
+
 def train_on_snapshot(
     settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = TRAINING_ECHO,
     on_start: Callable[[subprocess.Popen], None] | None = None, *, nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,

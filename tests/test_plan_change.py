@@ -37,6 +37,7 @@ from streams.flink_job import latest_checkpoint
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, same_feature_value
 from streams.topics import read_topic
+from streams.world import Emitted
 
 pytestmark = pytest.mark.timeout(900)
 FAST_CHECKPOINTS = {"LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000"}
@@ -118,6 +119,38 @@ def _steady_transactions(bootstrap: str, stop: threading.Event, rate_per_s: floa
     assert producer.flush(30) == 0
 
 
+def _changed_plan(settings: Settings) -> FeaturePlan:
+    """The project with ``CHANGES`` made (once) and applied: the plan the job compiles from it."""
+    features_py = settings.repo_path / "features.py"
+    text = features_py.read_text()
+    if CHANGES[0][2] not in text:
+        for what, old, new in CHANGES:
+            assert text.count(old) == 1, what
+            text = text.replace(old, new)
+        features_py.write_text(text)
+        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    return feature_plan(settings)
+
+
+def _switched(settings: Settings, plan: FeaturePlan, at_ms: int, log: Path) -> None:
+    """Run the job, unless it ran, until every view's serving generation is ``plan``'s and has absorbed the events up
+    to ``at_ms`` (a test run alone, without the one that rebuilds), then stop it."""
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, states_refresh_s=0.1)
+
+    def complete() -> bool:
+        serving = reader.view_states().serving
+        return all(getattr(serving.get(v.name), "identity", None) == plan.rows_identity(v) and (reader.progress_ms(v.name) or 0) >= at_ms
+                   for v in plan.views)  # fmt: skip
+
+    if complete():
+        return
+    job = start_feature_job(settings, log, **FAST_CHECKPOINTS)
+    try:
+        assert wait_until(lambda: job.poll() is not None or complete(), 300, 0.5), log.read_text()[-3000:]
+    finally:
+        stop_process_group(job)
+
+
 def _view(plan: FeaturePlan, name: str) -> ViewPlan:
     return next(view for view in plan.views if view.name == name)
 
@@ -164,14 +197,7 @@ def test_a_changed_plan_rebuilds_and_readers_switch_once_complete(changed: Chang
     restored = latest_checkpoint(settings.checkpoint_dir)
     assert recorded_plan(restored) == changed.before.identities()
 
-    features_py = settings.repo_path / "features.py"
-    text = features_py.read_text()
-    for what, old, new in CHANGES:
-        assert text.count(old) == 1, what
-        text = text.replace(old, new)
-    features_py.write_text(text)
-    apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
-    after = feature_plan(settings)
+    after = _changed_plan(settings)
     assert set(after.identities()) == set(changed.before.identities())
     assert all(after.identities()[v] != changed.before.identities()[v] for v in after.identities()), "both views changed"
     wanted = {view.name: _expected(view, events, at_ms) for view in after.views}
@@ -287,3 +313,48 @@ def test_a_stopped_jobs_reads_are_read_as_of_its_progress_and_flagged_stale(chan
     fetched = asyncio.run(fetch())
     assert fetched.stale == [f"{view.name}:merchant_txn_count_5m"] and fetched.read_as_of_ms == {view.name: progress}
     assert lag.labels(view.name)._value.get() > 2.0
+
+
+def test_a_feature_added_today_is_backfilled_into_a_snapshot_as_the_job_serves_it(changed: Changed) -> None:
+    """A snapshot of labeled examples logged before ``merchant_amount_max_1h`` existed; `snapshot backfill` adds it,
+    each example's value as of its request's time, recomputed from the retained events: exactly what the job's rows
+    give a read at that time. The new snapshot extends the old one; a feature no view computes, or one the snapshot
+    holds, is refused."""
+    from feedback_loop.snapshots import SnapshotError, read_snapshot
+    from loopline.retraining import backfill_snapshot, create_snapshot
+    from schemas.records import TrainingExample
+
+    settings, events, at_ms = changed.settings, changed.events, changed.at_ms
+    after = _changed_plan(settings)
+    _switched(settings, after, at_ms, changed.logs / "backfill-job.log")
+    merchants = sorted(events["merchant_id"].unique())
+    # Requests from the last event on: a read before an entity's latest event reads as of it, as the scorer does.
+    requests = [(k, at_ms + offset) for k in merchants for offset in (0, 3_000_000, 3_300_000, 4_000_000)]
+    now = int(time.time() * 1000)
+    logged = [TrainingExample(
+        schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"backfill-{i}", request_id=f"request-{i}",
+        entity_keys={"merchant_id": k, "user_id": "u000001"}, features={"merchant_transaction_features:merchant_txn_count_5m": 1.0},
+        model_name="fraud", model_version="1", score=0.5, label=float(i % 2), requested_at_ms=t, predicted_at_ms=t + 3,
+        label_time_ms=t + 10, joined_at_ms=now) for i, (k, t) in enumerate(requests)]  # fmt: skip
+    EventProducer(settings.kafka.bootstrap).publish(
+        [Emitted(settings.feedback.examples_topic, e.event_id, e.model_dump_json().encode(), now, e) for e in logged])
+    taken = create_snapshot(settings, None, None)
+    assert ADDED not in taken.features and taken.rows == len(requests)
+
+    extended = backfill_snapshot(settings, taken.snapshot_id, [ADDED])
+    assert extended.source["extends"] == taken.snapshot_id and extended.features == [*taken.features, ADDED]
+    _, frame = read_snapshot(settings.snapshots_root, extended.snapshot_id)
+    by_request = dict(zip(frame["request_id"], frame[ADDED], strict=True))
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, stale_after_s=10**9)
+    served = reader.read_with_row_times([ADDED], [{"merchant_id": k} for k, _ in requests], [t for _, t in requests]).values
+    name = ADDED.split(":", 1)[1]
+    assert all(same_feature_value(name, by_request[e.request_id], value) for e, value in zip(logged, served[name], strict=True)), (
+        f"backfilled as the job's rows serve it: {[by_request[e.request_id] for e in logged]} != {served[name]}")  # fmt: skip
+    by_merchant = [served[name][i : i + 4] for i in range(0, len(requests), 4)]
+    assert any(len({v for v in values if v is not None}) > 1 for values in by_merchant), "values that tell request times apart"
+    assert all(values[0] is not None and values[-1] is None for values in by_merchant), "every merchant's, and its emptied window"
+
+    with pytest.raises(SnapshotError, match="already holds"):
+        backfill_snapshot(settings, extended.snapshot_id, [ADDED])
+    with pytest.raises(SnapshotError, match="no stream feature view computes 'merchant_transaction_features:nope'"):
+        backfill_snapshot(settings, taken.snapshot_id, ["merchant_transaction_features:nope"])
