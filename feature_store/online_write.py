@@ -108,6 +108,23 @@ def latest_per_entity(rows: list[FeatureRow]) -> list[FeatureRow]:
     return list(newest.values())
 
 
+def _key_ttls(store, layout: OnlineLayout, key_ttl_seconds: int | None) -> dict[str, int]:
+    """Per stream feature view, how long (s) its entity's hash lives after each write of a row (Redis EXPIRE; 0: for
+    ever): the online store's ``key_ttl_seconds`` where set (Feast's own setting), else its views' ``ttl``: the longest
+    of every feature view (stream or batch) stored in the same hash (the same join keys), none where one of them keeps
+    its values for ever (``ttl`` 0). An entity whose events stop so leaves Redis a ttl after its last row, as it leaves
+    the job's state once its windows are empty (``SlidingWindows``)."""
+    if key_ttl_seconds:
+        return dict.fromkeys(layout.views, key_ttl_seconds)
+    horizons: dict[tuple[str, ...], int] = {}
+    for view in [*store.list_feature_views(), *store.list_stream_feature_views()]:
+        keys = tuple(sorted(view.join_keys))
+        seconds = int(view.ttl.total_seconds()) if view.ttl else 0
+        known = horizons.get(keys)
+        horizons[keys] = 0 if seconds == 0 or known == 0 else max(seconds, known or 0)
+    return {name: horizons[tuple(sorted(view.join_keys))] for name, view in layout.views.items()}
+
+
 class ReplicaAckError(RuntimeError):
     """Rows a master took but fewer of its replicas than asked acknowledged in time (``OnlineWriter`` with
     ``replica_acks``): they are in Redis, but a failover of that master may lose them."""
@@ -135,7 +152,7 @@ class OnlineWriter:
         #: Each view's Value proto field of each feature.
         self._kinds = {name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
                        for name, view in self._views.items()}  # fmt: skip
-        self._ttl_s = store.config.online_store.key_ttl_seconds or 0
+        self._ttl_s = _key_ttls(store, self.layout, store.config.online_store.key_ttl_seconds)
         self._replica_acks, self._replica_ack_timeout_ms = replica_acks, replica_ack_timeout_ms
 
     @cached_property
@@ -173,7 +190,7 @@ class OnlineWriter:
                     cleared.append(steps_field)
             entity = (row.entity,) if isinstance(row.entity, str) else row.entity
             calls.append((self.layout.redis_key(layout.join_keys, entity), [layout.timestamp_field, stamp.SerializeToString(),
-                          stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us, row.events, self._ttl_s,
+                          stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us, row.events, self._ttl_s[row.view],
                           len(cleared), *cleared, *values]))  # fmt: skip
         try:
             self._send(calls)
@@ -232,14 +249,15 @@ class OnlineWriter:
 
     def jvm_layout(
         self, generation: Generation, features: Sequence[str], max_batch_rows: int, timeout_ms: int = 10_000, *,
-        replica_acks: int = 0, replica_ack_timeout_ms: int = 2_000,
+        replica_acks: int = 0, replica_ack_timeout_ms: int = 2_000, marks: tuple[str, str] | None = None,
     ) -> str:  # fmt: skip
         """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write the rows of a view's
         ``generation``, whose ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection,
         the key's bytes around the join keys' values, the fields of the generation's namespace (base64), each feature's
         Value kind, the plan identity, the TTL and this module's compare-and-set script; and its largest batch
         (``max_batch_rows`` entities), ``timeout_ms`` per reply, and the replicas each batch must reach (Redis WAIT)
-        within ``replica_ack_timeout_ms``."""
+        within ``replica_ack_timeout_ms``. With ``marks`` (a hash and a field prefix: ``view_state.py``'s ``written``)
+        each subtask of the writer records there the read marks its rows reached Redis behind."""
         layout = self.layout.generation(generation)
         parts, order = self.layout.key_parts(layout.join_keys)
         kinds = {"int64_val": "int64", "int32_val": "int32", "double_val": "double", "float_val": "float", "string_val": "string",
@@ -252,8 +270,9 @@ class OnlineWriter:
             "featureFields": [encode(layout.fields[name]) for name in features],
             "featureKinds": [kinds[self._kinds[generation.view][name]] for name in features],
             "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],
-            "ttlSeconds": self._ttl_s, "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows,
+            "ttlSeconds": self._ttl_s[generation.view], "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows,
             "replicaAcks": replica_acks, "replicaAckTimeoutMs": replica_ack_timeout_ms,
+            "marksKey": marks[0] if marks else None, "marksField": marks[1] if marks else None,
         })  # fmt: skip
 
     def delete_rows(self) -> list[str]:

@@ -14,7 +14,10 @@ One hash per project, ``loopline:views:<project>``, holds it all (one key: on a 
 * ``serving:<view>`` and ``pending:<view>``: a generation (:class:`Generation`, JSON), with what a reader needs to read
   its rows without the registry (the registry already holds the next plan while the previous one serves);
 * ``progress:<namespace>``: ``<progress ms>:<published at ms>``, the event time up to which the rows under that
-  namespace have absorbed every event of the topic (the job publishes it once a second).
+  namespace have absorbed every event of the topic (the job publishes it once a second);
+* ``written:<namespace>:<subtask>``: ``<read mark>:<subtasks>``, the job's own bookkeeping: the newest read mark
+  (``streams/jvm`` ``ReadMarks``) behind which that subtask of the namespace's row writer has every row in Redis, of
+  how many subtasks. The progress is published from these, so it is of rows written, not of events merely read.
 
 A view with no ``serving`` entry (rows written before generations were kept, or by hand) is read under Feast's name,
 as the registry defines it.
@@ -28,8 +31,8 @@ from dataclasses import dataclass, field
 
 from feature_store.window_tiles import AggregationSpec
 
-#: The hash's fields: a view's serving and pending generations, and a namespace's progress.
-SERVING, PENDING, PROGRESS = "serving:", "pending:", "progress:"
+#: The hash's fields: a view's serving and pending generations, a namespace's progress, and its writers' read marks.
+SERVING, PENDING, PROGRESS, WRITTEN = "serving:", "pending:", "progress:", "written:"
 
 
 def views_key(project: str) -> str:

@@ -231,7 +231,7 @@ def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSett
         checkpoint_interval_ms=stream.checkpoint_interval_ms,
         flush_interval_ms=stream.flush_interval_ms,
         max_batch_rows=stream.max_batch_rows,
-        online_interval_ms=stream.online_interval_ms,
+        online_interval_ms=stream.online_interval_ms, state_check_ms=stream.state_check_ms,
         parallelism=stream.parallelism,
         metrics_port=stream.metrics_port,
         allow_partial_rebuild=stream.allow_partial_rebuild,

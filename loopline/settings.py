@@ -260,6 +260,11 @@ class StreamSettings(BaseModel):
         description="An entity's online row (with its windows' steps) goes at most once per this: freshness "
                     "against work per event.",
     )
+    state_check_ms: int = Field(
+        default=JobSettings.state_check_ms, ge=1_000,
+        description="The longest an entity waits between checks of whether its windows are empty for good (then it "
+                    "leaves the job's state): memory freed sooner against a check per entity per interval.",
+    )
     parallelism: int = Field(default=JobSettings.parallelism, ge=1)
     allow_partial_rebuild: bool = Field(
         default=JobSettings.allow_partial_rebuild, description="Rebuild the windows even where a topic no longer retains a "

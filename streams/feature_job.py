@@ -39,7 +39,7 @@ from pyflink.java_gateway import get_gateway
 from pyflink.table import DataTypes, StreamTableEnvironment
 from pyflink.table.udf import ScalarFunction, udf
 
-from feature_store.view_state import PENDING, PROGRESS, SERVING, Generation, PlannedView, plan_generations, views_key
+from feature_store.view_state import PENDING, PROGRESS, SERVING, WRITTEN, Generation, PlannedView, plan_generations, views_key
 from feature_store.window_tiles import view_windows
 from schemas.project import load_project
 from streams.feature_plan import MAX_EVENT_TIME_MS, MAX_EXACT_VALUE, SCALE, FeaturePlan, SourcePlan, ViewPlan, registered_plan
@@ -152,14 +152,24 @@ def decoder_spec(plan: FeaturePlan) -> str:
     """What the job's ``EventDecoder`` takes: the sources, the raw rows' layout and the engine's ranges, as JSON."""
     return json.dumps({
         "consumer": JOB_NAME, "raw": {name: i for i, name in enumerate(_RAW)}, "maxEventTimeMs": MAX_EVENT_TIME_MS,
-        "progressIntervalMs": PROGRESS_INTERVAL_MS, "maxExactValue": repr(MAX_EXACT_VALUE), "sources": json.loads(plan.jvm_sources()),
+        "maxExactValue": repr(MAX_EXACT_VALUE), "sources": json.loads(plan.jvm_sources()),
     })  # fmt: skip
 
 
-def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms: int, identity: str):
+def state_horizon_ms(view: ViewPlan) -> int:
+    """How long after an entity's latest event its state may still matter: its view's longest window, or where the
+    view has a feature without a window (``last``, ``time_since_previous``: they look back the view's ttl) the longer
+    of that and its ttl; -1 for such a view without a ttl, whose entities never leave the state."""
+    windows = [a.window_ms or 0 for a in view.aggregations]
+    if any(a.window_ms is None for a in view.aggregations):
+        return max(view.ttl_ms, *windows) if view.ttl_ms else -1
+    return max(windows)
+
+
+def windowed_rows(events, source: SourcePlan, view: ViewPlan, identity: str, state_check_ms: int):
     """The rows of ``view`` (``feature_columns``) from the sliding windows of its entity (``SlidingWindows``) over
     ``events`` (a Java DataStream of its topic's events, the contract's fields in order): one per event (for the
-    offline log), the rows for the online store, an entity's newest at most once per ``online_interval_ms``, with
+    offline log), the rows for the online store, an entity's newest at each read mark (``ReadMarks``), with
     its windows' steps, and the dead letters (JSON) of events the windows refused (a tile's total past what a window
     sums exactly). The windows' operator is named for the plan's ``identity``: a checkpoint of another plan holds
     no state Flink would map to it."""
@@ -170,8 +180,10 @@ def windowed_rows(events, source: SourcePlan, view: ViewPlan, online_interval_ms
     online = OutputTag(f"online-{view.name}", row_type(feature_columns(view, online=True))).get_java_output_tag()
     refused = OutputTag(f"refused-{view.name}", Types.STRING()).get_java_output_tag()
     letters = json.dumps({"consumer": JOB_NAME, "topic": view.topic, "fields": list(source.contract.field_names)})
-    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, online, refused, letters,
-                                       online_interval_ms, len(view.entity_keys))  # fmt: skip
+    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, view.ttl_ms, online,
+                                       refused, letters,
+                                       state_horizon_ms(view), source.out_of_orderness_ms, state_check_ms,
+                                       len(view.entity_keys))  # fmt: skip
     rows = (
         events.keyBy(operators.FieldKey(java_ints([positions[key] for key in view.entity_keys])))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
@@ -205,6 +217,8 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
 
     operators = get_gateway().jvm.dev.loopline.streams
     raw = t_env.to_data_stream(t_env.sql_query(f"SELECT {_quoted(_RAW)} FROM raw_events"))._j_data_stream
+    raw_type = raw.getType()
+    raw = raw.transform("mark how far the records are read", raw_type, operators.ReadMarks(settings.online_interval_ms)).uid("read-marks")
     decoder = operators.EventDecoder(decoder_spec(plan))
     letters = (
         raw.keyBy(operators.FieldKey(java_ints([_RAW.index("topic"), _RAW.index("partition")])))
@@ -224,12 +238,13 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         view_row = row_type(feature_columns(view)).get_java_type_info()
         events = letters.getSideOutput(decoder.events(view.topic))
         identity = plan.rows_identity(view)
-        rows, online_rows, overflowed = windowed_rows(events, plan.source(view.topic), view, settings.online_interval_ms, identity)
+        rows, online_rows, overflowed = windowed_rows(events, plan.source(view.topic), view, identity, settings.state_check_ms)
         refused.append(DataStream(overflowed))
         if tuple(writer.layout.views[view.name].windows) != tuple(view_windows(view.aggregations)):  # the rows' steps, in order
             raise ValueError(f"{view.name}: the registry's windows are not the plan's; compile the plan from the same registry")
         layout = writer.jvm_layout(generations[view.name][0], view.feature_names, settings.max_batch_rows,
-                                   replica_acks=settings.replica_acks, replica_ack_timeout_ms=settings.replica_ack_timeout_ms)  # fmt: skip
+                                   replica_acks=settings.replica_acks, replica_ack_timeout_ms=settings.replica_ack_timeout_ms,
+                                   marks=(views_key(writer.project), WRITTEN + generations[view.name][0].namespace + ":"))  # fmt: skip
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
             rows.keyBy(operators.FieldKey(java_ints([])))
@@ -264,6 +279,7 @@ def progress_config(writer, plan: FeaturePlan, generations: dict[str, tuple[Gene
     to promote, and the Kafka cluster whose end offsets it compares with."""
     views = [{
         "view": view.name, "topic": view.topic, "progressField": PROGRESS + generation.namespace,
+        "writtenField": WRITTEN + generation.namespace + ":",
         "pending": generation.to_json() if pending else None, "pendingField": PENDING + view.name, "servingField": SERVING + view.name,
     } for view in plan.views for generation, pending in [generations[view.name]]]  # fmt: skip
     return json.dumps({

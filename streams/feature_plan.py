@@ -76,6 +76,8 @@ class ViewPlan:
     offline_path: str | None
     #: Each feature's Feast value type (INT64, DOUBLE, STRING or BOOL), as its function and column give it.
     value_types: Mapping[str, str] = field(default_factory=dict)
+    #: The view's ``ttl`` (ms; 0: none): how far back ``time_since_previous`` and ``last`` look.
+    ttl_ms: int = 0
 
     @property
     def feature_names(self) -> tuple[str, ...]:
@@ -141,10 +143,12 @@ class FeaturePlan:
 
     def rows_identity(self, view: ViewPlan) -> str:
         """A digest of what ``view``'s online rows mean: its window state's :meth:`identity` and the feature names the
-        rows keep its values under. What the job's checkpoints record and check, what each row carries, and what
+        rows keep its values under, and, for a view with a feature without a window, its ``ttl`` (how far back those
+        look). What the job's checkpoints record and check, what each row carries, and what
         tells one generation of the view's rows from the next (``feature_store/view_state.py``): under renamed
         features the state means the same, but the rows already written do not, so the job rebuilds them."""
-        text = json.dumps([self.identity(view), [a.name for a in view.aggregations]])
+        looking_back = [view.ttl_ms] if view.ttl_ms and any(a.window_ms is None for a in view.aggregations) else []
+        text = json.dumps([self.identity(view), [a.name for a in view.aggregations], *looking_back])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
     def identities(self) -> dict[str, str]:
@@ -295,7 +299,7 @@ def compile_view(view: StreamFeatureView, project: Project) -> tuple[ViewPlan, S
     plan = ViewPlan(
         name=view.name, topic=topic, entity_keys=keys, time_field=time_field, out_of_orderness_ms=delay,
         aggregations=tuple(spec for spec, _ in compiled), offline_path=getattr(batch, "path", None),
-        value_types={spec.name: value_type for spec, value_type in compiled},
+        value_types={spec.name: value_type for spec, value_type in compiled}, ttl_ms=millis(view.ttl) if view.ttl else 0,
     )  # fmt: skip
     return plan, SourcePlan(topic, contract, wire, time_field, delay)
 

@@ -52,6 +52,14 @@ def latest_checkpoint(location: str | Path) -> str | None:
     return str(max(completed, key=lambda p: (p / "_metadata").stat().st_mtime))
 
 
+def checkpoint_bytes(checkpoint: str | Path | None) -> int:
+    """The size of a completed local checkpoint (its folder's files: the metadata, and the state where kept apart);
+    0 for None."""
+    if checkpoint is None:
+        return 0
+    return sum(path.stat().st_size for path in Path(checkpoint).rglob("*") if path.is_file())
+
+
 def _prometheus_reporter_jar() -> Path:
     """Flink's Prometheus metrics reporter, as PyFlink ships it (a plugin)."""
     import pyflink

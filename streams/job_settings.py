@@ -72,8 +72,12 @@ class JobSettings:
     flush_interval_ms: int = 50
     max_batch_rows: int = 2_000
     #: An entity's online row, with its windows' steps, is sent at most once per this much processing
-    #: time: a busy entity's writes (its steps, whole each time) coalesce, for a little freshness.
+    #: time (at each read mark, ``streams/jvm`` ``ReadMarks``): a busy entity's writes (its steps, whole each
+    #: time) coalesce, for a little freshness.
     online_interval_ms: int = 100
+    #: The longest an entity waits between checks of whether its windows are empty for good (then it leaves the
+    #: state, ``SlidingWindows``): memory freed sooner against a check per entity per interval.
+    state_check_ms: int = 60_000
     #: Feature rows are held (checkpointed) this long, then appended offline as one file per view.
     offline_flush_interval_ms: int = 5_000
     parallelism: int = 1

@@ -163,10 +163,14 @@ def _features(
         if agg.function == "time_since_previous":
             before = timeline.insertion_points(codes, latest, "left")
             has_previous = before > first
-            features[agg.name] = _with_gaps((latest - timeline.times[before - 1])[has_previous] / 1000, has_previous)
+            gap = np.where(has_previous, latest - timeline.times[np.maximum(before - 1, 0)], 0)
+            has_previous &= _within_ttl(plan, gap)
+            features[agg.name] = _with_gaps(gap[has_previous] / 1000, has_previous)
             continue
         if agg.function == "last":
-            features[agg.name] = _last_values(columns[agg.column], timeline, end)
+            values, times = _last_values(columns[agg.column], timeline, end)
+            looked_back = _within_ttl(plan, latest - times)
+            features[agg.name] = [value if kept else None for value, kept in zip(values, looked_back.tolist(), strict=True)]
             continue
         window = (agg.slide_ms, agg.window_buckets)
         if window not in starts:
@@ -200,9 +204,15 @@ def _value_order(value) -> tuple:
     return (value, math.copysign(1.0, value)) if isinstance(value, float) else (value,)
 
 
-def _last_values(values: np.ndarray, timeline: _Timeline, end: np.ndarray) -> list:
+def _within_ttl(plan: ViewPlan, ago_ms: np.ndarray) -> np.ndarray:
+    """Which of the events ``ago_ms`` before a row's latest event its features without a window still look back to:
+    all, or those within the view's ttl (``WindowPlan``)."""
+    return np.ones(len(ago_ms), dtype=bool) if not plan.ttl_ms else ago_ms <= plan.ttl_ms
+
+
+def _last_values(values: np.ndarray, timeline: _Timeline, end: np.ndarray) -> tuple[list, np.ndarray]:
     """Per row, the value of the latest event up to ``end - 1`` of its entity that has one (of events at one time,
-    the greatest value); None when none has. Each event gets a rank by (time, value), and a running maximum of
+    the greatest value), and that event's time; None (and the row's latest time) when none has. Each event gets a rank by (time, value), and a running maximum of
     ``code * (events + 1) + rank`` (codes ascending) keeps each entity's best so far without crossing entities."""
     present = np.array([value is not None and value == value for value in values.tolist()], dtype=bool)
     count = len(values)
@@ -219,7 +229,10 @@ def _last_values(values: np.ndarray, timeline: _Timeline, end: np.ndarray) -> li
     rows = best[end - 1] - timeline.codes[end - 1].astype(np.int64) * (count + 1)
     by_rank = np.empty(count + 1, dtype=object)
     by_rank[ranks[present]] = values[present]
-    return [None if rank == 0 else by_rank[rank] for rank in rows.tolist()]
+    time_by_rank = np.zeros(count + 1, dtype=np.int64)
+    time_by_rank[ranks[present]] = timeline.times[present]
+    times = np.where(rows == 0, timeline.times[end - 1], time_by_rank[rows])
+    return [None if rank == 0 else by_rank[rank] for rank in rows.tolist()], times
 
 
 def _scaled_running_totals(values: np.ndarray) -> np.ndarray:

@@ -26,8 +26,9 @@ from streams.feature_job import feature_columns, new_environment, row_type, step
 from streams.feature_plan import ViewPlan
 
 RUN = uuid.uuid4().hex[:6]
-#: The keys' expiry both writers are given.
-TTL_S = 86_400
+#: The keys' expiry both writers give them: the template's views' ttl (2 days), the repo's config setting no
+#: key_ttl_seconds.
+TTL_S = 2 * 86_400
 
 
 def _rows(view: ViewPlan, rng: random.Random, entities: list[str]) -> list[tuple]:
@@ -59,7 +60,6 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
     plan = feature_plan(applied)
     settings = dataclasses.replace(job_settings(applied), checkpoint_dir=str(tmp_path / "checkpoints"), parallelism=1)
     writer = OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
-    writer._ttl_s = TTL_S  # Feast's key_ttl_seconds, which the repo's config leaves unset: both writers expire keys
     rng = random.Random(20)
     env = new_environment(settings)
     written: dict[str, tuple[ViewPlan, list[tuple]]] = {}

@@ -101,7 +101,7 @@ def windows(applied: Settings, plan: FeaturePlan, tmp_path_factory: pytest.TempP
         # Each event as the decoder hands it on: its contract's fields, then its log position (its number, in one partition).
         positioned = [Row(*event, 0, offset) for offset, event in enumerate(events)]
         source = env.from_collection(positioned, type_info=row_type({**COLUMNS, **EVENT_POSITION}))
-        rows = DataStream(windowed_rows(source._j_data_stream, plan_of(view), view, settings.online_interval_ms, plan.rows_identity(view))[0])
+        rows = DataStream(windowed_rows(source._j_data_stream, plan_of(view), view, plan.rows_identity(view), settings.state_check_ms)[0])
         by_entity: dict[str, list[dict]] = {}
         names = list(feature_columns(view))
         with rows.execute_and_collect() as collected:

@@ -60,7 +60,7 @@ public final class WindowsReplay {
             String[] part = line.split(" ");
             switch (part[0]) {
                 case "plan" -> {
-                    plan = new WindowPlan(part[1], 0, 1_000_000L);
+                    plan = new WindowPlan(part[1], 0, 1_000_000L, part.length > 2 ? Long.parseLong(part[2]) : 0);
                     state = null;
                     restored = null;
                 }

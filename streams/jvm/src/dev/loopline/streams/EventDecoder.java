@@ -35,8 +35,9 @@ import com.google.gson.JsonParser;
  *       read, so a replay reaches the same verdicts).
  * </ul>
  * A record never stops the job. Counted in {@code invalid_events} (invalid and out of range) and {@code late_events}.
- * Every {@code progressIntervalMs} while a partition's records come, it says how far it has read that partition (the side output
- * {@link #progress}: topic, partition, the last offset read, the newest event time taken), for {@link ProgressSink}.
+ * When a read mark ({@link ReadMarks}) passes after a partition's records, it says how far it has read that partition (the
+ * side output {@link #progress}: topic, partition, the last offset read, the newest event time taken), for
+ * {@link ProgressSink}: ahead of the mark, so what the publisher holds when a mark reaches it was read before the mark.
  * The raw rows hold the record's topic, key, value, partition and offset at the positions the spec gives.
  */
 public final class EventDecoder extends KeyedProcessFunction<String, Row, String> {
@@ -61,12 +62,10 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     private final int partitionAt;
     private final int offsetAt;
     private final long maxEventTimeMs;
-    private final long progressIntervalMs;
     private final BigDecimal maxExactValue;
     private final Map<String, Source> sources = new HashMap<>();
     private transient ValueState<Long> newest;
     private transient ValueState<Long> lastOffset;
-    private transient ValueState<Boolean> progressDue;
     private final OutputTag<Row> progress = new OutputTag<>("progress", new RowTypeInfo(Types.STRING, Types.INT, Types.LONG, Types.LONG));
     private transient Counter invalidEvents;
     private transient Counter lateEvents;
@@ -82,7 +81,6 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         partitionAt = raw.get("partition").getAsInt();
         offsetAt = raw.get("offset").getAsInt();
         maxEventTimeMs = root.get("maxEventTimeMs").getAsLong();
-        progressIntervalMs = root.get("progressIntervalMs").getAsLong();
         maxExactValue = new BigDecimal(root.get("maxExactValue").getAsString());
         for (JsonElement element : root.getAsJsonArray("sources")) {
             JsonObject s = element.getAsJsonObject();
@@ -102,7 +100,7 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     }
 
     /** The side output of how far each partition has been read: (topic, partition, last offset read, newest event time
-     * taken, 0 for none), once a second while its records come. */
+     * taken, 0 for none), at the first read mark after its records. */
     public OutputTag<Row> progress() {
         return progress;
     }
@@ -133,7 +131,6 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
     public void open(OpenContext context) {
         newest = getRuntimeContext().getState(new ValueStateDescriptor<>("newest_event_time", Types.LONG));
         lastOffset = getRuntimeContext().getState(new ValueStateDescriptor<>("last_offset", Types.LONG));
-        progressDue = getRuntimeContext().getState(new ValueStateDescriptor<>("progress_due", Types.BOOLEAN));
         invalidEvents = getRuntimeContext().getMetricGroup().counter("invalid_events");
         lateEvents = getRuntimeContext().getMetricGroup().counter("late_events");
     }
@@ -143,10 +140,8 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         String topic = (String) raw.getField(topicAt);
         Source source = sources.get(topic);
         lastOffset.update((Long) raw.getField(offsetAt));
-        if (progressDue.value() == null) {
-            progressDue.update(true);
-            ctx.timerService().registerProcessingTimeTimer(ctx.timerService().currentProcessingTime() + progressIntervalMs);
-        }
+        // Fires when the next read mark passes, before the mark goes on; one timer per partition per mark.
+        ctx.timerService().registerEventTimeTimer(ctx.timerService().currentWatermark() + 1);
         byte[] value = (byte[]) raw.getField(valueAt);
         Object[] event;
         try {
@@ -190,7 +185,6 @@ public final class EventDecoder extends KeyedProcessFunction<String, Row, String
         String[] key = FieldKey.parts(ctx.getCurrentKey(), 2);
         Long seen = newest.value();
         ctx.output(progress, Row.of(key[0], Integer.valueOf(key[1]), lastOffset.value(), seen == null ? 0L : seen));
-        progressDue.clear();
     }
 
     /** {@code field: why} when the event holds a value the engine cannot aggregate exactly, else null (the first such

@@ -12,6 +12,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.Set;
 
+import org.apache.flink.api.common.eventtime.Watermark;
 import org.apache.flink.api.common.operators.ProcessingTimeService;
 import org.apache.flink.api.connector.sink2.Sink;
 import org.apache.flink.api.connector.sink2.SinkWriter;
@@ -49,14 +50,18 @@ import redis.clients.jedis.util.SafeEncoder;
  *
  * <p>A batch keeps an entity's newest row (by latest event time, then events absorbed) and goes when it holds
  * {@code maxBatchRows} entities, before every checkpoint ({@link SinkWriter#flush}: every row before a checkpoint is
- * in Redis when the checkpoint completes), and otherwise on a timer a millisecond after its first row: the windows
- * send their rows in bursts, every entity's at one instant of their timers, and chained to them (the same task) the
- * sink's timer runs once the whole burst is in, so a burst goes in one round trip and waits for nothing more. A write Redis
+ * in Redis when the checkpoint completes), at each read mark ({@link #MARK_EVERY_MS}: the windows send their rows in
+ * bursts, every pending entity's as a mark passes, ahead of it), and otherwise on a timer a millisecond after its first
+ * row, so a burst goes in one round trip and waits for nothing more. Behind a mark every row before it is in Redis: a
+ * subtask records the mark where the layout names a place ({@code marksKey}), and the progress the job publishes is
+ * of these ({@link ProgressSink}). A write Redis
  * refuses, or a Redis that does not answer, fails the job, which restarts from its last checkpoint and writes the rows
  * again; the compare-and-set makes that harmless.
  */
 public final class OnlineRowSink implements Sink<Row> {
     private static final long serialVersionUID = 1L;
+    /** How far apart (in read marks' ms) the marks a subtask records are: the progress moves in steps this fine. */
+    private static final long MARK_EVERY_MS = 200;
 
     private final String layoutJson;
 
@@ -69,7 +74,8 @@ public final class OnlineRowSink implements Sink<Row> {
     @Override
     public SinkWriter<Row> createWriter(WriterInitContext context) {
         return new Writer(new Gson().fromJson(layoutJson, Layout.class), context.getProcessingTimeService(),
-                context.metricGroup().counter("feature_rows_written"));
+                context.metricGroup().counter("feature_rows_written"), context.getTaskInfo().getIndexOfThisSubtask(),
+                context.getTaskInfo().getNumberOfParallelSubtasks());
     }
 
     /** Where and how a view's rows go: the connection, the entity's key and the hash fields (bytes in base64). */
@@ -97,6 +103,10 @@ public final class OnlineRowSink implements Sink<Row> {
         /** Replicas of each node a batch must reach, and how long it waits for them (ms). */
         int replicaAcks;
         long replicaAckTimeoutMs;
+        /** Where each subtask records the read marks its rows reached Redis behind: a hash, and its fields' prefix (the
+         * subtask's index follows); null for none. */
+        String marksKey;
+        String marksField;
 
         void check() {
             Set<String> kinds = Set.of("int64", "int32", "double", "float", "string", "bool");
@@ -142,8 +152,13 @@ public final class OnlineRowSink implements Sink<Row> {
         /** The batch: each entity's newest row, by its Redis key. */
         private final Map<ByteBuffer, Row> newest = new HashMap<>();
         private boolean flushScheduled;
+        private final byte[] marksKey;
+        private final byte[] marksField;
+        private final int subtasks;
+        /** The newest read mark recorded in Redis. */
+        private long markRecorded = Long.MIN_VALUE;
 
-        Writer(Layout layout, ProcessingTimeService time, Counter written) {
+        Writer(Layout layout, ProcessingTimeService time, Counter written, int subtask, int subtasks) {
             Base64.Decoder base64 = Base64.getDecoder();
             this.time = time;
             this.written = written;
@@ -166,6 +181,9 @@ public final class OnlineRowSink implements Sink<Row> {
             this.replicaAcks = layout.replicaAcks;
             this.replicaAckTimeoutMs = layout.replicaAckTimeoutMs;
             this.slotNodes = redis instanceof RedisClusterClient ? new String[16384] : null;
+            this.marksKey = layout.marksKey == null ? null : layout.marksKey.getBytes(StandardCharsets.UTF_8);
+            this.marksField = layout.marksField == null ? null : (layout.marksField + subtask).getBytes(StandardCharsets.UTF_8);
+            this.subtasks = subtasks;
         }
 
         @Override
@@ -190,6 +208,22 @@ public final class OnlineRowSink implements Sink<Row> {
         @Override
         public void flush(boolean endOfInput) throws IOException {
             send();
+        }
+
+        /** A read mark ({@code ReadMarks}): the rows of every event read before it came before it, so once the batch
+         * is written they are all in Redis; recorded (at most every {@link #MARK_EVERY_MS} of marks) for the progress
+         * publisher. */
+        @Override
+        public void writeWatermark(Watermark mark) throws IOException {
+            send();
+            if (marksKey != null && (markRecorded == Long.MIN_VALUE || mark.getTimestamp() - markRecorded >= MARK_EVERY_MS)) {
+                try {
+                    redis.hset(marksKey, marksField, ascii(mark.getTimestamp() + ":" + subtasks));
+                } catch (RuntimeException e) {
+                    throw new IOException("recording the rows' read mark in Redis failed: " + e.getMessage(), e);
+                }
+                markRecorded = mark.getTimestamp();
+            }
         }
 
         @Override
@@ -407,7 +441,11 @@ public final class OnlineRowSink implements Sink<Row> {
     }
 
     private static byte[] ascii(long number) {
-        return Long.toString(number).getBytes(StandardCharsets.US_ASCII);
+        return ascii(Long.toString(number));
+    }
+
+    private static byte[] ascii(String text) {
+        return text.getBytes(StandardCharsets.US_ASCII);
     }
 
     private static String sha1Hex(byte[] text) {

@@ -1,12 +1,16 @@
 package dev.loopline.streams;
 
 import java.nio.charset.StandardCharsets;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.Map;
 
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.api.common.state.ValueState;
 import org.apache.flink.api.common.state.ValueStateDescriptor;
+import org.apache.flink.api.common.typeinfo.Types;
+import org.apache.flink.streaming.api.TimeDomain;
+import org.apache.flink.streaming.api.TimerService;
 import org.apache.flink.streaming.api.functions.KeyedProcessFunction;
 import org.apache.flink.types.Row;
 import org.apache.flink.util.Collector;
@@ -32,14 +36,26 @@ import com.google.gson.JsonParser;
  * grows strictly with every absorbed event; it runs ahead of {@code T} by a millisecond or more only after a
  * thousand events absorbed without {@code T} moving on.
  *
- * <p>For the online store the operator sends, to the side output {@code online}, an entity's newest row at most
- * once per {@code coalesceMs} of processing time (on a timer, aligned for all entities, checkpointed with the
- * state), with the log positions it absorbed ({@link WindowPlan.Windows#absorbedPositions}: which events are behind
+ * <p>For the online store the operator sends, to the side output {@code online}, an entity's newest row when the next
+ * read mark passes ({@link ReadMarks}: an event-time timer at the mark after the current one, checkpointed with the
+ * state; Flink fires it before it passes the mark on, so a mark leaves behind it the rows of every event read before
+ * it), with the log positions it absorbed ({@link WindowPlan.Windows#absorbedPositions}: which events are behind
  * it, exactly, however the entity's events spread over partitions) and each window's steps ({@link WindowPlan#steps})
  * after {@code events}: {@code (key..., version, latest, events, absorbed, steps..., feature...)}. The store keeps
  * only the newest row anyway, and a row carries the entity's whole windows, so a coalesced row loses nothing.
  *
  * <p>An input row is an event of the view's topic, its contract's fields, then its Kafka partition and offset.
+ *
+ * <p>State stays bounded: an entity leaves it once every window it has is empty for good, that is once the partitions
+ * it absorbed from have moved past its latest event by {@code horizonMs} (its view's longest window, or its ttl where
+ * that is longer and it has a feature without a window, which looks back that far: {@link WindowPlan}) plus the topic's
+ * allowed out-of-orderness: the decoder refuses, as late, any later event that would still fall in a window of the
+ * entity's tiles, so its next event finds the windows as empty as a new entity's. Checked on a processing-time timer,
+ * as long after the entity's first event since it was last checked as its partitions' event time is from letting it
+ * leave, at least a second and at most {@code checkEveryMs} ({@code stream.state_check_ms}), and again so while they have not moved that far (a quiet topic keeps
+ * its entities). A view with a feature without a window and no ttl ({@code horizonMs} negative) keeps its entities:
+ * those values never expire. Which partitions moved how far is what this subtask saw since it started; after a restore an entity waits
+ * for its partitions' next events.
  *
  * <p>An event that would take a tile's total past what a window sums exactly ({@link WindowPlan#refusal}) is not
  * absorbed: its dead letter ({@link DeadLetter}, reason {@code overflow}, the event's fields as JSON, at its log
@@ -47,26 +63,38 @@ import com.google.gson.JsonParser;
  */
 public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row> {
     private static final long serialVersionUID = 1L;
+    /** How soon after it was scheduled an entity's leave check runs, at the soonest. */
+    private static final long MIN_CHECK_MS = 1_000;
     private final WindowPlan plan;
     /** How many join keys the entity has: where version, latest and events are in its rows. */
     private final int keys;
     private final OutputTag<Row> online;
     private final OutputTag<String> refused;
-    private final long coalesceMs;
+    private final long horizonMs;
+    private final long outOfOrdernessMs;
+    private final long checkEveryMs;
     /** The job's name, the view's topic and its contract's field names, in order: what a dead letter says. */
     private final String consumer;
     private final String topic;
     private final String[] fieldNames;
     private transient ValueState<WindowPlan.Windows> state;
+    /** When the entity's state is next checked for leaving (processing time); none while not scheduled. */
+    private transient ValueState<Long> checkAt;
+    /** Per partition: the newest event time this subtask absorbed from it. */
+    private transient Map<Integer, Long> partitionNewest;
 
-    /** {@code letters}: {@code {"consumer", "topic", "fields"}} as JSON, for the dead letters of refused events. */
-    public SlidingWindows(String aggregationSpec, int timeField, long scale, OutputTag<Row> online, OutputTag<String> refused,
-            String letters, long coalesceMs, int keys) {
-        this.plan = new WindowPlan(aggregationSpec, timeField, scale);
+    /** {@code letters}: {@code {"consumer", "topic", "fields"}} as JSON, for the dead letters of refused events;
+     * {@code ttlMs}: the view's ttl ({@link WindowPlan}); {@code horizonMs}: its longest window (or its ttl, where
+     * longer and it has a feature without a window), negative where an entity never leaves the state. */
+    public SlidingWindows(String aggregationSpec, int timeField, long scale, long ttlMs, OutputTag<Row> online,
+            OutputTag<String> refused, String letters, long horizonMs, long outOfOrdernessMs, long checkEveryMs, int keys) {
+        this.plan = new WindowPlan(aggregationSpec, timeField, scale, ttlMs);
         this.keys = keys;
         this.online = online;
         this.refused = refused;
-        this.coalesceMs = coalesceMs;
+        this.horizonMs = horizonMs;
+        this.outOfOrdernessMs = outOfOrdernessMs;
+        this.checkEveryMs = checkEveryMs;
         JsonObject spec = JsonParser.parseString(letters).getAsJsonObject();
         this.consumer = spec.get("consumer").getAsString();
         this.topic = spec.get("topic").getAsString();
@@ -76,6 +104,8 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
     @Override
     public void open(OpenContext context) {
         state = getRuntimeContext().getState(new ValueStateDescriptor<>("windows", WindowsSerializer.INSTANCE));
+        checkAt = getRuntimeContext().getState(new ValueStateDescriptor<>("leave_check_at", Types.LONG));
+        partitionNewest = new HashMap<>();
     }
 
     @Override
@@ -91,24 +121,59 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             return;
         }
         plan.absorb(w, row);
-        w.absorbedAt((Integer) row.getField(arity - 2), (Long) row.getField(arity - 1));
+        int partition = (Integer) row.getField(arity - 2);
+        w.absorbedAt(partition, (Long) row.getField(arity - 1));
+        partitionNewest.merge(partition, plan.eventTime(row), Math::max);
         w.pending = true;
         state.update(w);
         out.collect(row(ctx.getCurrentKey(), w, null));
-        // One timer per entity per interval: Flink keeps a single timer per key and time.
-        long now = ctx.timerService().currentProcessingTime();
-        ctx.timerService().registerProcessingTimeTimer((now / coalesceMs + 1) * coalesceMs);
+        // One timer per entity per mark: Flink keeps a single timer per key and time.
+        ctx.timerService().registerEventTimeTimer(ctx.timerService().currentWatermark() + 1);
+        if (horizonMs >= 0 && checkAt.value() == null) {
+            scheduleCheck(ctx.timerService(), horizonMs + outOfOrdernessMs);
+        }
     }
 
     @Override
     public void onTimer(long timestamp, OnTimerContext ctx, Collector<Row> out) throws Exception {
         WindowPlan.Windows w = state.value();
-        if (w == null || !w.pending) {
+        if (w == null) {
             return;
         }
-        ctx.output(online, row(ctx.getCurrentKey(), w, plan.steps(w)));
-        w.pending = false;
-        state.update(w);
+        if (ctx.timeDomain() == TimeDomain.EVENT_TIME) {
+            if (w.pending) {
+                ctx.output(online, row(ctx.getCurrentKey(), w, plan.steps(w)));
+                w.pending = false;
+                state.update(w);
+            }
+            return;
+        }
+        checkAt.clear();
+        long behind = w.latest + horizonMs + outOfOrdernessMs - movedTo(w);
+        if (behind < 0 && !w.pending) {
+            state.clear();
+        } else if (horizonMs >= 0) {
+            scheduleCheck(ctx.timerService(), behind);
+        }
+    }
+
+    /** The least, over the partitions the entity absorbed from, of the newest event time seen from each. */
+    private long movedTo(WindowPlan.Windows w) {
+        long least = Long.MAX_VALUE;
+        for (int partition : w.absorbedPartitions()) {
+            least = Math.min(least, partitionNewest.getOrDefault(partition, Long.MIN_VALUE));
+        }
+        return least;
+    }
+
+    /** A leave check as long from now as the entity's partitions are {@code behindMs} of event time from letting it
+     * leave (a live topic's event time moves with the clock), within {@link #MIN_CHECK_MS} and {@code checkEveryMs} (a
+     * replay's moves faster); on a whole second, so entities checked at one instant share one timer time. */
+    private void scheduleCheck(TimerService timers, long behindMs) throws java.io.IOException {
+        long delay = Math.min(Math.max(behindMs, MIN_CHECK_MS), checkEveryMs);
+        long at = ((timers.currentProcessingTime() + delay) / 1000 + 1) * 1000;
+        checkAt.update(at);
+        timers.registerProcessingTimeTimer(at);
     }
 
     /** The dead letter of an event the windows refused: its fields as JSON, at its log position. */

@@ -31,6 +31,9 @@ import org.apache.flink.types.Row;
  *   <li>{@code last} is the column's value in the entity's latest event that has one (of events at the same
  *       millisecond, the greatest value: strings in UTF-16 order, numbers as {@link Double#compare}, false before
  *       true), so it depends on the set of events, not on their arrival order.
+ *   <li>With the view's {@code ttl} ({@code ttlMs} above 0) both look back that far only: {@code time_since_previous}
+ *       is none when the earlier event is more than {@code ttl} before {@code T}, {@code last} none when the event that
+ *       has one is. So an entity silent for longer is a new one ({@link SlidingWindows} lets it leave the state).
  * </ul>
  *
  * <p>Steps: a request read at time {@code t >= T} has head {@code floor(t / S)}; no event lies after {@code T}, so
@@ -57,6 +60,7 @@ public final class WindowPlan implements Serializable {
 
     private final int timeField;
     private final long scale;
+    private final long ttlMs;
     private final List<Aggregation> aggregations = new ArrayList<>();
     /** Per distinct slide length: its length, the most tiles any window keeps, and the columns it tracks. */
     private final List<Slide> slides = new ArrayList<>();
@@ -65,9 +69,11 @@ public final class WindowPlan implements Serializable {
     /** How many aggregations are {@code last}: each keeps its value in the state. */
     private int lasts;
 
-    public WindowPlan(String aggregationSpec, int timeField, long scale) {
+    /** {@code ttlMs}: how far back {@code time_since_previous} and {@code last} look (the class's javadoc); 0 for ever. */
+    public WindowPlan(String aggregationSpec, int timeField, long scale, long ttlMs) {
         this.timeField = timeField;
         this.scale = scale;
+        this.ttlMs = ttlMs;
         for (String item : aggregationSpec.split(";")) {
             String[] part = item.split(",");
             Aggregation a = place(part[1], Integer.parseInt(part[2]), Long.parseLong(part[3]), Long.parseLong(part[4]));
@@ -198,6 +204,11 @@ public final class WindowPlan implements Serializable {
                 absorbed = java.util.Arrays.copyOf(absorbed, partition + 1);
             }
             absorbed[partition] = Math.max(absorbed[partition], offset + 1);
+        }
+
+        /** The partitions it absorbed events from. */
+        public int[] absorbedPartitions() {
+            return java.util.stream.IntStream.range(0, absorbed.length).filter(p -> absorbed[p] > 0).toArray();
         }
 
         /** The absorbed positions as the online row carries them: {@code partition:offset} of each partition's last
@@ -347,6 +358,11 @@ public final class WindowPlan implements Serializable {
         }
     }
 
+    /** Whether an event at ``at`` is within the ttl before the entity's latest event. */
+    private boolean within(Windows w, long at) {
+        return ttlMs <= 0 || w.latest - at <= ttlMs;
+    }
+
     /** Every aggregation's value as of the entity's latest event (Long for counts, Double or null otherwise). */
     public Object[] finished(Windows w) {
         Object[] values = new Object[aggregations.size()];
@@ -362,9 +378,9 @@ public final class WindowPlan implements Serializable {
         }
         for (Aggregation a : aggregations) {
             if (a.function().equals("last")) {
-                values[a.index()] = w.lastValues[a.slot()];
+                values[a.index()] = within(w, w.lastTimes[a.slot()]) ? w.lastValues[a.slot()] : null;
             } else if (a.slide() < 0) {
-                values[a.index()] = w.hasPrevious ? (w.latest - w.previous) / 1000.0 : null;
+                values[a.index()] = w.hasPrevious && within(w, w.previous) ? (w.latest - w.previous) / 1000.0 : null;
             }
         }
         return values;
