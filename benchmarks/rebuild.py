@@ -7,8 +7,9 @@ retained event into new generations and promotes them when it has caught up (``f
 measures
 
 * ``rebuild_events_per_s``: the backlog events absorbed from the job's first published progress of the new
-  generations (it is running and reading) to the switch (both promoted), over that time: the events of event time up
-  to that first progress were read before it and are not counted;
+  generations (it is running, and their rows hold events) to the switch (both promoted), over that time: the events
+  of event time up to that first progress were in the rows before it and are not counted (a progress is of rows in
+  Redis, not of records read: ``ProgressSink``);
 * ``switch_after_start_s``: from starting `loopline stream submit` to the switch (the JVM's and PyFlink's start
   included): what readers of the previous plan wait, stale-flagged once it passes ``serving.stale_after_s``.
 
@@ -88,9 +89,13 @@ def main() -> None:
             with console.status("the job starts"):
                 if not wait_until(running, 300, 0.05) or job.poll() is not None:
                     raise SystemExit(f"the job did not start; see {log}")
-                if not first:
-                    raise SystemExit("the rebuild switched before its first progress was seen: nothing to time; use more --events")
             reading = time.monotonic()
+            if not first:  # switched before its first progress was seen: the rate cannot be timed, the switch can
+                untimed = {"events": events, "events_counted": 0, "rebuild_events_per_s": None, "rebuild_s": None,
+                           "switch_after_start_s": round(reading - started, 1),
+                           "why_no_rate": "switched before the first progress of the rebuilt rows: use more --events"}  # fmt: skip
+                report(console, "rebuild under a changed plan", args.quick, untimed, {}, began)
+                return
 
             def switched() -> bool:
                 serving = states().serving

@@ -19,3 +19,10 @@ def declared_default(field) -> float | int | str | bool | None:
     if text is None:
         return None
     return _PARSERS[field.dtype.to_value_type().name](text)
+
+
+def declared_defaults(views) -> dict[str, float | int | str | bool | None]:
+    """The default each feature of Feast feature ``views`` declares, by ``view:feature`` (None where none)."""
+    from feature_store.config import feature_fields
+
+    return {f"{view.name}:{f.name}": declared_default(f) for view in views for f in feature_fields(view)}

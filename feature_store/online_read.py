@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from feature_store.config import feature_fields, feature_store
-from feature_store.defaults import declared_default
+from feature_store.config import feature_store
+from feature_store.defaults import declared_defaults
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
 from feature_store.view_state import Generation, ViewStates, read_view_states
@@ -107,7 +107,7 @@ class OnlineReader:
         self._value = Value
         views = [*store.list_feature_views(), *store.list_stream_feature_views()]
         #: The default each feature declares ("view:feature" -> value or None), for callers that fall back.
-        self.defaults = {f"{view.name}:{f.name}": declared_default(f) for view in views for f in feature_fields(view)}
+        self.defaults = declared_defaults(views)
         #: Where each view's rows are in Redis (the writer's layout too).
         self.layout = OnlineLayout(store.config, views)
         self._views, self._redis_key = self.layout.views, self.layout.redis_key

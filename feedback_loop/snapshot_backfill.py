@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import pandas as pd
 
 from feedback_loop.consistency import features_at
@@ -56,12 +57,15 @@ def request_points(frame: pd.DataFrame, examples: Iterable[TrainingExample]) -> 
 
 def backfill_features(
     frame: pd.DataFrame, points: pd.DataFrame, wanted: Sequence[tuple[ViewPlan, list[str]]], events: Mapping[str, pd.DataFrame],
-    on_view: Callable[[ViewPlan], None] | None = None,
+    defaults: Mapping[str, object], on_view: Callable[[ViewPlan], None] | None = None,
 ) -> pd.DataFrame:
     """``frame`` with a column per feature of ``wanted``: each row's value as of its ``requested_at_ms`` for its
-    entity (``points``), recomputed over the accepted ``events`` of the view's topic; None where the entity had no
-    event yet (what the job's store holds no row for). ``on_view`` is told of each view before it is recomputed."""
+    entity (``points``), recomputed over the accepted ``events`` of the view's topic; where that reads none (the entity
+    had no event yet, an empty window) the feature's declared default (``defaults``: ``view:feature`` -> value or None),
+    counted in the row's ``defaulted``, as the scorer would have used it. ``on_view`` is told of each view before it is
+    recomputed."""
     added = frame.copy()
+    defaulted = added["defaulted"].to_numpy(dtype=np.int64).copy()
     for view, references in wanted:
         if on_view is not None:
             on_view(view)
@@ -74,5 +78,9 @@ def backfill_features(
         read = features_at(view, events[view.topic], at)
         for reference in references:
             feature = reference.split(":", 1)[1]
-            added[reference] = [read.get((entity, int(at_ms)), {}).get(feature) for entity, at_ms in zip(at[view.entity_key], at["at_ms"], strict=True)]
+            values = [read.get((entity, int(at_ms)), {}).get(feature) for entity, at_ms in zip(at[view.entity_key], at["at_ms"], strict=True)]
+            missing = np.array([value is None or bool(pd.isna(value)) for value in values], dtype=bool)
+            defaulted += missing
+            added[reference] = [defaults.get(reference) if absent else value for value, absent in zip(values, missing.tolist(), strict=True)]
+    added["defaulted"] = defaulted
     return added

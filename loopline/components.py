@@ -163,6 +163,15 @@ def feature_plan(settings: Settings) -> FeaturePlan:
     return registered_plan(project(settings), settings.feast_registry_path, settings.redis_connection, settings.stream.source_topics)
 
 
+def feature_defaults(settings: Settings) -> dict[str, float | int | str | bool | None]:
+    """The default each feature of the registry's views declares (``view:feature``): what the scorer falls back to."""
+    from feature_store.config import feature_store
+    from feature_store.defaults import declared_defaults
+
+    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
+    return declared_defaults([*store.list_feature_views(), *store.list_stream_feature_views()])
+
+
 def feature_operators_jar(settings: Settings, folder: Path | None = None) -> Path:
     """The feature job's JVM operators (``streams/jvm``) in ``folder`` (default: the jar cache), compiled there if not
     there yet."""

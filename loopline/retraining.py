@@ -17,13 +17,16 @@ from feedback_loop.example_log import backfill_examples, logged_examples
 from feedback_loop.retrain_trigger import FiringAlert, TriggerDecision, decide
 from feedback_loop.snapshots import Manifest, examples_frame, find_snapshot, write_snapshot
 from infra.errors import StackError
-from loopline.components import feature_plan, model_registry_reader, model_release, project
+from loopline.components import feature_defaults, feature_plan, model_registry_reader, model_release, project
 from loopline.settings import Settings
 from streams.topics import read_topic
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from offline_training.candidate import CandidateReport, ProdModel
     from offline_training.kubernetes_api import Created, KubernetesApi
+    from streams.feature_plan import ViewPlan
 
 #: The training config a project's model trains with unless the project or the settings name one.
 DEFAULT_TRAIN_CONFIG = Path(__file__).resolve().parents[1] / "offline_training" / "configs" / "mlp.yaml"
@@ -63,7 +66,7 @@ def create_snapshot(
                           time_range={"from_ms": from_ms, "to_ms": to_ms}, label_kind=declared.labels.kind)  # fmt: skip
 
 
-def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str], console=None) -> Manifest:
+def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str], console: Console | None = None) -> Manifest:
     """A new snapshot: ``snapshot_id``'s examples with ``features`` (``view:feature``, added since it was taken), each
     read as of its request's time from the retained events (``feedback_loop/snapshot_backfill.py``), with progress on
     ``console``. Refused (SnapshotError) for a snapshot not taken from the example log, and where a topic no longer
@@ -75,6 +78,7 @@ def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str],
     from streams.recompute import accepted_events
     from streams.retention_check import deleted_until_ms
 
+    features = list(dict.fromkeys(features))  # a feature named twice is backfilled once
     manifest, frame = read_snapshot(settings.snapshots_root, snapshot_id)
     if "topic" not in manifest.source:
         raise SnapshotError(f"snapshot {manifest.snapshot_id} was not taken from the example log ({manifest.kind}): make it "
@@ -86,24 +90,28 @@ def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str],
         points = request_points(frame, logged_examples(kafka.bootstrap, manifest.source["topic"], None, None, kafka.client_config)[0])
         progress.advance(task)
         events, read = {}, 0
+        reach = {topic: plan.lookback_ms(r for view, references in wanted if view.topic == topic for r in references)
+                 for topic in {view.topic for view, _ in wanted}}  # fmt: skip
         for view, _ in wanted:
-            span = max((a.window_ms + (a.slide_ms or 0) for a in view.aggregations if a.window_ms), default=0)
-            since = int(points["requested_at_ms"].min()) - span - plan.out_of_orderness_ms
+            span = reach[view.topic]
+            since = None if span is None else int(points["requested_at_ms"].min()) - span - plan.out_of_orderness_ms
             deleted = deleted_until_ms(kafka.bootstrap, kafka.client_config, view.topic)
-            if deleted is not None and deleted > since:
+            if deleted is not None and (since is None or deleted > since):
+                needed = "every event of an entity (a feature without a window, of a view without a ttl)" if since is None else (
+                    f"them since {since} ms")  # fmt: skip
                 raise SnapshotError(f"{view.topic} no longer holds events from before {deleted} ms (deleted by retention), but "
-                                    f"{view.name}'s windows at the snapshot's earliest request need them since {since} ms: "
-                                    "backfilled, they would undercount")  # fmt: skip
+                                    f"{view.name}'s features at the snapshot's earliest request need {needed}: backfilled, "
+                                    "they would be wrong")  # fmt: skip
             progress.update(task, description=f"reading {view.topic}")
             if view.topic not in events:
                 messages = read_topic(kafka.bootstrap, view.topic, kafka.client_config, since_ms=since)
                 events[view.topic], read = accepted_events(plan, view.topic, messages)[0], read + len(messages)
             progress.advance(task)
 
-        def recomputing(view) -> None:
+        def recomputing(view: ViewPlan) -> None:
             progress.update(task, description=f"recomputing {view.name} as of {len(frame):,} requests", advance=1)
 
-        added = backfill_features(frame, points, wanted, events, on_view=recomputing)
+        added = backfill_features(frame, points, wanted, events, feature_defaults(settings), on_view=recomputing)
     source = {**manifest.source, "extends": manifest.snapshot_id, "backfilled": list(features), "events": read}
     time_range = {k: v for k, v in manifest.time_range.items() if k in ("from_ms", "to_ms")}
     return write_snapshot(added, settings.snapshots_root, kind=manifest.kind, source=source, time_range=time_range,

@@ -189,6 +189,19 @@ class FeaturePlan:
             default=0,
         )  # fmt: skip
 
+    def lookback_ms(self, features: Iterable[str]) -> int | None:
+        """How far back in event time the values of ``features`` (``view:feature``) reach, their features without a
+        window too: the longest of :meth:`history_ms` and, for each feature without a window, its view's ttl (how far
+        it looks back); None when such a feature's view has no ttl (it looks back the entity's whole history)."""
+        wanted, reach = set(features), self.history_ms(features)
+        for view in self.views:
+            for a in view.aggregations:
+                if f"{view.name}:{a.name}" in wanted and a.window_ms is None:
+                    if not view.ttl_ms:
+                        return None
+                    reach = max(reach, view.ttl_ms)
+        return reach
+
     def reading(self, topics: Mapping[str, str]) -> FeaturePlan:
         """The same plan reading other topics (``topics``: declared topic -> the topic to read, a replay or a test's)."""
         if not topics:

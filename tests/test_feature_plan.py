@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -137,6 +138,12 @@ def test_history_is_the_longest_window_the_features_read_plus_its_slide() -> Non
     assert plan.history_ms([f"{user}:amount_max_24h", f"{user}:txn_count_5m"]) == day + 15 * minute
     assert plan.history_ms([f"{user}:secs_since_prev_txn", "request:amount", "no_view:txn_count_5m"]) == 0
     assert plan.history_ms(["merchant_transaction_features:merchant_txn_count_1h"]) == hour + minute
+    # What a backfill reads: a feature without a window looks back its view's ttl (two days), or for ever without one.
+    assert plan.lookback_ms([f"{user}:txn_count_5m"]) == 5 * minute + 10_000
+    assert plan.lookback_ms([f"{user}:secs_since_prev_txn", f"{user}:amount_max_24h"]) == 2 * day
+    users = next(view for view in plan.views if view.name == user)
+    forever = dataclasses.replace(plan, views=tuple(dataclasses.replace(v, ttl_ms=0) if v is users else v for v in plan.views))
+    assert forever.lookback_ms([f"{user}:secs_since_prev_txn"]) is None
 
 
 def test_reading_other_topics_keeps_everything_else() -> None:

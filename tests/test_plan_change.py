@@ -347,9 +347,14 @@ def test_a_feature_added_today_is_backfilled_into_a_snapshot_as_the_job_serves_i
     by_request = dict(zip(frame["request_id"], frame[ADDED], strict=True))
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, stale_after_s=10**9)
     served = reader.read_with_row_times([ADDED], [{"merchant_id": k} for k, _ in requests], [t for _, t in requests]).values
-    name = ADDED.split(":", 1)[1]
-    assert all(same_feature_value(name, by_request[e.request_id], value) for e, value in zip(logged, served[name], strict=True)), (
-        f"backfilled as the job's rows serve it: {[by_request[e.request_id] for e in logged]} != {served[name]}")  # fmt: skip
+    name, default = ADDED.split(":", 1)[1], reader.defaults[ADDED]
+    # Where the rows give no value (an emptied window) the scorer would have used the declared default: so does the backfill.
+    scored = [default if value is None else value for value in served[name]]
+    assert default is not None and all(same_feature_value(name, by_request[e.request_id], value) for e, value in zip(logged, scored, strict=True)), (
+        f"backfilled as the scorer reads the job's rows: {[by_request[e.request_id] for e in logged]} != {scored}")  # fmt: skip
+    defaulted = dict(zip(frame["request_id"], frame["defaulted"], strict=True))
+    assert [defaulted[e.request_id] for e in logged] == [int(value is None) for value in served[name]], "each default counted"
+
     by_merchant = [served[name][i : i + 4] for i in range(0, len(requests), 4)]
     assert any(len({v for v in values if v is not None}) > 1 for values in by_merchant), "values that tell request times apart"
     assert all(values[0] is not None and values[-1] is None for values in by_merchant), "every merchant's, and its emptied window"

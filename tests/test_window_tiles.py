@@ -10,6 +10,8 @@ window is empty.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pandas as pd
 import pytest
 from hypothesis import given, settings
@@ -36,9 +38,11 @@ class Replay:
     def __init__(self, driver: JvmDriver) -> None:
         self.driver = driver
 
-    def run(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[bytes], list]:
-        """Each window's steps and each aggregation's finished value after absorbing ``events`` in their order."""
-        answer = self.driver.ask(_plan(aggregations), *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read")
+    def run(self, aggregations: list[AggregationSpec], events: list[dict], ttl_ms: int = 0) -> tuple[list[bytes], list]:
+        """Each window's steps and each aggregation's finished value after absorbing ``events`` in their order, the
+        features without a window looking back ``ttl_ms`` (0: for ever)."""
+        answer = self.driver.ask(_plan(aggregations, ttl_ms), *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events),
+                                 "read")  # fmt: skip
         return _parsed(answer)
 
     def offer(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[str], list[bytes], list]:
@@ -49,16 +53,28 @@ class Replay:
         return answers, *_parsed(self.driver.ask("read"))
 
 
-def _plan(aggregations: list[AggregationSpec]) -> str:
-    """The driver's ``plan`` line: columns 1 amount, 2 merchant."""
-    return "plan " + ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms},{a.slide_ms}" for a in aggregations)
+def _plan(aggregations: list[AggregationSpec], ttl_ms: int = 0) -> str:
+    """The driver's ``plan`` line: columns 1 amount, 2 merchant; then the ttl."""
+    spec = ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms or 0},{a.slide_ms or 0}" for a in aggregations)
+    return f"plan {spec} {ttl_ms}"
 
 
 def _parsed(answer: str) -> tuple[list[bytes], list]:
     """The driver's ``read`` answer: each window's steps, each aggregation's finished value."""
     steps, finished = answer.split("|")
-    values = [None if v == "null" else float(v) if "." in v or "E" in v else int(v) for v in finished.split()]
-    return [bytes.fromhex(hexed) for hexed in steps.split()], values
+    return [bytes.fromhex(hexed) for hexed in steps.split()], [_value(v) for v in finished.split()]
+
+
+def _value(text: str) -> object:
+    """A finished value as the driver prints it: null, a count, a number, or a ``last`` text."""
+    if text == "null":
+        return None
+    if text.lstrip("-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 @pytest.fixture(scope="module")
@@ -120,6 +136,27 @@ def test_the_steps_equal_the_recompute_at_request_times_and_every_window_empties
             expected = row[a.name]
             assert same_feature_value(a.name, expected, read[a.name]), (a, row["at_ms"])
     assert _read(windows, steps, quiet) == {a.name: 0 if a.function in ("count", "count_distinct") else None for a in aggregations}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.permutations([START + t for t in (0, 7, 7, 40, 41, 300, 1_000, 1_004)]).flatmap(
+    lambda times: st.tuples(st.just(times), st.integers(1, len(times)), st.sampled_from([0, 1, 4, 33, 299, 700, 5_000]))))
+def test_features_without_a_window_look_back_the_ttl_alike_in_the_job_and_the_recompute(replay: Replay, case) -> None:
+    """``time_since_previous`` and ``last`` of events arriving in any order, under any ttl: the job's values (as of
+    the entity's latest event) are the recompute's, and none where the previous event is more than the ttl back."""
+    times, count, ttl_ms = case
+    events = [{EVENT_TIME: t, "amount": 1.0, "merchant": f"m{i}"} for i, t in enumerate(times[:count])]
+    aggregations = [AggregationSpec("gap", "time_since_previous", EVENT_TIME, None, None),
+                    AggregationSpec("last", "last", "merchant", None, None)]  # fmt: skip
+    _, finished = replay.run(aggregations, events, ttl_ms)
+    latest = max(e[EVENT_TIME] for e in events)
+    frame = pd.DataFrame([{"user": "u", **e} for e in events])
+    plan = dataclasses.replace(view_plan("v", aggregations, keys=("user",), topic="t"), ttl_ms=ttl_ms)
+    (row,) = recompute(plan, frame, pd.DataFrame({"user": ["u"], "at_ms": [latest]})).to_dict("records")
+    earlier = sorted({t for t in times[:count] if t < latest})
+    gap = latest - earlier[-1] if earlier else None
+    assert finished[0] == (gap / 1000 if gap is not None and (ttl_ms == 0 or gap <= ttl_ms) else None)
+    assert same_feature_value("gap", row["gap"], finished[0]) and row["last"] == finished[1]
 
 
 def test_a_read_before_the_latest_event_reads_as_of_it(replay: Replay) -> None:
