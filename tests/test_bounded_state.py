@@ -4,7 +4,8 @@ by its view's ttl.
 One private stack, the fraud template (the user view's longest window is a day and its ``time_since_previous`` looks
 back its ttl, two days; the merchant view's longest window is an hour). Thousands of users with one transaction each,
 three days ago, fill the job's state; transactions of other users two days and a minute later move every partition
-past them. The job's checkpoints then shrink to a fraction (the users left the state), a user seen again then reads
+past them. Restored before that, the job keeps them (it has seen no partition move); after it, its checkpoints
+shrink to a fraction (the users left the state), a user seen again then reads
 as a new one (no previous transaction within the ttl), exactly as the window definition over all its events says, and
 every user's row expires by the ttl.
 
@@ -77,6 +78,16 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
             full_since = time.time() + 6
             assert wait_until(lambda: _newer_checkpoint(settings.checkpoint_dir, full_since), 60, 0.2)
             full = checkpoint_bytes(latest_checkpoint(settings.checkpoint_dir))
+        finally:
+            stop_process_group(job)
+
+        # Restored, the job has seen no partition move yet: its users' leave checks must keep them, not let them go.
+        job = start_feature_job(settings, log, **JOB_ENV)
+        try:
+            restarted = time.time()
+            assert wait_until(lambda: job.poll() is not None or _newer_checkpoint(settings.checkpoint_dir, restarted + 8), 120, 0.2)
+            assert job.poll() is None and checkpoint_bytes(latest_checkpoint(settings.checkpoint_dir)) > full * 0.9, (
+                "a restored job let entities go before their partitions moved")  # fmt: skip
 
             later = start + 2 * DAY_MS + 60_000
             returning = [f"once-{n}" for n in range(0, USERS, 400)]

@@ -149,19 +149,29 @@ public final class SlidingWindows extends KeyedProcessFunction<String, Row, Row>
             return;
         }
         checkAt.clear();
-        long behind = w.latest + horizonMs + outOfOrdernessMs - movedTo(w);
-        if (behind < 0 && !w.pending) {
+        if (horizonMs < 0) {  // a timer of a job that kept no horizon: this entity never leaves
+            return;
+        }
+        Long moved = movedTo(w);
+        if (moved == null) {  // a partition not seen since the start (a restore): how far it moved is unknown
+            scheduleCheck(ctx.timerService(), checkEveryMs);
+        } else if (w.latest + horizonMs + outOfOrdernessMs < moved && !w.pending) {
             state.clear();
-        } else if (horizonMs >= 0) {
-            scheduleCheck(ctx.timerService(), behind);
+        } else {
+            scheduleCheck(ctx.timerService(), w.latest + horizonMs + outOfOrdernessMs - moved);
         }
     }
 
-    /** The least, over the partitions the entity absorbed from, of the newest event time seen from each. */
-    private long movedTo(WindowPlan.Windows w) {
+    /** The least, over the partitions the entity absorbed from, of the newest event time this subtask saw from each;
+     * null where it saw none from one of them. */
+    private Long movedTo(WindowPlan.Windows w) {
         long least = Long.MAX_VALUE;
         for (int partition : w.absorbedPartitions()) {
-            least = Math.min(least, partitionNewest.getOrDefault(partition, Long.MIN_VALUE));
+            Long newest = partitionNewest.get(partition);
+            if (newest == null) {
+                return null;
+            }
+            least = Math.min(least, newest);
         }
         return least;
     }
