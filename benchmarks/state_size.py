@@ -63,12 +63,6 @@ def _one_event_users(settings, count: int, first: int, start_ms: int) -> list[Em
     return made
 
 
-def _checkpoint_after(location: str, than: float) -> str | None:
-    """The newest completed checkpoint under ``location`` where it completed after ``than`` (epoch s)."""
-    newest = latest_checkpoint(location)
-    return newest if newest and (Path(newest) / "_metadata").stat().st_mtime > than else None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="50,000 entities: under a minute")
@@ -92,7 +86,7 @@ def main() -> None:
                 if not wait_until(absorbed, 1_800, 0.5) or job.poll() is not None:
                     raise SystemExit(f"the job did not absorb the events; see {log}")
                 released = time.time() + 6  # the rows held for the offline log (5 s) are in the checkpoints until then
-                if not wait_until(lambda: _checkpoint_after(settings.checkpoint_dir, released), 120, 0.2):
+                if not wait_until(lambda: latest_checkpoint(settings.checkpoint_dir, released), 120, 0.2):
                     raise SystemExit(f"no checkpoint completed; see {log}")
             full = checkpoint_bytes(latest_checkpoint(settings.checkpoint_dir))
             later = _one_event_users(settings, 200, entities, start_ms + entities + 2 * DAY_MS + 60_000)  # past the last of them

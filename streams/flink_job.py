@@ -39,17 +39,20 @@ def savepoint_dir(location: str) -> str:
     return f"{checkpoint_uri(location)}/{SAVEPOINTS}"
 
 
-def latest_checkpoint(location: str | Path) -> str | None:
+def latest_checkpoint(location: str | Path, completed_after: float | None = None) -> str | None:
     """The newest completed checkpoint or savepoint (a ``<job id>/chk-N`` or ``savepoints/savepoint-*`` folder with
-    metadata) under ``location``; None when there is none, or the location is not a local one (on an object store,
-    name the savepoint to restore)."""
+    metadata) under ``location``; None when there is none (completed after ``completed_after``, epoch s, where given),
+    or the location is not a local one (on an object store, name the savepoint to restore)."""
     folder = local_folder(str(location))
     if folder is None:
         return None
     completed = [p for p in (*folder.glob("*/chk-*"), *folder.glob(f"{SAVEPOINTS}/savepoint-*")) if (p / "_metadata").exists()]
     if not completed:
         return None
-    return str(max(completed, key=lambda p: (p / "_metadata").stat().st_mtime))
+    newest = max(completed, key=lambda p: (p / "_metadata").stat().st_mtime)
+    if completed_after is not None and (newest / "_metadata").stat().st_mtime <= completed_after:
+        return None
+    return str(newest)
 
 
 def checkpoint_bytes(checkpoint: str | Path | None) -> int:

@@ -49,12 +49,6 @@ def _transaction(n: int, user: str, at_ms: int) -> Emitted:
     return Emitted(TRANSACTIONS.name, user, FRAUD.encode(TRANSACTIONS.name, event), at_ms, event)
 
 
-def _newer_checkpoint(location: str, than: float) -> str | None:
-    """The newest completed checkpoint under ``location`` where it completed after ``than`` (epoch s)."""
-    newest = latest_checkpoint(location)
-    return newest if newest and (Path(newest) / "_metadata").stat().st_mtime > than else None
-
-
 def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Path) -> None:
     settings = stack_settings(tmp_path / "stack")
     stack = build_stack(settings)
@@ -76,7 +70,7 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
             assert job.poll() is None, log.read_text()[-3000:]
             # The rows held for the offline log (5 s) leave the checkpoints too: measure once they have.
             full_since = time.time() + 6
-            assert wait_until(lambda: _newer_checkpoint(settings.checkpoint_dir, full_since), 60, 0.2)
+            assert wait_until(lambda: latest_checkpoint(settings.checkpoint_dir, full_since), 60, 0.2)
             full = checkpoint_bytes(latest_checkpoint(settings.checkpoint_dir))
         finally:
             stop_process_group(job)
@@ -85,7 +79,7 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
         job = start_feature_job(settings, log, **JOB_ENV)
         try:
             restarted = time.time()
-            assert wait_until(lambda: job.poll() is not None or _newer_checkpoint(settings.checkpoint_dir, restarted + 8), 120, 0.2)
+            assert wait_until(lambda: job.poll() is not None or latest_checkpoint(settings.checkpoint_dir, restarted + 8), 120, 0.2)
             assert job.poll() is None and checkpoint_bytes(latest_checkpoint(settings.checkpoint_dir)) > full * 0.9, (
                 "a restored job let entities go before their partitions moved")  # fmt: skip
 
