@@ -58,12 +58,23 @@ def main() -> None:
         for i, emitted in enumerate(backlog[::every]):
             t, record = emitted.record.event_time_ms, emitted.record
             example = TrainingExample(
-                schema_version=TrainingExample.SCHEMA_VERSION, event_id=record.event_id, request_id=f"r-{i}",
-                entity_keys={"user_id": record.user_id, "merchant_id": record.merchant_id}, features={LOGGED: 0.0}, model_name="fraud",
-                model_version="1", score=0.5, label=float(i % 7 == 0), requested_at_ms=t, predicted_at_ms=t + 2, label_time_ms=t + 5,
+                schema_version=TrainingExample.SCHEMA_VERSION,
+                event_id=record.event_id,
+                request_id=f"r-{i}",
+                entity_keys={"user_id": record.user_id, "merchant_id": record.merchant_id},
+                features={LOGGED: 0.0},
+                model_name="fraud",
+                model_version="1",
+                score=0.5,
+                label=float(i % 7 == 0),
+                requested_at_ms=t,
+                predicted_at_ms=t + 2,
+                label_time_ms=t + 5,
                 joined_at_ms=now,
-            )  # fmt: skip
-            examples.append(Emitted(settings.feedback.examples_topic, example.event_id, example.model_dump_json().encode(), now, example))
+            )
+            examples.append(
+                Emitted(settings.feedback.examples_topic, example.event_id, example.model_dump_json().encode(), now, example)
+            )
         with console.status(f"publishing {events:,} events and {len(examples):,} examples"):
             EventProducer(settings.kafka.bootstrap).publish([*backlog, *examples])
         taken = create_snapshot(settings, None, None)

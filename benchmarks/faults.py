@@ -43,8 +43,14 @@ def main() -> None:
 
     began = time.monotonic()
     with private_stack(console, "loopline-faults-") as settings:
-        drill = FaultDrill(settings, Path(tempfile.mkdtemp(prefix="loopline-drill-")), faults_per_kind=rounds, kinds=kinds,
-                           seed=args.seed, on_progress=console.print)  # fmt: skip
+        drill = FaultDrill(
+            settings,
+            Path(tempfile.mkdtemp(prefix="loopline-drill-")),
+            faults_per_kind=rounds,
+            kinds=kinds,
+            seed=args.seed,
+            on_progress=console.print,
+        )
         result = drill.run()
     figures = result.figures()
     for kind in kinds:
@@ -54,10 +60,16 @@ def main() -> None:
         figures[f"{kind}_not_recovered"] = rounds - len(times)
     figures["http_statuses"] = str(figures["http_statuses"])
     figures["not_live"] = ", ".join(figures["not_live"]) or "none"
-    promise = "goal 0 — " + ("met" if not (figures["requests_lost"] or figures["requests_duplicated"] or figures["feature_mismatches"]) else "NOT met")
-    anchors = {"requests_lost": promise, "requests_duplicated": promise, "feature_mismatches": promise,
-               "http_during_redis_outage_on_defaults": f"of {figures['http_during_redis_outage']}: on defaults, none hung",
-               "http_during_redis_outage_within_budget": f"of {figures['http_during_redis_outage']}: read ≤ budget + {FETCH_SLACK_MS:g} ms"}  # fmt: skip
+    promise = "goal 0 — " + (
+        "met" if not (figures["requests_lost"] or figures["requests_duplicated"] or figures["feature_mismatches"]) else "NOT met"
+    )
+    anchors = {
+        "requests_lost": promise,
+        "requests_duplicated": promise,
+        "feature_mismatches": promise,
+        "http_during_redis_outage_on_defaults": f"of {figures['http_during_redis_outage']}: on defaults, none hung",
+        "http_during_redis_outage_within_budget": f"of {figures['http_during_redis_outage']}: read ≤ budget + {FETCH_SLACK_MS:g} ms",
+    }
     report(console, "fault injection under load", args.quick, figures, anchors, began)
 
 

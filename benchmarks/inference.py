@@ -143,10 +143,13 @@ Result = TypeVar("Result")
 
 def _request(i: int, request_id: str | None = None, requested_at_ms: int | None = None) -> ScoreRequest:
     """Request ``i`` (user ``bench-<i mod USERS>``); a random id and the time now unless given."""
-    return ScoreRequest(schema_version=1, request_id=request_id or str(uuid.uuid4()),
-                        entity_keys={ENTITY_KEY: f"bench-{i % USERS}"},
-                        request_fields={REQUEST_FIELD: float(i % 500)},
-                        requested_at_ms=int(time.time() * 1000) if requested_at_ms is None else requested_at_ms)  # fmt: skip
+    return ScoreRequest(
+        schema_version=1,
+        request_id=request_id or str(uuid.uuid4()),
+        entity_keys={ENTITY_KEY: f"bench-{i % USERS}"},
+        request_fields={REQUEST_FIELD: float(i % 500)},
+        requested_at_ms=int(time.time() * 1000) if requested_at_ms is None else requested_at_ms,
+    )
 
 
 async def _open_loop(
@@ -270,8 +273,10 @@ async def measure_core(settings: Settings, model_path: Path, rates: list[float],
         figures[f"core_{mode}_throughput_at_p99_50ms_per_s"] = held
         figures[f"core_{mode}_peak_throughput_per_s"] = peak
         await scorer.close()
-    for figure, suffix in (("dynamic_over_batch1_at_p99_50ms", "throughput_at_p99_50ms_per_s"),
-                           ("dynamic_over_batch1_peak", "peak_throughput_per_s")):  # fmt: skip
+    for figure, suffix in (
+        ("dynamic_over_batch1_at_p99_50ms", "throughput_at_p99_50ms_per_s"),
+        ("dynamic_over_batch1_peak", "peak_throughput_per_s"),
+    ):
         figures[figure] = _ratio(figures[f"core_dynamic_{suffix}"], figures[f"core_batch1_{suffix}"])
     figures["goal_dynamic_over_batch1_met"] = (figures["dynamic_over_batch1_at_p99_50ms"] or 0.0) >= GOAL_GAIN
     return figures
@@ -281,8 +286,15 @@ def _serve(settings: Settings, model_path: Path, doors: list[str], workers: int,
     """`loopline serve` with ``doors`` and ``workers`` in processes of their own (and HTTP on a free port, for
     readiness); (its supervisor, or its only process; url)."""
     port = free_port()
-    server = start_scorer(settings, ["--http", *doors], settings.home / "serve.log", LOOPLINE_SERVING__HTTP_PORT=str(port),
-                          LOOPLINE_SERVING__MODEL_PATH=str(model_path), LOOPLINE_SERVING__WORKERS=str(workers), **env)  # fmt: skip
+    server = start_scorer(
+        settings,
+        ["--http", *doors],
+        settings.home / "serve.log",
+        LOOPLINE_SERVING__HTTP_PORT=str(port),
+        LOOPLINE_SERVING__MODEL_PATH=str(model_path),
+        LOOPLINE_SERVING__WORKERS=str(workers),
+        **env,
+    )
     return server, f"http://127.0.0.1:{port}"
 
 
@@ -363,8 +375,15 @@ def _prediction_reader(settings: Settings) -> Consumer:
     """A read_committed reader of the predictions topic, ready before a round's first request goes: assigned each
     partition at its end (a group member would still be joining while the first predictions come), and fetching with
     a short wait (librdkafka's 500 ms default showed in the tail), so that the reader adds as little as it can."""
-    reader = Consumer({"bootstrap.servers": settings.kafka.bootstrap, "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
-                       "enable.auto.commit": False, "isolation.level": "read_committed", "fetch.wait.max.ms": 10})  # fmt: skip
+    reader = Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap,
+            "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+        }
+    )
     topic = PREDICTIONS.name
     partitions = reader.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
@@ -372,7 +391,9 @@ def _prediction_reader(settings: Settings) -> Consumer:
     return reader
 
 
-def _kafka_round(settings: Settings, producer: EventProducer, rate: float, seconds: float) -> tuple[list[float], list[float], int, int, float]:
+def _kafka_round(
+    settings: Settings, producer: EventProducer, rate: float, seconds: float
+) -> tuple[list[float], list[float], int, int, float]:
     """Send requests at ``rate`` for ``seconds`` through ``producer``; (ms from each request's due time to its prediction
     being readable, ms from its due time to its scoring, how many were answered on defaults, requests sent, seconds taken).
 
@@ -383,8 +404,9 @@ def _kafka_round(settings: Settings, producer: EventProducer, rate: float, secon
     received: dict[str, tuple[float, float, bool]] = {}
     reader = _prediction_reader(settings)
     sent: list[int] = []
-    sending = threading.Thread(target=lambda: sent.append(producer.publish(
-        _scheduled_requests(rate, run_id), rate_per_s=rate, duration_s=seconds).total))  # fmt: skip
+    sending = threading.Thread(
+        target=lambda: sent.append(producer.publish(_scheduled_requests(rate, run_id), rate_per_s=rate, duration_s=seconds).total)
+    )
     began = time.monotonic()
     sending.start()
     try:
@@ -404,7 +426,9 @@ def _kafka_round(settings: Settings, producer: EventProducer, rate: float, secon
     return latencies, scored, on_defaults, sent[0], time.monotonic() - began
 
 
-async def measure_kafka(settings: Settings, server: subprocess.Popen, rates: list[float], seconds: float, door: str = "kafka") -> dict:
+async def measure_kafka(
+    settings: Settings, server: subprocess.Popen, rates: list[float], seconds: float, door: str = "kafka"
+) -> dict:
     """Score requests produced at each rate; latency from a request's due time to its prediction being
     readable (read_committed); figures named ``<door>_<rate>_...``."""
     figures: dict = {}
@@ -413,7 +437,9 @@ async def measure_kafka(settings: Settings, server: subprocess.Popen, rates: lis
     for rate in rates:
         cpu_before = _cpu_s(server.pid)
         with console.status(f"{door}, {rate:.0f} requests/s"):
-            latencies, scored, on_defaults, sent, elapsed = await asyncio.to_thread(_kafka_round, settings, producer, rate, seconds)
+            latencies, scored, on_defaults, sent, elapsed = await asyncio.to_thread(
+                _kafka_round, settings, producer, rate, seconds
+            )
         prefix = f"{door}_{rate:.0f}"
         figures |= _rate_figures(prefix, sent, latencies, on_defaults, elapsed)
         if scored:  # where the time went: before the scorer had scored it (the request's way in), or after (the way out)
@@ -441,11 +467,16 @@ def _prediction_log_cost(figures: dict, rates: list[float]) -> dict:
     both = _held_by_all(figures, rates, (_http_prefix(mode) for mode in LOG_MODES))
     rate = max(both) if both else min(rates)
     ack, unacked = (figures[f"{_http_prefix(mode)}_{rate:.0f}_p99_ms"] for mode in LOG_MODES)
-    return {"prediction_log_ack_over_async_p99": _ratio(ack, unacked), "prediction_log_compared_at_per_s": rate,
-            "prediction_log_compared_both_held": bool(both)}  # fmt: skip
+    return {
+        "prediction_log_ack_over_async_p99": _ratio(ack, unacked),
+        "prediction_log_compared_at_per_s": rate,
+        "prediction_log_compared_both_held": bool(both),
+    }
 
 
-async def measure_doors(settings: Settings, model_path: Path, doors: set[str], rates: list[float], seconds: float, workers: int) -> dict:
+async def measure_doors(
+    settings: Settings, model_path: Path, doors: set[str], rates: list[float], seconds: float, workers: int
+) -> dict:
     """A fresh `loopline serve` (``workers`` processes) per prediction-log mode: HTTP at each rate in each; the Kafka
     door exactly once at each rate in the default mode's scorer (its door logs in its own transactions, whatever the
     mode), and at least once in a scorer of its own; the default mode's HTTP rounds once more with tracing off. The
@@ -460,12 +491,18 @@ async def measure_doors(settings: Settings, model_path: Path, doors: set[str], r
     # Each scorer process: its settings, the HTTP rounds' figure prefix (None: no HTTP load), the rates of its rounds,
     # and the Kafka door measured in it (None: none).
     runs: list[tuple[dict[str, str], str | None, list[float], str | None]] = [
-        ({"LOOPLINE_SERVING__PREDICTION_LOG": mode}, _http_prefix(mode) if "http" in doors else None, rates,
-         "kafka" if "kafka" in doors and mode == LOG_MODES[0] else None)
+        (
+            {"LOOPLINE_SERVING__PREDICTION_LOG": mode},
+            _http_prefix(mode) if "http" in doors else None,
+            rates,
+            "kafka" if "kafka" in doors and mode == LOG_MODES[0] else None,
+        )
         for mode in (LOG_MODES if "http" in doors else LOG_MODES[:1])
-    ]  # fmt: skip
+    ]
     if "http" in doors:  # what tracing costs: the default scorer's rounds up to the CPU goal's rate once more, tracing off
-        runs.append(({"LOOPLINE_SERVING__TRACING__ENABLED": "false"}, "http_untraced", [r for r in rates if r <= CPU_GOAL_RATE], None))
+        runs.append(
+            ({"LOOPLINE_SERVING__TRACING__ENABLED": "false"}, "http_untraced", [r for r in rates if r <= CPU_GOAL_RATE], None)
+        )
     if "kafka" in doors:  # the at-least-once mode, in a process of its own (same group: it resumes where the last left off)
         runs.append(({"LOOPLINE_SERVING__KAFKA_DELIVERY": "at_least_once"}, None, rates, "kafka_at_least_once"))
         # What committing by time costs and saves: exactly once, the same rounds, with a commit interval so short that a
@@ -517,9 +554,26 @@ async def profile_scorer(settings: Settings, model_path: Path, seconds: float, w
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
             await _wait_ready(session, url, server)
             await measure_http(session, server, url, [PROFILE_RATE], 1.0, "warm_up")  # connections opened, caches warm
-            spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.pid),
-                                    "--subprocesses", "--nonblocking", "--rate", "50", "--format", "raw", "--output", str(raw),
-                                    "--duration", f"{seconds:.0f}"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+            spy = subprocess.Popen(
+                [
+                    str(Path(sys.executable).with_name("py-spy")),
+                    "record",
+                    "--pid",
+                    str(server.pid),
+                    "--subprocesses",
+                    "--nonblocking",
+                    "--rate",
+                    "50",
+                    "--format",
+                    "raw",
+                    "--output",
+                    str(raw),
+                    "--duration",
+                    f"{seconds:.0f}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
             figures = await measure_http(session, server, url, [PROFILE_RATE], seconds, "profiled_http")
             if spy.wait(seconds + 30) != 0:
                 raise RuntimeError("py-spy failed (it needs ptrace: run as root or with CAP_SYS_PTRACE)")
@@ -548,9 +602,11 @@ def _profile_shares(collapsed: str, top: int = 12) -> dict:
             inclusive[file] += n
     share = lambda n: round(n / max(1, total), 3)  # noqa: E731
     key = lambda area: area.removesuffix(".py").replace("/", "_").replace(".", "_")  # noqa: E731
-    return ({"profile_samples": total}
-            | {f"profile_self_{key(area)}_share": share(n) for area, n in self_samples.most_common(top)}
-            | {f"profile_in_{key(file)}_share": share(n) for file, n in inclusive.most_common(top)})  # fmt: skip
+    return (
+        {"profile_samples": total}
+        | {f"profile_self_{key(area)}_share": share(n) for area, n in self_samples.most_common(top)}
+        | {f"profile_in_{key(file)}_share": share(n) for file, n in inclusive.most_common(top)}
+    )
 
 
 def _area(file: str, own_folders: set[str]) -> str:
@@ -567,10 +623,13 @@ def _commit_interval_cost(figures: dict, rates: list[float]) -> dict:
     if not both:
         return {"kafka_commit_default_over_short_p99": None, "kafka_commit_compared_at_per_s": None}
     rate = f"{max(both):.0f}"
-    return {"kafka_commit_default_over_short_p99": _ratio(figures[f"kafka_{rate}_p99_ms"], figures[f"{SHORT_COMMIT}_{rate}_p99_ms"]),
-            "kafka_commit_default_over_short_cpu": _ratio(figures[f"kafka_{rate}_scorer_cpu_ms_per_request"],
-                                                          figures[f"{SHORT_COMMIT}_{rate}_scorer_cpu_ms_per_request"]),
-            "kafka_commit_compared_at_per_s": max(both)}  # fmt: skip
+    return {
+        "kafka_commit_default_over_short_p99": _ratio(figures[f"kafka_{rate}_p99_ms"], figures[f"{SHORT_COMMIT}_{rate}_p99_ms"]),
+        "kafka_commit_default_over_short_cpu": _ratio(
+            figures[f"kafka_{rate}_scorer_cpu_ms_per_request"], figures[f"{SHORT_COMMIT}_{rate}_scorer_cpu_ms_per_request"]
+        ),
+        "kafka_commit_compared_at_per_s": max(both),
+    }
 
 
 def _anchors(figures: dict) -> dict[str, str]:
@@ -580,24 +639,29 @@ def _anchors(figures: dict) -> dict[str, str]:
     gain_met = figures.get("goal_dynamic_over_batch1_met", False)
     compared = figures.get("prediction_log_compared_at_per_s", 0.0)
     anchors = {
-        "dynamic_over_batch1_at_p99_50ms":
-            f"Triton ~{TRITON_GAIN}x; goal >= {GOAL_GAIN:g}x at p99 <= {HELD_P99_MS:g} ms ({held}) — {verdict[gain_met]}",
+        "dynamic_over_batch1_at_p99_50ms": f"Triton ~{TRITON_GAIN}x; goal >= {GOAL_GAIN:g}x at p99 <= {HELD_P99_MS:g} ms ({held}) — {verdict[gain_met]}",
         "dynamic_over_batch1_peak": "(each mode's highest throughput, any latency)",
-        "prediction_log_ack_over_async_p99":
-            f"at {compared:.0f}/s: the highest rate both modes held (p99 <= {HELD_P99_MS:g} ms, {held})"
-            if figures.get("prediction_log_compared_both_held") else f"at {compared:.0f}/s: no rate held by both modes",
-    }  # fmt: skip
+        "prediction_log_ack_over_async_p99": f"at {compared:.0f}/s: the highest rate both modes held (p99 <= {HELD_P99_MS:g} ms, {held})"
+        if figures.get("prediction_log_compared_both_held")
+        else f"at {compared:.0f}/s: no rate held by both modes",
+    }
     if HTTP_GOAL in figures:
         anchors[f"http_{HTTP_GOAL_RATE:.0f}_p99_ms"] = f"goal <= {HTTP_GOAL_P99_MS:g} ms ({held}) — {verdict[figures[HTTP_GOAL]]}"
     if "http_cpu_ms_per_request" in figures:
         met = figures[f"goal_http_cpu_{CPU_GOAL_MS:g}ms_met"]
-        anchors["http_cpu_ms_per_request"] = f"at {CPU_GOAL_RATE:.0f}/s, {figures['workers']} workers: goal <= {CPU_GOAL_MS:g} ms — {verdict[met]}"
+        anchors["http_cpu_ms_per_request"] = (
+            f"at {CPU_GOAL_RATE:.0f}/s, {figures['workers']} workers: goal <= {CPU_GOAL_MS:g} ms — {verdict[met]}"
+        )
     if "tracing_cpu_ms_per_request" in figures:
-        anchors["tracing_cpu_ms_per_request"] = (f"at {CPU_GOAL_RATE:.0f}/s: sampling {figures['tracing_sample_ratio']:.0%} (and every failed or slow request) "
-                                                 "minus tracing off, each in a fresh scorer")  # fmt: skip
+        anchors["tracing_cpu_ms_per_request"] = (
+            f"at {CPU_GOAL_RATE:.0f}/s: sampling {figures['tracing_sample_ratio']:.0%} (and every failed or slow request) "
+            "minus tracing off, each in a fresh scorer"
+        )
     if figures.get("kafka_commit_compared_at_per_s") is not None:
-        anchors["kafka_commit_default_over_short_p99"] = (f"{figures['kafka_commit_interval_ms']:g} over {SHORT_COMMIT_INTERVAL_MS:g} ms, at "
-                                                          f"{figures['kafka_commit_compared_at_per_s']:.0f}/s: the highest rate both held")  # fmt: skip
+        anchors["kafka_commit_default_over_short_p99"] = (
+            f"{figures['kafka_commit_interval_ms']:g} over {SHORT_COMMIT_INTERVAL_MS:g} ms, at "
+            f"{figures['kafka_commit_compared_at_per_s']:.0f}/s: the highest rate both held"
+        )
     for mode, goal_ms in KAFKA_GOAL_P99_MS.items():
         name = f"kafka_{mode}_{KAFKA_GOAL_RATE:.0f}_p99_ms"
         if name in figures:
@@ -611,25 +675,34 @@ def _check_domain(settings: Settings, view) -> None:
     join_keys = [column.name for column in view.entity_columns]
     request_fields = project(settings).spec.scored_event.request_fields
     if join_keys != [ENTITY_KEY] or REQUEST_FIELD not in request_fields:
-        raise SystemExit(f"the benchmark's domain is the fraud template's: {VIEW} keyed by {join_keys} (not [{ENTITY_KEY!r}]), "
-                         f"request fields {sorted(request_fields)} (without {REQUEST_FIELD!r})")  # fmt: skip
+        raise SystemExit(
+            f"the benchmark's domain is the fraud template's: {VIEW} keyed by {join_keys} (not [{ENTITY_KEY!r}]), "
+            f"request fields {sorted(request_fields)} (without {REQUEST_FIELD!r})"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a short run (within a minute)")
     parser.add_argument("--only", choices=["core", "http", "kafka"], action="append", help="run only these parts")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="scorer processes (default: one per core)")
+    parser.add_argument(
+        "--workers", type=int, default=len(os.sched_getaffinity(0)), help="scorer processes (default: one per core)"
+    )
     parser.add_argument("--profile", action="store_true", help="instead: where the scorer's CPU goes, sampled by py-spy")
     args = parser.parse_args()
     parts = set(args.only or ["core", "http", "kafka"])
-    core_rates, door_rates, seconds = ([500.0, 2000.0, 4000.0], [1000.0, 2000.0], 1.0) if args.quick else (
-        [250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0, 8000.0], [250.0, 500.0, 1000.0, 2000.0], 8.0)  # fmt: skip
+    core_rates, door_rates, seconds = (
+        ([500.0, 2000.0, 4000.0], [1000.0, 2000.0], 1.0)
+        if args.quick
+        else ([250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0, 3000.0, 4000.0, 8000.0], [250.0, 500.0, 1000.0, 2000.0], 8.0)
+    )
 
     began = time.monotonic()
     with private_stack(console, "loopline-inference-") as settings:
         with console.status("writing a feature row per user"):
-            view = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path).get_stream_feature_view(VIEW)
+            view = feature_store(
+                settings.feast_registry_path, settings.redis_connection, settings.repo_path
+            ).get_stream_feature_view(VIEW)
             _check_domain(settings, view)
             fields = feature_fields(view)
             names = [f.name for f in fields]
@@ -637,7 +710,9 @@ def main() -> None:
             now_us = int(time.time() * 1_000_000)
             rows = [FeatureRow(VIEW, f"bench-{u}", now_us, {n: typed[n](u % 7) for n in names}) for u in range(USERS)]
             OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path).write(rows)
-            model_path = write_mlp_model(settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + [f"request:{REQUEST_FIELD}"], (512, 512, 256))
+            model_path = write_mlp_model(
+                settings.home / "mlp.onnx", [f"{VIEW}:{n}" for n in names] + [f"request:{REQUEST_FIELD}"], (512, 512, 256)
+            )
         figures: dict = {}
         if args.profile:
             figures |= asyncio.run(profile_scorer(settings, model_path, seconds if args.quick else PROFILE_SECONDS, args.workers))
@@ -646,7 +721,9 @@ def main() -> None:
             figures |= asyncio.run(measure_core(settings, model_path, core_rates, seconds))
             figures["triton_gain_anchor"] = TRITON_GAIN
         if parts & {"http", "kafka"}:
-            figures |= asyncio.run(measure_doors(settings, model_path, parts & {"http", "kafka"}, door_rates, seconds, args.workers))
+            figures |= asyncio.run(
+                measure_doors(settings, model_path, parts & {"http", "kafka"}, door_rates, seconds, args.workers)
+            )
     report(console, "online inference", args.quick, figures, _anchors(figures), began)
 
 

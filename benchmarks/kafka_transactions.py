@@ -107,16 +107,26 @@ def main() -> None:
             for name, producer in producers.items():
                 rows[name] += [_transaction(producer, consumer, WARM_UP + r * per_round + i) for i in range(per_round)]
         consumer.close()
-    figures: dict = {"records_per_transaction": BATCH, "transactions_per_setting": per_setting,
-                     "door_retry_backoff_ms": TRANSACTION_RETRY_BACKOFF["retry.backoff.ms"]}  # fmt: skip
+    figures: dict = {
+        "records_per_transaction": BATCH,
+        "transactions_per_setting": per_setting,
+        "door_retry_backoff_ms": TRANSACTION_RETRY_BACKOFF["retry.backoff.ms"],
+    }
     for name, measured in rows.items():
         figures |= _summary(name, measured)
     figures["default_over_door_transaction_p50"] = round(
         figures["librdkafka_default_transaction_p50_ms"] / figures["door_transaction_p50_ms"], 2
     )
-    report(console, "exactly-once transactions, back to back", args.quick, figures, {
-        "door_transaction_p50_ms": f"librdkafka's default: {figures['librdkafka_default_transaction_p50_ms']} ms",
-    }, began)  # fmt: skip
+    report(
+        console,
+        "exactly-once transactions, back to back",
+        args.quick,
+        figures,
+        {
+            "door_transaction_p50_ms": f"librdkafka's default: {figures['librdkafka_default_transaction_p50_ms']} ms",
+        },
+        began,
+    )
 
 
 if __name__ == "__main__":

@@ -80,7 +80,13 @@ def _columns(rows: int, rng: np.random.Generator, shift: float = 1.0) -> pd.Data
     data = {}
     for i in range(NUMERIC):
         kind = i % 3
-        values = rng.lognormal(3 + i % 5, 1, rows) if kind == 0 else rng.poisson(2 + i, rows).astype(float) if kind == 1 else rng.uniform(0, 24, rows)
+        values = (
+            rng.lognormal(3 + i % 5, 1, rows)
+            if kind == 0
+            else rng.poisson(2 + i, rows).astype(float)
+            if kind == 1
+            else rng.uniform(0, 24, rows)
+        )
         data[f"f{i:02d}"] = values * (shift if f"f{i:02d}" == SHIFTED else 1.0)
     for i in range(CATEGORICAL):
         data[f"c{i:02d}"] = rng.choice(["web", "app", "pos", "phone", "kiosk"], rows, p=[0.4, 0.3, 0.15, 0.1, 0.05])
@@ -99,36 +105,51 @@ def _skew(rows: int, figures: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     skews = skew_check(reference, columns)
     seconds = time.perf_counter() - began
     levels = {s.feature: s.level(SkewThresholds()) for s in skews}
-    figures |= {"skew_rows": rows, "skew_features": len(skews), "skew_check_s": round(seconds, 3),
-                "skew_with_reference_s": round(seconds + statistics_s, 3),
-                "skew_rows_per_s": round(rows / seconds), "injected_skew_detected": levels[SHIFTED] == "alert",
-                "injected_skew_psi": round(next(s.psi for s in skews if s.feature == SHIFTED), 3),
-                "false_alerts": sum(level != "ok" for name, level in levels.items() if name != SHIFTED)}  # fmt: skip
+    figures |= {
+        "skew_rows": rows,
+        "skew_features": len(skews),
+        "skew_check_s": round(seconds, 3),
+        "skew_with_reference_s": round(seconds + statistics_s, 3),
+        "skew_rows_per_s": round(rows / seconds),
+        "injected_skew_detected": levels[SHIFTED] == "alert",
+        "injected_skew_psi": round(next(s.psi for s in skews if s.feature == SHIFTED), 3),
+        "false_alerts": sum(level != "ok" for name, level in levels.items() if name != SHIFTED),
+    }
     return reference_rows, logged
 
 
 def _evidently(reference: pd.DataFrame, logged: pd.DataFrame, figures: dict) -> None:
     if not Path(EVIDENTLY_PYTHON).exists():
         figures |= {"evidently_s": None, "evidently_vs_loopline": None}
-        figures["evidently_note"] = f"no {EVIDENTLY_PYTHON}: python3 -m venv .loopline/evidently-venv && .../pip install 'evidently==0.7.*'"
+        figures["evidently_note"] = (
+            f"no {EVIDENTLY_PYTHON}: python3 -m venv .loopline/evidently-venv && .../pip install 'evidently==0.7.*'"
+        )
         return
     with tempfile.TemporaryDirectory() as folder:
         paths = [Path(folder) / "reference.parquet", Path(folder) / "current.parquet"]
         reference.to_parquet(paths[0]), logged.to_parquet(paths[1])
         try:
-            done = subprocess.run([EVIDENTLY_PYTHON, "-c", EVIDENTLY_SCRIPT, *map(str, paths)], capture_output=True, text=True,
-                                  timeout=1800)  # fmt: skip
+            done = subprocess.run(
+                [EVIDENTLY_PYTHON, "-c", EVIDENTLY_SCRIPT, *map(str, paths)], capture_output=True, text=True, timeout=1800
+            )
         except subprocess.TimeoutExpired:
             figures |= {"evidently_s": None, "evidently_vs_loopline": None, "evidently_note": "did not finish within 30 min"}
             return
     if done.returncode != 0:
-        figures |= {"evidently_s": None, "evidently_vs_loopline": None, "evidently_note": done.stderr.strip().splitlines()[-1][:200]}
+        figures |= {
+            "evidently_s": None,
+            "evidently_vs_loopline": None,
+            "evidently_note": done.stderr.strip().splitlines()[-1][:200],
+        }
         return
     seconds, drifted = done.stdout.split()[-2:]
     loopline_flagged = int(figures["injected_skew_detected"]) + figures["false_alerts"]
-    figures |= {"evidently_s": round(float(seconds), 2),
-                "evidently_vs_loopline": round(float(seconds) / figures["skew_with_reference_s"], 1),
-                "evidently_columns_drifted": int(drifted), "detections_agree": int(drifted) == loopline_flagged}  # fmt: skip
+    figures |= {
+        "evidently_s": round(float(seconds), 2),
+        "evidently_vs_loopline": round(float(seconds) / figures["skew_with_reference_s"], 1),
+        "evidently_columns_drifted": int(drifted),
+        "detections_agree": int(drifted) == loopline_flagged,
+    }
 
 
 def _events(project: Project, plan: FeaturePlan, count: int) -> pd.DataFrame:
@@ -138,11 +159,15 @@ def _events(project: Project, plan: FeaturePlan, count: int) -> pd.DataFrame:
     monitor. Sent in event-time order (no out-of-order events): a planted lagging row, the entity's previous event's,
     is then a log prefix's row."""
     topic = project.spec.scored_event.topic
-    world = world_of(project, 3, 1_790_000_000_000, users=2_000, merchants=300, rate_per_s=5.0, out_of_order_rate=0.0, late_rate=0.0)
+    world = world_of(
+        project, 3, 1_790_000_000_000, users=2_000, merchants=300, rate_per_s=5.0, out_of_order_rate=0.0, late_rate=0.0
+    )
     records = []
     for emitted in world:
         if emitted.record is not None and emitted.topic == topic:
-            records.append({**emitted.record.model_dump(), "partition": 0, "offset": len(records), "kafka_ms": emitted.emit_at_ms})
+            records.append(
+                {**emitted.record.model_dump(), "partition": 0, "offset": len(records), "kafka_ms": emitted.emit_at_ms}
+            )
             if len(records) == count:
                 break
     return pd.DataFrame(records).sort_values(plan.source(topic).time_field, kind="stable").reset_index(drop=True)
@@ -160,8 +185,13 @@ def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests:
     for view in plan.views:
         logged = view.with_entity(events).groupby(view.entity_key, sort=False)
         history = {key: (group[time_field].to_numpy(), group["offset"].to_numpy()) for key, group in logged}
-        broken = replace(view, aggregations=tuple(replace(a, window_ms=a.window_ms + a.slide_ms) if f"{view.name}:{a.name}" == BROKEN else a
-                                                  for a in view.aggregations))  # fmt: skip
+        broken = replace(
+            view,
+            aggregations=tuple(
+                replace(a, window_ms=a.window_ms + a.slide_ms) if f"{view.name}:{a.name}" == BROKEN else a
+                for a in view.aggregations
+            ),
+        )
         at = pd.DataFrame({view.entity_key: view.with_entity(asked)[view.entity_key].to_numpy(), "at_ms": event_times})
         lagged = at.copy()
         lagged["at_ms"] = np.where(np.arange(len(at)) % 10 == 0, lagged["at_ms"] - 1, lagged["at_ms"])
@@ -178,13 +208,22 @@ def _logged(project: Project, plan: FeaturePlan, events: pd.DataFrame, requests:
     records = []
     for i, (_, event) in enumerate(asked.iterrows()):
         values = {name: column[i] for name, column in features.items()}
-        records.append(PredictionRecord(
-            schema_version=1, request_id=f"bench-{i}", entity_keys={key: event[key] for key in keys},
-            features=values, defaulted_features=[n for n, v in values.items() if v is None], model_name=project.spec.model.name,
-            model_version="1", score=0.5, requested_at_ms=int(event_times[i]) + 1, scored_at_ms=int(event["kafka_ms"]) + 2,
-            feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
-            feature_row_absorbed={view: positions[i] for view, positions in absorbed.items() if positions[i] is not None},
-        ))  # fmt: skip
+        records.append(
+            PredictionRecord(
+                schema_version=1,
+                request_id=f"bench-{i}",
+                entity_keys={key: event[key] for key in keys},
+                features=values,
+                defaulted_features=[n for n, v in values.items() if v is None],
+                model_name=project.spec.model.name,
+                model_version="1",
+                score=0.5,
+                requested_at_ms=int(event_times[i]) + 1,
+                scored_at_ms=int(event["kafka_ms"]) + 2,
+                feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
+                feature_row_absorbed={view: positions[i] for view, positions in absorbed.items() if positions[i] is not None},
+            )
+        )
     return records
 
 
@@ -200,10 +239,14 @@ def _consistency(requests: int, figures: dict) -> None:
         seconds = time.perf_counter() - began
     table = summary(report_)
     mismatched = sorted(name for name, row in table.items() if row["mismatch_ratio"] > 0)
-    figures |= {"consistency_requests": requests, "consistency_check_s": round(seconds, 2),
-                "consistency_rows_per_s": round(requests / seconds), "broken_feature_detected": mismatched == [BROKEN],
-                "broken_feature_mismatch_ratio": round(table[BROKEN]["mismatch_ratio"], 3),
-                "consistency_outcomes": by_outcome(report_)}  # fmt: skip
+    figures |= {
+        "consistency_requests": requests,
+        "consistency_check_s": round(seconds, 2),
+        "consistency_rows_per_s": round(requests / seconds),
+        "broken_feature_detected": mismatched == [BROKEN],
+        "broken_feature_mismatch_ratio": round(table[BROKEN]["mismatch_ratio"], 3),
+        "consistency_outcomes": by_outcome(report_),
+    }
 
 
 def main() -> None:
@@ -219,13 +262,13 @@ def main() -> None:
     _consistency(requests, figures)
     anchors = {
         "skew_check_s": f"goal ≤ 10 s for 1,000,000 rows — {'met' if figures['skew_check_s'] * 1_000_000 / rows <= 10 else 'NOT met'}"
-                        + (" (extrapolated from the quick run)" if args.quick else ""),
+        + (" (extrapolated from the quick run)" if args.quick else ""),
         "evidently_vs_loopline": "Evidently's seconds / Loopline's check + reference statistics, same rows and reference",
         "false_alerts": "goal 0 of 29 unshifted features",
         "consistency_check_s": f"goal ≤ 60 s for 100,000 requests — "
-                               f"{'met' if figures['consistency_check_s'] * 100_000 / requests <= 60 else 'NOT met'}"
-                               + (" (extrapolated from the quick run)" if args.quick else ""),
-    }  # fmt: skip
+        f"{'met' if figures['consistency_check_s'] * 100_000 / requests <= 60 else 'NOT met'}"
+        + (" (extrapolated from the quick run)" if args.quick else ""),
+    }
     report(console, "skew and consistency checks", args.quick, figures, anchors, began)
 
 

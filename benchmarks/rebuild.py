@@ -91,9 +91,14 @@ def main() -> None:
                     raise SystemExit(f"the job did not start; see {log}")
             reading = time.monotonic()
             if not first:  # switched before its first progress was seen: the rate cannot be timed, the switch can
-                untimed = {"events": events, "events_counted": 0, "rebuild_events_per_s": None, "rebuild_s": None,
-                           "switch_after_start_s": round(reading - started, 1),
-                           "why_no_rate": "switched before the first progress of the rebuilt rows: use more --events"}  # fmt: skip
+                untimed = {
+                    "events": events,
+                    "events_counted": 0,
+                    "rebuild_events_per_s": None,
+                    "rebuild_s": None,
+                    "switch_after_start_s": round(reading - started, 1),
+                    "why_no_rate": "switched before the first progress of the rebuilt rows: use more --events",
+                }
                 report(console, "rebuild under a changed plan", args.quick, untimed, {}, began)
                 return
 

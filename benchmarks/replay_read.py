@@ -65,11 +65,15 @@ def _publish(settings: Settings, plan: FeaturePlan, stream, count: int) -> None:
 def _accepted(settings: Settings, plan: FeaturePlan, since_ms: int | None = None) -> dict[str, pd.DataFrame]:
     """The accepted events of each topic the plan reads (from ``since_ms`` by Kafka timestamp), read and decoded whole."""
     kafka = settings.kafka
-    return {topic: accepted_events(plan, topic, read_topic(kafka.bootstrap, topic, kafka.client_config, since_ms=since_ms))[0]
-            for topic in plan.topics}  # fmt: skip
+    return {
+        topic: accepted_events(plan, topic, read_topic(kafka.bootstrap, topic, kafka.client_config, since_ms=since_ms))[0]
+        for topic in plan.topics
+    }
 
 
-def _batch(declared: Project, plan: FeaturePlan, accepted: dict[str, pd.DataFrame], requests: int, round_name: str) -> list[PredictionRecord]:
+def _batch(
+    declared: Project, plan: FeaturePlan, accepted: dict[str, pd.DataFrame], requests: int, round_name: str
+) -> list[PredictionRecord]:
     """A request 1 ms after each of the latest ``requests`` accepted scored events (the transactions), logging the
     recompute's values as of it."""
     topic = declared.spec.scored_event.topic
@@ -86,19 +90,30 @@ def _batch(declared: Project, plan: FeaturePlan, accepted: dict[str, pd.DataFram
             values[f"{view.name}:{name}"] = [None if row is None else row[name] for row in found]
         row_times[view.name] = [None if row is None else int(row[LATEST_EVENT]) for row in found]
     entity_keys = list(dict.fromkeys(key for view in plan.views for key in view.entity_keys))
-    return [PredictionRecord(
-        schema_version=1, request_id=f"{round_name}-{i}", entity_keys={key: event[key] for key in entity_keys},
-        features={name: column[i] for name, column in values.items()}, defaulted_features=[n for n, c in values.items() if c[i] is None],
-        model_name=declared.spec.model.name, model_version="1", score=0.5, requested_at_ms=int(event[time_field]) + 1,
-        scored_at_ms=int(event["kafka_ms"]) + 1,
-        feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
-    ) for i, event in enumerate(asked.to_dict("records"))]  # fmt: skip
+    return [
+        PredictionRecord(
+            schema_version=1,
+            request_id=f"{round_name}-{i}",
+            entity_keys={key: event[key] for key in entity_keys},
+            features={name: column[i] for name, column in values.items()},
+            defaulted_features=[n for n, c in values.items() if c[i] is None],
+            model_name=declared.spec.model.name,
+            model_version="1",
+            score=0.5,
+            requested_at_ms=int(event[time_field]) + 1,
+            scored_at_ms=int(event["kafka_ms"]) + 1,
+            feature_row_times_ms={view: times[i] for view, times in row_times.items() if times[i] is not None},
+        )
+        for i, event in enumerate(asked.to_dict("records"))
+    ]
 
 
 def _full_read_replay(settings: Settings, plan: FeaturePlan, batch: list[PredictionRecord]) -> tuple[float, float, dict]:
     """The replay before the incremental reader: (read and decode s, whole replay s, outcomes)."""
     windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
-    lookback_ms = max(agg.window_ms for view in plan.views for agg in view.aggregations if agg.window_ms) + plan.out_of_orderness_ms
+    lookback_ms = (
+        max(agg.window_ms for view in plan.views for agg in view.aggregations if agg.window_ms) + plan.out_of_orderness_ms
+    )
     began = time.perf_counter()
     since = min(record.requested_at_ms for record in batch) - lookback_ms
     accepted = _accepted(settings, plan, since)
@@ -107,7 +122,9 @@ def _full_read_replay(settings: Settings, plan: FeaturePlan, batch: list[Predict
     return read_s, time.perf_counter() - began, outcomes
 
 
-def _incremental_replay(logs: dict[str, EventLogWindow], plan: FeaturePlan, batch: list[PredictionRecord]) -> tuple[float, float, dict, float]:
+def _incremental_replay(
+    logs: dict[str, EventLogWindow], plan: FeaturePlan, batch: list[PredictionRecord]
+) -> tuple[float, float, dict, float]:
     """The monitor's replay with its readers, one per topic: (read and decode s, whole replay s, outcomes, MB the readers
     keep)."""
     windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
@@ -144,17 +161,26 @@ def main() -> None:
             second_read_s, second_s, second_outcomes, retained_mb = _incremental_replay(logs, plan, second)
         second_records = sum(log.records_read for log in logs.values())
     figures |= {
-        "requests_per_batch": REQUESTS, "full_read_s": round(full_read_s, 2), "full_read_replay_s": round(full_s, 2),
-        "incremental_first_read_s": round(first_read_s, 2), "incremental_first_s": round(first_s, 2),
-        "second_round_events": SECOND_ROUND, "second_full_read_s": round(second_full_read_s, 2),
-        "second_full_read_replay_s": round(second_full_s, 2), "incremental_second_records_read": second_records,
-        "incremental_second_read_s": round(second_read_s, 2), "incremental_second_s": round(second_s, 2),
-        "speedup_second_batch": round(second_full_s / second_s, 1), "retained_mb": round(retained_mb),
+        "requests_per_batch": REQUESTS,
+        "full_read_s": round(full_read_s, 2),
+        "full_read_replay_s": round(full_s, 2),
+        "incremental_first_read_s": round(first_read_s, 2),
+        "incremental_first_s": round(first_s, 2),
+        "second_round_events": SECOND_ROUND,
+        "second_full_read_s": round(second_full_read_s, 2),
+        "second_full_read_replay_s": round(second_full_s, 2),
+        "incremental_second_records_read": second_records,
+        "incremental_second_read_s": round(second_read_s, 2),
+        "incremental_second_s": round(second_s, 2),
+        "speedup_second_batch": round(second_full_s / second_s, 1),
+        "retained_mb": round(retained_mb),
         "same_outcomes": full_outcomes == first_outcomes and second_full_outcomes == second_outcomes,
         "outcomes_second": second_outcomes,
-    }  # fmt: skip
-    anchors = {"incremental_second_s": "the replay of a batch once the reader holds the log: reads only what is new",
-               "full_read_replay_s": "before: every batch reads and decodes the whole window again"}  # fmt: skip
+    }
+    anchors = {
+        "incremental_second_s": "the replay of a batch once the reader holds the log: reads only what is new",
+        "full_read_replay_s": "before: every batch reads and decodes the whole window again",
+    }
     report(console, "consistency replay: full read vs incremental reader", args.quick, figures, anchors, began)
 
 

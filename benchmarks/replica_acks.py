@@ -51,16 +51,26 @@ def main() -> None:
     console, began = Console(), time.monotonic()
     home = Path(tempfile.mkdtemp(prefix="loopline-replica-acks-"))
     settings = private_stack_settings(home, REPO / ".loopline" / "jars", init_project(home / "project", TEMPLATE))
-    settings = settings.model_copy(update={"redis": RedisSettings(mode="cluster", port=free_port_block(6), cluster_bus_port=free_port_block(6))})
+    settings = settings.model_copy(
+        update={"redis": RedisSettings(mode="cluster", port=free_port_block(6), cluster_bus_port=free_port_block(6))}
+    )
     cluster = build_stack(settings).redis
     try:
         with console.status("starting a Redis Cluster of 3 masters and 3 replicas"):
             cluster.start()
             apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=True)
         view = feature_plan(settings).views[0]
-        writers = {acks: OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=True,
-                                      replica_acks=acks, replica_ack_timeout_ms=settings.redis.write_ack_timeout_ms)
-                   for acks in (0, 1)}  # fmt: skip
+        writers = {
+            acks: OnlineWriter(
+                settings.feast_registry_path,
+                settings.redis_connection,
+                settings.repo_path,
+                redis_cluster=True,
+                replica_acks=acks,
+                replica_ack_timeout_ms=settings.redis.write_ack_timeout_ms,
+            )
+            for acks in (0, 1)
+        }
         windows = list(writers[0].layout.views[view.name].windows)
         rng = random.Random(5)
         entities = [f"acks-u{i}" for i in range(args.batch)]
@@ -69,8 +79,17 @@ def main() -> None:
         for _ in track(range(batches), description=f"{batches} batches of {args.batch:,} rows per mode", console=console):
             for acks in (0, 1):
                 version_us += 1_000
-                rows = [FeatureRow(view.name, entity, version_us, {name: rng.randint(0, 50) for name in view.feature_names}, n + 1,
-                                   {w: rng.randbytes(24) for w in windows}) for n, entity in enumerate(entities)]  # fmt: skip
+                rows = [
+                    FeatureRow(
+                        view.name,
+                        entity,
+                        version_us,
+                        {name: rng.randint(0, 50) for name in view.feature_names},
+                        n + 1,
+                        {w: rng.randbytes(24) for w in windows},
+                    )
+                    for n, entity in enumerate(entities)
+                ]
                 start = time.perf_counter()
                 writers[acks].write(rows)
                 latencies[acks].append(time.perf_counter() - start)

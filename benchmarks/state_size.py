@@ -53,12 +53,15 @@ def _one_event_users(settings, count: int, first: int, start_ms: int) -> list[Em
     """``count`` transactions of the synthetic stream, each given a user of its own (``u<first + n>``), a millisecond
     apart from ``start_ms``."""
     project, topic = template_project(), feature_plan(settings).views[0].topic
-    stream = (e.record for e in world(settings, 500.0, seed=9, start_ms=start_ms, malformed_rate=0.0) if e.topic == topic and e.record)
+    stream = (
+        e.record for e in world(settings, 500.0, seed=9, start_ms=start_ms, malformed_rate=0.0) if e.topic == topic and e.record
+    )
     base = list(itertools.islice(stream, 1_000))
     made = []
     for n in range(count):
-        record = base[n % len(base)].model_copy(update={"user_id": f"u{first + n}", "event_id": f"e{first + n}",
-                                                        "event_time_ms": start_ms + n})  # fmt: skip
+        record = base[n % len(base)].model_copy(
+            update={"user_id": f"u{first + n}", "event_id": f"e{first + n}", "event_time_ms": start_ms + n}
+        )
         made.append(Emitted(topic, record.user_id, project.encode(topic, record), start_ms + n, record))
     return made
 

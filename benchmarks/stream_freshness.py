@@ -68,7 +68,12 @@ from streams.world import Emitted  # noqa: E402
 USER_VIEW = "user_transaction_features"
 ANCHORS = {"tecton_freshness_s": 1.0, "hopsworks_ingest_p99_ms": 250.0, "feast_server_p99_1_row_ms": 7.2}
 #: The issue's goals for reads at request time.
-GOALS = {"tile_merge_64_over_raw_p50": 1.5, "tile_merge_1_p99_ms": 1.0, "stream_rate_per_s": 5000.0, "stream_freshness_p99_s": 1.0}
+GOALS = {
+    "tile_merge_64_over_raw_p50": 1.5,
+    "tile_merge_1_p99_ms": 1.0,
+    "stream_rate_per_s": 5000.0,
+    "stream_freshness_p99_s": 1.0,
+}
 #: The 5-minute window (10-second slides), read where its oldest tile has left it.
 MERGE_SLIDE_MS, MERGE_WINDOW_MS = 10_000, 300_000
 #: Users with a day of history, read besides the run's own (``_day_of_history``).
@@ -91,7 +96,9 @@ def _no_noise_world(settings: Settings, rate: float, seed: int, start_ms: int):
     return world_of(project(settings), seed, start_ms, rate_per_s=rate, late_rate=0.0, out_of_order_rate=0.0, malformed_rate=0.0)
 
 
-def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s: float, start_timeout_s: float, day_history: bool) -> dict:
+def measure_streaming(
+    settings: Settings, rate: float, seconds: float, warmup_s: float, start_timeout_s: float, day_history: bool
+) -> dict:
     """Run the job, offer it transactions at a constant ``rate`` for ``warmup_s + seconds``; measure the last ``seconds``.
 
     The synthetic stream's transactions are sent one every ``1 / rate`` s (its traffic bursts flattened: its own
@@ -115,7 +122,9 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
     sample_every = max(1, int(rate // 20))
     if day_history:
         with console.status("publishing the day users' history"):
-            producer.publish(_day_of_history(project(settings), view, start_ms - 10_000))  # before the job starts: it reads them first
+            producer.publish(
+                _day_of_history(project(settings), view, start_ms - 10_000)
+            )  # before the job starts: it reads them first
     job = start_feature_job(settings, settings.home / "job.log", LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline"))
     try:
         # Job start-up is not freshness: a first event must come through before timing starts.
@@ -173,7 +182,9 @@ def measure_streaming(settings: Settings, rate: float, seconds: float, warmup_s:
             "freshness_p99_s": round(percentile(freshness, 0.99), 3) if freshness else None,
             "freshness_samples": len(freshness),
             # Every sampled event's latency counts from its scheduled send, so this also says the offer was kept up.
-            "goal_stream_5000_met": caught_up and bool(freshness) and rate >= GOALS["stream_rate_per_s"]
+            "goal_stream_5000_met": caught_up
+            and bool(freshness)
+            and rate >= GOALS["stream_rate_per_s"]
             and percentile(freshness, 0.99) <= GOALS["stream_freshness_p99_s"],
         }
     finally:
@@ -200,11 +211,17 @@ def measure_catch_up(settings: Settings, events: int, start_timeout_s: float) ->
     first, last = backlog[0], backlog[-1]
 
     def has_row_of(emitted: Emitted) -> bool:
-        return (reader.row_timestamps_us(USER_VIEW, [{user_key: emitted.key}])[0] or 0) >= getattr(emitted.record, time_field) * 1000
+        return (reader.row_timestamps_us(USER_VIEW, [{user_key: emitted.key}])[0] or 0) >= getattr(
+            emitted.record, time_field
+        ) * 1000
 
-    job = start_feature_job(settings, settings.home / "catch-up.log", LOOPLINE_STREAM__GROUP_ID="catch-up",
-                            LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({view.topic: topic.name}),
-                            LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline-catch-up"))  # fmt: skip
+    job = start_feature_job(
+        settings,
+        settings.home / "catch-up.log",
+        LOOPLINE_STREAM__GROUP_ID="catch-up",
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({view.topic: topic.name}),
+        LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / "offline-catch-up"),
+    )
     try:
         with console.status("waiting for the job's first rows"):
             # The backlog is newer than anything the store holds, so its first user's row shows the job's first rows.
@@ -228,10 +245,17 @@ def _day_of_history(declared: Project, view: ViewPlan, end_ms: int) -> list[Emit
         user, at = f"day-user-{n}", end_ms - 86_400_000
         while (at := at + rng.randint(180_000, 420_000)) < end_ms:
             record = transaction(
-                schema_version=1, event_id=f"{user}-{at}", event_time_ms=at, user_id=user, merchant_id=f"m{rng.randrange(60)}",
-                amount=round(rng.uniform(1, 400), 2), currency="EUR", merchant_category="grocery", channel="pos",
+                schema_version=1,
+                event_id=f"{user}-{at}",
+                event_time_ms=at,
+                user_id=user,
+                merchant_id=f"m{rng.randrange(60)}",
+                amount=round(rng.uniform(1, 400), 2),
+                currency="EUR",
+                merchant_category="grocery",
+                channel="pos",
                 country=rng.choice(["DE", "FR", "NL", "ES"]),
-            )  # fmt: skip
+            )
             events.append(Emitted(view.topic, user, declared.encode(view.topic, record), at, record))
     return sorted(events, key=lambda e: e.emit_at_ms)
 
@@ -254,7 +278,10 @@ def _timed(name: str, call, iterations: int) -> dict:
         began = time.perf_counter()
         call()
         timings.append((time.perf_counter() - began) * 1000)
-    return {f"read_{name}_p50_ms": round(statistics.median(timings), 3), f"read_{name}_p99_ms": round(percentile(timings, 0.99), 3)}
+    return {
+        f"read_{name}_p50_ms": round(statistics.median(timings), 3),
+        f"read_{name}_p99_ms": round(percentile(timings, 0.99), 3),
+    }
 
 
 def _raw_read(client: redis.Redis, keys: list[bytes], fields: list[bytes] | None = None) -> None:
@@ -278,8 +305,12 @@ def _day_reads(reader: OnlineReader, client: redis.Redis, features: list[str], n
     later = [now_ms + 600_000] * DAY_USERS
     figures = _timed("day_request_time_64", lambda: reader.read_with_row_times(features, day_rows, later), iterations)
     figures |= _timed("day_raw_redis_64", lambda: _raw_read(client, day_keys), iterations)
-    figures["read_day_64_request_time_over_raw_p50"] = round(figures["read_day_request_time_64_p50_ms"] / figures["read_day_raw_redis_64_p50_ms"], 2)
-    figures["day_users_read"] = sum(t is not None for t in reader.read_with_row_times(features, day_rows, [now_ms] * DAY_USERS)[1][USER_VIEW])
+    figures["read_day_64_request_time_over_raw_p50"] = round(
+        figures["read_day_request_time_64_p50_ms"] / figures["read_day_raw_redis_64_p50_ms"], 2
+    )
+    figures["day_users_read"] = sum(
+        t is not None for t in reader.read_with_row_times(features, day_rows, [now_ms] * DAY_USERS)[1][USER_VIEW]
+    )
     return figures
 
 
@@ -327,10 +358,14 @@ def measure_reads(settings: Settings, iterations: int, day_history: bool) -> dic
     rows = [dict(zip(join_keys, (u,), strict=True)) for u in users]
     merged, finished = reader.read_with_row_times(features, rows, merge_at)[0], reader.get_online_features(features, rows)
     # 64 when every merging read took a later step: the oldest tile's events are gone and the others counted.
-    figures["tile_merge_partial_5m_counts"] = sum(0 < m < f for m, f in zip(merged["txn_count_5m"], finished["txn_count_5m"], strict=True))
+    figures["tile_merge_partial_5m_counts"] = sum(
+        0 < m < f for m, f in zip(merged["txn_count_5m"], finished["txn_count_5m"], strict=True)
+    )
     # A goal of the merging read counts only where every such read took a later step.
     merging = figures["tile_merge_partial_5m_counts"] == len(users)
-    figures["goal_tile_merge_64_over_raw_met"] = merging and figures["read_64_tile_merge_over_raw_p50"] <= GOALS["tile_merge_64_over_raw_p50"]
+    figures["goal_tile_merge_64_over_raw_met"] = (
+        merging and figures["read_64_tile_merge_over_raw_p50"] <= GOALS["tile_merge_64_over_raw_p50"]
+    )
     figures["goal_tile_merge_1_p99_met"] = merging and figures["read_tile_merge_1_p99_ms"] <= GOALS["tile_merge_1_p99_ms"]
     return figures
 

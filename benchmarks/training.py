@@ -81,8 +81,21 @@ console = Console()
 STREAM, STREAM_SEED = {"users": 2_000, "merchants": 500, "rate_per_s": 5.0}, 1
 #: The inputs of the comparison (and of the joiner's predictions): a user's velocity, spend and novelty, and the amount
 #: asked about, as every earlier run measured them (tests/test_streaming_value.py's too).
-BACKFILL_INPUTS = (*(f"user_transaction_features:{name}" for name in ("txn_count_5m", "txn_count_1h", "amount_sum_1h", "amount_max_24h",
-                     "distinct_merchants_1h", "distinct_countries_24h", "secs_since_prev_txn")), "request:amount")  # fmt: skip
+BACKFILL_INPUTS = (
+    *(
+        f"user_transaction_features:{name}"
+        for name in (
+            "txn_count_5m",
+            "txn_count_1h",
+            "amount_sum_1h",
+            "amount_max_24h",
+            "distinct_merchants_1h",
+            "distinct_countries_24h",
+            "secs_since_prev_txn",
+        )
+    ),
+    "request:amount",
+)
 REQUEST_INPUTS = [name for name in BACKFILL_INPUTS if name.startswith("request:")]
 CHECKPOINT_INTERVAL_MS = 1_000
 WARMUP_EVENTS = 500
@@ -96,8 +109,14 @@ class ExampleCounter:
     """Reads ``training.examples`` from its start as a read_committed consumer, keeping every value it saw."""
 
     def __init__(self, bootstrap: str) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
         self.consumer.subscribe([TRAINING_EXAMPLES.name])
         self.values: list[bytes] = []
 
@@ -121,12 +140,29 @@ def _event_records(declared: Project, prefix: str, count: int) -> list[tuple[str
         event = f"{prefix}-{i}"
         features = {name: float(i % 97) for name in BACKFILL_INPUTS}
         prediction = PredictionRecord(
-            schema_version=1, request_id=f"req-{event}", entity_keys={"user_id": f"u{i % 2_000:06d}"}, features=features,
-            model_name=declared.spec.model.name, model_version="1", score=0.1, requested_at_ms=now - 5, scored_at_ms=now, event_id=event,
-        )  # fmt: skip
-        label = label_type(schema_version=1, event_id=event, user_id=f"u{i % 2_000:06d}", is_fraud=i % 10 == 0, label_time_ms=now,
-                           source="chargeback" if i % 10 == 0 else "manual_review")  # fmt: skip
-        records += [(PREDICTIONS.name, prediction.request_id, encode(prediction)), (labels, event, declared.encode(labels, label))]
+            schema_version=1,
+            request_id=f"req-{event}",
+            entity_keys={"user_id": f"u{i % 2_000:06d}"},
+            features=features,
+            model_name=declared.spec.model.name,
+            model_version="1",
+            score=0.1,
+            requested_at_ms=now - 5,
+            scored_at_ms=now,
+            event_id=event,
+        )
+        label = label_type(
+            schema_version=1,
+            event_id=event,
+            user_id=f"u{i % 2_000:06d}",
+            is_fraud=i % 10 == 0,
+            label_time_ms=now,
+            source="chargeback" if i % 10 == 0 else "manual_review",
+        )
+        records += [
+            (PREDICTIONS.name, prediction.request_id, encode(prediction)),
+            (labels, event, declared.encode(labels, label)),
+        ]
     return records
 
 
@@ -154,10 +190,18 @@ def _backfill(settings: Settings, records: int):
     start_ms = (int(time.time() * 1000) // DAY_MS - 1) * DAY_MS
     routed = {scored.name: transactions.name, labelled.name: labels.name}
     stream = world_of(declared, STREAM_SEED, start_ms, **STREAM)
-    EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in itertools.islice(stream, records))
+    EventProducer(bootstrap).publish(
+        Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in itertools.islice(stream, records)
+    )
     plan = feature_plan(settings).reading({scored.name: transactions.name})
-    return backfill_examples(plan, declared, {transactions.name: read_topic(bootstrap, transactions.name)}, read_topic(bootstrap, labels.name),
-                             BACKFILL_INPUTS, scored_topic=transactions.name)  # fmt: skip
+    return backfill_examples(
+        plan,
+        declared,
+        {transactions.name: read_topic(bootstrap, transactions.name)},
+        read_topic(bootstrap, labels.name),
+        BACKFILL_INPUTS,
+        scored_topic=transactions.name,
+    )
 
 
 def _demo_config(settings: Settings) -> TrainConfig:
@@ -165,10 +209,15 @@ def _demo_config(settings: Settings) -> TrainConfig:
     return load_train_config(settings.feedback.train_config or DEFAULT_TRAIN_CONFIG)
 
 
-def _train_config(folder: Path, config: TrainConfig, epochs: int | None, ds_config: str | None = None,
-                  hidden: tuple[int, ...] | None = None) -> Path:  # fmt: skip
+def _train_config(
+    folder: Path, config: TrainConfig, epochs: int | None, ds_config: str | None = None, hidden: tuple[int, ...] | None = None
+) -> Path:
     """The demo model's ``config``, with ``epochs`` (and ``ds_config``, ``hidden``) replaced, written to ``folder``."""
-    changes = {"epochs": epochs or config.epochs, "ds_config": Path(ds_config or config.ds_config), "hidden": hidden or config.hidden}
+    changes = {
+        "epochs": epochs or config.epochs,
+        "ds_config": Path(ds_config or config.ds_config),
+        "hidden": hidden or config.hidden,
+    }
     path = folder / f"train-{changes['epochs']}-{changes['ds_config'].stem}-{'x'.join(map(str, changes['hidden']))}.yaml"
     path.write_text(json.dumps(config.model_copy(update=changes).model_dump(mode="json")))  # JSON is YAML
     return path
@@ -187,11 +236,17 @@ def _memory_against_plan(frame, work: Path, demo: TrainConfig, stage: int) -> di
     shape = ModelShape.mlp((len(BACKFILL_INPUTS), *MEMORY_HIDDEN, 1))
     if shape.parameters != metrics["parameters"]:
         raise SystemExit(f"plan-gpu counts {shape.parameters:,.0f} parameters, the trained model has {metrics['parameters']:,}")
-    estimate = training_memory(shape, "fp32", stage, metrics["world_size"], load_train_config(config).micro_batch_per_process).total
+    estimate = training_memory(
+        shape, "fp32", stage, metrics["world_size"], load_train_config(config).micro_batch_per_process
+    ).total
     fixed = grown["demo"]["memory"]["training_bytes"]
     measured = metrics["memory"]["training_bytes"] - fixed
-    return {f"framework_memory_mb_zero{stage}": round(fixed / 1e6, 1), f"peak_memory_mb_zero{stage}": round(measured / 1e6, 1),
-            f"plan_gpu_estimate_mb_zero{stage}": round(estimate / 1e6, 1), f"memory_vs_plan_zero{stage}": round(measured / estimate, 2)}  # fmt: skip
+    return {
+        f"framework_memory_mb_zero{stage}": round(fixed / 1e6, 1),
+        f"peak_memory_mb_zero{stage}": round(measured / 1e6, 1),
+        f"plan_gpu_estimate_mb_zero{stage}": round(estimate / 1e6, 1),
+        f"memory_vs_plan_zero{stage}": round(measured / estimate, 2),
+    }
 
 
 def main() -> None:
@@ -219,7 +274,9 @@ def main() -> None:
                 if not wait_until(lambda: counter.reached(WARMUP_EVENTS) or joiner.poll() is not None, START_TIMEOUT_S, 0.05) or (
                     joiner.poll() is not None
                 ):
-                    raise SystemExit(f"the joiner did not start within {START_TIMEOUT_S:.0f} s; its log:\n" + "\n".join(tail(log, 30)))
+                    raise SystemExit(
+                        f"the joiner did not start within {START_TIMEOUT_S:.0f} s; its log:\n" + "\n".join(tail(log, 30))
+                    )
             figures["joiner_startup_s"] = round(time.monotonic() - launched, 1)
             batch = _event_records(declared, f"bench-{uuid.uuid4().hex[:6]}", events)
             with console.status(f"joining {events:,} events ({len(batch):,} records)"):
@@ -235,21 +292,37 @@ def main() -> None:
             del producer  # before the stack goes: a live client keeps reconnecting to the stopped broker
         examples = [decode(TrainingExample, value) for value in counter.values]
         measured = {e.event_id for e in examples if e.event_id.startswith("bench-") and e.label is not None}
-        figures |= {"joiner_events_per_s": round(len(batch) / seconds), "joiner_events": len(batch), "joiner_seconds": round(seconds, 2),
-                    "joiner_examples_missing_or_doubled": abs(events - len(measured)) + (len(examples) - len({e.event_id for e in examples}))}  # fmt: skip
+        figures |= {
+            "joiner_events_per_s": round(len(batch) / seconds),
+            "joiner_events": len(batch),
+            "joiner_seconds": round(seconds, 2),
+            "joiner_examples_missing_or_doubled": abs(events - len(measured))
+            + (len(examples) - len({e.event_id for e in examples})),
+        }
 
         with console.status(f"writing a snapshot of {len(examples):,} examples"):
             rows = examples_frame(examples)
             started = time.monotonic()
-            manifest = write_snapshot(rows, str(work / "snapshots"), kind="feedback", source={"benchmark": True},
-                                      time_range={"from_ms": None, "to_ms": None}, label_kind=declared.labels.kind)  # fmt: skip
+            manifest = write_snapshot(
+                rows,
+                str(work / "snapshots"),
+                kind="feedback",
+                source={"benchmark": True},
+                time_range={"from_ms": None, "to_ms": None},
+                label_kind=declared.labels.kind,
+            )
             seconds = time.monotonic() - started
-        figures |= {"snapshot_rows_per_s": round(manifest.rows / seconds), "snapshot_rows": manifest.rows,
-                    "snapshot_seconds": round(seconds, 3)}  # fmt: skip
+        figures |= {
+            "snapshot_rows_per_s": round(manifest.rows / seconds),
+            "snapshot_rows": manifest.rows,
+            "snapshot_seconds": round(seconds, 3),
+        }
 
     config = _train_config(work, demo, epochs)
     arms = {"streaming": BACKFILL_INPUTS, "no_streaming": REQUEST_INPUTS}
-    with console.status(f"training twice (DeepSpeed ZeRO 1, 2 processes, {load_train_config(config).epochs} epochs) on {len(frame):,} rows"):
+    with console.status(
+        f"training twice (DeepSpeed ZeRO 1, 2 processes, {load_train_config(config).epochs} epochs) on {len(frame):,} rows"
+    ):
         started = time.monotonic()
         results = train_arms(frame, arms, work / "ablation", config)
         training_wall = time.monotonic() - started
@@ -257,20 +330,28 @@ def main() -> None:
     if streaming.metrics["rows"] != no_streaming.metrics["rows"]:
         raise SystemExit(f"the two runs split differently: {streaming.metrics['rows']} vs {no_streaming.metrics['rows']}")
     figures |= {
-        "train_samples_per_s": streaming.metrics["samples_per_second"], "train_zero_stage": 1, "train_processes": 2,
-        "train_rows": streaming.metrics["rows"]["train"], "holdout_rows": streaming.metrics["rows"]["holdout"],
-        "holdout_positives": int(frame.sort_values(["predicted_at_ms", "event_id"])["label"].tail(streaming.metrics["rows"]["holdout"]).sum()),
-        "epochs": streaming.metrics["epochs"], "synthetic_records": records, "two_trainings_wall_s": round(training_wall, 1),
-        "holdout_auc_streaming": round(streaming.holdout("auc"), 4), "holdout_auc_no_streaming": round(no_streaming.holdout("auc"), 4),
+        "train_samples_per_s": streaming.metrics["samples_per_second"],
+        "train_zero_stage": 1,
+        "train_processes": 2,
+        "train_rows": streaming.metrics["rows"]["train"],
+        "holdout_rows": streaming.metrics["rows"]["holdout"],
+        "holdout_positives": int(
+            frame.sort_values(["predicted_at_ms", "event_id"])["label"].tail(streaming.metrics["rows"]["holdout"]).sum()
+        ),
+        "epochs": streaming.metrics["epochs"],
+        "synthetic_records": records,
+        "two_trainings_wall_s": round(training_wall, 1),
+        "holdout_auc_streaming": round(streaming.holdout("auc"), 4),
+        "holdout_auc_no_streaming": round(no_streaming.holdout("auc"), 4),
         "auc_gain": round(streaming.holdout("auc") - no_streaming.holdout("auc"), 4),
         "auc_ratio": round(streaming.holdout("auc") / no_streaming.holdout("auc"), 3),
-    }  # fmt: skip
+    }
     if not args.quick:
         zero2 = _train_config(work, demo, epochs, "infra/deepspeed/zero2.json")
         with console.status("training once more with ZeRO 2"):
-            figures["train_samples_per_s_zero2"] = train_arms(frame, {"zero2": BACKFILL_INPUTS}, work / "zero2", zero2)["zero2"].metrics[
-                "samples_per_second"
-            ]
+            figures["train_samples_per_s_zero2"] = train_arms(frame, {"zero2": BACKFILL_INPUTS}, work / "zero2", zero2)[
+                "zero2"
+            ].metrics["samples_per_second"]
 
     with console.status(f"peak training memory of a {'x'.join(map(str, MEMORY_HIDDEN))} MLP against plan-gpu (ZeRO 1 and 2)"):
         for stage in (1, 2):
@@ -279,17 +360,24 @@ def main() -> None:
     quick = f"quick mode: {events:,} events" if args.quick else f"{events:,} events"
     anchors = {
         "joiner_events_per_s": f"{quick}, start-up excluded, ≤ 1 s commit delay included",
-        "joiner_examples_missing_or_doubled": "goal 0 — " + ("met" if figures["joiner_examples_missing_or_doubled"] == 0 else "NOT met"),
+        "joiner_examples_missing_or_doubled": "goal 0 — "
+        + ("met" if figures["joiner_examples_missing_or_doubled"] == 0 else "NOT met"),
         "joiner_startup_s": "launch → first examples readable, beside the backfill",
         "snapshot_rows_per_s": f"{'quick mode: ' if args.quick else ''}write_snapshot on the joined examples",
         "train_samples_per_s": "DeepSpeed ZeRO 1, 2 processes, CPU (gloo)",
         "auc_gain": "goal > 0 (streaming features worth it) — " + ("met" if figures["auc_gain"] > 0 else "NOT met"),
         "holdout_auc_no_streaming": f"request fields only: {', '.join(REQUEST_INPUTS)}",
         "holdout_auc_streaming": f"{len(BACKFILL_INPUTS) - len(REQUEST_INPUTS)} streaming features + the request fields",
-        **{f"framework_memory_mb_zero{stage}": f"a rank's resident growth training the demo's {streaming.metrics['parameters']:,}-"
-           "parameter model the same way: torch's and DeepSpeed's own start-up" for stage in (1, 2)},
-        **{f"memory_vs_plan_zero{stage}": f"(a rank's resident growth − the framework's) / plan-gpu's fp32 per-GPU estimate, "
-           f"{MEMORY_PARAMETERS / 1e6:.1f} M parameters, 2 processes" for stage in (1, 2)},
+        **{
+            f"framework_memory_mb_zero{stage}": f"a rank's resident growth training the demo's {streaming.metrics['parameters']:,}-"
+            "parameter model the same way: torch's and DeepSpeed's own start-up"
+            for stage in (1, 2)
+        },
+        **{
+            f"memory_vs_plan_zero{stage}": f"(a rank's resident growth − the framework's) / plan-gpu's fp32 per-GPU estimate, "
+            f"{MEMORY_PARAMETERS / 1e6:.1f} M parameters, 2 processes"
+            for stage in (1, 2)
+        },
     }
     report(console, "training side of the loop", args.quick, figures, anchors, began)
 

@@ -16,13 +16,18 @@ def typed_inputs(repo_path: Path, names: Sequence[str]) -> list[ModelInput]:
     from feast import RequestSource
 
     contents = parse_repo(repo_path)
-    declared = {f"{view.name}:{f.name}": f.dtype for view in [*contents.feature_views, *contents.stream_feature_views]
-                for f in feature_fields(view)}  # fmt: skip
+    declared = {
+        f"{view.name}:{f.name}": f.dtype
+        for view in [*contents.feature_views, *contents.stream_feature_views]
+        for f in feature_fields(view)
+    }
     for source in contents.data_sources:
         if isinstance(source, RequestSource):
             declared |= {f"{REQUEST_PREFIX}{f.name}": f.dtype for f in source.schema}
     unknown = [name for name in names if name not in declared]
     if unknown:
-        raise ValueError(f"the Feast repo {repo_path} declares no {', '.join(unknown)}: a model input is a view's feature or a "
-                         "field of a RequestSource")  # fmt: skip
+        raise ValueError(
+            f"the Feast repo {repo_path} declares no {', '.join(unknown)}: a model input is a view's feature or a "
+            "field of a RequestSource"
+        )
     return [ModelInput(name, "text" if declared[name].to_value_type().name == "STRING" else "number") for name in names]

@@ -51,7 +51,9 @@ class ViewLayout:
     stored_name: str
 
 
-def view_layout(stored: str, join_keys: tuple[str, ...], features: Iterable[str], aggregations: Iterable[AggregationSpec]) -> ViewLayout:
+def view_layout(
+    stored: str, join_keys: tuple[str, ...], features: Iterable[str], aggregations: Iterable[AggregationSpec]
+) -> ViewLayout:
     """The place of a view's rows stored under ``stored`` (its namespace) with ``features``, of which ``aggregations``
     are the job's, in its order."""
     from feast.infra.online_stores.helpers import _mmh3
@@ -65,7 +67,9 @@ def view_layout(stored: str, join_keys: tuple[str, ...], features: Iterable[str]
         plan_field=f"_plan:{stored}".encode(),
         fields={name: _mmh3(f"{stored}:{name}") for name in features},
         aggregations={a.name: a for window in windows.values() for a in window.aggregations},
-        windows={key: (f"_window:{stored}:{key[0]}:{key[1]}:{window.digest}".encode(), window) for key, window in windows.items()},
+        windows={
+            key: (f"_window:{stored}:{key[0]}:{key[1]}:{window.digest}".encode(), window) for key, window in windows.items()
+        },
         stored_name=stored,
     )
 
@@ -81,10 +85,14 @@ class OnlineLayout:
         from feast.protos.feast.types.Value_pb2 import Value
 
         self.views: dict[str, ViewLayout] = {
-            view.name: view_layout(_versioned_fv_name(view, config), tuple(column.name for column in view.entity_columns),
-                                   [f.name for f in feature_fields(view)], view_aggregations(view))
+            view.name: view_layout(
+                _versioned_fv_name(view, config),
+                tuple(column.name for column in view.entity_columns),
+                [f.name for f in feature_fields(view)],
+                view_aggregations(view),
+            )
             for view in views
-        }  # fmt: skip
+        }
         self._generations: dict[str, ViewLayout] = {}
         project, version = config.project.encode(), config.entity_key_serialization_version
 
@@ -123,8 +131,12 @@ class OnlineLayout:
         for sample in ("", "u", "entité-42", "x" * 300):
             entity = tuple(f"{sample}{i}" for i in range(len(join_keys)))
             values = [entity[i].encode() for i in order]
-            expected = parts[0] + b"".join(struct.pack("<I", len(v)) + v + part for v, part in zip(values, parts[1:], strict=True))
+            expected = parts[0] + b"".join(
+                struct.pack("<I", len(v)) + v + part for v, part in zip(values, parts[1:], strict=True)
+            )
             if self.redis_key(join_keys, entity) != expected:
-                raise ValueError(f"Feast's key of {dict(zip(join_keys, entity, strict=True))} is not its values' lengths and UTF-8 "
-                                 "around fixed bytes")  # fmt: skip
+                raise ValueError(
+                    f"Feast's key of {dict(zip(join_keys, entity, strict=True))} is not its values' lengths and UTF-8 "
+                    "around fixed bytes"
+                )
         return parts, order

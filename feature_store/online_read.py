@@ -145,7 +145,9 @@ class OnlineReader:
         """Like Feast's ``get_online_features(features, entity_rows).to_dict()`` (without full feature names)."""
         return self.read_with_row_times(features, entity_rows).values
 
-    def read_with_row_times(self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None) -> OnlineRead:
+    def read_with_row_times(
+        self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None
+    ) -> OnlineRead:
         """:meth:`get_online_features`, and per view the event time (ms) of each entity's row as read and the log
         positions it absorbed, in the same round trip, so they are those of the values returned. With ``at_ms`` (a read
         time per row, epoch ms), windowed features are as of those times (the module's docstring); but where the job
@@ -203,7 +205,9 @@ class OnlineReader:
                     at = as_of[i] = lagging
                 for position, raw in zip(direct, reply, strict=False):
                     if raw is not None:  # a double inline (most features): the call costs more than the decode
-                        columns[position][i] = unpack_double(raw, 1)[0] if len(raw) == 9 and raw[0] == _DOUBLE_TAG else decode(raw)
+                        columns[position][i] = (
+                            unpack_double(raw, 1)[0] if len(raw) == 9 and raw[0] == _DOUBLE_TAG else decode(raw)
+                        )
                 time_ms = times[i] = None if stamp is None else _millis(Timestamp.FromString(stamp))
                 absorbed[i] = None if positions_read is None else positions_read.decode()
                 missing = []
@@ -229,12 +233,16 @@ class OnlineReader:
         progress = states.progress.get(plan.generation.namespace)
         return progress[0] if progress is not None and now_ms > progress[0] + self._stale_after_ms else None
 
-    def _read_finished(self, unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]], entity_rows: list[dict[str, str]]) -> None:
+    def _read_finished(
+        self, unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]], entity_rows: list[dict[str, str]]
+    ) -> None:
         """Where a window had no steps of the row's own event time, its finished values: one more pipelined round trip
         for all such rows (rows written by hand, or by a job of other views)."""
         pipe = self._redis.pipeline(transaction=False)
         for plan, _, i, _ in unstepped:
-            pipe.hmget(self._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields)
+            pipe.hmget(
+                self._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields
+            )
         for (plan, columns, i, missing), reply in zip(unstepped, pipe.execute(), strict=True):
             for w in missing:
                 for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
@@ -264,8 +272,13 @@ class OnlineReader:
                 finished_fields += [layout.fields[a.name] for a in window.aggregations]
             plan = self._plans[key] = _ReadPlan(
                 join_keys=layout.join_keys,
-                fields=[*(layout.fields[names[i]] for i in direct), layout.timestamp_field, layout.absorbed_field, layout.plan_field,
-                        *(steps_field for steps_field, *_ in windows)],
+                fields=[
+                    *(layout.fields[names[i]] for i in direct),
+                    layout.timestamp_field,
+                    layout.absorbed_field,
+                    layout.plan_field,
+                    *(steps_field for steps_field, *_ in windows),
+                ],
                 direct=direct,
                 windows=[(window, positions) for _, window, positions in windows],
                 finished_fields=finished_fields,
@@ -323,4 +336,3 @@ def _varint_int64(raw: bytes, start: int) -> int:
         result |= (byte & 0x7F) << shift
         shift += 7
     return result - (1 << 64) if result >= 1 << 63 else result
-

@@ -38,8 +38,14 @@ from feature_store.redis_connection import redis_client
 from feature_store.view_state import Generation, read_view_states
 
 #: Feast value-proto field for each feature dtype Loopline declares.
-_VALUE_FIELDS = {"INT64": "int64_val", "INT32": "int32_val", "DOUBLE": "double_val", "FLOAT": "float_val",
-                 "STRING": "string_val", "BOOL": "bool_val"}  # fmt: skip
+_VALUE_FIELDS = {
+    "INT64": "int64_val",
+    "INT32": "int32_val",
+    "DOUBLE": "double_val",
+    "FLOAT": "float_val",
+    "STRING": "string_val",
+    "BOOL": "bool_val",
+}
 
 #: KEYS[1]: the entity's hash. ARGV: the ``_ts`` field, its new Timestamp, the new seconds and nanos, the order
 #: field, the new event time (µs) and events, a TTL in seconds (0: none), the number d of fields to delete (steps the
@@ -134,9 +140,15 @@ class OnlineWriter:
     """Writes FeatureRows of the registry's views to the online store configured in the repo."""
 
     def __init__(
-        self, feast_registry_path: Path | None, redis_connection: str | None, repo_path: Path, *, redis_cluster: bool = False,
-        replica_acks: int = 0, replica_ack_timeout_ms: int = 2_000,
-    ) -> None:  # fmt: skip
+        self,
+        feast_registry_path: Path | None,
+        redis_connection: str | None,
+        repo_path: Path,
+        *,
+        redis_cluster: bool = False,
+        replica_acks: int = 0,
+        replica_ack_timeout_ms: int = 2_000,
+    ) -> None:
         """``redis_cluster``: the connection names a Redis Cluster's nodes (each entity's row is one hash, so each
         write names one key and goes to the master of its slot). ``replica_acks``: replicas each node's rows must
         reach (Redis WAIT, within ``replica_ack_timeout_ms``) before :meth:`write` returns, as the feature job's
@@ -150,8 +162,10 @@ class OnlineWriter:
         #: Where each view's rows are in Redis (the reader's layout too).
         self.layout = OnlineLayout(store.config, self._views.values())
         #: Each view's Value proto field of each feature.
-        self._kinds = {name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
-                       for name, view in self._views.items()}  # fmt: skip
+        self._kinds = {
+            name: {f.name: _VALUE_FIELDS[f.dtype.to_value_type().name] for f in feature_fields(view)}
+            for name, view in self._views.items()
+        }
         self._ttl_s = _key_ttls(store, self.layout, store.config.online_store.key_ttl_seconds)
         self._replica_acks, self._replica_ack_timeout_ms = replica_acks, replica_ack_timeout_ms
 
@@ -174,8 +188,10 @@ class OnlineWriter:
             generation, kinds = serving.get(row.view), self._kinds[row.view]
             layout = self.layout.views[row.view] if generation is None else self.layout.generation(generation)
             if not row.features.keys() <= layout.fields.keys():
-                raise ValueError(f"{row.view}: the rows readers serve ({layout.stored_name}) hold no "
-                                 f"{sorted(row.features.keys() - layout.fields.keys())}")  # fmt: skip
+                raise ValueError(
+                    f"{row.view}: the rows readers serve ({layout.stored_name}) hold no "
+                    f"{sorted(row.features.keys() - layout.fields.keys())}"
+                )
             stamp = Timestamp()
             stamp.FromMicroseconds(row.event_time_us)
             values, cleared = [layout.absorbed_field, row.absorbed.encode()], []
@@ -189,9 +205,24 @@ class OnlineWriter:
                 else:
                     cleared.append(steps_field)
             entity = (row.entity,) if isinstance(row.entity, str) else row.entity
-            calls.append((self.layout.redis_key(layout.join_keys, entity), [layout.timestamp_field, stamp.SerializeToString(),
-                          stamp.seconds, stamp.nanos, layout.order_field, row.event_time_us, row.events, self._ttl_s[row.view],
-                          len(cleared), *cleared, *values]))  # fmt: skip
+            calls.append(
+                (
+                    self.layout.redis_key(layout.join_keys, entity),
+                    [
+                        layout.timestamp_field,
+                        stamp.SerializeToString(),
+                        stamp.seconds,
+                        stamp.nanos,
+                        layout.order_field,
+                        row.event_time_us,
+                        row.events,
+                        self._ttl_s[row.view],
+                        len(cleared),
+                        *cleared,
+                        *values,
+                    ],
+                )
+            )
         try:
             self._send(calls)
         except redis.exceptions.ResponseError as err:  # a slot moved (a failover): look the cluster up again, once
@@ -209,8 +240,10 @@ class OnlineWriter:
             nodes: dict[str, list] = {}
             for call in calls:
                 nodes.setdefault(self._redis.get_node_from_key(call[0]).name, []).append(call)
-            by_node = [(self._redis.get_redis_connection(self._redis.get_node(node_name=name)), name, node_calls)
-                       for name, node_calls in nodes.items()]  # fmt: skip
+            by_node = [
+                (self._redis.get_redis_connection(self._redis.get_node(node_name=name)), name, node_calls)
+                for name, node_calls in nodes.items()
+            ]
         else:
             by_node = [(self._redis, "Redis", calls)]
         for client, name, node_calls in by_node:
@@ -221,8 +254,10 @@ class OnlineWriter:
                 pipe.execute_command("WAIT", self._replica_acks, self._replica_ack_timeout_ms)
             replies = pipe.execute()
             if self._replica_acks and replies[-1] < self._replica_acks:
-                raise ReplicaAckError(f"{len(node_calls)} online rows on {name} reached {replies[-1]} of {self._replica_acks} "
-                                      f"replica(s) within {self._replica_ack_timeout_ms} ms: a failover may lose them; write them again")  # fmt: skip
+                raise ReplicaAckError(
+                    f"{len(node_calls)} online rows on {name} reached {replies[-1]} of {self._replica_acks} "
+                    f"replica(s) within {self._replica_ack_timeout_ms} ms: a failover may lose them; write them again"
+                )
 
     def jvm_connection(self, timeout_ms: int = 10_000) -> dict:
         """The online store's connection as the JVM writers take it (``streams/jvm`` ``RedisConnection``): Feast's
@@ -232,10 +267,14 @@ class OnlineWriter:
         online_store = self._config.online_store
         nodes, params = RedisOnlineStore._parse_connection_string(online_store.connection_string)
         return {
-            "nodes": [f"{node['host']}:{node['port']}" for node in nodes], "cluster": online_store.redis_type == "redis_cluster",
-            "username": params.get("username"), "password": params.get("password"), "ssl": bool(params.get("ssl", False)),
-            "db": int(params.get("db", 0)), "timeoutMs": timeout_ms,
-        }  # fmt: skip
+            "nodes": [f"{node['host']}:{node['port']}" for node in nodes],
+            "cluster": online_store.redis_type == "redis_cluster",
+            "username": params.get("username"),
+            "password": params.get("password"),
+            "ssl": bool(params.get("ssl", False)),
+            "db": int(params.get("db", 0)),
+            "timeoutMs": timeout_ms,
+        }
 
     @property
     def project(self) -> str:
@@ -248,9 +287,16 @@ class OnlineWriter:
         return self._redis
 
     def jvm_layout(
-        self, generation: Generation, features: Sequence[str], max_batch_rows: int, timeout_ms: int = 10_000, *,
-        replica_acks: int = 0, replica_ack_timeout_ms: int = 2_000, marks: tuple[str, str] | None = None,
-    ) -> str:  # fmt: skip
+        self,
+        generation: Generation,
+        features: Sequence[str],
+        max_batch_rows: int,
+        timeout_ms: int = 10_000,
+        *,
+        replica_acks: int = 0,
+        replica_ack_timeout_ms: int = 2_000,
+        marks: tuple[str, str] | None = None,
+    ) -> str:
         """What the feature job's JVM writer (``streams/jvm`` ``OnlineRowSink``) needs to write the rows of a view's
         ``generation``, whose ``features`` come in that order, exactly as :meth:`write` does, as JSON: the connection,
         the key's bytes around the join keys' values, the fields of the generation's namespace (base64), each feature's
@@ -260,20 +306,37 @@ class OnlineWriter:
         each subtask of the writer records there the read marks its rows reached Redis behind."""
         layout = self.layout.generation(generation)
         parts, order = self.layout.key_parts(layout.join_keys)
-        kinds = {"int64_val": "int64", "int32_val": "int32", "double_val": "double", "float_val": "float", "string_val": "string",
-                 "bool_val": "bool"}  # fmt: skip
+        kinds = {
+            "int64_val": "int64",
+            "int32_val": "int32",
+            "double_val": "double",
+            "float_val": "float",
+            "string_val": "string",
+            "bool_val": "bool",
+        }
         encode = lambda raw: base64.b64encode(raw).decode()  # noqa: E731
-        return json.dumps({
-            "connection": self.jvm_connection(timeout_ms), "keyParts": [encode(part) for part in parts], "keyOrder": order,
-            "timestampField": encode(layout.timestamp_field), "orderField": encode(layout.order_field),
-            "absorbedField": encode(layout.absorbed_field), "planField": encode(layout.plan_field), "plan": generation.identity,
-            "featureFields": [encode(layout.fields[name]) for name in features],
-            "featureKinds": [kinds[self._kinds[generation.view][name]] for name in features],
-            "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],
-            "ttlSeconds": self._ttl_s[generation.view], "script": _COMPARE_AND_SET, "maxBatchRows": max_batch_rows,
-            "replicaAcks": replica_acks, "replicaAckTimeoutMs": replica_ack_timeout_ms,
-            "marksKey": marks[0] if marks else None, "marksField": marks[1] if marks else None,
-        })  # fmt: skip
+        return json.dumps(
+            {
+                "connection": self.jvm_connection(timeout_ms),
+                "keyParts": [encode(part) for part in parts],
+                "keyOrder": order,
+                "timestampField": encode(layout.timestamp_field),
+                "orderField": encode(layout.order_field),
+                "absorbedField": encode(layout.absorbed_field),
+                "planField": encode(layout.plan_field),
+                "plan": generation.identity,
+                "featureFields": [encode(layout.fields[name]) for name in features],
+                "featureKinds": [kinds[self._kinds[generation.view][name]] for name in features],
+                "stepsFields": [encode(steps_field) for steps_field, _ in layout.windows.values()],
+                "ttlSeconds": self._ttl_s[generation.view],
+                "script": _COMPARE_AND_SET,
+                "maxBatchRows": max_batch_rows,
+                "replicaAcks": replica_acks,
+                "replicaAckTimeoutMs": replica_ack_timeout_ms,
+                "marksKey": marks[0] if marks else None,
+                "marksField": marks[1] if marks else None,
+            }
+        )
 
     def delete_rows(self) -> list[str]:
         """Delete every online row of the registry's stream feature views (Feast's own ``delete_table``): a stream

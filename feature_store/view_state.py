@@ -54,17 +54,29 @@ class Generation:
 
     def to_json(self) -> str:
         """The generation as the hash keeps it (the job's promotion compares this text)."""
-        return json.dumps({
-            "view": self.view, "number": self.number, "namespace": self.namespace, "identity": self.identity,
-            "join_keys": list(self.join_keys),
-            "aggregations": [[a.name, a.function, a.column, a.window_ms, a.slide_ms] for a in self.aggregations],
-        }, sort_keys=True)  # fmt: skip
+        return json.dumps(
+            {
+                "view": self.view,
+                "number": self.number,
+                "namespace": self.namespace,
+                "identity": self.identity,
+                "join_keys": list(self.join_keys),
+                "aggregations": [[a.name, a.function, a.column, a.window_ms, a.slide_ms] for a in self.aggregations],
+            },
+            sort_keys=True,
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Generation:
         data = json.loads(text)
-        return cls(data["view"], data["number"], data["namespace"], data["identity"], tuple(data["join_keys"]),
-                   tuple(AggregationSpec(*a) for a in data["aggregations"]))  # fmt: skip
+        return cls(
+            data["view"],
+            data["number"],
+            data["namespace"],
+            data["identity"],
+            tuple(data["join_keys"]),
+            tuple(AggregationSpec(*a) for a in data["aggregations"]),
+        )
 
 
 def namespace(stored_name: str, number: int) -> str:
@@ -131,8 +143,14 @@ def plan_generations(redis, project: str, views: Sequence[PlannedView]) -> dict[
             continue
         else:
             number = max((g.number + 1 for g in (serving, pending) if g is not None), default=0)
-            generation = Generation(planned.view, number, namespace(planned.stored_name, number), planned.identity,
-                                    planned.join_keys, planned.aggregations)  # fmt: skip
+            generation = Generation(
+                planned.view,
+                number,
+                namespace(planned.stored_name, number),
+                planned.identity,
+                planned.join_keys,
+                planned.aggregations,
+            )
             chosen[planned.view] = (generation, serving is not None)
             if serving is not None:
                 redis.hset(key, PENDING + planned.view, generation.to_json())

@@ -117,8 +117,13 @@ class Window:
         """The stored form of ``steps`` as of ``latest_ms``: ``(bound, values)`` pairs, oldest first (what the job's
         ``WindowPlan.steps`` writes; tests build steps from the window definition with it)."""
         steps = list(steps)
-        return b"".join([_INT64.pack(latest_ms), *(_INT64.pack(bound) for bound, _ in steps),
-                         *(self._values.pack(*values) for _, values in steps)])  # fmt: skip
+        return b"".join(
+            [
+                _INT64.pack(latest_ms),
+                *(_INT64.pack(bound) for bound, _ in steps),
+                *(self._values.pack(*values) for _, values in steps),
+            ]
+        )
 
 
 @cache
@@ -145,5 +150,7 @@ def millis(delta: timedelta | None) -> int | None:
 def view_aggregations(view) -> tuple[AggregationSpec, ...]:
     """The aggregations a Feast stream feature view declares, in its order, with windows and slides in ms (what
     ``streams/feature_plan.py`` compiles and checks; this side only reads them)."""
-    return tuple(AggregationSpec(a.name, a.function, a.column, millis(a.time_window), millis(a.slide_interval))
-                 for a in getattr(view, "aggregations", None) or ())  # fmt: skip
+    return tuple(
+        AggregationSpec(a.name, a.function, a.column, millis(a.time_window), millis(a.slide_interval))
+        for a in getattr(view, "aggregations", None) or ()
+    )

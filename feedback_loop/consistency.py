@@ -93,7 +93,10 @@ def features_at(view: ViewPlan, events: pd.DataFrame, at: pd.DataFrame) -> dict[
         raise ValueError("features_at needs a time for every point and every event")
     at = at.drop_duplicates().astype({"at_ms": "int64"})
     rows = recompute(view, events.astype({view.time_field: "int64"}), at)
-    records = [dict(zip(rows.columns, values, strict=True)) for values in zip(*(rows[name].tolist() for name in rows.columns), strict=True)]
+    records = [
+        dict(zip(rows.columns, values, strict=True))
+        for values in zip(*(rows[name].tolist() for name in rows.columns), strict=True)
+    ]
     return {(record[view.entity_key], int(record["at_ms"])): record for record in records}
 
 
@@ -116,8 +119,10 @@ def events_needed_since(plan: FeaturePlan, requests: Sequence[PredictionRecord],
     history = plan.history_ms(name for record in requests for name in record.features if name in wanted)
     if not history:
         return None
-    earliest = min(min([record.requested_at_ms, *record.feature_row_times_ms.values(), *record.feature_read_as_of_ms.values()])
-                   for record in requests)  # fmt: skip
+    earliest = min(
+        min([record.requested_at_ms, *record.feature_row_times_ms.values(), *record.feature_read_as_of_ms.values()])
+        for record in requests
+    )
     return earliest - history - plan.out_of_orderness_ms
 
 
@@ -128,9 +133,12 @@ def read_time(record: PredictionRecord, view: str) -> int:
 
 
 def check_consistency(
-    plan: FeaturePlan, events: Mapping[str, pd.DataFrame], requests: Iterable[PredictionRecord], sample_rate: float = 1.0,
+    plan: FeaturePlan,
+    events: Mapping[str, pd.DataFrame],
+    requests: Iterable[PredictionRecord],
+    sample_rate: float = 1.0,
     features: Sequence[str] | None = None,
-) -> dict[str, FeatureConsistency]:  # fmt: skip
+) -> dict[str, FeatureConsistency]:
     """Compare the streaming features of ``requests`` (those whose entity is sampled at ``sample_rate``) with the
     recompute over ``events`` (the accepted events of the log, by topic); per ``view:feature`` name, its outcomes.
     ``features`` limits the check to those names (default: every streaming feature the requests logged)."""
@@ -138,8 +146,13 @@ def check_consistency(
     report: dict[str, FeatureConsistency] = {}
     for view in plan.views:
         names = [f"{view.name}:{f}" for f in view.feature_names if features is None or f"{view.name}:{f}" in features]
-        chosen = [r for r in requests if all(k in r.entity_keys for k in view.entity_keys)
-                  and sampled(view.entity(r.entity_keys), sample_rate) and any(name in r.features for name in names)]  # fmt: skip
+        chosen = [
+            r
+            for r in requests
+            if all(k in r.entity_keys for k in view.entity_keys)
+            and sampled(view.entity(r.entity_keys), sample_rate)
+            and any(name in r.features for name in names)
+        ]
         if not chosen or view.topic not in events:
             continue
         view_events = view.with_entity(events[view.topic])
@@ -148,8 +161,11 @@ def check_consistency(
         at = pd.DataFrame({view.entity_key: pd.Series(keys, dtype=object), "at_ms": [read_time(r, view.name) for r in chosen]})
         lookup = features_at(view, view_events, at)
         # Only a value that differs needs the recompute as of its row (to tell lag from a wrong value).
-        differing = [(record, key, row_time) for record, key, row_time in zip(chosen, keys, row_times, strict=True) if row_time is not None
-                     and _differs(record, names, lookup.get((key, read_time(record, view.name))))]  # fmt: skip
+        differing = [
+            (record, key, row_time)
+            for record, key, row_time in zip(chosen, keys, row_times, strict=True)
+            if row_time is not None and _differs(record, names, lookup.get((key, read_time(record, view.name))))
+        ]
         positioned = {"partition", "offset"} <= set(view_events.columns)
         exact, prefixed = [], []
         for d in differing:
@@ -172,7 +188,9 @@ def check_consistency(
     return report
 
 
-def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:
+def _as_of_rows(
+    view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]
+) -> dict[str, list[dict]]:
     """Per request id, what a read at the request's time returns from each row the online store could have held for
     its entity with the logged row time: the job applies an entity's events in log order (one partition), so a row is
     a prefix of them, read with its windows as of the request's time (or the prefix's latest event, if later).
@@ -207,15 +225,21 @@ def _as_of_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[Pred
         # them all, at each time it is read (none before its latest event); each row stands for its real entity.
         numbered = [(prefix, prefixes[prefix], where) for prefix, where in batch]
         points = [(prefix, number, at) for prefix, number, _ in numbered for at in sorted(read_times[prefix])]
-        frame = logged[used].iloc[np.concatenate([where for _, _, where in numbered])].assign(
-            **{key_column: np.repeat([number for _, number, _ in numbered], [len(where) for _, _, where in numbered])})
-        rows = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points], "at_ms": [at for _, _, at in points]}))
+        frame = (
+            logged[used]
+            .iloc[np.concatenate([where for _, _, where in numbered])]
+            .assign(**{key_column: np.repeat([number for _, number, _ in numbered], [len(where) for _, _, where in numbered])})
+        )
+        rows = features_at(
+            view, frame, pd.DataFrame({key_column: [n for _, n, _ in points], "at_ms": [at for _, _, at in points]})
+        )
         as_of |= {(prefix, at): {**rows[(number, at)], key_column: prefix[0]} for prefix, number, at in points}
     return {request_id: [as_of[point] for point in points] for request_id, points in candidates.items()}
 
 
-
-def _absorbed_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:
+def _absorbed_rows(
+    view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]
+) -> dict[str, list[dict]]:
     """Per request id whose row named the log positions it absorbed (``feature_row_absorbed``): the one row of exactly
     those events of its entity (each partition's up to its offset, however the entity's events spread over
     partitions), read at the request's time (or the row's, if later). One recompute evaluates them all."""
@@ -242,8 +266,11 @@ def _absorbed_rows(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[P
     if not parts:
         return {}
     frame = events.iloc[np.concatenate([where for _, where in parts])].assign(
-        **{key_column: np.repeat([number for number, _ in parts], [len(where) for _, where in parts])})
-    read = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]}))
+        **{key_column: np.repeat([number for number, _ in parts], [len(where) for _, where in parts])}
+    )
+    read = features_at(
+        view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]})
+    )
     return {request_id: [{**read[(n, at)], key_column: key}] for request_id, (key, n, at) in points.items() if (n, at) in read}
 
 
@@ -254,20 +281,32 @@ def _absorbed_positions(text: str) -> Iterator[tuple[int, int]]:
         yield int(partition), int(offset)
 
 
-def _rows_up_to_row_time(view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]) -> dict[str, list[dict]]:
+def _rows_up_to_row_time(
+    view: ViewPlan, events: pd.DataFrame, differing: list[tuple[PredictionRecord, Hashable, int]]
+) -> dict[str, list[dict]]:
     """:func:`_as_of_rows` for events without log positions: per request id, the one row of its entity's events up to
     the logged row time, read at the request's time (or the row time, if later). One recompute evaluates them all,
     each (entity, row time) as an entity of its own."""
     key_column = view.entity_key
     numbers = {row: n for n, row in enumerate(dict.fromkeys((key, row_time) for _, key, row_time in differing))}
     positions, times = events.groupby(key_column, sort=False).indices, events[view.time_field].to_numpy()
-    parts = [(n, where[times[where] <= row_time]) for (key, row_time), n in numbers.items() if (where := positions.get(key)) is not None]
+    parts = [
+        (n, where[times[where] <= row_time])
+        for (key, row_time), n in numbers.items()
+        if (where := positions.get(key)) is not None
+    ]
     if not parts:
         return {}
     frame = events.iloc[np.concatenate([where for _, where in parts])].assign(
-        **{key_column: np.repeat([n for n, _ in parts], [len(where) for _, where in parts])})
-    points = {record.request_id: (key, numbers[(key, row_time)], max(read_time(record, view.name), row_time)) for record, key, row_time in differing}
-    rows = features_at(view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]}))
+        **{key_column: np.repeat([n for n, _ in parts], [len(where) for _, where in parts])}
+    )
+    points = {
+        record.request_id: (key, numbers[(key, row_time)], max(read_time(record, view.name), row_time))
+        for record, key, row_time in differing
+    }
+    rows = features_at(
+        view, frame, pd.DataFrame({key_column: [n for _, n, _ in points.values()], "at_ms": [at for *_, at in points.values()]})
+    )
     return {request_id: [{**rows[(n, at)], key_column: key}] for request_id, (key, n, at) in points.items() if (n, at) in rows}
 
 
@@ -276,9 +315,12 @@ _BATCH_EVENTS = 500_000
 
 
 def _prefix_batches(
-    view: ViewPlan, prefixes: Mapping[tuple[str, int], int], positions: Mapping[str, np.ndarray], row_times: Mapping[str, np.ndarray],
+    view: ViewPlan,
+    prefixes: Mapping[tuple[str, int], int],
+    positions: Mapping[str, np.ndarray],
+    row_times: Mapping[str, np.ndarray],
     times: np.ndarray,
-) -> Iterator[list[tuple[tuple[str, int], np.ndarray]]]:  # fmt: skip
+) -> Iterator[list[tuple[tuple[str, int], np.ndarray]]]:
     """The prefixes with the events their row needs (indices into the log), in batches of about ``_BATCH_EVENTS``.
 
     A row as of time T needs only the prefix's events inside its longest window (from T - window - slide) and the
@@ -305,7 +347,10 @@ def _differs(record: PredictionRecord, names: Sequence[str], offline: dict | Non
     """Whether any of ``names`` the record logged differs from the recompute ``offline`` (missing counts as differing)."""
     for name in names:
         logged = name in record.features and name not in record.defaulted_features
-        if logged and (offline is None or not same_feature_value(name.split(":", 1)[1], offline[name.split(":", 1)[1]], record.features[name])):
+        if logged and (
+            offline is None
+            or not same_feature_value(name.split(":", 1)[1], offline[name.split(":", 1)[1]], record.features[name])
+        ):
             return True
     return False
 
@@ -328,10 +373,17 @@ def _outcome(feature: str, want: object, online: object, offline: dict | None, a
 def summary(report: dict[str, FeatureConsistency]) -> dict[str, dict[str, float | int | None]]:
     """Per feature: requests compared, mismatch / lag / ahead / missing / extra ratios and SMAPE (for tables and JSON)."""
     return {
-        name: {"compared": c.compared, "mismatch_ratio": c.mismatch_ratio, "lag_ratio": c.rate("lag"), "ahead_ratio": c.rate("ahead"),
-               "missing_ratio": c.rate("missing"), "extra_ratio": c.rate("extra"), "smape": c.smape}
+        name: {
+            "compared": c.compared,
+            "mismatch_ratio": c.mismatch_ratio,
+            "lag_ratio": c.rate("lag"),
+            "ahead_ratio": c.rate("ahead"),
+            "missing_ratio": c.rate("missing"),
+            "extra_ratio": c.rate("extra"),
+            "smape": c.smape,
+        }
         for name, c in sorted(report.items())
-    }  # fmt: skip
+    }
 
 
 def by_outcome(report: dict[str, FeatureConsistency]) -> dict[str, int]:

@@ -70,9 +70,18 @@ class FeatureCounts:
         categories = dict(self.categories)
         for value, count in other.categories:
             categories[value] = categories.get(value, 0) + count
-        bins = tuple(a + b for a, b in zip(self.bins, other.bins, strict=True)) if self.bins and other.bins else self.bins or other.bins
-        return FeatureCounts(bins, tuple(sorted(categories.items())), self.missing + other.missing,
-                             self.defaulted + other.defaulted, self.rows + other.rows)  # fmt: skip
+        bins = (
+            tuple(a + b for a, b in zip(self.bins, other.bins, strict=True))
+            if self.bins and other.bins
+            else self.bins or other.bins
+        )
+        return FeatureCounts(
+            bins,
+            tuple(sorted(categories.items())),
+            self.missing + other.missing,
+            self.defaulted + other.defaulted,
+            self.rows + other.rows,
+        )
 
 
 def value_problem(reference: FeatureReference, value: object) -> str | None:
@@ -143,9 +152,11 @@ class FeatureSkew:
 
     def level(self, thresholds: SkewThresholds) -> str:
         """``alert``, ``warn`` or ``ok`` under ``thresholds``."""
-        if (self.psi or 0) >= thresholds.psi_alert or (self.js_divergence or 0) >= thresholds.js_alert or (
-            self.linf or 0
-        ) >= thresholds.linf_alert:
+        if (
+            (self.psi or 0) >= thresholds.psi_alert
+            or (self.js_divergence or 0) >= thresholds.js_alert
+            or (self.linf or 0) >= thresholds.linf_alert
+        ):
             return "alert"
         return "warn" if (self.psi or 0) >= thresholds.psi_warn else "ok"
 
@@ -161,20 +172,37 @@ def feature_skew(name: str, reference: FeatureReference, counts: FeatureCounts) 
         actual = _shares(np.array([seen.get(v, 0) for v in values], dtype=float))
         if not values or not actual.any():
             return FeatureSkew(name, reference.kind, counts.rows, None, None, None, missing_rate, defaulted_rate)
-        return FeatureSkew(name, reference.kind, counts.rows, psi(expected, actual), None,
-                           float(np.max(np.abs(actual - expected))), missing_rate, defaulted_rate)  # fmt: skip
+        return FeatureSkew(
+            name,
+            reference.kind,
+            counts.rows,
+            psi(expected, actual),
+            None,
+            float(np.max(np.abs(actual - expected))),
+            missing_rate,
+            defaulted_rate,
+        )
     actual = _shares(np.asarray(counts.bins, dtype=float))
     if not reference.edges or not actual.any():
         return FeatureSkew(name, reference.kind, counts.rows, None, None, None, missing_rate, defaulted_rate)
     expected = np.asarray(reference.shares, dtype=float)
-    return FeatureSkew(name, reference.kind, counts.rows, psi(expected, actual), js_divergence(expected, actual), None,
-                       missing_rate, defaulted_rate)  # fmt: skip
+    return FeatureSkew(
+        name,
+        reference.kind,
+        counts.rows,
+        psi(expected, actual),
+        js_divergence(expected, actual),
+        None,
+        missing_rate,
+        defaulted_rate,
+    )
 
 
 def skew_check(
-    references: Mapping[str, FeatureReference], columns: Mapping[str, np.ndarray | list],
+    references: Mapping[str, FeatureReference],
+    columns: Mapping[str, np.ndarray | list],
     defaulted: Mapping[str, np.ndarray] | None = None,
-) -> list[FeatureSkew]:  # fmt: skip
+) -> list[FeatureSkew]:
     """Every referenced feature's skew over the rows of ``columns`` (feature → values; ``defaulted``: feature → a
     boolean per row), in the references' order; a feature the rows do not carry is all missing."""
     skews = []

@@ -24,7 +24,11 @@ from streams.topics import read_topic
 
 
 def logged_examples(
-    bootstrap_servers: str, topic: str, from_ms: int | None, to_ms: int | None, client_config: Mapping[str, str] | None = None,
+    bootstrap_servers: str,
+    topic: str,
+    from_ms: int | None,
+    to_ms: int | None,
+    client_config: Mapping[str, str] | None = None,
     model_name: str | None = None,
 ) -> tuple[list[TrainingExample], dict[str, Any]]:
     """The examples on ``topic`` scored in ``[from_ms, to_ms)`` (read_committed), of ``model_name`` when given, and their
@@ -37,7 +41,9 @@ def logged_examples(
             example = decode(TrainingExample, message.value() or b"")
         except ContractViolation:
             continue  # the joiner writes only valid examples; anything else on the topic is not ours to train on
-        if (from_ms is not None and example.predicted_at_ms < from_ms) or (to_ms is not None and example.predicted_at_ms >= to_ms):
+        if (from_ms is not None and example.predicted_at_ms < from_ms) or (
+            to_ms is not None and example.predicted_at_ms >= to_ms
+        ):
             continue
         if model_name is not None and example.model_name != model_name:
             continue
@@ -48,8 +54,14 @@ def logged_examples(
     return examples, source | ({"model_name": model_name} if model_name is not None else {})
 
 
-def backfill_examples(plan: FeaturePlan, project: Project, events: Mapping[str, Sequence], labels: Sequence,
-                      inputs: Sequence[str], scored_topic: str | None = None) -> pd.DataFrame:  # fmt: skip
+def backfill_examples(
+    plan: FeaturePlan,
+    project: Project,
+    events: Mapping[str, Sequence],
+    labels: Sequence,
+    inputs: Sequence[str],
+    scored_topic: str | None = None,
+) -> pd.DataFrame:
     """Examples (snapshot columns) for every labeled scored event in the event log, features recomputed point in time.
 
     ``events``: the Kafka messages of each topic the plan reads; ``labels``: those of the label topic; ``inputs``: the
@@ -74,23 +86,35 @@ def backfill_examples(plan: FeaturePlan, project: Project, events: Mapping[str, 
         return pd.DataFrame(columns=[*BASE_COLUMNS, *inputs])
     known = [outcomes[event_id] for event_id in happened[scored.id]]
     source, label_time = plan_labels.source_field, plan_labels.time_field
-    frame = pd.DataFrame({
-        "event_id": happened[scored.id].to_numpy(), "request_id": happened[scored.id].to_numpy(), "model_name": "backfill",
-        "model_version": "none", "score": float("nan"), "label": [float(getattr(label, plan_labels.value)) for label in known],
-        "label_source": [None if source is None else str(getattr(label, source)) for label in known],
-        "predicted_at_ms": happened[time_field].to_numpy(),
-        "label_time_ms": [None if label_time is None else getattr(label, label_time) for label in known], "defaulted": 0,
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "event_id": happened[scored.id].to_numpy(),
+            "request_id": happened[scored.id].to_numpy(),
+            "model_name": "backfill",
+            "model_version": "none",
+            "score": float("nan"),
+            "label": [float(getattr(label, plan_labels.value)) for label in known],
+            "label_source": [None if source is None else str(getattr(label, source)) for label in known],
+            "predicted_at_ms": happened[time_field].to_numpy(),
+            "label_time_ms": [None if label_time is None else getattr(label, label_time) for label in known],
+            "defaulted": 0,
+        }
+    )
     for view in plan.views:
         wanted = [name for name in inputs if name.startswith(f"{view.name}:")]
         if not wanted:
             continue
         missing = [key for key in view.entity_keys if key not in happened.columns]
         if missing:
-            raise ValueError(f"{view.name}'s entity ({', '.join(missing)}) is not among the fields of the scored events "
-                             f"({scored_topic}): its features cannot be backfilled as of each of them")  # fmt: skip
-        at = view.with_entity(pd.DataFrame({**{key: happened[key].to_numpy() for key in view.entity_keys},
-                                            "at_ms": happened[time_field].to_numpy()}))  # fmt: skip
+            raise ValueError(
+                f"{view.name}'s entity ({', '.join(missing)}) is not among the fields of the scored events "
+                f"({scored_topic}): its features cannot be backfilled as of each of them"
+            )
+        at = view.with_entity(
+            pd.DataFrame(
+                {**{key: happened[key].to_numpy() for key in view.entity_keys}, "at_ms": happened[time_field].to_numpy()}
+            )
+        )
         features = recompute(view, accepted[view.topic], at).drop_duplicates([view.entity_key, "at_ms"])
         joined = at.merge(features, how="left", on=[view.entity_key, "at_ms"])
         for name in wanted:

@@ -52,16 +52,27 @@ def _key_parts(key: str) -> tuple[str, str, int, int]:
 
 
 def _from_json(value: Mapping) -> FeatureCounts:
-    return FeatureCounts(tuple(value["bins"]), tuple((str(k), int(n)) for k, n in value["categories"]), int(value["missing"]),
-                         int(value["defaulted"]), int(value["rows"]))  # fmt: skip
+    return FeatureCounts(
+        tuple(value["bins"]),
+        tuple((str(k), int(n)) for k, n in value["categories"]),
+        int(value["missing"]),
+        int(value["defaulted"]),
+        int(value["rows"]),
+    )
 
 
 class FeatureLogWindow:
     """Counts of logged feature values against ``references`` (feature → reference, named ``reference_id``), in
     buckets of ``bucket_ms`` by scoring time, over the last ``window_ms``, kept in ``store``."""
 
-    def __init__(self, store: MutableMapping[str, dict], reference_id: str, references: Mapping[str, FeatureReference],
-                 bucket_ms: int, window_ms: int) -> None:  # fmt: skip
+    def __init__(
+        self,
+        store: MutableMapping[str, dict],
+        reference_id: str,
+        references: Mapping[str, FeatureReference],
+        bucket_ms: int,
+        window_ms: int,
+    ) -> None:
         if bucket_ms <= 0 or window_ms < bucket_ms:
             raise ValueError(f"a window of {window_ms} ms cannot hold buckets of {bucket_ms} ms")
         self.store, self.bucket_ms, self.window_ms = store, bucket_ms, window_ms
@@ -92,7 +103,9 @@ class FeatureLogWindow:
             raise ValueError(f"an offset names one record, not {len(records)}")
         groups: dict[tuple[str, int], list[PredictionRecord]] = {}
         read = [r for r in records if self.problem(r) is None]
-        overran = overran_reads([sum(name in r.defaulted_features for name in self.references) for r in read], list(self.references))
+        overran = overran_reads(
+            [sum(name in r.defaulted_features for name in self.references) for r in read], list(self.references)
+        )
         for record in (r for r, skipped in zip(read, overran, strict=True) if not skipped):
             groups.setdefault((record.model_version, record.scored_at_ms // self.bucket_ms * self.bucket_ms), []).append(record)
         counted = 0
@@ -103,7 +116,9 @@ class FeatureLogWindow:
                 continue
             counts = dict(stored["features"])
             for name, reference in self.references.items():
-                added = count_values(reference, [r.features.get(name) for r in batch], [name in r.defaulted_features for r in batch])
+                added = count_values(
+                    reference, [r.features.get(name) for r in batch], [name in r.defaulted_features for r in batch]
+                )
                 counts[name] = _to_json(added if name not in counts else _from_json(counts[name]) + added)
             self.store[key] = {"features": counts, "through": stored["through"] if offset is None else offset}
             counted += len(batch)
@@ -126,8 +141,10 @@ class FeatureLogWindow:
 
     def skews(self, now_ms: int) -> dict[str, list[FeatureSkew]]:
         """Per model version, every referenced feature's skew over the window ending at ``now_ms``."""
-        return {version: [feature_skew(name, self.references[name], counts) for name, counts in sorted(features.items())]
-                for version, features in sorted(self.window(now_ms).items())}  # fmt: skip
+        return {
+            version: [feature_skew(name, self.references[name], counts) for name, counts in sorted(features.items())]
+            for version, features in sorted(self.window(now_ms).items())
+        }
 
     def stale(self, now_ms: int, partition: int | None = None) -> list[str]:
         """The keys of buckets (of source ``partition``, or all) that ended before the window ending at ``now_ms``,

@@ -48,6 +48,7 @@ JOB_NAME = "loopline-feedback-joiner"
 OPERATOR_SOURCES = Path(__file__).with_name("jvm") / "src"
 _DECODED = DataTypes.ROW([DataTypes.FIELD(name, DataTypes.STRING()) for name in ("dead_letter", "event_id", "json")])
 
+
 class DecodeRecords(ScalarFunction):
     """Validate a batch of one topic's records: (no dead letter, event id, what the example takes of the record, as
     JSON), or a dead letter. Predictions are decoded by their record type; with ``label`` the records are labels,
@@ -69,8 +70,21 @@ class DecodeRecords(ScalarFunction):
         if record is None:
             return letter, None, None
         if not record.event_id:
-            return dead_letter(JOB_NAME, "no_event_id", "the prediction names no event to join", "event_id", self.topic,
-                               partition, offset, key, value), None, None  # fmt: skip
+            return (
+                dead_letter(
+                    JOB_NAME,
+                    "no_event_id",
+                    "the prediction names no event to join",
+                    "event_id",
+                    self.topic,
+                    partition,
+                    offset,
+                    key,
+                    value,
+                ),
+                None,
+                None,
+            )
         return None, record.event_id, record.model_dump_json()
 
     def _label(self, key, value, partition, offset) -> tuple[str | None, str | None, str | None]:
@@ -78,10 +92,17 @@ class DecodeRecords(ScalarFunction):
         try:
             record = plan.contract.decode(value or b"", plan.wire)
         except ContractViolation as violation:
-            return dead_letter(JOB_NAME, "invalid", str(violation), violation.field, self.topic, partition, offset, key, value), None, None
+            return (
+                dead_letter(JOB_NAME, "invalid", str(violation), violation.field, self.topic, partition, offset, key, value),
+                None,
+                None,
+            )
         outcome = getattr(record, plan.value)
-        taken = {"value": float(outcome), "time_ms": getattr(record, plan.time_field) if plan.time_field else None,
-                 "source": None if plan.source_field is None else str(getattr(record, plan.source_field))}  # fmt: skip
+        taken = {
+            "value": float(outcome),
+            "time_ms": getattr(record, plan.time_field) if plan.time_field else None,
+            "source": None if plan.source_field is None else str(getattr(record, plan.source_field)),
+        }
         return None, getattr(record, plan.joins_on), json.dumps(taken)
 
     def eval(self, key: pd.Series, value: pd.Series, partition: pd.Series, offset: pd.Series) -> pd.DataFrame:
@@ -103,12 +124,22 @@ def training_example(prediction_json: str, label_json: str | None) -> str:
     prediction = PredictionRecord.model_validate_json(prediction_json)
     label = json.loads(label_json) if label_json else {}
     example = TrainingExample(
-        schema_version=TrainingExample.SCHEMA_VERSION, event_id=prediction.event_id, request_id=prediction.request_id,
-        entity_keys=prediction.entity_keys, features=prediction.features, defaulted_features=prediction.defaulted_features,
-        model_name=prediction.model_name, model_version=prediction.model_version, score=prediction.score,
-        label=label.get("value"), label_source=label.get("source"), requested_at_ms=prediction.requested_at_ms,
-        predicted_at_ms=prediction.scored_at_ms, label_time_ms=label.get("time_ms"), joined_at_ms=int(time.time() * 1000),
-    )  # fmt: skip
+        schema_version=TrainingExample.SCHEMA_VERSION,
+        event_id=prediction.event_id,
+        request_id=prediction.request_id,
+        entity_keys=prediction.entity_keys,
+        features=prediction.features,
+        defaulted_features=prediction.defaulted_features,
+        model_name=prediction.model_name,
+        model_version=prediction.model_version,
+        score=prediction.score,
+        label=label.get("value"),
+        label_source=label.get("source"),
+        requested_at_ms=prediction.requested_at_ms,
+        predicted_at_ms=prediction.scored_at_ms,
+        label_time_ms=label.get("time_ms"),
+        joined_at_ms=int(time.time() * 1000),
+    )
     return example.model_dump_json()
 
 
@@ -118,22 +149,39 @@ def build_job(env, settings: JoinerSettings) -> None:
     t_env.get_config().set("table.exec.source.idle-timeout", f"{settings.idle_timeout_ms} ms")
     tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
     source = {
-        "properties.isolation.level": "read_committed", "scan.startup.mode": "group-offsets",
+        "properties.isolation.level": "read_committed",
+        "scan.startup.mode": "group-offsets",
         # Nothing here is waited for within a checkpoint's interval: fetch 64 KiB or what half a second brings, not
         # each record as it lands (the broker's load).
-        "properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "500",
-    }  # fmt: skip
+        "properties.fetch.min.bytes": "65536",
+        "properties.fetch.max.wait.ms": "500",
+    }
     # The records' Kafka timestamps are the event time.
-    event_time = ("`ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL",
-                  f"WATERMARK FOR `ts` AS `ts` - INTERVAL '{settings.out_of_orderness_ms / 1000}' SECOND")  # fmt: skip
+    event_time = (
+        "`ts` TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL",
+        f"WATERMARK FOR `ts` AS `ts` - INTERVAL '{settings.out_of_orderness_ms / 1000}' SECOND",
+    )
     for name, topic in (("predictions_raw", settings.predictions_topic), ("labels_raw", settings.labels_topic)):
         t_env.execute_sql(tables.raw_source(name, topic, source, event_time))
-    t_env.execute_sql(tables.exactly_once_sink("examples", "`key` BYTES, `value` STRING", settings.examples_topic, "examples", {
-        "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
-    }))  # fmt: skip
+    t_env.execute_sql(
+        tables.exactly_once_sink(
+            "examples",
+            "`key` BYTES, `value` STRING",
+            settings.examples_topic,
+            "examples",
+            {
+                "key.format": "raw",
+                "key.fields": "key",
+                "value.format": "raw",
+                "value.fields-include": "EXCEPT_KEY",
+            },
+        )
+    )
     t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
-    for name, records in (("decode_prediction", DecodeRecords(settings.predictions_topic)),
-                          ("decode_label", DecodeRecords(settings.labels_topic, settings.label_plan()))):  # fmt: skip
+    for name, records in (
+        ("decode_prediction", DecodeRecords(settings.predictions_topic)),
+        ("decode_label", DecodeRecords(settings.labels_topic, settings.label_plan())),
+    ):
         t_env.create_temporary_function(name, udf(records, result_type=_DECODED, func_type="pandas"))
     t_env.create_temporary_function("example", udf(BuildExamples(), result_type=DataTypes.STRING(), func_type="pandas"))
     decoded = t_env.sql_query(
@@ -151,10 +199,12 @@ def build_job(env, settings: JoinerSettings) -> None:
     joined_type = Types.ROW_NAMED(["event_id", "prediction", "label"], [Types.STRING(), Types.STRING(), Types.STRING()])
     key_selector = get_gateway().jvm.dev.loopline.streams.FieldKey(java_ints([1]))
     joined = (
-        t_env.to_data_stream(valid)._j_data_stream.keyBy(key_selector)
+        t_env.to_data_stream(valid)
+        ._j_data_stream.keyBy(key_selector)
         .process(operators.FeedbackJoin(settings.horizon_ms), joined_type.get_java_type_info())
-        .name("join predictions with labels").uid("feedback-join")
-    )  # fmt: skip
+        .name("join predictions with labels")
+        .uid("feedback-join")
+    )
     t_env.create_temporary_view("joined", t_env.from_data_stream(DataStream(joined)))
     statements.add_insert_sql("INSERT INTO examples SELECT CAST(event_id AS BYTES), example(prediction, label) FROM joined")
     statements.attach_as_datastream()
@@ -170,36 +220,57 @@ def _flush_interval_ms(checkpoint_interval_ms: int) -> int:
 def new_environment(settings: JoinerSettings, restore_from: str | None = None):
     """A StreamExecutionEnvironment configured for the joiner (``streams/flink_job.py``)."""
     return flink_environment(
-        name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar,
-        checkpoint_dir=settings.checkpoint_dir, checkpoint_interval_ms=settings.checkpoint_interval_ms,
-        parallelism=settings.parallelism, metrics_port=settings.metrics_port, restore_from=restore_from,
+        name=JOB_NAME,
+        connector_jar=settings.connector_jar,
+        operators_jar=settings.operators_jar,
+        checkpoint_dir=settings.checkpoint_dir,
+        checkpoint_interval_ms=settings.checkpoint_interval_ms,
+        parallelism=settings.parallelism,
+        metrics_port=settings.metrics_port,
+        restore_from=restore_from,
         flush_interval_ms=_flush_interval_ms(settings.checkpoint_interval_ms),
         # A prediction waits up to the horizon (days) for its label: the state grows with every one scored.
         incremental_state=True,
-    )  # fmt: skip
+    )
 
 
 def run_embedded(settings: JoinerSettings, restore: bool = True, stall_after_s: float = STALL_AFTER_S) -> None:
     """Run the joiner on an embedded mini-cluster until it fails or the process is stopped; with ``restore``
     it resumes from its newest retained checkpoint. A run that completes no checkpoint for ``stall_after_s`` is run
     again (``streams/flink_job.run_job``)."""
+
     def build(restore_from: str | None):
         env = new_environment(settings, restore_from)
         build_job(env, settings)
         return env
 
-    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline feedback join --no-restore",
-            bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties,
-            stall_after_s=stall_after_s)
+    run_job(
+        build,
+        JOB_NAME,
+        settings.checkpoint_dir,
+        restore,
+        "loopline feedback join --no-restore",
+        bootstrap_servers=settings.bootstrap_servers,
+        kafka_properties=settings.kafka_properties,
+        stall_after_s=stall_after_s,
+    )
 
 
-def submit_command(flink: Path, jobmanager: str, settings: JoinerSettings, archives: JobArchives,
-                   from_savepoint: str | None) -> list[str]:  # fmt: skip
+def submit_command(
+    flink: Path, jobmanager: str, settings: JoinerSettings, archives: JobArchives, from_savepoint: str | None
+) -> list[str]:
     """The ``flink run`` command that submits the joiner, detached, to the cluster at ``jobmanager`` (REST host:port)
     at ``settings.parallelism``, with its environment and code (``archives``), restored from ``from_savepoint`` if
     given."""
-    return flink_run_command(flink, jobmanager, "feedback_loop.joiner_job", [settings.to_json()], archives,
-                             parallelism=settings.parallelism, from_savepoint=from_savepoint)  # fmt: skip
+    return flink_run_command(
+        flink,
+        jobmanager,
+        "feedback_loop.joiner_job",
+        [settings.to_json()],
+        archives,
+        parallelism=settings.parallelism,
+        from_savepoint=from_savepoint,
+    )
 
 
 def _main(settings_json: str) -> None:

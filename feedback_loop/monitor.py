@@ -79,20 +79,29 @@ class Monitor:
     """The faust app and the state its agent and timers share."""
 
     def __init__(
-        self, config: MonitorConfig, references: Callable[[], References],
-        replay: Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]] | None, metrics: MonitorMetrics,
-    ) -> None:  # fmt: skip
+        self,
+        config: MonitorConfig,
+        references: Callable[[], References],
+        replay: Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]] | None,
+        metrics: MonitorMetrics,
+    ) -> None:
         """``references`` is asked (off the event loop) at start and before each check; ``replay`` checks a batch of
         settled sampled requests against the recompute (None: no consistency replay)."""
         self.config, self.references, self.replay, self.metrics = config, references, replay, metrics
         self.app = faust.App(
-            config.app_id, broker=f"kafka://{config.bootstrap_servers}", store="memory://", web_enabled=False, datadir=config.data_dir,
-            processing_guarantee="at_least_once", topic_partitions=config.partitions, broker_client_id=config.app_id,
+            config.app_id,
+            broker=f"kafka://{config.bootstrap_servers}",
+            store="memory://",
+            web_enabled=False,
+            datadir=config.data_dir,
+            processing_guarantee="at_least_once",
+            topic_partitions=config.partitions,
+            broker_client_id=config.app_id,
             consumer_auto_offset_reset="earliest" if config.from_earliest else "latest",
             # The table's changelog gets a write per counted record: 50 ms lets them share requests (at-least-once
             # either way: each bucket remembers the last offset it counted).
             producer_linger=0.05,
-        )  # fmt: skip
+        )
         self.app.transport.Consumer = _ReadCommittedConsumer
         self.table = self.app.Table("feature-log", default=None, partitions=config.partitions)
         reference_id, reference = references()

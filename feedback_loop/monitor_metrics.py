@@ -33,39 +33,82 @@ class MonitorMetrics:
     def __init__(self, collector_registry: CollectorRegistry | None = None) -> None:
         self.collector_registry = collector_registry or CollectorRegistry()
         r = self.collector_registry
-        self.psi = Gauge("loopline_feature_psi", "Population stability index of the window against the reference.", _SKEW, registry=r)
-        self.js = Gauge("loopline_feature_js_divergence", "Jensen-Shannon divergence (base 2) of a numeric feature.", _SKEW, registry=r)
-        self.linf = Gauge("loopline_feature_linf_distance", "Largest change of one value's share (categorical).", _SKEW, registry=r)
-        self.defaulted = Gauge("loopline_feature_defaulted_ratio", "Share of requests scored with the default.", _SKEW, registry=r)
+        self.psi = Gauge(
+            "loopline_feature_psi", "Population stability index of the window against the reference.", _SKEW, registry=r
+        )
+        self.js = Gauge(
+            "loopline_feature_js_divergence", "Jensen-Shannon divergence (base 2) of a numeric feature.", _SKEW, registry=r
+        )
+        self.linf = Gauge(
+            "loopline_feature_linf_distance", "Largest change of one value's share (categorical).", _SKEW, registry=r
+        )
+        self.defaulted = Gauge(
+            "loopline_feature_defaulted_ratio", "Share of requests scored with the default.", _SKEW, registry=r
+        )
         self.missing = Gauge("loopline_feature_missing_ratio", "Share of requests with no value.", _SKEW, registry=r)
-        self.rows = Gauge("loopline_feature_window_rows", "Requests in the window (all, before the minimum is reached).", _SKEW,
-                          registry=r)  # fmt: skip
-        self.threshold = Gauge("loopline_feature_skew_threshold", "Where a feature's skew warns or alerts.", ["feature", "measure"],
-                               registry=r)  # fmt: skip
-        self.mismatch = Gauge("loopline_feature_consistency_mismatch_ratio", "Value mismatches against the recompute, last replay.",
-                              ["feature"], registry=r)  # fmt: skip
-        self.lag = Gauge("loopline_feature_consistency_lag_ratio", "Mismatches explained by an older online row, last replay.",
-                         ["feature"], registry=r)  # fmt: skip
-        self.ahead = Gauge("loopline_feature_consistency_ahead_ratio", "Mismatches explained by an online row newer than the "
-                           "request (event clocks ahead of the requester's), last replay.", ["feature"], registry=r)  # fmt: skip
-        self.consistency_missing = Gauge("loopline_feature_consistency_missing_ratio", "No online value where the log had one.",
-                                         ["feature"], registry=r)  # fmt: skip
-        self.extra = Gauge("loopline_feature_consistency_extra_ratio", "An online value where the log had none.", ["feature"], registry=r)
-        self.smape = Gauge("loopline_feature_consistency_smape", "SMAPE (0-2) of the online values against the recompute.",
-                           ["feature"], registry=r)  # fmt: skip
-        self.comparisons = Counter("loopline_feature_consistency_comparisons_total", "Replayed comparisons by outcome.",
-                                   ["feature", "outcome"], registry=r)  # fmt: skip
+        self.rows = Gauge(
+            "loopline_feature_window_rows", "Requests in the window (all, before the minimum is reached).", _SKEW, registry=r
+        )
+        self.threshold = Gauge(
+            "loopline_feature_skew_threshold", "Where a feature's skew warns or alerts.", ["feature", "measure"], registry=r
+        )
+        self.mismatch = Gauge(
+            "loopline_feature_consistency_mismatch_ratio",
+            "Value mismatches against the recompute, last replay.",
+            ["feature"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            "loopline_feature_consistency_lag_ratio",
+            "Mismatches explained by an older online row, last replay.",
+            ["feature"],
+            registry=r,
+        )
+        self.ahead = Gauge(
+            "loopline_feature_consistency_ahead_ratio",
+            "Mismatches explained by an online row newer than the request (event clocks ahead of the requester's), last replay.",
+            ["feature"],
+            registry=r,
+        )
+        self.consistency_missing = Gauge(
+            "loopline_feature_consistency_missing_ratio", "No online value where the log had one.", ["feature"], registry=r
+        )
+        self.extra = Gauge(
+            "loopline_feature_consistency_extra_ratio", "An online value where the log had none.", ["feature"], registry=r
+        )
+        self.smape = Gauge(
+            "loopline_feature_consistency_smape",
+            "SMAPE (0-2) of the online values against the recompute.",
+            ["feature"],
+            registry=r,
+        )
+        self.comparisons = Counter(
+            "loopline_feature_consistency_comparisons_total",
+            "Replayed comparisons by outcome.",
+            ["feature", "outcome"],
+            registry=r,
+        )
         self.records = Counter("loopline_monitor_records_total", "Predictions the monitor counted.", registry=r)
-        self.duplicates = Counter("loopline_monitor_duplicate_records_total", "Predictions of a request already counted "
-                                  "(scored again after an at-least-once scorer's crash), not counted again.", registry=r)  # fmt: skip
-        self.bad_records = Counter("loopline_monitor_bad_records_total", "Records on the predictions topic the monitor could not "
-                                   f"count, by reason ({', '.join(BAD_RECORD_REASONS)}).", ["reason"], registry=r)  # fmt: skip
+        self.duplicates = Counter(
+            "loopline_monitor_duplicate_records_total",
+            "Predictions of a request already counted (scored again after an at-least-once scorer's crash), not counted again.",
+            registry=r,
+        )
+        self.bad_records = Counter(
+            "loopline_monitor_bad_records_total",
+            f"Records on the predictions topic the monitor could not count, by reason ({', '.join(BAD_RECORD_REASONS)}).",
+            ["reason"],
+            registry=r,
+        )
         for reason in BAD_RECORD_REASONS:  # at 0 from the start, so a rate() over it has a series before the first bad one
             self.bad_records.labels(reason)
-        self.reference = Gauge("loopline_monitor_reference_info", "The snapshot skew is measured against (1).", ["snapshot_id"],
-                               registry=r)  # fmt: skip
+        self.reference = Gauge(
+            "loopline_monitor_reference_info", "The snapshot skew is measured against (1).", ["snapshot_id"], registry=r
+        )
         self.last_check = Gauge("loopline_monitor_last_check_timestamp_seconds", "When skew was last computed.", registry=r)
-        self.last_replay = Gauge("loopline_monitor_last_replay_timestamp_seconds", "When the consistency replay last ran.", registry=r)
+        self.last_replay = Gauge(
+            "loopline_monitor_last_replay_timestamp_seconds", "When the consistency replay last ran.", registry=r
+        )
         self._published: set[tuple[str, str]] = set()
         self._counted: set[tuple[str, str]] = set()
 
@@ -91,8 +134,10 @@ class MonitorMetrics:
                 self.defaulted.labels(skew.feature, version).set(skew.defaulted_rate)
                 self.missing.labels(skew.feature, version).set(skew.missing_rate)
         # A version that left the window (retired) or fell under the minimum leaves no stale series behind.
-        for gauges, gone in (((self.psi, self.js, self.linf, self.defaulted, self.missing), self._published - published),
-                             ((self.rows,), self._counted - counted)):  # fmt: skip
+        for gauges, gone in (
+            ((self.psi, self.js, self.linf, self.defaulted, self.missing), self._published - published),
+            ((self.rows,), self._counted - counted),
+        ):
             for labels in gone:
                 for gauge in gauges:
                     with contextlib.suppress(KeyError):  # a series never published for that version

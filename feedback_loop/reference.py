@@ -66,9 +66,15 @@ def reference_statistics(frame: pd.DataFrame, inputs: Sequence[str]) -> dict[str
         edges = np.unique(np.quantile(values, np.linspace(0, 1, REFERENCE_BINS + 1)[1:-1]))
         shares = bin_shares(values, edges)
         references[name] = FeatureReference(
-            "numeric", missing, edges=[float(e) for e in edges], shares=shares, mean=float(values.mean()),
-            std=float(values.std()), minimum=float(values.min()), maximum=float(values.max()),
-        )  # fmt: skip
+            "numeric",
+            missing,
+            edges=[float(e) for e in edges],
+            shares=shares,
+            mean=float(values.mean()),
+            std=float(values.std()),
+            minimum=float(values.min()),
+            maximum=float(values.max()),
+        )
     return references
 
 

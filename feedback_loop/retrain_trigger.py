@@ -65,7 +65,11 @@ class FiringAlert:
     def describe(self) -> str:
         """``<name> firing for <feature> since <time>``, as far as the labels tell."""
         feature = self.labels.get("feature")
-        return f"{self.name} firing" + (f" for {feature}" if feature else "") + (f" since {self.active_at}" if self.active_at else "")
+        return (
+            f"{self.name} firing"
+            + (f" for {feature}" if feature else "")
+            + (f" since {self.active_at}" if self.active_at else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -84,16 +88,26 @@ def window_examples(
     examples: Iterable[TrainingExample], model_name: str, version: str, since_ms: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(scores, labels) of the labeled examples ``model_name`` ``version`` scored at or after ``since_ms``."""
-    mine = [e for e in examples if (e.model_name, e.model_version) == (model_name, version) and e.label is not None
-            and e.predicted_at_ms >= since_ms]  # fmt: skip
+    mine = [
+        e
+        for e in examples
+        if (e.model_name, e.model_version) == (model_name, version) and e.label is not None and e.predicted_at_ms >= since_ms
+    ]
     return np.array([e.score for e in mine], dtype=np.float64), np.array([float(e.label) for e in mine], dtype=np.float64)
 
 
 def decide(
-    policy: TriggerPolicy, examples: Iterable[TrainingExample], *, model_name: str, prod_version: str | None,
-    canary_version: str | None, now_ms: int, last_fired_ms: int | None, quality: QualityFunction | None,
+    policy: TriggerPolicy,
+    examples: Iterable[TrainingExample],
+    *,
+    model_name: str,
+    prod_version: str | None,
+    canary_version: str | None,
+    now_ms: int,
+    last_fired_ms: int | None,
+    quality: QualityFunction | None,
     alerts: Sequence[FiringAlert] | None = None,
-) -> TriggerDecision:  # fmt: skip
+) -> TriggerDecision:
     """Whether the labeled quality of ``model_name``'s prod version over the window ending at ``now_ms``, or one of the
     firing ``alerts``, calls for retraining (``canary_version``: the canary out now, if any; ``last_fired_ms``: when
     this trigger last fired; ``quality`` None: quality is not judged; ``alerts`` None: alerts were not looked at)."""
@@ -105,13 +119,19 @@ def decide(
         wait_s = (last_fired_ms + policy.cooldown_s * 1000 - now_ms) / 1000
         since_s = (now_ms - last_fired_ms) / 1000
         return TriggerDecision(False, f"cooling down: fired {since_s:,.0f} s ago, quiet for {wait_s:,.0f} s more")
-    judged = TriggerDecision(False, "quality is not judged") if quality is None else _judge_quality(
-        policy, examples, model_name, prod_version, now_ms, quality)  # fmt: skip
+    judged = (
+        TriggerDecision(False, "quality is not judged")
+        if quality is None
+        else _judge_quality(policy, examples, model_name, prod_version, now_ms, quality)
+    )
     concerning = [alert for alert in alerts or () if alert.concerns(prod_version)]
     named = "; ".join(alert.describe() for alert in concerning)
     if judged.fire:
-        return replace(judged, reason=judged.reason + (f"; also {named}" if named else ""),
-                       causes=frozenset({"quality", "alert"} if concerning else {"quality"}))  # fmt: skip
+        return replace(
+            judged,
+            reason=judged.reason + (f"; also {named}" if named else ""),
+            causes=frozenset({"quality", "alert"} if concerning else {"quality"}),
+        )
     if concerning:
         return replace(judged, fire=True, reason=f"{named} (prod v{prod_version}); {judged.reason}", causes=frozenset({"alert"}))
     if alerts is None:
@@ -121,9 +141,13 @@ def decide(
 
 
 def _judge_quality(
-    policy: TriggerPolicy, examples: Iterable[TrainingExample], model_name: str, prod_version: str, now_ms: int,
+    policy: TriggerPolicy,
+    examples: Iterable[TrainingExample],
+    model_name: str,
+    prod_version: str,
+    now_ms: int,
     quality: QualityFunction,
-) -> TriggerDecision:  # fmt: skip
+) -> TriggerDecision:
     """Prod's labeled quality over the window against the policy."""
     scores, labels = window_examples(examples, model_name, prod_version, now_ms - int(policy.window_s * 1000))
     where = f"prod v{prod_version} over {len(labels):,} labeled examples of the last {policy.window_s:,.0f} s"
@@ -142,7 +166,9 @@ def _judge_quality(
         return TriggerDecision(True, f"{where}: AUC {auc:.3f} below {policy.min_auc:g}", len(labels), measured)
     calibration = measured["calibration_error"]
     if policy.max_calibration_error is not None and calibration > policy.max_calibration_error:
-        return TriggerDecision(True, f"{where}: calibration error {calibration:.3f} above {policy.max_calibration_error:g}",
-                               len(labels), measured)  # fmt: skip
-    return TriggerDecision(False, f"{where}: AUC {auc:.3f}, calibration error {calibration:.3f}: within the policy", len(labels),
-                           measured)  # fmt: skip
+        return TriggerDecision(
+            True, f"{where}: calibration error {calibration:.3f} above {policy.max_calibration_error:g}", len(labels), measured
+        )
+    return TriggerDecision(
+        False, f"{where}: AUC {auc:.3f}, calibration error {calibration:.3f}: within the policy", len(labels), measured
+    )

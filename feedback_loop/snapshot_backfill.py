@@ -48,16 +48,22 @@ def request_points(frame: pd.DataFrame, examples: Iterable[TrainingExample]) -> 
     found = [logged.get(key) for key in zip(frame["event_id"], frame["request_id"], strict=True)]
     missing = sum(example is None for example in found)
     if missing:
-        raise SnapshotError(f"the example log no longer holds {missing} of the snapshot's {len(frame)} examples (their entities "
-                            "and request times): backfill needs the log the snapshot was taken from")  # fmt: skip
+        raise SnapshotError(
+            f"the example log no longer holds {missing} of the snapshot's {len(frame)} examples (their entities "
+            "and request times): backfill needs the log the snapshot was taken from"
+        )
     keys = sorted({key for example in found for key in example.entity_keys})
     points = {key: [example.entity_keys.get(key) for example in found] for key in keys}
     return pd.DataFrame({**points, "requested_at_ms": [example.requested_at_ms for example in found]}, index=frame.index)
 
 
 def backfill_features(
-    frame: pd.DataFrame, points: pd.DataFrame, wanted: Sequence[tuple[ViewPlan, list[str]]], events: Mapping[str, pd.DataFrame],
-    defaults: Mapping[str, object], on_view: Callable[[ViewPlan], None] | None = None,
+    frame: pd.DataFrame,
+    points: pd.DataFrame,
+    wanted: Sequence[tuple[ViewPlan, list[str]]],
+    events: Mapping[str, pd.DataFrame],
+    defaults: Mapping[str, object],
+    on_view: Callable[[ViewPlan], None] | None = None,
 ) -> pd.DataFrame:
     """``frame`` with a column per feature of ``wanted``: each row's value as of its ``requested_at_ms`` for its
     entity (``points``), recomputed over the accepted ``events`` of the view's topic; where that reads none (the entity
@@ -71,16 +77,26 @@ def backfill_features(
             on_view(view)
         absent = [key for key in view.entity_keys if key not in points.columns]
         if absent:
-            raise SnapshotError(f"{view.name}'s entity ({', '.join(absent)}) is not among the examples' entity keys: its features "
-                                "cannot be read as of their requests")  # fmt: skip
-        at = view.with_entity(pd.DataFrame({**{key: points[key].to_numpy() for key in view.entity_keys},
-                                            "at_ms": points["requested_at_ms"].to_numpy()}))  # fmt: skip
+            raise SnapshotError(
+                f"{view.name}'s entity ({', '.join(absent)}) is not among the examples' entity keys: its features "
+                "cannot be read as of their requests"
+            )
+        at = view.with_entity(
+            pd.DataFrame(
+                {**{key: points[key].to_numpy() for key in view.entity_keys}, "at_ms": points["requested_at_ms"].to_numpy()}
+            )
+        )
         read = features_at(view, events[view.topic], at)
         for reference in references:
             feature = reference.split(":", 1)[1]
-            values = [read.get((entity, int(at_ms)), {}).get(feature) for entity, at_ms in zip(at[view.entity_key], at["at_ms"], strict=True)]
+            values = [
+                read.get((entity, int(at_ms)), {}).get(feature)
+                for entity, at_ms in zip(at[view.entity_key], at["at_ms"], strict=True)
+            ]
             missing = np.array([value is None or bool(pd.isna(value)) for value in values], dtype=bool)
             defaulted += missing
-            added[reference] = [defaults.get(reference) if absent else value for value, absent in zip(values, missing.tolist(), strict=True)]
+            added[reference] = [
+                defaults.get(reference) if absent else value for value, absent in zip(values, missing.tolist(), strict=True)
+            ]
     added["defaulted"] = defaulted
     return added

@@ -35,8 +35,18 @@ from schemas.records import TrainingExample
 
 MANIFEST = "manifest.json"
 #: Columns of every snapshot before the model inputs.
-BASE_COLUMNS = ("event_id", "request_id", "model_name", "model_version", "score", "label", "label_source", "predicted_at_ms",
-                "label_time_ms", "defaulted")  # fmt: skip
+BASE_COLUMNS = (
+    "event_id",
+    "request_id",
+    "model_name",
+    "model_version",
+    "score",
+    "label",
+    "label_source",
+    "predicted_at_ms",
+    "label_time_ms",
+    "defaulted",
+)
 
 
 class SnapshotError(ValueError):
@@ -80,10 +90,17 @@ def examples_frame(examples: Iterable[TrainingExample], inputs: Sequence[str] | 
     rows = []
     for e in examples:
         row = {
-            "event_id": e.event_id, "request_id": e.request_id, "model_name": e.model_name, "model_version": e.model_version,
-            "score": e.score, "label": None if e.label is None else float(e.label), "label_source": e.label_source,
-            "predicted_at_ms": e.predicted_at_ms, "label_time_ms": e.label_time_ms, "defaulted": len(e.defaulted_features),
-        }  # fmt: skip
+            "event_id": e.event_id,
+            "request_id": e.request_id,
+            "model_name": e.model_name,
+            "model_version": e.model_version,
+            "score": e.score,
+            "label": None if e.label is None else float(e.label),
+            "label_source": e.label_source,
+            "predicted_at_ms": e.predicted_at_ms,
+            "label_time_ms": e.label_time_ms,
+            "defaulted": len(e.defaulted_features),
+        }
         rows.append(row | {name: e.features.get(name) for name in inputs})
     return pd.DataFrame(rows, columns=[*BASE_COLUMNS, *inputs])
 
@@ -93,12 +110,13 @@ def _canonical(frame: pd.DataFrame) -> pd.DataFrame:
     sorted by event id, types fixed (categorical inputs as strings, the others as floats, booleans 0/1)."""
     frame = frame.sort_values(["event_id", "predicted_at_ms", "request_id"], kind="stable")
     frame = frame.drop_duplicates("event_id", keep="first").reset_index(drop=True)
-    for column in ("score", "label", *frame.columns[len(BASE_COLUMNS):]):
+    for column in ("score", "label", *frame.columns[len(BASE_COLUMNS) :]):
         if is_categorical(frame[column]):
             frame[column] = frame[column].map(lambda v: None if v is None or v != v else str(v)).astype("string")
         else:
-            frame[column] = pd.to_numeric(frame[column].map(lambda v: float(v) if isinstance(v, bool) else v),
-                                          errors="coerce").astype("float64")  # fmt: skip
+            frame[column] = pd.to_numeric(
+                frame[column].map(lambda v: float(v) if isinstance(v, bool) else v), errors="coerce"
+            ).astype("float64")
     for column in ("predicted_at_ms", "defaulted"):
         frame[column] = frame[column].astype("int64")
     frame["label_time_ms"] = frame["label_time_ms"].astype("Int64")
@@ -115,8 +133,15 @@ def content_id(frame: pd.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
-def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[str, Any], time_range: dict[str, int | None],
-                   label_kind: str = "binary") -> Manifest:  # fmt: skip
+def write_snapshot(
+    frame: pd.DataFrame,
+    root: str,
+    *,
+    kind: str,
+    source: dict[str, Any],
+    time_range: dict[str, int | None],
+    label_kind: str = "binary",
+) -> Manifest:
     """Write ``frame`` (``examples_frame`` columns) as an immutable snapshot under ``root``, its labels of
     ``label_kind`` (binary or numeric); its manifest.
 
@@ -129,7 +154,7 @@ def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[st
     folder = f"{base.rstrip('/')}/{snapshot_id}"
     if fs.exists(f"{folder}/{MANIFEST}"):
         return Manifest.from_json(fs.cat_file(f"{folder}/{MANIFEST}").decode())
-    inputs = list(frame.columns[len(BASE_COLUMNS):])
+    inputs = list(frame.columns[len(BASE_COLUMNS) :])
     days = pd.to_datetime(frame["predicted_at_ms"], unit="ms", utc=True).dt.strftime("%Y-%m-%d")
     for day, part in frame.groupby(days, sort=True):
         fs.makedirs(f"{folder}/data/date={day}", exist_ok=True)
@@ -137,14 +162,23 @@ def write_snapshot(frame: pd.DataFrame, root: str, *, kind: str, source: dict[st
             part.to_parquet(handle, index=False)
     labels = frame["label"]
     manifest = Manifest(
-        snapshot_id=snapshot_id, created_at_ms=int(time.time() * 1000), kind=kind, schema_version=TrainingExample.SCHEMA_VERSION,
+        snapshot_id=snapshot_id,
+        created_at_ms=int(time.time() * 1000),
+        kind=kind,
+        schema_version=TrainingExample.SCHEMA_VERSION,
         rows=len(frame),
-        time_range={**time_range, "first_ms": int(frame["predicted_at_ms"].min()), "last_ms": int(frame["predicted_at_ms"].max())},
+        time_range={
+            **time_range,
+            "first_ms": int(frame["predicted_at_ms"].min()),
+            "last_ms": int(frame["predicted_at_ms"].max()),
+        },
         features=inputs,
-        label_balance=_label_balance(labels, label_kind), label_kind=label_kind,
+        label_balance=_label_balance(labels, label_kind),
+        label_kind=label_kind,
         model_versions={str(v): int(n) for v, n in frame["model_version"].value_counts().sort_index().items()},
-        source=source, reference=reference_statistics(frame, inputs),
-    )  # fmt: skip
+        source=source,
+        reference=reference_statistics(frame, inputs),
+    )
     with fs.open(f"{folder}/{MANIFEST}", "w") as handle:  # last: its presence marks a finished snapshot
         handle.write(manifest.to_json())
     return manifest
@@ -172,7 +206,9 @@ def find_snapshot(root: str, snapshot_id: str) -> tuple[Manifest, str]:
     matches = [m for m in list_snapshots(root) if m.snapshot_id.startswith(snapshot_id)]
     if len(matches) != 1:
         known = ", ".join(m.snapshot_id for m in list_snapshots(root)) or "none"
-        raise SnapshotError(f"{'no' if not matches else 'more than one'} snapshot {snapshot_id!r} under {root} (there are: {known})")
+        raise SnapshotError(
+            f"{'no' if not matches else 'more than one'} snapshot {snapshot_id!r} under {root} (there are: {known})"
+        )
     return matches[0], f"{root.rstrip('/')}/{matches[0].snapshot_id}"
 
 
@@ -197,9 +233,10 @@ def diff_snapshots(root: str, a: str, b: str) -> dict[str, Any]:
         ref, new = first.reference[name], second.reference[name]
         skew = feature_skew(name, ref, count_values(ref, frame[name].to_numpy(dtype=object)))
         features[name] = {
-            "mean": [ref.mean, new.mean], "missing_rate": [ref.missing_rate, new.missing_rate],
+            "mean": [ref.mean, new.mean],
+            "missing_rate": [ref.missing_rate, new.missing_rate],
             "psi": None if skew.psi is None else round(skew.psi, 4),
-        } | ({"linf": round(skew.linf, 4)} if skew.linf is not None else {})  # fmt: skip
+        } | ({"linf": round(skew.linf, 4)} if skew.linf is not None else {})
     return {
         "snapshots": [first.snapshot_id, second.snapshot_id],
         "rows": [first.rows, second.rows],
@@ -212,7 +249,10 @@ def diff_snapshots(root: str, a: str, b: str) -> dict[str, Any]:
 
 def time_range_label(manifest: Manifest) -> str:
     """The time range of a manifest as ISO timestamps (UTC)."""
+
     def iso(ms: int | None) -> str:
-        return "—" if ms is None or (isinstance(ms, float) and math.isnan(ms)) else pd.Timestamp(ms, unit="ms", tz="UTC").isoformat()
+        return (
+            "—" if ms is None or (isinstance(ms, float) and math.isnan(ms)) else pd.Timestamp(ms, unit="ms", tz="UTC").isoformat()
+        )
 
     return f"{iso(manifest.time_range.get('first_ms'))} … {iso(manifest.time_range.get('last_ms'))}"

@@ -73,7 +73,11 @@ def _pod_and_container(obj: dict) -> tuple[dict, dict]:
 
 def _data(obj: dict) -> dict[str, str]:
     """A ConfigMap's or Secret's entries as text (a Secret's ``data`` decoded, its ``stringData`` over it)."""
-    decoded = {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()} if obj["kind"] == "Secret" else dict(obj.get("data", {}))
+    decoded = (
+        {k: base64.b64decode(v).decode() for k, v in obj.get("data", {}).items()}
+        if obj["kind"] == "Secret"
+        else dict(obj.get("data", {}))
+    )
     return decoded | obj.get("stringData", {})
 
 
@@ -108,7 +112,11 @@ def volume_files(objects: list[dict], pod: dict, container: dict) -> dict[str, d
     for mount in container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
         if "configMap" in volume or "secret" in volume:
-            kind, name = ("ConfigMap", volume["configMap"]["name"]) if "configMap" in volume else ("Secret", volume["secret"]["secretName"])
+            kind, name = (
+                ("ConfigMap", volume["configMap"]["name"])
+                if "configMap" in volume
+                else ("Secret", volume["secret"]["secretName"])
+            )
             data = _data(_find(objects, kind, name))
             items = (volume.get("configMap") or volume.get("secret")).get("items")
             files[mount["mountPath"]] = {i["path"]: data[i["key"]] for i in items} if items else data
@@ -136,8 +144,15 @@ class PodProcess:
     def start(self, argv: list[str] | None = None) -> PodProcess:
         """Run the container's command (or ``argv``, in its environment) in a session of its own."""
         with self.log.open("ab") as log:
-            self.process = subprocess.Popen(argv or self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            self.process = subprocess.Popen(
+                argv or self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         return self
 
     def run(self, timeout_s: float, argv: list[str] | None = None) -> str:
@@ -169,7 +184,9 @@ class PodProcess:
         if "httpGet" in probe:
             port = self._port(probe["httpGet"]["port"])
             try:
-                with urllib.request.urlopen(f"http://{LOCALHOST}:{port}{probe['httpGet']['path']}", timeout=probe.get("timeoutSeconds", 1) + 1) as answer:
+                with urllib.request.urlopen(
+                    f"http://{LOCALHOST}:{port}{probe['httpGet']['path']}", timeout=probe.get("timeoutSeconds", 1) + 1
+                ) as answer:
                     return 200 <= answer.status < 400
             except (urllib.error.URLError, OSError):
                 return False
@@ -179,7 +196,9 @@ class PodProcess:
             with socket.socket() as s:
                 return s.connect_ex((LOCALHOST, self._port(probe["tcpSocket"]["port"]))) == 0
         command = [self.layout.local(a) for a in probe["exec"]["command"]]
-        result = subprocess.run(command, env=self.env, cwd=self.cwd, capture_output=True, timeout=probe.get("timeoutSeconds", 1) + 30)
+        result = subprocess.run(
+            command, env=self.env, cwd=self.cwd, capture_output=True, timeout=probe.get("timeoutSeconds", 1) + 30
+        )
         return result.returncode == 0
 
     def _port(self, port: int | str) -> int:
@@ -232,7 +251,9 @@ def lay_out(objects: list[dict], kind: str, name: str, layout: Layout, pod_dir: 
             (paths[mount_path] / file_name).write_text(pod_layout.local(content))
     image = image_environment(obj["spec"]["image"] if kind == "FlinkDeployment" else container["image"])
     env = {k: pod_layout.local(v) for k, v in {**image, **pod_environment(objects, container, f"{name}-rehearsal")}.items()}
-    argv = obj["spec"]["job"]["args"] if kind == "FlinkDeployment" else [*container.get("command", []), *container.get("args", [])]
+    argv = (
+        obj["spec"]["job"]["args"] if kind == "FlinkDeployment" else [*container.get("command", []), *container.get("args", [])]
+    )
     probes = {k: container[k] for k in ("startupProbe", "readinessProbe", "livenessProbe") if k in container}
     ports = {p["name"]: p["containerPort"] for p in container.get("ports", []) if "name" in p}
     work = pod_dir / "work"
@@ -251,8 +272,24 @@ def flink_job_argv(objects: list[dict], name: str, flink: PodProcess, jobmanager
     the deployment laid out by ``lay_out``, whose argv is the job's args)."""
     spec = _find(objects, "FlinkDeployment", name)["spec"]
     job = spec["job"]
-    options = [f"-D{k}={flink.layout.local(str(v))}" for k, v in spec.get("flinkConfiguration", {}).items() if not k.startswith(CLUSTER_OWNED)]
+    options = [
+        f"-D{k}={flink.layout.local(str(v))}"
+        for k, v in spec.get("flinkConfiguration", {}).items()
+        if not k.startswith(CLUSTER_OWNED)
+    ]
     jar = flink.layout.local(job["jarURI"].removeprefix("local://"))
     # The image's FLINK_HOME (its environment is laid out already).
-    return [str(Path(flink.env["FLINK_HOME"]) / "bin" / "flink"), "run", "--detached", "--jobmanager", jobmanager, "--parallelism", str(job["parallelism"]), *options,
-            "--class", job["entryClass"], jar, *flink.argv]  # fmt: skip
+    return [
+        str(Path(flink.env["FLINK_HOME"]) / "bin" / "flink"),
+        "run",
+        "--detached",
+        "--jobmanager",
+        jobmanager,
+        "--parallelism",
+        str(job["parallelism"]),
+        *options,
+        "--class",
+        job["entryClass"],
+        jar,
+        *flink.argv,
+    ]

@@ -13,12 +13,17 @@ import jsonschema
 import yaml
 
 #: The fields every object has beside its spec; a CRD's schema often leaves metadata open.
-_METADATA = {"type": "object", "properties": {
-    "name": {"type": "string"}, "namespace": {"type": "string"}, "generateName": {"type": "string"},
-    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-    "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-    "finalizers": {"type": "array", "items": {"type": "string"}},
-}}  # fmt: skip
+_METADATA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "generateName": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+        "finalizers": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 
 def strict(schema: dict) -> dict:
@@ -27,7 +32,11 @@ def strict(schema: dict) -> dict:
 
     def tighten(node: object) -> None:
         if isinstance(node, dict):
-            if "properties" in node and "additionalProperties" not in node and not node.get("x-kubernetes-preserve-unknown-fields"):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
                 node["additionalProperties"] = False
             for value in node.values():
                 tighten(value)

@@ -20,8 +20,13 @@ PAGE_DIR = Path(__file__).parent / "dashboard"
 PROMETHEUS_ENDPOINTS = frozenset({"query", "query_range", "alerts", "rules"})
 
 
-def dashboard_app(prometheus_url: str, models: Callable[[], dict], jaeger_url: str | None = None, trace_service: str = "",
-                  timeout_s: float = 5.0) -> FastAPI:  # fmt: skip
+def dashboard_app(
+    prometheus_url: str,
+    models: Callable[[], dict],
+    jaeger_url: str | None = None,
+    trace_service: str = "",
+    timeout_s: float = 5.0,
+) -> FastAPI:
     """The dashboard over the Prometheus at ``prometheus_url``; ``models()`` gives the model's versions and aliases;
     the traces of ``trace_service`` come from the Jaeger at ``jaeger_url`` (none listed without one)."""
     app = FastAPI(title="Loopline dashboard", docs_url=None, redoc_url=None)

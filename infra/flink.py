@@ -29,8 +29,7 @@ def check_connector_matches(flink_version: str, connector_version: str) -> None:
     flink_minor = ".".join(flink_version.split(".")[:2])
     if built_for != flink_minor:
         raise StackError(
-            f"flink-sql-connector-kafka {connector_version} is built for Flink {built_for}, "
-            f"but PyFlink is {flink_version}",
+            f"flink-sql-connector-kafka {connector_version} is built for Flink {built_for}, but PyFlink is {flink_version}",
             f"pin apache-flink=={built_for}.* in pyproject.toml or a connector for {flink_minor} in infra/pom.xml",
         )
 

@@ -79,8 +79,9 @@ class FlinkJobManager(_FlinkProcess):
     cmdline_marker = "StandaloneSessionClusterEntrypoint"
     script = "jobmanager.sh"
 
-    def __init__(self, conf_dir: Path, host: str, rest_port: int, rpc_port: int, run_dir: Path, log_dir: Path,
-                 slots: int = 2) -> None:  # fmt: skip
+    def __init__(
+        self, conf_dir: Path, host: str, rest_port: int, rpc_port: int, run_dir: Path, log_dir: Path, slots: int = 2
+    ) -> None:
         super().__init__(conf_dir, host, rest_port, run_dir, log_dir)
         self.rpc_port, self.slots = rpc_port, slots
 
@@ -178,8 +179,9 @@ def stop_with_savepoint(address: str, job_id: str, target_directory: str, timeou
     """Stop a job gracefully with a savepoint under ``target_directory`` (any Flink filesystem URI) and return the
     savepoint's location; StackError with Flink's reason when it failed or took longer than ``timeout_s``."""
     body = json.dumps({"targetDirectory": target_directory, "drain": False}).encode()
-    request = urllib.request.Request(f"http://{address}/jobs/{job_id}/stop", data=body, method="POST",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+    request = urllib.request.Request(
+        f"http://{address}/jobs/{job_id}/stop", data=body, method="POST", headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=10) as response:
         trigger = json.loads(response.read())["request-id"]
     deadline = time.monotonic() + timeout_s
@@ -190,11 +192,15 @@ def stop_with_savepoint(address: str, job_id: str, target_directory: str, timeou
             if "location" in operation:
                 return operation["location"]
             cause = str(operation.get("failure-cause", {}).get("stack-trace", "")).strip().splitlines()[:1]
-            raise StackError(f"the savepoint of job {job_id} failed: {' '.join(cause)}",
-                             f"see the JobManager's log at {address}; the job keeps running")  # fmt: skip
+            raise StackError(
+                f"the savepoint of job {job_id} failed: {' '.join(cause)}",
+                f"see the JobManager's log at {address}; the job keeps running",
+            )
         time.sleep(0.5)
-    raise StackError(f"the savepoint of job {job_id} took longer than {timeout_s:.0f} s",
-                     f"see the JobManager's log at {address}; retry, or cancel the job and restore its newest checkpoint")
+    raise StackError(
+        f"the savepoint of job {job_id} took longer than {timeout_s:.0f} s",
+        f"see the JobManager's log at {address}; retry, or cancel the job and restore its newest checkpoint",
+    )
 
 
 def cancel_job(address: str, job_id: str) -> None:

@@ -20,23 +20,54 @@ PANELS = [
     ("PSI alert threshold", "none", [('loopline_feature_skew_threshold{measure="psi_alert"}', "{{feature}}")], 12),
     ("Jensen-Shannon divergence (numeric)", "none", [("loopline_feature_js_divergence", "{{feature}} v{{model_version}}")], 12),
     ("L-infinity distance (categorical)", "none", [("loopline_feature_linf_distance", "{{feature}} v{{model_version}}")], 12),
-    ("Online vs offline recompute: value mismatch", "percentunit",
-     [("loopline_feature_consistency_mismatch_ratio", "{{feature}} mismatch"),
-      ("loopline_feature_consistency_lag_ratio", "{{feature}} lag"),
-      ("loopline_feature_consistency_ahead_ratio", "{{feature}} ahead")], 12),
+    (
+        "Online vs offline recompute: value mismatch",
+        "percentunit",
+        [
+            ("loopline_feature_consistency_mismatch_ratio", "{{feature}} mismatch"),
+            ("loopline_feature_consistency_lag_ratio", "{{feature}} lag"),
+            ("loopline_feature_consistency_ahead_ratio", "{{feature}} ahead"),
+        ],
+        12,
+    ),
     ("Defaulted feature rate", "percentunit", [("loopline_feature_defaulted_ratio", "{{feature}} v{{model_version}}")], 12),
-    ("Scorer p99 latency", "s",
-     [('histogram_quantile(0.99, sum by (le, instance) (rate(loopline_scoring_stage_seconds_bucket{stage="total"}[5m])))',
-       "{{instance}} p99")], 12),
-    ("Requests by model version and outcome", "reqps",
-     [("sum by (alias, version, outcome) (rate(loopline_scoring_model_requests_total[5m]))", "{{alias}} v{{version}} {{outcome}}")], 12),
+    (
+        "Scorer p99 latency",
+        "s",
+        [
+            (
+                'histogram_quantile(0.99, sum by (le, instance) (rate(loopline_scoring_stage_seconds_bucket{stage="total"}[5m])))',
+                "{{instance}} p99",
+            )
+        ],
+        12,
+    ),
+    (
+        "Requests by model version and outcome",
+        "reqps",
+        [
+            (
+                "sum by (alias, version, outcome) (rate(loopline_scoring_model_requests_total[5m]))",
+                "{{alias}} v{{version}} {{outcome}}",
+            )
+        ],
+        12,
+    ),
     ("Feature job freshness (emit lag)", "ms", [("max(flink_taskmanager_job_task_operator_currentEmitEventTimeLag)", "lag")], 12),
     ("Feature job consumer lag", "none", [("sum(flink_taskmanager_job_task_operator_pendingRecords)", "pending records")], 12),
-    ("Feature view lag (progress behind the clock, as scorers read it)", "s",
-     [("max by (view) (loopline_feature_view_lag_seconds)", "{{view}}")], 12),
-    ("Stale features served (read as of a lagging job's progress)", "ops",
-     [("sum by (instance) (rate(loopline_scoring_stale_features_total[5m]))", "{{instance}}")], 12),
-]  # fmt: skip
+    (
+        "Feature view lag (progress behind the clock, as scorers read it)",
+        "s",
+        [("max by (view) (loopline_feature_view_lag_seconds)", "{{view}}")],
+        12,
+    ),
+    (
+        "Stale features served (read as of a lagging job's progress)",
+        "ops",
+        [("sum by (instance) (rate(loopline_scoring_stale_features_total[5m]))", "{{instance}}")],
+        12,
+    ),
+]
 
 
 def dashboard() -> dict:
@@ -45,18 +76,31 @@ def dashboard() -> dict:
     for index, (title, unit, targets, width) in enumerate(PANELS, start=1):
         if x + width > 24:
             x, y = 0, y + 8
-        panels.append({
-            "id": index, "type": "timeseries", "title": title, "datasource": DATASOURCE,
-            "gridPos": {"h": 8, "w": width, "x": x, "y": y},
-            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
-            "targets": [{"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE}
-                        for i, (expr, legend) in enumerate(targets)],
-        })  # fmt: skip
+        panels.append(
+            {
+                "id": index,
+                "type": "timeseries",
+                "title": title,
+                "datasource": DATASOURCE,
+                "gridPos": {"h": 8, "w": width, "x": x, "y": y},
+                "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+                "targets": [
+                    {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DATASOURCE}
+                    for i, (expr, legend) in enumerate(targets)
+                ],
+            }
+        )
         x += width
     return {
-        "uid": "loopline-skew", "title": "Loopline — feature skew and consistency", "schemaVersion": 39, "version": 1,
-        "tags": ["loopline"], "time": {"from": "now-6h", "to": "now"}, "refresh": "30s", "panels": panels,
-    }  # fmt: skip
+        "uid": "loopline-skew",
+        "title": "Loopline — feature skew and consistency",
+        "schemaVersion": 39,
+        "version": 1,
+        "tags": ["loopline"],
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "panels": panels,
+    }
 
 
 def render() -> str:

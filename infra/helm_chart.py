@@ -29,21 +29,42 @@ def _helm(arguments: list[str], helm: Path) -> str:
     """Run ``helm`` and return its output; StackError with its message when it fails."""
     result = subprocess.run([str(helm), *arguments], capture_output=True, text=True)
     if result.returncode != 0:
-        raise StackError(f"`helm {arguments[0]}` failed: {result.stderr.strip() or result.stdout.strip()}",
-                         "fix the chart or the values it names")  # fmt: skip
+        raise StackError(
+            f"`helm {arguments[0]}` failed: {result.stderr.strip() or result.stdout.strip()}",
+            "fix the chart or the values it names",
+        )
     return result.stdout
 
 
-def render(values_files: Sequence[Path | str] = ("values.yaml",), overrides: Mapping[str, object] | None = None, *,
-           helm: Path, namespace: str = "loopline") -> list[dict]:  # fmt: skip
+def render(
+    values_files: Sequence[Path | str] = ("values.yaml",),
+    overrides: Mapping[str, object] | None = None,
+    *,
+    helm: Path,
+    namespace: str = "loopline",
+) -> list[dict]:
     """Every object the chart renders (hooks included) for ``values_files`` (in order; relative to the chart) and
     ``overrides`` (``--set key=value``), parsed, by ``helm``."""
-    text = _helm(["template", RELEASE, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION,
-                  *_arguments(values_files, overrides or {})], helm)  # fmt: skip
+    text = _helm(
+        [
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--kube-version",
+            KUBE_VERSION,
+            *_arguments(values_files, overrides or {}),
+        ],
+        helm,
+    )
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def lint(values_files: Sequence[Path | str] = ("values.yaml",), overrides: Mapping[str, object] | None = None, *,
-         helm: Path) -> str:
+def lint(
+    values_files: Sequence[Path | str] = ("values.yaml",), overrides: Mapping[str, object] | None = None, *, helm: Path
+) -> str:
     """``helm lint --strict`` of the chart with these values by ``helm``: its report (StackError when it finds a fault)."""
-    return _helm(["lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *_arguments(values_files, overrides or {})], helm)
+    return _helm(
+        ["lint", "--strict", "--kube-version", KUBE_VERSION, str(CHART), *_arguments(values_files, overrides or {})], helm
+    )

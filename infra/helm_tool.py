@@ -51,17 +51,22 @@ def helm_binary(tools_dir: Path) -> Path:
         return Path(on_path)
     go = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if os.access(p, os.X_OK)), None)
     if go is None:
-        raise StackError(f"no helm {HELM_VERSION} on PATH and no Go to build it",
-                         "install Go (https://go.dev/dl/) or put helm v3.22 on PATH")  # fmt: skip
+        raise StackError(
+            f"no helm {HELM_VERSION} on PATH and no Go to build it", "install Go (https://go.dev/dl/) or put helm v3.22 on PATH"
+        )
     tools_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tools_dir) as gobin:
         # -trimpath and a stripped binary: nothing of this machine's paths in it, and a shorter link.
         result = subprocess.run(
             [go, "install", "-trimpath", "-ldflags=-s -w", f"{_MODULE}@{HELM_VERSION}"],
-            env={**os.environ, "GOBIN": gobin, "CGO_ENABLED": "0"}, capture_output=True, text=True,
-        )  # fmt: skip
+            env={**os.environ, "GOBIN": gobin, "CGO_ENABLED": "0"},
+            capture_output=True,
+            text=True,
+        )
         if result.returncode != 0:
-            raise StackError(f"building helm {HELM_VERSION} failed: {result.stderr.strip()[-1000:]}",
-                             "check that the Go module proxy (GOPROXY) is reachable")  # fmt: skip
+            raise StackError(
+                f"building helm {HELM_VERSION} failed: {result.stderr.strip()[-1000:]}",
+                "check that the Go module proxy (GOPROXY) is reachable",
+            )
         (Path(gobin) / "helm").rename(cached)
     return cached

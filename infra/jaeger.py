@@ -40,8 +40,10 @@ def ensure_jaeger(cache_dir: Path) -> Path | None:
         return None
     go = shutil.which("go")
     if go is None:
-        raise StackError("`go` is not installed: Jaeger is built from the Go module proxy",
-                         f"install Go (1.24 or later), or put a Jaeger {VERSION} binary at {binary}")  # fmt: skip
+        raise StackError(
+            "`go` is not installed: Jaeger is built from the Go module proxy",
+            f"install Go (1.24 or later), or put a Jaeger {VERSION} binary at {binary}",
+        )
     binary.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="jaeger-build-") as module:
         env = {**os.environ, "GOFLAGS": "-mod=mod"}
@@ -54,8 +56,10 @@ def ensure_jaeger(cache_dir: Path) -> Path | None:
             done = subprocess.run(step, cwd=module, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 last = " | ".join(done.stderr.strip().splitlines()[-3:])
-                raise StackError(f"building Jaeger {VERSION} failed at `{' '.join(step[1:3])}`: {last}",
-                                 "is the Go module proxy reachable (GOPROXY)?")  # fmt: skip
+                raise StackError(
+                    f"building Jaeger {VERSION} failed at `{' '.join(step[1:3])}`: {last}",
+                    "is the Go module proxy reachable (GOPROXY)?",
+                )
     binary.with_suffix(".part").rename(binary)
     return binary
 
@@ -67,11 +71,28 @@ class JaegerServer(ManagedService):
     name = "jaeger"
     cmdline_marker = "jaeger"
 
-    def __init__(self, binary: Path, host: str, otlp_port: int, query_port: int, query_grpc_port: int, health_port: int,
-                 max_traces: int, data_dir: Path, run_dir: Path, log_dir: Path, start_timeout_s: float = 30.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        binary: Path,
+        host: str,
+        otlp_port: int,
+        query_port: int,
+        query_grpc_port: int,
+        health_port: int,
+        max_traces: int,
+        data_dir: Path,
+        run_dir: Path,
+        log_dir: Path,
+        start_timeout_s: float = 30.0,
+    ) -> None:
         super().__init__(run_dir, log_dir, start_timeout_s)
         self.binary, self.host, self.max_traces = binary, host, max_traces
-        self.otlp_port, self.query_port, self.query_grpc_port, self.health_port = otlp_port, query_port, query_grpc_port, health_port
+        self.otlp_port, self.query_port, self.query_grpc_port, self.health_port = (
+            otlp_port,
+            query_port,
+            query_grpc_port,
+            health_port,
+        )
         self.config_file = data_dir / "jaeger" / "config.yaml"
 
     @property
@@ -80,8 +101,12 @@ class JaegerServer(ManagedService):
         return f"http://{self.host}:{self.query_port}"
 
     def ports(self) -> dict[str, tuple[str, int]]:
-        return {"otlp_port": (self.host, self.otlp_port), "query_port": (self.host, self.query_port),
-                "query_grpc_port": (self.host, self.query_grpc_port), "health_port": (self.host, self.health_port)}  # fmt: skip
+        return {
+            "otlp_port": (self.host, self.otlp_port),
+            "query_port": (self.host, self.query_port),
+            "query_grpc_port": (self.host, self.query_grpc_port),
+            "health_port": (self.host, self.health_port),
+        }
 
     def version(self) -> str:
         return VERSION if self.binary.exists() else "not built (loopline stack setup)"
@@ -93,14 +118,19 @@ class JaegerServer(ManagedService):
         return {
             "service": {
                 "extensions": ["jaeger_storage", "jaeger_query", "healthcheckv2"],
-                "pipelines": {"traces": {"receivers": ["otlp"], "processors": ["batch"], "exporters": ["jaeger_storage_exporter"]}},
+                "pipelines": {
+                    "traces": {"receivers": ["otlp"], "processors": ["batch"], "exporters": ["jaeger_storage_exporter"]}
+                },
                 "telemetry": {"metrics": {"level": "none"}, "logs": {"level": "warn"}},
             },
             "extensions": {
                 "healthcheckv2": {"use_v2": True, "http": {"endpoint": at(self.health_port)}},
                 "jaeger_storage": {"backends": {"memory": {"memory": {"max_traces": self.max_traces}}}},
-                "jaeger_query": {"storage": {"traces": "memory"}, "http": {"endpoint": at(self.query_port)},
-                                 "grpc": {"endpoint": at(self.query_grpc_port)}},  # fmt: skip
+                "jaeger_query": {
+                    "storage": {"traces": "memory"},
+                    "http": {"endpoint": at(self.query_port)},
+                    "grpc": {"endpoint": at(self.query_grpc_port)},
+                },
             },
             "receivers": {"otlp": {"protocols": {"http": {"endpoint": at(self.otlp_port)}}}},
             # Spans are searchable a fifth of a second after they arrive.
@@ -121,7 +151,9 @@ class JaegerServer(ManagedService):
         """Its health check says healthy and its query API answers."""
         try:
             health = requests.get(f"http://{self.host}:{self.health_port}/status", timeout=1)
-            return health.ok and health.json().get("healthy") is True and requests.get(f"{self.address}/api/services", timeout=1).ok
+            return (
+                health.ok and health.json().get("healthy") is True and requests.get(f"{self.address}/api/services", timeout=1).ok
+            )
         except (requests.RequestException, ValueError):
             return False
 
@@ -138,8 +170,9 @@ def trace_spans(query_url: str, trace_id: str, timeout_s: float = 5.0) -> list[d
 
 def recent_traces(query_url: str, service: str, limit: int = 20, lookback: str = "1h", timeout_s: float = 5.0) -> list[dict]:
     """The newest traces of ``service`` at Jaeger's query API (each with ``traceID``, ``spans`` and ``processes``)."""
-    reply = requests.get(f"{query_url}/api/traces", params={"service": service, "limit": limit, "lookback": lookback},
-                         timeout=timeout_s)  # fmt: skip
+    reply = requests.get(
+        f"{query_url}/api/traces", params={"service": service, "limit": limit, "lookback": lookback}, timeout=timeout_s
+    )
     reply.raise_for_status()
     return reply.json().get("data") or []
 
@@ -160,10 +193,25 @@ def trace_summaries(query_url: str, service: str, limit: int = 20, lookback: str
         parents = {span["spanID"]: _parent_in(span, ids) for span in spans}
         root = next(span for span in spans if parents[span["spanID"]] is None)
         tags = {tag["key"]: tag["value"] for tag in root["tags"]}
-        stages = [{"name": span["operationName"], "offset_ms": (span["startTime"] - root["startTime"]) / 1000,
-                   "duration_ms": span["duration"] / 1000, "depth": 1 if parents[span["spanID"]] == root["spanID"] else 2}
-                  for span in spans if span is not root]  # fmt: skip
-        summaries.append({"trace_id": trace["traceID"], "operation": root["operationName"], "start_us": root["startTime"],
-                          "duration_ms": root["duration"] / 1000, "request_id": tags.get("loopline.request_id"),
-                          "error": tags.get("error.type"), "stages": stages})  # fmt: skip
+        stages = [
+            {
+                "name": span["operationName"],
+                "offset_ms": (span["startTime"] - root["startTime"]) / 1000,
+                "duration_ms": span["duration"] / 1000,
+                "depth": 1 if parents[span["spanID"]] == root["spanID"] else 2,
+            }
+            for span in spans
+            if span is not root
+        ]
+        summaries.append(
+            {
+                "trace_id": trace["traceID"],
+                "operation": root["operationName"],
+                "start_us": root["startTime"],
+                "duration_ms": root["duration"] / 1000,
+                "request_id": tags.get("loopline.request_id"),
+                "error": tags.get("error.type"),
+                "stages": stages,
+            }
+        )
     return sorted(summaries, key=lambda summary: -summary["start_us"])

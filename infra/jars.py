@@ -50,8 +50,11 @@ def pinned_versions() -> PinnedVersions:
         for name in ("jedis.version", "avro.version", "jackson.version"):
             version = version.replace(f"${{{name}}}", prop(name))
         libraries.append(f"{artifact}-{version}.jar")
-    return PinnedVersions(kafka=prop("kafka.version"), flink_kafka_connector=prop("flink.kafka.connector.version"),
-                          operator_libraries=tuple(libraries))  # fmt: skip
+    return PinnedVersions(
+        kafka=prop("kafka.version"),
+        flink_kafka_connector=prop("flink.kafka.connector.version"),
+        operator_libraries=tuple(libraries),
+    )
 
 
 def require_tool(tool: str, debian_package: str) -> str:

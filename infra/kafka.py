@@ -33,8 +33,11 @@ def parse_hanging_transactions(output: str) -> list[tuple[str, int, int]]:
         return []
     start = rows[header].index("StartOffset")
     # A row that is not the table's (a log line with a tab in it) is no transaction to abort.
-    return [(row[0], int(row[1]), int(row[start])) for row in rows[header + 1 :]
-            if len(row) > start and row[1].isdigit() and row[start].isdigit()]  # fmt: skip
+    return [
+        (row[0], int(row[1]), int(row[start]))
+        for row in rows[header + 1 :]
+        if len(row) > start and row[1].isdigit() and row[start].isdigit()
+    ]
 
 
 class KafkaBroker(ManagedService):
@@ -147,9 +150,7 @@ class KafkaBroker(ManagedService):
         meta = self.data_dir / "meta.properties"
         cluster_id = self.cluster_id_file.read_text().strip() if self.cluster_id_file.exists() else None
         if meta.exists():
-            found = dict(
-                line.split("=", 1) for line in meta.read_text().splitlines() if "=" in line and not line.startswith("#")
-            )
+            found = dict(line.split("=", 1) for line in meta.read_text().splitlines() if "=" in line and not line.startswith("#"))
             if cluster_id is None or found.get("cluster.id") != cluster_id or found.get("node.id") != str(self.node_id):
                 raise StackError(
                     f"stale Kafka data dir {self.data_dir} belongs to cluster {found.get('cluster.id')} "
@@ -164,15 +165,19 @@ class KafkaBroker(ManagedService):
         # `--cluster-id=` form: a base64 id may start with '-', which would read as an option. A static quorum
         # (controller.quorum.voters) is formatted as it is; a lone node bootstraps a quorum of itself.
         standalone = ["--standalone"] if self.voters is None else []
-        self._run_tool("kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.config_file), *standalone)
+        self._run_tool(
+            "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c", str(self.config_file), *standalone
+        )
 
     def _run_tool(self, main_class: str, *args: str) -> str:
         """Run one of Kafka's command-line tools; its output (StackError naming it if it fails)."""
         result = subprocess.run(self._java(main_class, *args), capture_output=True, text=True)
         if result.returncode != 0:
             last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-2:])
-            raise StackError(f"Kafka's {main_class.rsplit('.', 1)[1]} {args[-1] if args else ''} failed: {last}",
-                             f"see {self.log_file}; check {self.data_dir}")  # fmt: skip
+            raise StackError(
+                f"Kafka's {main_class.rsplit('.', 1)[1]} {args[-1] if args else ''} failed: {last}",
+                f"see {self.log_file}; check {self.data_dir}",
+            )
         return result.stdout
 
     def start(self) -> bool:
@@ -183,8 +188,12 @@ class KafkaBroker(ManagedService):
         # A cluster's other nodes write the markers a restarted node missed (its test shows none hang).
         if started and restarting and self.voters is None:
             with self.log_file.open("ab") as log:
-                subprocess.Popen([sys.executable, "-m", "infra.kafka_janitor", self.address, str(self.jars_dir)],
-                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                subprocess.Popen(
+                    [sys.executable, "-m", "infra.kafka_janitor", self.address, str(self.jars_dir)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
         return started
 
     def hanging_transactions(self, older_than_min: int = 1) -> list[tuple[str, int, int]]:
@@ -198,15 +207,33 @@ class KafkaBroker(ManagedService):
         were in the transaction, wait forever. Only a transaction older than any live one can be (ours commit
         within seconds) is taken for hanging, so a live transaction is never aborted.
         """
-        output = self._run_tool(_TRANSACTIONS_TOOL, "--bootstrap-server", self.address, "find-hanging",
-                                "--broker-id", str(self.node_id), "--max-transaction-timeout", str(older_than_min))  # fmt: skip
+        output = self._run_tool(
+            _TRANSACTIONS_TOOL,
+            "--bootstrap-server",
+            self.address,
+            "find-hanging",
+            "--broker-id",
+            str(self.node_id),
+            "--max-transaction-timeout",
+            str(older_than_min),
+        )
         return parse_hanging_transactions(output)
 
     def abort_transaction(self, topic: str, partition: int, start_offset: int) -> None:
         """Abort the transaction open on ``topic``-``partition`` since ``start_offset`` (``kafka-transactions.sh abort``):
         its records stay invisible, and offsets it committed for a group are dropped, so that input is consumed again."""
-        self._run_tool(_TRANSACTIONS_TOOL, "--bootstrap-server", self.address, "abort", "--topic", topic,
-                       "--partition", str(partition), "--start-offset", str(start_offset))  # fmt: skip
+        self._run_tool(
+            _TRANSACTIONS_TOOL,
+            "--bootstrap-server",
+            self.address,
+            "abort",
+            "--topic",
+            topic,
+            "--partition",
+            str(partition),
+            "--start-offset",
+            str(start_offset),
+        )
 
     def ready(self) -> bool:
         """A metadata request answered by this broker, and a group coordinator that serves groups.

@@ -19,16 +19,39 @@ class KafkaCluster(ServiceGroup):
     One node is the stack's classic single broker (named ``kafka``); several are nodes ``kafka-1`` … with a static
     controller quorum of all of them."""
 
-    def __init__(self, brokers: int, host: str | Sequence[str], port: int, controller_port: int, data_dir: Path,
-                 jars_dir: Path, run_dir: Path, log_dir: Path, heap_mb: int = 512, start_timeout_s: float = 60.0,
-                 launchers: Sequence[Sequence[str]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        brokers: int,
+        host: str | Sequence[str],
+        port: int,
+        controller_port: int,
+        data_dir: Path,
+        jars_dir: Path,
+        run_dir: Path,
+        log_dir: Path,
+        heap_mb: int = 512,
+        start_timeout_s: float = 60.0,
+        launchers: Sequence[Sequence[str]] | None = None,
+    ) -> None:
         hosts = [host] * brokers if isinstance(host, str) else list(host)
         launchers = launchers or [()] * brokers
         addresses = [(node + 1, hosts[node], port + 2 * node, controller_port + 2 * node) for node in range(brokers)]
         voters = [(node, on, controller) for node, on, _, controller in addresses] if brokers > 1 else None
         self.nodes = tuple(
-            KafkaBroker(on, listener, controller, data_dir, jars_dir, run_dir, log_dir, heap_mb, start_timeout_s,
-                        node_id=node, voters=voters, launcher=launchers[node - 1])  # fmt: skip
+            KafkaBroker(
+                on,
+                listener,
+                controller,
+                data_dir,
+                jars_dir,
+                run_dir,
+                log_dir,
+                heap_mb,
+                start_timeout_s,
+                node_id=node,
+                voters=voters,
+                launcher=launchers[node - 1],
+            )
             for node, on, listener, controller in addresses
         )
 

@@ -31,8 +31,13 @@ def alert_names(rule_files: Sequence[Path] | None = None) -> set[str]:
     import yaml
 
     files = stack_rule_files() if rule_files is None else rule_files
-    return {rule["alert"] for path in files for group in yaml.safe_load(path.read_text())["groups"] for rule in group["rules"]
-            if "alert" in rule}  # fmt: skip
+    return {
+        rule["alert"]
+        for path in files
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    }
 
 
 def alerts(address: str, timeout_s: float = 5.0) -> list[dict]:
@@ -60,8 +65,18 @@ class PrometheusServer(ManagedService):
     name = "prometheus"
     cmdline_marker = "prometheus"
 
-    def __init__(self, host: str, port: int, targets: dict[str, list[str]], scrape_interval_s: float, data_dir: Path,
-                 run_dir: Path, log_dir: Path, start_timeout_s: float = 30.0, rule_files: Sequence[Path] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        targets: dict[str, list[str]],
+        scrape_interval_s: float,
+        data_dir: Path,
+        run_dir: Path,
+        log_dir: Path,
+        start_timeout_s: float = 30.0,
+        rule_files: Sequence[Path] | None = None,
+    ) -> None:
         super().__init__(run_dir, log_dir, start_timeout_s)
         self.host, self.port, self.targets, self.scrape_interval_s = host, port, targets, scrape_interval_s
         self.rule_files = stack_rule_files() if rule_files is None else list(rule_files)
@@ -85,7 +100,9 @@ class PrometheusServer(ManagedService):
         return {
             "global": {"scrape_interval": interval, "evaluation_interval": interval},
             "rule_files": [str(path) for path in self.rule_files],
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in self.targets.items()],
+            "scrape_configs": [
+                {"job_name": job, "static_configs": [{"targets": targets}]} for job, targets in self.targets.items()
+            ],
         }
 
     def start(self) -> bool:
@@ -97,7 +114,9 @@ class PrometheusServer(ManagedService):
             try:
                 requests.post(f"{self.address}/-/reload", timeout=10).raise_for_status()
             except requests.RequestException as err:
-                raise StackError(f"prometheus at {self.address} did not reload its config: {err}", f"see {self.log_file}") from err
+                raise StackError(
+                    f"prometheus at {self.address} did not reload its config: {err}", f"see {self.log_file}"
+                ) from err
         return started
 
     def prepare(self) -> None:

@@ -64,27 +64,39 @@ class RedisServer(ManagedService):
     def command(self) -> list[str]:
         return [
             require_tool("redis-server", "redis-server"),
-            "--bind", self.host,
-            "--port", str(self.port),
-            "--dir", str(self.data_dir),
-            "--appendonly", "yes",
-            "--daemonize", "no",
-            "--save", "",
-            "--protected-mode", "no",
+            "--bind",
+            self.host,
+            "--port",
+            str(self.port),
+            "--dir",
+            str(self.data_dir),
+            "--appendonly",
+            "yes",
+            "--daemonize",
+            "no",
+            "--save",
+            "",
+            "--protected-mode",
+            "no",
             *self._cluster_options(),
-        ]  # fmt: skip
+        ]
 
     def _cluster_options(self) -> list[str]:
         if self.node_id is None:
             return []
         return [
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", "nodes.conf",  # in --dir: the node keeps its cluster across restarts
-            "--cluster-port", str(self.bus_port),  # explicit: the default, port + 10000, may exceed 65535
-            "--cluster-node-timeout", str(self.node_timeout_ms),
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",  # in --dir: the node keeps its cluster across restarts
+            "--cluster-port",
+            str(self.bus_port),  # explicit: the default, port + 10000, may exceed 65535
+            "--cluster-node-timeout",
+            str(self.node_timeout_ms),
             # A failed master costs only its own slots' keys: the other masters keep answering meanwhile.
-            "--cluster-require-full-coverage", "no",
-        ]  # fmt: skip
+            "--cluster-require-full-coverage",
+            "no",
+        ]
 
     def prepare(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -21,12 +21,32 @@ class RedisCluster(ServiceGroup):
     ``bus_port + i``. ``redis-cli`` picks which nodes are masters and which replicate which; a replica takes over when
     its master has not answered for ``node_timeout_ms``."""
 
-    def __init__(self, masters: int, replicas: int, host: str, port: int, bus_port: int, data_dir: Path, run_dir: Path,
-                 log_dir: Path, node_timeout_ms: int = 5_000, start_timeout_s: float = 20.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        masters: int,
+        replicas: int,
+        host: str,
+        port: int,
+        bus_port: int,
+        data_dir: Path,
+        run_dir: Path,
+        log_dir: Path,
+        node_timeout_ms: int = 5_000,
+        start_timeout_s: float = 20.0,
+    ) -> None:
         self.replicas, self.start_timeout_s = replicas, start_timeout_s
         self.nodes = tuple(
-            RedisServer(host, port + i, data_dir, run_dir, log_dir, start_timeout_s, node_id=i + 1, bus_port=bus_port + i,
-                        node_timeout_ms=node_timeout_ms)  # fmt: skip
+            RedisServer(
+                host,
+                port + i,
+                data_dir,
+                run_dir,
+                log_dir,
+                start_timeout_s,
+                node_id=i + 1,
+                bus_port=bus_port + i,
+                node_timeout_ms=node_timeout_ms,
+            )
             for i in range(masters * (1 + replicas))
         )
 
@@ -42,8 +62,10 @@ class RedisCluster(ServiceGroup):
             raise StackError(f"Redis nodes {lone} belong to no cluster while the others form one", _WIPE_FIX)
         if not wait_until(self.healthy, self.start_timeout_s):
             states = ", ".join(f"{node.name}: {_cluster_info(node).get('cluster_state', '?')}" for node in self.nodes)
-            raise StackError(f"the Redis Cluster is not ok within {self.start_timeout_s:.0f} s ({states})",
-                             f"see the nodes' logs ({self.nodes[0].log_file.parent}/redis-*.log), or {_WIPE_FIX}")  # fmt: skip
+            raise StackError(
+                f"the Redis Cluster is not ok within {self.start_timeout_s:.0f} s ({states})",
+                f"see the nodes' logs ({self.nodes[0].log_file.parent}/redis-*.log), or {_WIPE_FIX}",
+            )
         return started
 
     def healthy(self) -> bool:
@@ -57,8 +79,15 @@ class RedisCluster(ServiceGroup):
 
     def _create(self) -> None:
         """``redis-cli --cluster create``: the slots spread over the masters, ``replicas`` replicas for each."""
-        command = [require_tool("redis-cli", "redis-tools"), "--cluster", "create", *(node.address for node in self.nodes),
-                   "--cluster-replicas", str(self.replicas), "--cluster-yes"]  # fmt: skip
+        command = [
+            require_tool("redis-cli", "redis-tools"),
+            "--cluster",
+            "create",
+            *(node.address for node in self.nodes),
+            "--cluster-replicas",
+            str(self.replicas),
+            "--cluster-yes",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=self.start_timeout_s)
         if done.returncode != 0:
             last = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])

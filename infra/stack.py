@@ -32,8 +32,16 @@ class LocalStack:
     processes, and the embedded Flink runtime; the Flink jobs' checkpoints under ``checkpoints_dir`` describe this
     stack's Kafka."""
 
-    def __init__(self, kafka: KafkaCluster, redis: RedisServer | RedisCluster, prometheus: PrometheusServer, jaeger: JaegerServer,
-                 flink: FlinkRuntime, jars_dir: Path, checkpoints_dir: Path) -> None:  # fmt: skip
+    def __init__(
+        self,
+        kafka: KafkaCluster,
+        redis: RedisServer | RedisCluster,
+        prometheus: PrometheusServer,
+        jaeger: JaegerServer,
+        flink: FlinkRuntime,
+        jars_dir: Path,
+        checkpoints_dir: Path,
+    ) -> None:
         self.kafka = kafka
         self.redis = redis
         self.prometheus = prometheus

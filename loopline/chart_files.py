@@ -33,8 +33,10 @@ def chart_topics() -> tuple[TopicSpec, ...]:
 
 def topics_json() -> str:
     """Every topic's layout (name, partitions, retention, cleanup), for the chart's KafkaTopics and KEDA's cap."""
-    layout = [{"name": t.name, "partitions": t.partitions, "retention_ms": t.retention_ms, "cleanup_policy": t.cleanup_policy}
-              for t in chart_topics()]  # fmt: skip
+    layout = [
+        {"name": t.name, "partitions": t.partitions, "retention_ms": t.retention_ms, "cleanup_policy": t.cleanup_policy}
+        for t in chart_topics()
+    ]
     return json.dumps(layout, indent=2) + "\n"
 
 
@@ -51,7 +53,9 @@ def stale_files() -> list[Path]:
     """The generated files that are missing or differ from their source, and any file the sources no longer give."""
     expected = chart_files()
     present = {path for path in FILES.rglob("*") if path.is_file()}
-    return sorted({path for path, text in expected.items() if not path.is_file() or path.read_text() != text} | (present - set(expected)))
+    return sorted(
+        {path for path, text in expected.items() if not path.is_file() or path.read_text() != text} | (present - set(expected))
+    )
 
 
 def write_chart_files() -> list[Path]:

@@ -83,17 +83,42 @@ console = Console()
 
 #: Errors the user can act on: printed as one line, never as a trace.
 USER_ERRORS = (
-    StackError, TopicSpecError, CompatibilityError, DeliveryError, KafkaException, TimeoutError, PlanError, JobStateError,
-    ReleaseError, SnapshotError, TrainingError, NodeGroupError, UnknownSettingError, JobArchiveError, ValidationError,
-    urllib.error.URLError, RedisClusterException, KubernetesError, TrainJobTemplateError, ProjectError, ContractError,
-)  # fmt: skip
+    StackError,
+    TopicSpecError,
+    CompatibilityError,
+    DeliveryError,
+    KafkaException,
+    TimeoutError,
+    PlanError,
+    JobStateError,
+    ReleaseError,
+    SnapshotError,
+    TrainingError,
+    NodeGroupError,
+    UnknownSettingError,
+    JobArchiveError,
+    ValidationError,
+    urllib.error.URLError,
+    RedisClusterException,
+    KubernetesError,
+    TrainJobTemplateError,
+    ProjectError,
+    ContractError,
+)
 
 
 @app.callback()
 def main_options(
-    project: Annotated[Path | None, typer.Option("--project", help="The Loopline project to act on (a folder with "
-                                                 "loopline_project.yaml); default: the working directory's, or the nearest "
-                                                 "folder above it.", envvar="LOOPLINE_PROJECT")] = None,
+    project: Annotated[
+        Path | None,
+        typer.Option(
+            "--project",
+            help="The Loopline project to act on (a folder with "
+            "loopline_project.yaml); default: the working directory's, or the nearest "
+            "folder above it.",
+            envvar="LOOPLINE_PROJECT",
+        ),
+    ] = None,
 ) -> None:
     """Loopline: streaming-first real-time features and inference, for the project in the working directory."""
     if project is not None:
@@ -112,8 +137,10 @@ def init(
     from schemas.project import load_project
 
     made = load_project(init_project(directory, template))
-    console.print(f"made {made.name} project in {made.path} from the {template} template; next: `cd {directory}` and "
-                  "`loopline stack up`, `loopline apply`, `loopline stream submit` (docs/guide.md walks through the rest)")
+    console.print(
+        f"made {made.name} project in {made.path} from the {template} template; next: `cd {directory}` and "
+        "`loopline stack up`, `loopline apply`, `loopline stream submit` (docs/guide.md walks through the rest)"
+    )
 
 
 def settings(**overrides: Any) -> Settings:
@@ -128,8 +155,10 @@ _SECRET_KEY_PARTS = ("password", "secret", "token", "sasl.jaas.config")
 
 def _masked_client_config(client_config: dict[str, str]) -> dict[str, str]:
     """``kafka.client_config`` as ``loopline config`` prints it: secret-looking values masked as SecretStr settings are."""
-    return {key: str(SecretStr(value)) if any(part in key.lower().replace("_", ".") for part in _SECRET_KEY_PARTS) else value
-            for key, value in client_config.items()}  # fmt: skip
+    return {
+        key: str(SecretStr(value)) if any(part in key.lower().replace("_", ".") for part in _SECRET_KEY_PARTS) else value
+        for key, value in client_config.items()
+    }
 
 
 @app.command("config")
@@ -162,11 +191,24 @@ def stack_setup() -> None:
 
 @stack_app.command("up")
 def stack_up(
-    kafka_brokers: Annotated[int | None, typer.Option(min=1, max=9, help="Kafka as a cluster of this many KRaft nodes "
-                                                      "(kafka.brokers); remembered until `stack down --wipe`.")] = None,
-    redis_cluster: Annotated[int | None, typer.Option(min=3, max=16, help="Redis as a Redis Cluster of this many masters, "
-                                                      "each with redis.cluster_replicas replicas (redis.mode cluster, "
-                                                      "redis.cluster_masters); remembered until `stack down --wipe`.")] = None,
+    kafka_brokers: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=9,
+            help="Kafka as a cluster of this many KRaft nodes (kafka.brokers); remembered until `stack down --wipe`.",
+        ),
+    ] = None,
+    redis_cluster: Annotated[
+        int | None,
+        typer.Option(
+            min=3,
+            max=16,
+            help="Redis as a Redis Cluster of this many masters, "
+            "each with redis.cluster_replicas replicas (redis.mode cluster, "
+            "redis.cluster_masters); remembered until `stack down --wipe`.",
+        ),
+    ] = None,
 ) -> None:
     """Start Kafka and Redis unless running, wait until each answers, check Flink; print status."""
     shape = {"kafka": {"brokers": kafka_brokers}} if kafka_brokers is not None else {}
@@ -223,8 +265,9 @@ def stack_logs(
 
 @app.command("apply")
 def apply_all(
-    topics: Annotated[bool, typer.Option(help="Also `topics apply`; --no-topics where an operator owns the topics (Strimzi's "
-                                         "KafkaTopics).")] = True,
+    topics: Annotated[
+        bool, typer.Option(help="Also `topics apply`; --no-topics where an operator owns the topics (Strimzi's KafkaTopics).")
+    ] = True,
 ) -> None:
     """`feast apply` on the feature repo (the Feast registry and Redis of these settings), then `topics apply`. The
     stream feature views are compiled against the project's contracts first: what the engine cannot compute is
@@ -235,7 +278,9 @@ def apply_all(
     config = settings()
     plan = compile_plan(repo_stream_views(config.repo_path), project(config))
     console.print(f"the streaming plan: {len(plan.views)} views over {', '.join(plan.topics)}", highlight=False)
-    views = apply_definitions(config.feast_registry_path, config.redis_connection, config.repo_path, redis_cluster=config.redis_cluster)
+    views = apply_definitions(
+        config.feast_registry_path, config.redis_connection, config.repo_path, redis_cluster=config.redis_cluster
+    )
     console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
     if topics:
         console.print(topics_table(apply_loopline_topics(config)))
@@ -285,8 +330,11 @@ PrintCommandOption = Annotated[
     bool, typer.Option(help="With --jobmanager: print the `flink run` command (for a FlinkDeployment's args), submit nothing.")
 ]
 ImageOption = Annotated[
-    bool, typer.Option(help="With --jobmanager: the job as a Loopline Flink image runs it (its Python and jars, settings from "
-                       "the environment where it runs; a FlinkDeployment's form), shipping nothing.")
+    bool,
+    typer.Option(
+        help="With --jobmanager: the job as a Loopline Flink image runs it (its Python and jars, settings from "
+        "the environment where it runs; a FlinkDeployment's form), shipping nothing."
+    ),
 ]
 
 
@@ -341,14 +389,18 @@ def stream_submit(
             raise typer.BadParameter("--from-savepoint restores that savepoint: leave out --no-restore")
         if image and not restore:
             raise typer.BadParameter("a FlinkDeployment's job starts as its upgradeMode says: --no-restore is for a shipped job")
-        submission = feature_job_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image), _epoch_ms(from_time))
+        submission = feature_job_submission(
+            config, jobmanager, parallelism, from_savepoint, restore, _image(image), _epoch_ms(from_time)
+        )
         _submit_to_cluster(submission, jobmanager, print_command)
         return
     from streams.feature_job import run_embedded
 
     plan = feature_plan(config)
     console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {', '.join(plan.topics)}")
-    job = dataclasses.replace(job_settings(config), start_from_ms=_epoch_ms(from_time), parallelism=parallelism or config.stream.parallelism)
+    job = dataclasses.replace(
+        job_settings(config), start_from_ms=_epoch_ms(from_time), parallelism=parallelism or config.stream.parallelism
+    )
     run_embedded(plan, job, restore=restore)
 
 
@@ -391,8 +443,9 @@ def _stop_feature_job(jobmanager: str, job_id: str | None, savepoint: bool) -> N
     targets = [job_id] if job_id else running_jobs(jobmanager, JOB_NAME)
     for target in targets:
         location = stop_job(jobmanager, target, settings() if savepoint else None)
-        console.print(f"stopped {target} with savepoint {location}" if location else f"cancelling {target}", highlight=False,
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            f"stopped {target} with savepoint {location}" if location else f"cancelling {target}", highlight=False, soft_wrap=True
+        )
     if not targets:
         console.print("no running feature job")
 
@@ -440,11 +493,14 @@ def produce(
 def serve(
     model: Annotated[Path | None, typer.Option(help="Serve this ONNX file (default: the model registry's prod/canary).")] = None,
     http: Annotated[bool, typer.Option(help="POST /v1/score, GET /v1/models/status|ready, /metrics.")] = True,
-    kafka: Annotated[bool, typer.Option(help="scoring.requests -> scoring.predictions, exactly once (or at least once: "
-                                        "serving.kafka_delivery).")] = False,
+    kafka: Annotated[
+        bool,
+        typer.Option(help="scoring.requests -> scoring.predictions, exactly once (or at least once: serving.kafka_delivery)."),
+    ] = False,
     grpc: Annotated[bool, typer.Option(help="loopline.scoring.v1.Scorer/Score (schemas/scoring.proto).")] = False,
-    workers: Annotated[int | None, typer.Option(min=1, help="Processes sharing the ports (default: serving.workers, "
-                                                "else one per core).")] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Processes sharing the ports (default: serving.workers, else one per core).")
+    ] = None,
     worker_index: Annotated[int | None, typer.Option(hidden=True, help="Set by the supervisor for each worker.")] = None,
 ) -> None:
     """Serve the scorer through its front doors until interrupted, hot-swapping the model registry's versions."""
@@ -459,8 +515,11 @@ def serve(
     if not doors:
         raise StackError("no front door chosen", "pass --http, --kafka and/or --grpc")
     serving = config.serving
-    where = {"http": f"http://{serving.host}:{serving.http_port}", "grpc": f"grpc {serving.host}:{serving.grpc_port}",
-             "kafka": "Kafka scoring.requests"}  # fmt: skip
+    where = {
+        "http": f"http://{serving.host}:{serving.http_port}",
+        "grpc": f"grpc {serving.host}:{serving.grpc_port}",
+        "kafka": "Kafka scoring.requests",
+    }
     count = workers or serving.workers or len(os.sched_getaffinity(0))
     if worker_index is not None:
         run(config, path, doors, worker=(worker_index, count))
@@ -471,8 +530,10 @@ def serve(
         run(config, path, doors)
         return
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    arguments = [*(["--model", str(path)] if path is not None else []),
-                 *(f"--{'' if chosen else 'no-'}{door}" for door, chosen in (("http", http), ("kafka", kafka), ("grpc", grpc)))]  # fmt: skip
+    arguments = [
+        *(["--model", str(path)] if path is not None else []),
+        *(f"--{'' if chosen else 'no-'}{door}" for door, chosen in (("http", http), ("kafka", kafka), ("grpc", grpc))),
+    ]
     raise typer.Exit(WorkerSupervisor(config, arguments, count).run())
 
 
@@ -516,8 +577,11 @@ def models_register(
         raise typer.BadParameter(str(err), param_hint="PATH") from None
     release, name = _release(name)
     version = release.register(name, path)
-    console.print(f"{len(inputs)} inputs, as the {declared.name} project declares them: " + ", ".join(f"{i.name} ({i.kind})" for i in inputs),
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"{len(inputs)} inputs, as the {declared.name} project declares them: "
+        + ", ".join(f"{i.name} ({i.kind})" for i in inputs),
+        highlight=False,
+    )
     if alias:
         release.set_alias(name, alias, version, _actor(), "registered with --alias")
     console.print(f"registered {name} v{version}" + (f" as {alias}" if alias else ""))
@@ -618,7 +682,9 @@ app.add_typer(snapshot_app, name="snapshot")
 
 @feedback_app.command("join")
 def feedback_join(
-    restore: Annotated[bool, typer.Option(help="Resume from the newest checkpoint; --no-restore starts from the group's offsets.")] = True,
+    restore: Annotated[
+        bool, typer.Option(help="Resume from the newest checkpoint; --no-restore starts from the group's offsets.")
+    ] = True,
     jobmanager: JobManagerOption = None,
     parallelism: ParallelismOption = None,
     from_savepoint: FromSavepointOption = None,
@@ -635,8 +701,9 @@ def feedback_join(
     if jobmanager is not None:
         from loopline.cluster_jobs import joiner_submission
 
-        _submit_to_cluster(joiner_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image)), jobmanager,
-                           print_command)
+        _submit_to_cluster(
+            joiner_submission(config, jobmanager, parallelism, from_savepoint, restore, _image(image)), jobmanager, print_command
+        )
         return
     from feedback_loop.joiner_job import run_embedded
 
@@ -659,7 +726,9 @@ def _epoch_ms(text: str | None) -> int | None:
 def snapshot_create(
     start: Annotated[str | None, typer.Option("--from", help="Examples scored from this time (ISO-8601, UTC).")] = None,
     end: Annotated[str | None, typer.Option("--to", help="... up to (not including) this time.")] = None,
-    backfill: Annotated[bool, typer.Option(help="Build examples from the event log (recompute), not from logged predictions.")] = False,
+    backfill: Annotated[
+        bool, typer.Option(help="Build examples from the event log (recompute), not from logged predictions.")
+    ] = False,
     model: Annotated[str | None, typer.Option(help="Only this model's logged examples (default: every model's).")] = None,
 ) -> None:
     """Write an immutable snapshot of labeled examples; print its manifest summary."""
@@ -714,13 +783,17 @@ def snapshot_diff(
 def train(
     snapshot: Annotated[str, typer.Option(help="The snapshot id to train on.")],
     resume: Annotated[bool, typer.Option(help="Continue the last run on this snapshot from its newest checkpoint.")] = False,
-    processes: Annotated[int | None, typer.Option(help="Training processes per node (default feedback.train_processes; "
-                                                       "unset: one per visible GPU, else 2).")] = None,
+    processes: Annotated[
+        int | None,
+        typer.Option(help="Training processes per node (default feedback.train_processes; unset: one per visible GPU, else 2)."),
+    ] = None,
     quantize: Annotated[bool | None, typer.Option(help="Also try dynamic INT8 (default retrain.quantize).")] = None,
     canary: Annotated[float | None, typer.Option(min=0.0, max=100.0, help="A canary on PCT % of requests.")] = None,
     owner: Annotated[str | None, typer.Option(help="Who answers for the model, on its card (default retrain.owner).")] = None,
     nnodes: Annotated[int, typer.Option(help="Training nodes: run this command on each, with its --node-rank.")] = 1,
-    node_rank: Annotated[int, typer.Option(help="This node, 0..nnodes-1; node 0 serves the rendezvous, judges and registers.")] = 0,
+    node_rank: Annotated[
+        int, typer.Option(help="This node, 0..nnodes-1; node 0 serves the rendezvous, judges and registers.")
+    ] = 0,
     rdzv: Annotated[str | None, typer.Option(help="HOST:PORT where the nodes meet (torchrun's c10d): node 0's address.")] = None,
 ) -> None:
     """Train on a snapshot with DeepSpeed (torchrun; on one node or, with --nnodes, several sharing feedback.train_dir),
@@ -729,13 +802,27 @@ def train(
     from loopline.retraining import retrain, train_on_snapshot
 
     if node_rank > 0:  # the model the nodes trained together is judged and registered once, by node 0
-        metrics = train_on_snapshot(settings(), snapshot, resume=resume, processes=processes, nnodes=nnodes, node_rank=node_rank,
-                                    rdzv=rdzv)  # fmt: skip
-        console.print(f"node {node_rank} of {nnodes} done; node 0 judges and registers the model ({metrics.parent})", highlight=False)
+        metrics = train_on_snapshot(
+            settings(), snapshot, resume=resume, processes=processes, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv
+        )
+        console.print(
+            f"node {node_rank} of {nnodes} done; node 0 judges and registers the model ({metrics.parent})", highlight=False
+        )
         return
     reason = f"loopline train --canary {canary:g}" if canary else ""
-    outcome = retrain(settings(), snapshot, resume=resume, processes=processes, quantize=quantize, canary_percent=canary,
-                      actor=_actor(), reason=reason, owner=owner, nnodes=nnodes, rdzv=rdzv)  # fmt: skip
+    outcome = retrain(
+        settings(),
+        snapshot,
+        resume=resume,
+        processes=processes,
+        quantize=quantize,
+        canary_percent=canary,
+        actor=_actor(),
+        reason=reason,
+        owner=owner,
+        nnodes=nnodes,
+        rdzv=rdzv,
+    )
     _print_outcome(outcome, canary)
 
 
@@ -747,22 +834,29 @@ def _print_outcome(outcome: RetrainOutcome, canary_requested: float | None) -> N
     console.print(candidate_table(report, outcome.name))
     quantization = report.quantization
     if quantization is not None:
-        console.print(f"INT8 {'kept' if quantization.kept else 'refused'}: {quantization.reason}; latency gain "
-                      f"×{quantization.latency_gain:.2f} (fp32 median ÷ INT8 median)", highlight=False)  # fmt: skip
+        console.print(
+            f"INT8 {'kept' if quantization.kept else 'refused'}: {quantization.reason}; latency gain "
+            f"×{quantization.latency_gain:.2f} (fp32 median ÷ INT8 median)",
+            highlight=False,
+        )
     if report.version is None:
         console.print(f"[red]not registered[/red]: {report.verdict.reason}", highlight=False)
     else:
         console.print(f"[green]registered {outcome.name} v{report.version}[/green]: {report.verdict.reason}", highlight=False)
     if outcome.canary_percent is not None:
-        console.print(f"v{report.version} is the canary on {outcome.canary_percent:g} % of requests; `loopline release watch` "
-                      "decides")
+        console.print(
+            f"v{report.version} is the canary on {outcome.canary_percent:g} % of requests; `loopline release watch` decides"
+        )
     elif canary_requested and report.version is not None:
-        console.print(f"no canary: there is no prod to compare v{report.version} with; `loopline models promote "
-                      f"{report.version}` serves it")
+        console.print(
+            f"no canary: there is no prod to compare v{report.version} with; `loopline models promote {report.version}` serves it"
+        )
     console.print(f"model card: {report.card_path}", highlight=False)
 
 
-retrain_app = typer.Typer(help="The retrain trigger: retrain when prod's labeled quality falls or a skew or consistency alert fires (retrain.*).")
+retrain_app = typer.Typer(
+    help="The retrain trigger: retrain when prod's labeled quality falls or a skew or consistency alert fires (retrain.*)."
+)
 app.add_typer(retrain_app, name="retrain")
 
 
@@ -776,15 +870,19 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
 
     config = settings()
     if config.retrain.mode == config.retrain.alert_mode == "off":
-        console.print("the retrain trigger is off: set retrain.mode (labeled quality) or retrain.alert_mode (skew and "
-                      "consistency alerts) to notify or retrain (LOOPLINE_RETRAIN__MODE, LOOPLINE_RETRAIN__ALERT_MODE)")  # fmt: skip
+        console.print(
+            "the retrain trigger is off: set retrain.mode (labeled quality) or retrain.alert_mode (skew and "
+            "consistency alerts) to notify or retrain (LOOPLINE_RETRAIN__MODE, LOOPLINE_RETRAIN__ALERT_MODE)"
+        )
         return
     from infra.prometheus_server import alert_names
 
     unknown = sorted(set(config.retrain.alerts) - alert_names())
     if config.retrain.alert_mode != "off" and unknown:
-        raise typer.BadParameter(f"retrain.alerts names no rule under infra/prometheus/: {', '.join(unknown)} "
-                                 f"(the rules' alerts: {', '.join(sorted(alert_names()))})")  # fmt: skip
+        raise typer.BadParameter(
+            f"retrain.alerts names no rule under infra/prometheus/: {', '.join(unknown)} "
+            f"(the rules' alerts: {', '.join(sorted(alert_names()))})"
+        )
     # SIGTERM (a pod's stop) ends the watch between looks, never inside one (a retraining or a TrainJob's creation).
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -794,8 +892,11 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
         console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
         if isinstance(outcome, TrainJobStarted):
             job = outcome.trainjob
-            console.print(f"TrainJob {job.namespace}/{job.name} {'created' if job.created else 'already created'} on snapshot "
-                          f"{outcome.snapshot_id}: `kubectl get trainjob {job.name}` follows it", highlight=False)  # fmt: skip
+            console.print(
+                f"TrainJob {job.namespace}/{job.name} {'created' if job.created else 'already created'} on snapshot "
+                f"{outcome.snapshot_id}: `kubectl get trainjob {job.name}` follows it",
+                highlight=False,
+            )
         elif outcome is not None:
             _print_outcome(outcome, config.retrain.canary_percent)
         if once:
@@ -817,8 +918,10 @@ def monitor() -> None:
     start_http_server(config.monitor.metrics_port, addr=config.serving.host, registry=metrics.collector_registry)
     wait_for_reference(config, lambda err: console.print(f"monitor: waiting for a reference snapshot: {err}"))
     monitor = build_monitor(config, metrics)
-    console.print(f"monitor: skew against snapshot {monitor.window.reference_id}, metrics on "
-                  f"http://{config.serving.host}:{config.monitor.metrics_port}/metrics")  # fmt: skip
+    console.print(
+        f"monitor: skew against snapshot {monitor.window.reference_id}, metrics on "
+        f"http://{config.serving.host}:{config.monitor.metrics_port}/metrics"
+    )
     monitor.run()
 
 
@@ -831,10 +934,16 @@ def dashboard() -> None:
     from loopline.monitoring import model_versions
 
     config = settings()
-    page = dashboard_app(f"http://{config.prometheus.host}:{config.prometheus.port}", lambda: model_versions(config),
-                         config.jaeger.query_url, config.serving.tracing.service_name)  # fmt: skip
-    console.print(f"dashboard: http://{config.dashboard.host}:{config.dashboard.port}/ (Prometheus at "
-                  f"http://{config.prometheus.host}:{config.prometheus.port}, Jaeger at {config.jaeger.query_url})")  # fmt: skip
+    page = dashboard_app(
+        f"http://{config.prometheus.host}:{config.prometheus.port}",
+        lambda: model_versions(config),
+        config.jaeger.query_url,
+        config.serving.tracing.service_name,
+    )
+    console.print(
+        f"dashboard: http://{config.dashboard.host}:{config.dashboard.port}/ (Prometheus at "
+        f"http://{config.prometheus.host}:{config.prometheus.port}, Jaeger at {config.jaeger.query_url})"
+    )
     uvicorn.run(page, host=config.dashboard.host, port=config.dashboard.port, log_level="warning")
 
 
@@ -845,12 +954,22 @@ def plan_gpu(
     hidden: Annotated[int, typer.Option(help="A transformer's hidden size.")] = 0,
     heads: Annotated[int, typer.Option(help="A transformer's attention heads.")] = 0,
     vocab: Annotated[int, typer.Option(help="A transformer's vocabulary.")] = 32_000,
-    kv_heads: Annotated[int | None, typer.Option(help="Key/value heads (grouped-query attention; 1: multi-query), dividing "
-                                                      "--heads; the KV cache shrinks by heads / kv-heads. Default: --heads.")] = None,
+    kv_heads: Annotated[
+        int | None,
+        typer.Option(
+            help="Key/value heads (grouped-query attention; 1: multi-query), dividing "
+            "--heads; the KV cache shrinks by heads / kv-heads. Default: --heads."
+        ),
+    ] = None,
     intermediate: Annotated[int | None, typer.Option(help="The MLP's inner width. Default: 4 x --hidden.")] = None,
     gated_mlp: Annotated[bool, typer.Option(help="A gated MLP (SwiGLU, as Llama): three projections, not two.")] = False,
-    tied_embeddings: Annotated[bool, typer.Option("--tied-embeddings/--untied-embeddings",
-                                                  help="The LM head shares the embedding matrix (GPT-2) or has its own (Llama).")] = True,
+    tied_embeddings: Annotated[
+        bool,
+        typer.Option(
+            "--tied-embeddings/--untied-embeddings",
+            help="The LM head shares the embedding matrix (GPT-2) or has its own (Llama).",
+        ),
+    ] = True,
     precision: Annotated[str, typer.Option(help="Training precision: fp32, bf16 or fp16 (mixed).")] = "bf16",
     serve_precision: Annotated[str, typer.Option(help="Serving precision: fp32, fp16, bf16 or int8.")] = "fp16",
     batch: Annotated[int, typer.Option(help="Training micro-batch per GPU (sequences or rows).")] = 8,
@@ -866,13 +985,23 @@ def plan_gpu(
         shape = ModelShape.mlp(tuple(int(w) for w in widths.split(",")))
     elif layers and hidden and heads:
         try:
-            shape = ModelShape.transformer(layers, hidden, heads, vocab, kv_heads=kv_heads, intermediate=intermediate,
-                                           gated_mlp=gated_mlp, tied_embeddings=tied_embeddings)  # fmt: skip
+            shape = ModelShape.transformer(
+                layers,
+                hidden,
+                heads,
+                vocab,
+                kv_heads=kv_heads,
+                intermediate=intermediate,
+                gated_mlp=gated_mlp,
+                tied_embeddings=tied_embeddings,
+            )
         except ValueError as err:
             raise typer.BadParameter(str(err)) from err
     else:
         raise typer.BadParameter("give --widths for an MLP, or --layers, --hidden and --heads for a transformer")
-    console.print(f"{shape.kind}: {shape.parameters / 1e6:,.1f} M parameters; training in {precision} with Adam, micro-batch {batch}")
+    console.print(
+        f"{shape.kind}: {shape.parameters / 1e6:,.1f} M parameters; training in {precision} with Adam, micro-batch {batch}"
+    )
     memory, fewest, serving = gpu_plan_tables(shape, precision, serve_precision, batch, seq_len, serve_batch, recompute)
     console.print(memory, fewest)
     console.print(serving)
@@ -880,12 +1009,23 @@ def plan_gpu(
 
 @app.command("demo")
 def demo(
-    seconds: Annotated[float, typer.Option(help="Rough total run time (the demo goes on, bounded, until the loop closes).",
-                                           envvar="DEMO_SECONDS")] = 300.0,
-    rate: Annotated[float, typer.Option(help="Events per second of the world, each scored event scored (the feature job "
-                                        "alone keeps up with thousands).")] = 100.0,
-    template: Annotated[str | None, typer.Option(help="Run this template's world (fraud, delivery) in a project of its own under "
-                                                 "the home; default: the project here, else fraud.")] = None,
+    seconds: Annotated[
+        float,
+        typer.Option(help="Rough total run time (the demo goes on, bounded, until the loop closes).", envvar="DEMO_SECONDS"),
+    ] = 300.0,
+    rate: Annotated[
+        float,
+        typer.Option(
+            help="Events per second of the world, each scored event scored (the feature job alone keeps up with thousands)."
+        ),
+    ] = 100.0,
+    template: Annotated[
+        str | None,
+        typer.Option(
+            help="Run this template's world (fraud, delivery) in a project of its own under "
+            "the home; default: the project here, else fraud."
+        ),
+    ] = None,
 ) -> None:
     """Run the loop end to end on the local stack and print a summary; the stack stays up. Exit code 1 when a promise
     was not kept (a step of the loop failed, or the alerts do not match the injected skew)."""
@@ -898,8 +1038,9 @@ def demo(
         config = settings(project=instance_of_template(config.home, template or "fraud"))
     failures = run_demo(config, seconds=seconds, rate=rate, console=console)
     if failures:
-        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] the demo did not keep {len(failures)} promise(s): "
-                                                   + "; ".join(failures), highlight=False)  # fmt: skip
+        Console(stderr=True, soft_wrap=True).print(
+            f"[red]error:[/red] the demo did not keep {len(failures)} promise(s): " + "; ".join(failures), highlight=False
+        )
         raise typer.Exit(1)
 
 

@@ -74,28 +74,59 @@ def _restore_point(checkpoint_dir: str, from_savepoint: str | None, restore: boo
     return from_savepoint or (latest_checkpoint(checkpoint_dir) if restore else None)
 
 
-def _submission(settings: Settings, entry: str, checkpoint_dir: str, fresh_command: str, jobmanager: str, parallelism: int,
-                from_savepoint: str | None, restore: bool, image: FlinkImage | None,
-                shipped: Callable[[int, str | None], list[str]],
-                plan: Callable[[], Mapping[str, str]] | None = None) -> Submission:  # fmt: skip
+def _submission(
+    settings: Settings,
+    entry: str,
+    checkpoint_dir: str,
+    fresh_command: str,
+    jobmanager: str,
+    parallelism: int,
+    from_savepoint: str | None,
+    restore: bool,
+    image: FlinkImage | None,
+    shipped: Callable[[int, str | None], list[str]],
+    plan: Callable[[], Mapping[str, str]] | None = None,
+) -> Submission:
     """A job's submission at ``parallelism``: run by a Loopline Flink image's entry as ``entry`` with ``image``, else
     ``shipped(parallelism, restore_from)``, the `flink run` that ships its code and environment (and window state
     under ``plan``)."""
     restore_from = _restore_point(checkpoint_dir, from_savepoint, restore and image is None)
     rebuild_command = None
     if image is not None:
-        command = flink_run_command(image.flink, jobmanager, IMAGE_ENTRY_MODULE, [entry, str(parallelism)], image, parallelism=parallelism,
-                                    from_savepoint=restore_from)  # fmt: skip
+        command = flink_run_command(
+            image.flink,
+            jobmanager,
+            IMAGE_ENTRY_MODULE,
+            [entry, str(parallelism)],
+            image,
+            parallelism=parallelism,
+            from_savepoint=restore_from,
+        )
     else:
         command = shipped(parallelism, restore_from)
         if restore_from is not None and from_savepoint is None:
             rebuild_command = shipped(parallelism, None)
-    return Submission(command, restore_from, checkpoint_dir, settings.kafka.bootstrap, dict(settings.kafka.client_config),
-                      f"{fresh_command} --jobmanager {jobmanager} --no-restore", plan, rebuild_command)  # fmt: skip
+    return Submission(
+        command,
+        restore_from,
+        checkpoint_dir,
+        settings.kafka.bootstrap,
+        dict(settings.kafka.client_config),
+        f"{fresh_command} --jobmanager {jobmanager} --no-restore",
+        plan,
+        rebuild_command,
+    )
 
 
-def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
-                           restore: bool, image: FlinkImage | None = None, start_from_ms: int | None = None) -> Submission:  # fmt: skip
+def feature_job_submission(
+    settings: Settings,
+    jobmanager: str,
+    parallelism: int | None,
+    from_savepoint: str | None,
+    restore: bool,
+    image: FlinkImage | None = None,
+    start_from_ms: int | None = None,
+) -> Submission:
     """The submission of the feature job to the cluster at ``jobmanager``: shipping its code and environment, or with
     ``image`` run by a Loopline Flink image's entry (``loopline/flink_image_job.py``), which reads the settings where
     it runs. Without a checkpoint to restore (``restore`` off, none taken yet, or the newest of another plan) the
@@ -106,17 +137,38 @@ def feature_job_submission(settings: Settings, jobmanager: str, parallelism: int
 
         # On a cluster, metrics reporters are the cluster's own configuration, not a port of the job's.
         rebuild = restore_from is None
-        job = dataclasses.replace(job_settings(settings), metrics_port=None, parallelism=parallelism, rebuild=rebuild,
-                                  start_from_ms=start_from_ms if rebuild else None)  # fmt: skip
+        job = dataclasses.replace(
+            job_settings(settings),
+            metrics_port=None,
+            parallelism=parallelism,
+            rebuild=rebuild,
+            start_from_ms=start_from_ms if rebuild else None,
+        )
         return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
 
-    return _submission(settings, FEATURE_JOB, settings.checkpoint_dir, "loopline stream submit", jobmanager,
-                       parallelism or settings.stream.parallelism, from_savepoint, restore, image, shipped,
-                       None if image is not None else lambda: feature_plan(settings).identities())  # fmt: skip
+    return _submission(
+        settings,
+        FEATURE_JOB,
+        settings.checkpoint_dir,
+        "loopline stream submit",
+        jobmanager,
+        parallelism or settings.stream.parallelism,
+        from_savepoint,
+        restore,
+        image,
+        shipped,
+        None if image is not None else lambda: feature_plan(settings).identities(),
+    )
 
 
-def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | None, from_savepoint: str | None,
-                      restore: bool, image: FlinkImage | None = None) -> Submission:  # fmt: skip
+def joiner_submission(
+    settings: Settings,
+    jobmanager: str,
+    parallelism: int | None,
+    from_savepoint: str | None,
+    restore: bool,
+    image: FlinkImage | None = None,
+) -> Submission:
     """The submission of the feedback joiner to the cluster at ``jobmanager``: shipping its code and environment, or
     with ``image`` run by a Loopline Flink image's entry."""
 
@@ -126,8 +178,18 @@ def joiner_submission(settings: Settings, jobmanager: str, parallelism: int | No
         job = dataclasses.replace(joiner_settings(settings), metrics_port=None, parallelism=parallelism)
         return submit_command(pyflink_home() / "bin" / "flink", jobmanager, job, job_archives(settings), restore_from)
 
-    return _submission(settings, JOINER, settings.feedback_checkpoint_dir, "loopline feedback join", jobmanager,
-                       parallelism or settings.feedback.parallelism, from_savepoint, restore, image, shipped)  # fmt: skip
+    return _submission(
+        settings,
+        JOINER,
+        settings.feedback_checkpoint_dir,
+        "loopline feedback join",
+        jobmanager,
+        parallelism or settings.feedback.parallelism,
+        from_savepoint,
+        restore,
+        image,
+        shipped,
+    )
 
 
 def running_jobs(jobmanager: str, name: str) -> list[str]:

@@ -56,8 +56,13 @@ def private_stack_settings(home: Path, jars_dir: Path, project_path: Path | None
         project=project_path,
         home=home,
         jars_dir=jars_dir,
-        kafka=KafkaSettings(port=kafka, controller_port=kafka + 1, brokers=kafka_brokers, replication_factor=replicas,
-                            min_insync_replicas=min(replicas, 2)),  # fmt: skip
+        kafka=KafkaSettings(
+            port=kafka,
+            controller_port=kafka + 1,
+            brokers=kafka_brokers,
+            replication_factor=replicas,
+            min_insync_replicas=min(replicas, 2),
+        ),
         redis=RedisSettings(port=redis),
         prometheus=PrometheusSettings(port=prometheus),
         jaeger=JaegerSettings(otlp_port=otlp, query_port=query, query_grpc_port=query_grpc, health_port=health),
@@ -90,13 +95,29 @@ def build_stack(settings: Settings) -> LocalStack:
     )
     redis = redis_service(settings.redis, data, run, logs)
     prometheus = PrometheusServer(
-        host=settings.prometheus.host, port=settings.prometheus.port, targets=scrape_targets(settings),
-        scrape_interval_s=settings.prometheus.scrape_interval_s, data_dir=data, run_dir=run, log_dir=logs,
+        host=settings.prometheus.host,
+        port=settings.prometheus.port,
+        targets=scrape_targets(settings),
+        scrape_interval_s=settings.prometheus.scrape_interval_s,
+        data_dir=data,
+        run_dir=run,
+        log_dir=logs,
         start_timeout_s=settings.prometheus.start_timeout_s,
-    )  # fmt: skip
+    )
     jaeger = settings.jaeger
-    tracing = JaegerServer(jaeger_binary(jars), jaeger.host, jaeger.otlp_port, jaeger.query_port, jaeger.query_grpc_port,
-                           jaeger.health_port, jaeger.max_traces, data, run, logs, jaeger.start_timeout_s)  # fmt: skip
+    tracing = JaegerServer(
+        jaeger_binary(jars),
+        jaeger.host,
+        jaeger.otlp_port,
+        jaeger.query_port,
+        jaeger.query_grpc_port,
+        jaeger.health_port,
+        jaeger.max_traces,
+        data,
+        run,
+        logs,
+        jaeger.start_timeout_s,
+    )
     # Every consumer group's checkpoints (<home>/checkpoints/<group>), the jobs' of earlier settings too.
     checkpoints = settings.checkpoints_root
     return LocalStack(kafka, redis, prometheus, tracing, FlinkRuntime(jars), jars, checkpoints)
@@ -106,8 +127,18 @@ def redis_service(redis: RedisSettings, data: Path, run: Path, logs: Path) -> Re
     """The stack's Redis: one server, or with ``mode: cluster`` the masters and replicas of a Redis Cluster."""
     if redis.mode == "standalone":
         return RedisServer(redis.host, redis.port, data, run, logs, redis.start_timeout_s)
-    return RedisCluster(redis.cluster_masters, redis.cluster_replicas, redis.host, redis.port, redis.cluster_bus_port, data,
-                        run, logs, redis.cluster_node_timeout_ms, redis.start_timeout_s)  # fmt: skip
+    return RedisCluster(
+        redis.cluster_masters,
+        redis.cluster_replicas,
+        redis.host,
+        redis.port,
+        redis.cluster_bus_port,
+        data,
+        run,
+        logs,
+        redis.cluster_node_timeout_ms,
+        redis.start_timeout_s,
+    )
 
 
 def project(settings: Settings) -> Project:
@@ -126,7 +157,10 @@ def apply_loopline_topics(settings: Settings) -> list[TopicChange]:
 def scrape_targets(settings: Settings) -> dict[str, list[str]]:
     """What the stack's Prometheus scrapes, by job: the scorer, the monitor, the Flink jobs' reporters (when on)."""
     host = settings.serving.host
-    targets = {"loopline-scorer": [f"{host}:{settings.serving.http_port}"], "loopline-monitor": [f"{host}:{settings.monitor.metrics_port}"]}
+    targets = {
+        "loopline-scorer": [f"{host}:{settings.serving.http_port}"],
+        "loopline-monitor": [f"{host}:{settings.monitor.metrics_port}"],
+    }
     if settings.stream.metrics_port:
         targets["loopline-feature-job"] = [f"127.0.0.1:{settings.stream.metrics_port}"]
     if settings.feedback.metrics_port:
@@ -155,12 +189,16 @@ def world(settings: Settings, rate_per_s: float, seed: int, start_ms: int, malfo
     from loopline.project import world_class
 
     declared = project(settings)
-    return world_class(declared)(declared, dataclasses.replace(world_config(settings, rate_per_s, malformed_rate), **config), seed, start_ms)
+    return world_class(declared)(
+        declared, dataclasses.replace(world_config(settings, rate_per_s, malformed_rate), **config), seed, start_ms
+    )
 
 
 def feature_plan(settings: Settings) -> FeaturePlan:
     """The streaming plan compiled from the stream feature views in the project's Feast registry."""
-    return registered_plan(project(settings), settings.feast_registry_path, settings.redis_connection, settings.stream.source_topics)
+    return registered_plan(
+        project(settings), settings.feast_registry_path, settings.redis_connection, settings.stream.source_topics
+    )
 
 
 def feature_defaults(settings: Settings) -> dict[str, float | int | str | bool | None]:
@@ -168,7 +206,9 @@ def feature_defaults(settings: Settings) -> dict[str, float | int | str | bool |
     from feature_store.config import feature_store
     from feature_store.defaults import declared_defaults
 
-    store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
+    store = feature_store(
+        settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster
+    )
     return declared_defaults([*store.list_feature_views(), *store.list_stream_feature_views()])
 
 
@@ -186,8 +226,13 @@ def joiner_operators_jar(settings: Settings, folder: Path | None = None) -> Path
     from streams.operators_jar import SOURCES
 
     jars = settings.resolved_jars_dir
-    return operators_jar(folder or jars / "loopline", operator_libraries(jars), flink_connector_jar(jars), (SOURCES, OPERATOR_SOURCES),
-                         "loopline-feedback")
+    return operators_jar(
+        folder or jars / "loopline",
+        operator_libraries(jars),
+        flink_connector_jar(jars),
+        (SOURCES, OPERATOR_SOURCES),
+        "loopline-feedback",
+    )
 
 
 def _connector_jar(settings: Settings, image: FlinkImage | None) -> Path:
@@ -202,8 +247,14 @@ def flink_session(settings: Settings, taskmanagers: int | None = None, slots: in
     from infra.flink_session import FlinkSessionCluster
 
     flink = settings.flink
-    return FlinkSessionCluster(settings.home.absolute() / "flink", flink.host, flink.rest_port, flink.rpc_port,
-                               taskmanagers or flink.taskmanagers, slots or flink.slots)  # fmt: skip
+    return FlinkSessionCluster(
+        settings.home.absolute() / "flink",
+        flink.host,
+        flink.rest_port,
+        flink.rpc_port,
+        taskmanagers or flink.taskmanagers,
+        slots or flink.slots,
+    )
 
 
 def job_archives(settings: Settings) -> JobArchives:
@@ -240,7 +291,8 @@ def job_settings(settings: Settings, image: FlinkImage | None = None) -> JobSett
         checkpoint_interval_ms=stream.checkpoint_interval_ms,
         flush_interval_ms=stream.flush_interval_ms,
         max_batch_rows=stream.max_batch_rows,
-        online_interval_ms=stream.online_interval_ms, state_check_ms=stream.state_check_ms,
+        online_interval_ms=stream.online_interval_ms,
+        state_check_ms=stream.state_check_ms,
         parallelism=stream.parallelism,
         metrics_port=stream.metrics_port,
         allow_partial_rebuild=stream.allow_partial_rebuild,

@@ -69,10 +69,13 @@ def build_images(settings: Settings, keys: list[str]) -> list[Built]:
     work = settings.home.absolute() / "images"
     python_base, _ = ensure_base(podman, work)
     context = stage_context(
-        work / "context", repo=REPO, flink_home=pyflink_home(),
+        work / "context",
+        repo=REPO,
+        flink_home=pyflink_home(),
         jars=[flink_connector_jar(settings.resolved_jars_dir), feature_operators_jar(settings), joiner_operators_jar(settings)],
-        requirements=requirement_sets(), project=project_or_template(settings.project),
-    )  # fmt: skip
+        requirements=requirement_sets(),
+        project=project_or_template(settings.project),
+    )
     secrets = [("cabundle", CA_BUNDLE)]
     bases = {"python": python_base}
     images = catalog()
@@ -83,8 +86,14 @@ def build_images(settings: Settings, keys: list[str]) -> list[Built]:
     for key in keys:
         image: Image = images[key]
         started = time.monotonic()
-        podman.build(IMAGES_DIR / image.dockerfile, context, image.reference, {"BASE_IMAGE": bases[image.base], **dict(image.build_args)},
-                     target=image.target, secrets=secrets)  # fmt: skip
+        podman.build(
+            IMAGES_DIR / image.dockerfile,
+            context,
+            image.reference,
+            {"BASE_IMAGE": bases[image.base], **dict(image.build_args)},
+            target=image.target,
+            secrets=secrets,
+        )
         built.append(Built(image.reference, time.monotonic() - started, podman.size_bytes(image.reference)))
     return built
 

@@ -18,7 +18,9 @@ from streams.feature_plan import FeaturePlan
 from streams.producer import EventProducer
 
 
-def start_loopline(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
+def start_loopline(
+    settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str
+) -> subprocess.Popen:
     """`loopline <arguments>` with ``settings`` (``extra_env`` on top), in a session of its own, logging to ``log_file``;
     ``niceness`` steps nicer than this process, with whatever it starts (``lower_priority``), for work that should
     yield the cores to serving."""
@@ -34,7 +36,9 @@ def start_loopline(settings: Settings, arguments: list[str], log_file: Path, nic
     return process
 
 
-def _start_flink_job(settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
+def _start_flink_job(
+    settings: Settings, arguments: list[str], log_file: Path, niceness: int = 0, **extra_env: str
+) -> subprocess.Popen:
     """A Flink job's `loopline` command; its mini-cluster log (restarts, task failures) goes to a folder beside
     ``log_file``, not into PyFlink's package folder."""
     flink_logs = log_file.with_name(f"{log_file.stem}-flink")
@@ -51,9 +55,13 @@ def start_feature_job(
     return _start_flink_job(settings, ["stream", "submit", *([] if restore else ["--no-restore", *since])], log_file, **extra_env)
 
 
-def start_joiner(settings: Settings, log_file: Path, restore: bool = True, niceness: int = 0, **extra_env: str) -> subprocess.Popen:
+def start_joiner(
+    settings: Settings, log_file: Path, restore: bool = True, niceness: int = 0, **extra_env: str
+) -> subprocess.Popen:
     """Start `loopline feedback join` (the feedback joiner, embedded mini-cluster) at CPU ``niceness``."""
-    return _start_flink_job(settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, niceness, **extra_env)
+    return _start_flink_job(
+        settings, ["feedback", "join", *([] if restore else ["--no-restore"])], log_file, niceness, **extra_env
+    )
 
 
 def start_scorer(settings: Settings, doors: list[str], log_file: Path, **extra_env: str) -> subprocess.Popen:
@@ -78,7 +86,11 @@ def wait_until_serving(job: subprocess.Popen, settings: Settings, reader, plan: 
     from loopline.components import world
 
     view = plan.views[0]
-    probe = next(e for e in world(settings, 1.0, seed=1, start_ms=int(time.time() * 1000)) if e.record is not None and e.topic == view.topic)
+    probe = next(
+        e
+        for e in world(settings, 1.0, seed=1, start_ms=int(time.time() * 1000))
+        if e.record is not None and e.topic == view.topic
+    )
     EventProducer(settings.kafka.bootstrap, client_config=settings.kafka.client_config).publish([probe])
     keys = {key: getattr(probe.record, key) for key in view.entity_keys}
     event_time_us = getattr(probe.record, view.time_field) * 1000

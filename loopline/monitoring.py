@@ -34,12 +34,16 @@ def reference_snapshot(settings: Settings) -> References:
         release = model_release(settings)
         version = release.aliases(name).get(PROD_ALIAS)
         if version is None:
-            raise StackError(f"{name} has no prod version to take a reference from",
-                             "set monitor.reference_snapshot (LOOPLINE_MONITOR__REFERENCE_SNAPSHOT) to a snapshot id")  # fmt: skip
+            raise StackError(
+                f"{name} has no prod version to take a reference from",
+                "set monitor.reference_snapshot (LOOPLINE_MONITOR__REFERENCE_SNAPSHOT) to a snapshot id",
+            )
         snapshot_id = release.client.get_model_version(name, version).tags.get(SNAPSHOT_TAG)
         if snapshot_id is None:
-            raise StackError(f"{name} v{version} (prod) was not trained on a snapshot: no reference to measure skew against",
-                             "set monitor.reference_snapshot to a snapshot of its inputs (loopline snapshot create --backfill)")  # fmt: skip
+            raise StackError(
+                f"{name} v{version} (prod) was not trained on a snapshot: no reference to measure skew against",
+                "set monitor.reference_snapshot to a snapshot of its inputs (loopline snapshot create --backfill)",
+            )
     manifest, _ = find_snapshot(settings.snapshots_root, snapshot_id)
     return manifest.snapshot_id, manifest.reference
 
@@ -67,13 +71,23 @@ def model_versions(settings: Settings) -> dict:
     name, release = settings.serving.model_name, model_release(settings)
     aliases = release.aliases(name)
     versions = sorted(release.client.search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version))
-    return {"name": name, "versions": [{
-        "version": str(v.version), "aliases": sorted(alias for alias, version in aliases.items() if version == str(v.version)),
-        "snapshot_id": v.tags.get(SNAPSHOT_TAG), "created": time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.creation_timestamp / 1000)),
-    } for v in versions[:20]]}  # fmt: skip
+    return {
+        "name": name,
+        "versions": [
+            {
+                "version": str(v.version),
+                "aliases": sorted(alias for alias, version in aliases.items() if version == str(v.version)),
+                "snapshot_id": v.tags.get(SNAPSHOT_TAG),
+                "created": time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.creation_timestamp / 1000)),
+            }
+            for v in versions[:20]
+        ],
+    }
 
 
-def consistency_replay(settings: Settings, plan: FeaturePlan) -> Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]]:
+def consistency_replay(
+    settings: Settings, plan: FeaturePlan
+) -> Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]]:
     """The replay of a batch of sampled requests: the event log from as far back as the batch's windowed features
     reach (``events_needed_since``), judged as the job judges it (late events out), recomputed point in time and
     compared. Features with no window (time since the previous event, which can lie anywhere before) are not replayed:
@@ -105,13 +119,21 @@ def build_monitor(settings: Settings, metrics: MonitorMetrics) -> Monitor:
     """The monitor over the settings' stack."""
     options = settings.monitor
     config = MonitorConfig(
-        bootstrap_servers=settings.kafka.bootstrap, predictions_topic=PREDICTIONS.name,
-        partitions=_partitions(settings, PREDICTIONS.name), app_id=options.app_id, data_dir=(settings.home / "monitor").absolute(),
+        bootstrap_servers=settings.kafka.bootstrap,
+        predictions_topic=PREDICTIONS.name,
+        partitions=_partitions(settings, PREDICTIONS.name),
+        app_id=options.app_id,
+        data_dir=(settings.home / "monitor").absolute(),
         window_ms=int(options.window_s * 1000),
-        bucket_ms=int(options.bucket_s * 1000), check_interval_s=options.check_interval_s, min_rows=options.min_rows,
+        bucket_ms=int(options.bucket_s * 1000),
+        check_interval_s=options.check_interval_s,
+        min_rows=options.min_rows,
         thresholds=options.thresholds.thresholds(),
         feature_thresholds={name: limits.thresholds() for name, limits in options.feature_thresholds.items()},
-        sample_rate=options.sample_rate, consistency_interval_s=options.consistency_interval_s,
-        settle_ms=int(options.settle_s * 1000), max_sampled=options.max_sampled, from_earliest=options.from_earliest,
-    )  # fmt: skip
+        sample_rate=options.sample_rate,
+        consistency_interval_s=options.consistency_interval_s,
+        settle_ms=int(options.settle_s * 1000),
+        max_sampled=options.max_sampled,
+        from_earliest=options.from_earliest,
+    )
     return Monitor(config, lambda: reference_snapshot(settings), consistency_replay(settings, feature_plan(settings)), metrics)

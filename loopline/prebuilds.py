@@ -50,7 +50,9 @@ def prebuilds(settings: Settings) -> list[Prebuild]:
         Prebuild("the feature job's JVM operators", lambda: str(feature_operators_jar(settings))),
         Prebuild("the feedback joiner's JVM operators", lambda: str(joiner_operators_jar(settings))),
         Prebuild("the gRPC door's modules (schemas/scoring.proto)", grpc_modules),
-        Prebuild("the Flink jobs' Python environment, for clusters (a venv archive)", lambda: str(job_archives(settings).environment)),
+        Prebuild(
+            "the Flink jobs' Python environment, for clusters (a venv archive)", lambda: str(job_archives(settings).environment)
+        ),
         Prebuild("helm for the Kubernetes chart's tests (Go, from the module proxy)", helm),
         Prebuild("DeepSpeed's communication op for training (C++, the longest)", deepspeed_ops),
     ]

@@ -53,13 +53,16 @@ def project_path(named: Path | None, start: Path | None = None) -> Path:
     ProjectError saying how to make or name one when there is none."""
     if named is not None:
         if not (Path(named) / PROJECT_FILE).is_file():
-            raise ProjectError(f"{named} is not a Loopline project (no {PROJECT_FILE}); make one with "
-                               f"`loopline init {named} --template fraud`")  # fmt: skip
+            raise ProjectError(
+                f"{named} is not a Loopline project (no {PROJECT_FILE}); make one with `loopline init {named} --template fraud`"
+            )
         return Path(named).absolute()
     found = find_project(start or Path.cwd())
     if found is None:
-        raise ProjectError(f"no Loopline project here ({PROJECT_FILE} in {start or Path.cwd()} or above): make one with "
-                           "`loopline init DIR --template fraud` and run from it, or pass `loopline --project DIR ...`")  # fmt: skip
+        raise ProjectError(
+            f"no Loopline project here ({PROJECT_FILE} in {start or Path.cwd()} or above): make one with "
+            "`loopline init DIR --template fraud` and run from it, or pass `loopline --project DIR ...`"
+        )
     return found
 
 
@@ -120,7 +123,9 @@ def world_of(project: Project, seed: int, start_ms: int, **options):
     from streams.world import WorldConfig
 
     common = {field.name for field in dataclasses.fields(WorldConfig)}
-    config = WorldConfig(**{k: v for k, v in options.items() if k in common}, knobs={k: v for k, v in options.items() if k not in common})
+    config = WorldConfig(
+        **{k: v for k, v in options.items() if k in common}, knobs={k: v for k, v in options.items() if k not in common}
+    )
     return world_class(project)(project, config, seed, start_ms)
 
 
@@ -139,5 +144,10 @@ def write_first_model(project: Project, path: Path) -> Path:
     if unknown:
         raise ProjectError(f"{project.path / PROJECT_FILE}: model.first_model weighs {unknown}, which are not model.inputs")
     inputs = typed_inputs(project.feature_repo, project.spec.model.inputs)
-    return write_linear_model(path, inputs, [float(weights.get(name, 0.0)) for name in project.spec.model.inputs],
-                              float(declared.get("bias", 0.0)), probability=project.labels.kind == "binary")
+    return write_linear_model(
+        path,
+        inputs,
+        [float(weights.get(name, 0.0)) for name in project.spec.model.inputs],
+        float(declared.get("bias", 0.0)),
+        probability=project.labels.kind == "binary",
+    )

@@ -56,14 +56,26 @@ def create_snapshot(
             frame = frame[frame["predicted_at_ms"] >= from_ms]
         if to_ms is not None:
             frame = frame[frame["predicted_at_ms"] < to_ms]
-        source = {"backfill": {"topics": sorted(events), "labels": declared.labels.topic,
-                               "events": sum(len(messages) for messages in events.values())}}  # fmt: skip
+        source = {
+            "backfill": {
+                "topics": sorted(events),
+                "labels": declared.labels.topic,
+                "events": sum(len(messages) for messages in events.values()),
+            }
+        }
     else:
-        examples, source = logged_examples(kafka.bootstrap, settings.feedback.examples_topic, from_ms, to_ms, kafka.client_config,
-                                           model_name)  # fmt: skip
+        examples, source = logged_examples(
+            kafka.bootstrap, settings.feedback.examples_topic, from_ms, to_ms, kafka.client_config, model_name
+        )
         frame = examples_frame(examples)
-    return write_snapshot(frame, settings.snapshots_root, kind="backfill" if backfill else "feedback", source=source,
-                          time_range={"from_ms": from_ms, "to_ms": to_ms}, label_kind=declared.labels.kind)  # fmt: skip
+    return write_snapshot(
+        frame,
+        settings.snapshots_root,
+        kind="backfill" if backfill else "feedback",
+        source=source,
+        time_range={"from_ms": from_ms, "to_ms": to_ms},
+        label_kind=declared.labels.kind,
+    )
 
 
 def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str], console: Console | None = None) -> Manifest:
@@ -81,27 +93,38 @@ def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str],
     features = list(dict.fromkeys(features))  # a feature named twice is backfilled once
     manifest, frame = read_snapshot(settings.snapshots_root, snapshot_id)
     if "topic" not in manifest.source:
-        raise SnapshotError(f"snapshot {manifest.snapshot_id} was not taken from the example log ({manifest.kind}): make it "
-                            "anew with the features (loopline snapshot create --backfill) instead")  # fmt: skip
+        raise SnapshotError(
+            f"snapshot {manifest.snapshot_id} was not taken from the example log ({manifest.kind}): make it "
+            "anew with the features (loopline snapshot create --backfill) instead"
+        )
     plan, kafka = feature_plan(settings), settings.kafka
     wanted = requested_features(plan, frame, features)
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"reading the example log {manifest.source['topic']}", total=1 + 2 * len(wanted))
-        points = request_points(frame, logged_examples(kafka.bootstrap, manifest.source["topic"], None, None, kafka.client_config)[0])
+        points = request_points(
+            frame, logged_examples(kafka.bootstrap, manifest.source["topic"], None, None, kafka.client_config)[0]
+        )
         progress.advance(task)
         events, read = {}, 0
-        reach = {topic: plan.lookback_ms(r for view, references in wanted if view.topic == topic for r in references)
-                 for topic in {view.topic for view, _ in wanted}}  # fmt: skip
+        reach = {
+            topic: plan.lookback_ms(r for view, references in wanted if view.topic == topic for r in references)
+            for topic in {view.topic for view, _ in wanted}
+        }
         for view, _ in wanted:
             span = reach[view.topic]
             since = None if span is None else int(points["requested_at_ms"].min()) - span - plan.out_of_orderness_ms
             deleted = deleted_until_ms(kafka.bootstrap, kafka.client_config, view.topic)
             if deleted is not None and (since is None or deleted > since):
-                needed = "every event of an entity (a feature without a window, of a view without a ttl)" if since is None else (
-                    f"them since {since} ms")  # fmt: skip
-                raise SnapshotError(f"{view.topic} no longer holds events from before {deleted} ms (deleted by retention), but "
-                                    f"{view.name}'s features at the snapshot's earliest request need {needed}: backfilled, "
-                                    "they would be wrong")  # fmt: skip
+                needed = (
+                    "every event of an entity (a feature without a window, of a view without a ttl)"
+                    if since is None
+                    else (f"them since {since} ms")
+                )
+                raise SnapshotError(
+                    f"{view.topic} no longer holds events from before {deleted} ms (deleted by retention), but "
+                    f"{view.name}'s features at the snapshot's earliest request need {needed}: backfilled, "
+                    "they would be wrong"
+                )
             progress.update(task, description=f"reading {view.topic}")
             if view.topic not in events:
                 messages = read_topic(kafka.bootstrap, view.topic, kafka.client_config, since_ms=since)
@@ -114,13 +137,22 @@ def backfill_snapshot(settings: Settings, snapshot_id: str, features: list[str],
         added = backfill_features(frame, points, wanted, events, feature_defaults(settings), on_view=recomputing)
     source = {**manifest.source, "extends": manifest.snapshot_id, "backfilled": list(features), "events": read}
     time_range = {k: v for k, v in manifest.time_range.items() if k in ("from_ms", "to_ms")}
-    return write_snapshot(added, settings.snapshots_root, kind=manifest.kind, source=source, time_range=time_range,
-                          label_kind=manifest.label_kind)  # fmt: skip
+    return write_snapshot(
+        added, settings.snapshots_root, kind=manifest.kind, source=source, time_range=time_range, label_kind=manifest.label_kind
+    )
 
 
 def train_on_snapshot(
-    settings: Settings, snapshot_id: str, resume: bool = False, processes: int | None = None, echo: TextIO | None = TRAINING_ECHO,
-    on_start: Callable[[subprocess.Popen], None] | None = None, *, nnodes: int = 1, node_rank: int = 0, rdzv: str | None = None,
+    settings: Settings,
+    snapshot_id: str,
+    resume: bool = False,
+    processes: int | None = None,
+    echo: TextIO | None = TRAINING_ECHO,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    *,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv: str | None = None,
 ) -> Path:
     """Train on a snapshot (DeepSpeed under torchrun) as node ``node_rank`` of ``nnodes`` meeting at ``rdzv`` (alone by
     default), the run's folder ``<feedback.train_dir>/<snapshot id>``; the path of its metrics (holdout AUC, log loss,
@@ -136,10 +168,17 @@ def train_on_snapshot(
         shutil.rmtree(out)
     processes = processes or settings.feedback.train_processes or default_processes()
     launch_training(
-        folder, settings.feedback.train_config or DEFAULT_TRAIN_CONFIG, out, processes,
-        resume=resume, tracking_uri=settings.tracking_uri, echo=echo, niceness=settings.feedback.train_niceness, on_start=on_start,
+        folder,
+        settings.feedback.train_config or DEFAULT_TRAIN_CONFIG,
+        out,
+        processes,
+        resume=resume,
+        tracking_uri=settings.tracking_uri,
+        echo=echo,
+        niceness=settings.feedback.train_niceness,
+        on_start=on_start,
         nodes=nodes,
-    )  # fmt: skip
+    )
     return out / "metrics.json"
 
 
@@ -183,9 +222,15 @@ def _prod_model(settings: Settings, destination: Path) -> ProdModel | None:
 
 
 def evaluate_run(
-    settings: Settings, snapshot_id: str, *, quantize: bool | None = None, canary_percent: float | None = None, actor: str,
-    reason: str = "", owner: str | None = None,
-) -> RetrainOutcome:  # fmt: skip
+    settings: Settings,
+    snapshot_id: str,
+    *,
+    quantize: bool | None = None,
+    canary_percent: float | None = None,
+    actor: str,
+    reason: str = "",
+    owner: str | None = None,
+) -> RetrainOutcome:
     """Judge the finished training run on a snapshot against prod (``offline_training/candidate.py``): the model card
     (``owner``'s, default ``retrain.owner``), the version registered when the gate passes, and then, with
     ``canary_percent``, that version as the canary (recorded as ``actor``'s, for ``reason``). No canary goes out without
@@ -199,10 +244,19 @@ def evaluate_run(
     prod = _prod_model(settings, run_dir / "prod")
     release = model_release(settings)
     report = evaluate_and_register(
-        run_dir, folder, config.holdout_fraction, release, name, prod, owner=owner or options.owner,
-        threshold=options.threshold, max_auc_drop=options.max_auc_drop, max_rmse_increase=options.max_rmse_increase,
-        quantize=options.quantize if quantize is None else quantize, max_quantized_change=options.max_quantized_change,
-    )  # fmt: skip
+        run_dir,
+        folder,
+        config.holdout_fraction,
+        release,
+        name,
+        prod,
+        owner=owner or options.owner,
+        threshold=options.threshold,
+        max_auc_drop=options.max_auc_drop,
+        max_rmse_increase=options.max_rmse_increase,
+        quantize=options.quantize if quantize is None else quantize,
+        max_quantized_change=options.max_quantized_change,
+    )
     started = None
     if canary_percent and report.version is not None and prod is not None:
         why = reason or f"retrained on snapshot {manifest.snapshot_id}"
@@ -212,21 +266,33 @@ def evaluate_run(
 
 
 def retrain(
-    settings: Settings, snapshot_id: str | None = None, *, resume: bool = False, processes: int | None = None,
-    quantize: bool | None = None, canary_percent: float | None = None, actor: str, reason: str = "",
-    owner: str | None = None, echo: TextIO | None = TRAINING_ECHO, on_start: Callable[[subprocess.Popen], None] | None = None,
-    nnodes: int = 1, rdzv: str | None = None,
-) -> RetrainOutcome:  # fmt: skip
+    settings: Settings,
+    snapshot_id: str | None = None,
+    *,
+    resume: bool = False,
+    processes: int | None = None,
+    quantize: bool | None = None,
+    canary_percent: float | None = None,
+    actor: str,
+    reason: str = "",
+    owner: str | None = None,
+    echo: TextIO | None = TRAINING_ECHO,
+    on_start: Callable[[subprocess.Popen], None] | None = None,
+    nnodes: int = 1,
+    rdzv: str | None = None,
+) -> RetrainOutcome:
     """Snapshot (every logged example of the served model, unless ``snapshot_id`` names one) → train (its output copied to ``echo``;
     as node 0 of ``nnodes`` meeting at ``rdzv``, see ``train_on_snapshot``) → evaluate against prod → register when not
     worse, the model card ``owner``'s (default ``retrain.owner``) → canary on ``canary_percent`` of requests: `loopline
     train`, the retrain trigger and the demo run this."""
     if snapshot_id is None:
         snapshot_id = create_snapshot(settings, None, None, model_name=settings.serving.model_name).snapshot_id
-    train_on_snapshot(settings, snapshot_id, resume=resume, processes=processes, echo=echo, on_start=on_start, nnodes=nnodes,
-                      rdzv=rdzv)
-    return evaluate_run(settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason,
-                        owner=owner)
+    train_on_snapshot(
+        settings, snapshot_id, resume=resume, processes=processes, echo=echo, on_start=on_start, nnodes=nnodes, rdzv=rdzv
+    )
+    return evaluate_run(
+        settings, snapshot_id, quantize=quantize, canary_percent=canary_percent, actor=actor, reason=reason, owner=owner
+    )
 
 
 def firing_alerts(settings: Settings) -> list[FiringAlert]:
@@ -234,8 +300,11 @@ def firing_alerts(settings: Settings) -> list[FiringAlert]:
     from infra.prometheus_server import alerts
 
     address = f"http://{settings.prometheus.host}:{settings.prometheus.port}"
-    return [FiringAlert(a["labels"]["alertname"], a["labels"], a.get("activeAt", "")) for a in alerts(address)
-            if a.get("state") == "firing" and a["labels"].get("alertname") in settings.retrain.alerts]  # fmt: skip
+    return [
+        FiringAlert(a["labels"]["alertname"], a["labels"], a.get("activeAt", ""))
+        for a in alerts(address)
+        if a.get("state") == "firing" and a["labels"].get("alertname") in settings.retrain.alerts
+    ]
 
 
 def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecision:
@@ -262,8 +331,9 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
     examples: list = []
     if options.mode != "off":
         since_ms = now_ms - int(options.window_s * 1000)
-        examples, _ = logged_examples(kafka.bootstrap, settings.feedback.examples_topic, since_ms, None, kafka.client_config,
-                                      model.name)  # fmt: skip
+        examples, _ = logged_examples(
+            kafka.bootstrap, settings.feedback.examples_topic, since_ms, None, kafka.client_config, model.name
+        )
     firing: list[FiringAlert] | None = None
     unread = ""
     if options.alert_mode != "off":
@@ -271,10 +341,19 @@ def check_trigger(settings: Settings, now_ms: int | None = None) -> TriggerDecis
             firing = firing_alerts(settings)
         except StackError as err:
             unread = f"; alerts not read: {err}"
-    decision = decide(policy, examples, model_name=model.name, prod_version=aliases.get(PROD_ALIAS),
-                      canary_version=aliases.get(CANARY_ALIAS), now_ms=now_ms, last_fired_ms=int(fired) if fired else None,
-                      quality=None if options.mode == "off" else lambda scores, labels: Quality(kind).metrics(scores, labels, options.threshold),
-                      alerts=firing)  # fmt: skip
+    decision = decide(
+        policy,
+        examples,
+        model_name=model.name,
+        prod_version=aliases.get(PROD_ALIAS),
+        canary_version=aliases.get(CANARY_ALIAS),
+        now_ms=now_ms,
+        last_fired_ms=int(fired) if fired else None,
+        quality=None
+        if options.mode == "off"
+        else lambda scores, labels: Quality(kind).metrics(scores, labels, options.threshold),
+        alerts=firing,
+    )
     return dataclasses.replace(decision, reason=decision.reason + unread)
 
 
@@ -289,7 +368,7 @@ class TrainJobStarted:
 
 def start_retrain_trainjob(
     settings: Settings, snapshot_id: str, fired_ms: int, reason: str, kubernetes: KubernetesApi | None = None
-) -> TrainJobStarted:  # fmt: skip
+) -> TrainJobStarted:
     """Create the TrainJob of the firing at ``fired_ms`` on ``snapshot_id`` from ``retrain.trainjob_template``, through
     ``kubernetes`` (default: the pod's own API server, as its service account); a retry of the same firing finds the
     TrainJob its first attempt created."""
@@ -298,14 +377,20 @@ def start_retrain_trainjob(
 
     options = settings.retrain
     template = load_template(options.trainjob_template)
-    created = start_retrain(kubernetes or KubernetesApi.in_cluster(), template, snapshot_id=snapshot_id, fired_ms=fired_ms,
-                            canary_percent=options.canary_percent, reason=reason)  # fmt: skip
+    created = start_retrain(
+        kubernetes or KubernetesApi.in_cluster(),
+        template,
+        snapshot_id=snapshot_id,
+        fired_ms=fired_ms,
+        canary_percent=options.canary_percent,
+        reason=reason,
+    )
     return TrainJobStarted(snapshot_id, created)
 
 
 def trigger_step(
     settings: Settings, kubernetes: KubernetesApi | None = None
-) -> tuple[TriggerDecision, RetrainOutcome | TrainJobStarted | None]:  # fmt: skip
+) -> tuple[TriggerDecision, RetrainOutcome | TrainJobStarted | None]:
     """One look of `loopline retrain watch`: the verdict and, when it fires with a cause whose mode is ``retrain``, the
     retraining it ran (``retrain.launcher: local``) or the TrainJob it created for it (``trainjob``; through
     ``kubernetes``, default the pod's API server), on a snapshot of the served model's examples either way.

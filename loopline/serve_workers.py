@@ -47,8 +47,17 @@ class WorkerSupervisor:
         self._signalled = threading.Event()
 
     def _start(self, index: int) -> None:
-        command = [sys.executable, "-c", "from loopline.cli import main; main()", "serve", *self.arguments,
-                   "--workers", str(self.count), "--worker-index", str(index)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-c",
+            "from loopline.cli import main; main()",
+            "serve",
+            *self.arguments,
+            "--workers",
+            str(self.count),
+            "--worker-index",
+            str(index),
+        ]
         # A process group of its own: a signal to the supervisor's group (Ctrl-C, `kill -TERM -<pgid>`) reaches the
         # worker once, passed on by the supervisor, not a second time directly, which would make it exit at once.
         process = subprocess.Popen(command, env=settings_environment(self.settings), preexec_fn=_die_with_parent, process_group=0)

@@ -43,8 +43,14 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
 
     serving = settings.serving
     budget_s = serving.feature_budget_ms / 1000
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=budget_s,
-                          redis_cluster=settings.redis_cluster, stale_after_s=serving.stale_after_s)  # fmt: skip
+    reader = OnlineReader(
+        settings.feast_registry_path,
+        settings.redis_connection,
+        settings.repo_path,
+        timeout_s=budget_s,
+        redis_cluster=settings.redis_cluster,
+        stale_after_s=serving.stale_after_s,
+    )
     knobs = BatchingKnobs(
         max_batch_size=serving.max_batch_size,
         max_queue_delay_s=serving.max_queue_delay_ms / 1000,
@@ -53,7 +59,9 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
     )
     cache = None
     if serving.result_cache_ttl_s is not None:
-        cache = ResultCache(settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s, redis_cluster=settings.redis_cluster)
+        cache = ResultCache(
+            settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s, redis_cluster=settings.redis_cluster
+        )
     model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
     return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model, feature_batch_size=serving.feature_batch_size)
 
@@ -64,9 +72,16 @@ def request_tracer(settings: Settings, worker: Worker | None = None) -> RequestT
     tracing = settings.serving.tracing
     if not tracing.enabled:
         return None
-    attributes = {"service.instance.id": settings.serving.instance if worker is None else f"{settings.serving.instance}-{worker[0]}"}
-    return RequestTracer(tracing.otlp_endpoint or settings.jaeger.otlp_traces_url, service=tracing.service_name,
-                         sample_ratio=tracing.sample_ratio, slow_ms=tracing.slow_ms, attributes=attributes)  # fmt: skip
+    attributes = {
+        "service.instance.id": settings.serving.instance if worker is None else f"{settings.serving.instance}-{worker[0]}"
+    }
+    return RequestTracer(
+        tracing.otlp_endpoint or settings.jaeger.otlp_traces_url,
+        service=tracing.service_name,
+        sample_ratio=tracing.sample_ratio,
+        slow_ms=tracing.slow_ms,
+        attributes=attributes,
+    )
 
 
 def model_watcher(settings: Settings, scorer: Scorer) -> ModelWatcher:
@@ -80,10 +95,17 @@ def llm_model(settings: Settings) -> VllmModel:
     """The LLM the settings name, as a client of its vLLM server."""
     llm, serving = settings.serving.llm, settings.serving
     return VllmModel(
-        llm.base_url, llm.served_model, serving.model_name, serving.model_version, [ModelInput(name) for name in llm.inputs], llm.prompt,
-        answers=tuple(llm.answers), max_concurrency=llm.max_concurrency, max_queue_size=serving.max_queue_size,
+        llm.base_url,
+        llm.served_model,
+        serving.model_name,
+        serving.model_version,
+        [ModelInput(name) for name in llm.inputs],
+        llm.prompt,
+        answers=tuple(llm.answers),
+        max_concurrency=llm.max_concurrency,
+        max_queue_size=serving.max_queue_size,
         timeout_s=llm.timeout_ms / 1000,
-    )  # fmt: skip
+    )
 
 
 async def serve_when_warm(scorer: Scorer, model: VllmModel, stop: asyncio.Event, retry_s: float = 2.0) -> None:
@@ -207,9 +229,13 @@ def front_doors(
     built: list[FrontDoor] = []
     if "kafka" in doors:
         scoring = RequestScoring(scorer, SCORE_REQUESTS.name, PREDICTIONS.name, DEAD_LETTERS.name, limits, tracer=tracer)
-        kafka = {"bootstrap_servers": settings.kafka.bootstrap, "group_id": serving.kafka_group_id,
-                 "client_config": settings.kafka.client_config, "broker_timeout_s": serving.kafka_broker_timeout_s,
-                 "commit_interval_s": serving.kafka_commit_interval_ms / 1000}  # fmt: skip
+        kafka = {
+            "bootstrap_servers": settings.kafka.bootstrap,
+            "group_id": serving.kafka_group_id,
+            "client_config": settings.kafka.client_config,
+            "broker_timeout_s": serving.kafka_broker_timeout_s,
+            "commit_interval_s": serving.kafka_commit_interval_ms / 1000,
+        }
         if serving.kafka_delivery == "at_least_once":
             built.append(AtLeastOnceKafkaDoor(scoring, **kafka))
         else:
@@ -219,9 +245,14 @@ def front_doors(
         built.append(GrpcDoor(scorer, address, prediction_log, limits=limits, auth_token=settings.auth_token, tracer=tracer))
     if "http" in doors:
         app = create_app(
-            scorer, prediction_log, limits=limits, auth_token=settings.auth_token,
-            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s), peers=peers, tracer=tracer,
-        )  # fmt: skip
+            scorer,
+            prediction_log,
+            limits=limits,
+            auth_token=settings.auth_token,
+            stalled_doors=lambda: stalled_doors(built, serving.stall_after_s),
+            peers=peers,
+            tracer=tracer,
+        )
         built.append(HttpDoor(app, serving.host, serving.http_port, peers))
     return built
 
@@ -247,10 +278,13 @@ async def run_doors(
     prediction_log = None
     if serving.prediction_log != "off" and {"http", "grpc"} & set(doors):
         prediction_log = PredictionLog(
-            bootstrap_servers=settings.kafka.bootstrap, topic=PREDICTIONS.name,
-            failures=scorer.metrics.prediction_log_failures, mode=serving.prediction_log,
-            ack_timeout_s=serving.prediction_log_ack_timeout_s, client_config=settings.kafka.client_config,
-        )  # fmt: skip
+            bootstrap_servers=settings.kafka.bootstrap,
+            topic=PREDICTIONS.name,
+            failures=scorer.metrics.prediction_log_failures,
+            mode=serving.prediction_log,
+            ack_timeout_s=serving.prediction_log_ack_timeout_s,
+            client_config=settings.kafka.client_config,
+        )
     tracer = request_tracer(settings, worker)
     try:
         built = front_doors(settings, scorer, doors, prediction_log, worker, tracer)

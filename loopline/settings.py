@@ -69,8 +69,12 @@ class KafkaSettings(BaseModel):
         default=1, ge=1, description="Replicas an acks=all write needs (2 at scale, with replication_factor 3)."
     )
     heap_mb: int = Field(default=512, ge=128)
-    start_timeout_s: float = Field(default=120.0, gt=0, description="How long a broker may take to answer: after a kill -9 "
-                                   "it recovers its logs first (a node of 3 under load on 2 cores took 61 s in CI).")  # fmt: skip
+    start_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="How long a broker may take to answer: after a kill -9 "
+        "it recovers its logs first (a node of 3 under load on 2 cores took 61 s in CI).",
+    )
     client_config: dict[str, str] = Field(
         default_factory=dict,
         description="Extra librdkafka settings for every Loopline Kafka client and the Flink job's (security.protocol, sasl.*, ssl.*).",
@@ -122,16 +126,19 @@ class RedisSettings(BaseModel):
         "empty: the stack's own (host, port).",
     )
     write_acks: int | None = Field(
-        default=None, ge=0, le=3,
+        default=None,
+        ge=0,
+        le=3,
         description="Replicas each batch of the feature job's rows must reach (Redis WAIT) before it counts as written, "
         "so a checkpoint completes only once its rows survive a failover; unset: the shape's (1 on the stack's own "
         "cluster with replicas, else 0; for a Redis elsewhere, set it to the replicas its masters have).",
-    )  # fmt: skip
+    )
     write_ack_timeout_ms: int = Field(
-        default=2_000, ge=1,
+        default=2_000,
+        ge=1,
         description="How long a batch waits for those replicas; past it the write fails and the job restarts from its "
         "last checkpoint, writing the rows again.",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _acks_fit(self) -> RedisSettings:
@@ -197,10 +204,18 @@ class TracingSettings(BaseModel):
 
     enabled: bool = Field(default=True, description="Off: no trace id, no span, nothing exported.")
     otlp_endpoint: str | None = Field(default=None, description="An OTLP/HTTP traces URL; default the local stack's Jaeger.")
-    sample_ratio: float = Field(default=0.01, ge=0, le=1, description="The share of requests traced without a sampled "
-                                "caller (chosen by trace id); failed and slow requests are traced anyway.")  # fmt: skip
-    slow_ms: float = Field(default=50.0, gt=0, description="A request slower than this (the scorer's latency objective) "
-                           "is traced whatever the ratio.")  # fmt: skip
+    sample_ratio: float = Field(
+        default=0.01,
+        ge=0,
+        le=1,
+        description="The share of requests traced without a sampled "
+        "caller (chosen by trace id); failed and slow requests are traced anyway.",
+    )
+    slow_ms: float = Field(
+        default=50.0,
+        gt=0,
+        description="A request slower than this (the scorer's latency objective) is traced whatever the ratio.",
+    )
     service_name: str = Field(default="loopline-scorer", description="The scorer's service.name in its traces.")
 
 
@@ -218,15 +233,19 @@ class ProducerSettings(BaseModel):
     max_out_of_order_s: float = Field(default=5.0, ge=0)
     late_rate: float = Field(default=0.005, ge=0, le=1)
     malformed_rate: float = Field(default=0.0, ge=0, le=1)
-    knobs: dict[str, Any] = Field(default_factory=dict, description="The world's own knobs (the fraud world's users and "
-                                  "merchants, the delivery world's restaurants and couriers).")
+    knobs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The world's own knobs (the fraud world's users and "
+        "merchants, the delivery world's restaurants and couriers).",
+    )
 
 
 class FeatureStoreSettings(BaseModel):
     """The project's Feast registry."""
 
     feast_registry_path: Path | None = Field(
-        default=None, description="Default: the Feast registry the repo's feature_store.yaml names, which `feast` in the repo uses too."
+        default=None,
+        description="Default: the Feast registry the repo's feature_store.yaml names, which `feast` in the repo uses too.",
     )
 
 
@@ -239,39 +258,56 @@ class FlinkSettings(BaseModel):
     rpc_port: int = Field(default=6123, ge=1, le=65535)
     taskmanagers: int = Field(default=1, ge=1)
     slots: int = Field(default=2, ge=1, description="Task slots per TaskManager.")
-    python: str = Field(default="/usr/bin/python3", description="The TaskManagers' Python (the same version as Loopline's, at "
-                        "this path on every one): the jobs' environment archive is a venv over it.")
+    python: str = Field(
+        default="/usr/bin/python3",
+        description="The TaskManagers' Python (the same version as Loopline's, at "
+        "this path on every one): the jobs' environment archive is a venv over it.",
+    )
 
 
 class StreamSettings(BaseModel):
     """The streaming feature job (its defaults are the job's own, ``streams/job_settings.py``)."""
 
     group_id: str = JobSettings.group_id
-    source_topics: dict[str, str] = Field(default_factory=dict, description="Read these topics instead of the ones the "
-                                          "project declares (declared -> read): a replay's, a test's.")
+    source_topics: dict[str, str] = Field(
+        default_factory=dict,
+        description="Read these topics instead of the ones the project declares (declared -> read): a replay's, a test's.",
+    )
     dead_letter_topic: str = JobSettings.dead_letter_topic
     checkpoint_interval_ms: int = Field(default=JobSettings.checkpoint_interval_ms, ge=100)
     flush_interval_ms: int = Field(
-        default=JobSettings.flush_interval_ms, ge=1, description="Longest a row waits for a Python batch (decoding, the offline log): freshness."
+        default=JobSettings.flush_interval_ms,
+        ge=1,
+        description="Longest a row waits for a Python batch (decoding, the offline log): freshness.",
     )
-    max_batch_rows: int = Field(default=JobSettings.max_batch_rows, ge=1, description="Rows per Python batch (Arrow), and entities per online write round trip: throughput.")
+    max_batch_rows: int = Field(
+        default=JobSettings.max_batch_rows,
+        ge=1,
+        description="Rows per Python batch (Arrow), and entities per online write round trip: throughput.",
+    )
     online_interval_ms: int = Field(
-        default=JobSettings.online_interval_ms, ge=1,
+        default=JobSettings.online_interval_ms,
+        ge=1,
         description="An entity's online row (with its windows' steps) goes at most once per this: freshness "
-                    "against work per event.",
+        "against work per event.",
     )
     state_check_ms: int = Field(
-        default=JobSettings.state_check_ms, ge=1_000,
+        default=JobSettings.state_check_ms,
+        ge=1_000,
         description="The longest an entity waits between checks of whether its windows are empty for good (then it "
-                    "leaves the job's state): memory freed sooner against a check per entity per interval.",
+        "leaves the job's state): memory freed sooner against a check per entity per interval.",
     )
     parallelism: int = Field(default=JobSettings.parallelism, ge=1)
     allow_partial_rebuild: bool = Field(
-        default=JobSettings.allow_partial_rebuild, description="Rebuild the windows even where a topic no longer retains a "
+        default=JobSettings.allow_partial_rebuild,
+        description="Rebuild the windows even where a topic no longer retains a "
         "view's longest window (they count only what is retained, filling as new events come); else such a rebuild is refused.",
     )
-    checkpoint_dir: str | None = Field(default=None, description="Checkpoints and savepoints: a path or any Flink filesystem "
-                                       "URI (file:///shared/..., s3://bucket/... at scale); default <home>/checkpoints/<group_id>.")
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="Checkpoints and savepoints: a path or any Flink filesystem "
+        "URI (file:///shared/..., s3://bucket/... at scale); default <home>/checkpoints/<group_id>.",
+    )
     offline_dir: Path | None = Field(
         default=None,
         description="Append feature rows under <dir>/<view>; default: the path each view's FileSource declares.",
@@ -305,7 +341,9 @@ class RequestLimitSettings(BaseModel):
     max_key_length: int = Field(default=256, ge=1, description="Request id, entity keys, field names and string values.")
     max_json_depth: int = Field(default=32, ge=2)
     max_ahead_s: float = Field(
-        default=5.0, ge=0, description="A request stamped (requested_at_ms) further ahead of the scorer's clock is refused "
+        default=5.0,
+        ge=0,
+        description="A request stamped (requested_at_ms) further ahead of the scorer's clock is refused "
         "(HTTP 422, gRPC INVALID_ARGUMENT, a dead letter): its windows would be read as of a time no event has reached yet. "
         "Raise it to score what-if requests at later times.",
     )
@@ -317,19 +355,25 @@ class ServingSettings(BaseModel):
     host: str = Field(default="127.0.0.1", description="Where the HTTP and gRPC doors listen.")
     http_port: int = Field(default=8080, ge=1, le=65535)
     grpc_port: int = Field(default=50051, ge=1, le=65535)
-    model_name: str = Field(default="model", description="The registered model to serve (its prod and canary aliases); "
-                            "default: the project's model.")
+    model_name: str = Field(
+        default="model", description="The registered model to serve (its prod and canary aliases); default: the project's model."
+    )
     model_path: Path | None = Field(default=None, description="Serve this ONNX file instead of the model registry's versions.")
     model_version: str = Field(default="file", description="The version a model_path file is reported as.")
-    model_registry_poll_s: float = Field(default=5.0, gt=0, description="How often the scorer checks the model registry's aliases.")
+    model_registry_poll_s: float = Field(
+        default=5.0, gt=0, description="How often the scorer checks the model registry's aliases."
+    )
     llm: LlmSettings | None = Field(default=None, description="Serve this LLM (vLLM) instead of ONNX models.")
     stale_after_s: float = Field(
-        default=5.0, gt=0, description="A feature view whose job has absorbed its events up to more than this before both "
+        default=5.0,
+        gt=0,
+        description="A feature view whose job has absorbed its events up to more than this before both "
         "a request's time and the clock is read as of that progress, and its features are named stale in the prediction "
         "record (loopline_scoring_stale_features): its windows hold no later event yet.",
     )
-    feature_budget_ms: float = Field(default=20.0, gt=0, description="Feature fetch budget; then defaults (default: the "
-                                     "project's serving budget).")
+    feature_budget_ms: float = Field(
+        default=20.0, gt=0, description="Feature fetch budget; then defaults (default: the project's serving budget)."
+    )
     max_batch_size: int = Field(default=64, ge=1, description="Requests per model call (the dynamic batcher).")
     feature_batch_size: int = Field(default=64, ge=1, description="Entities per pipelined Redis read of concurrent requests.")
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
@@ -353,23 +397,36 @@ class ServingSettings(BaseModel):
         "kafka_commit_interval_ms) or at_least_once (each prediction sent at once, offsets committed past acknowledged ones; a "
         "crash may score a request twice, and readers count it once by request id).",
     )
-    kafka_commit_interval_ms: float = Field(default=50.0, gt=0, description="How often the Kafka door commits. exactly_once: "
-                                            "a transaction commits this long after its first scored chunk was handed over (a request waits for it); "
-                                            "at_least_once: offsets past acknowledged records (a crash scores again at most "
-                                            "what was acknowledged since).")
+    kafka_commit_interval_ms: float = Field(
+        default=50.0,
+        gt=0,
+        description="How often the Kafka door commits. exactly_once: "
+        "a transaction commits this long after its first scored chunk was handed over (a request waits for it); "
+        "at_least_once: offsets past acknowledged records (a crash scores again at most "
+        "what was acknowledged since).",
+    )
     kafka_group_id: str = "loopline-scorer"
-    instance: str = Field(default="0", description="This member's name: its Kafka transactional id is <group>-<instance> "
-                          "(<group>-<instance>-<worker> for each of several workers).")
-    workers: int | None = Field(default=None, ge=1, description="Scorer processes sharing the HTTP and gRPC ports (loopline "
-                                "serve --workers); default one per core this process may run on.")
+    instance: str = Field(
+        default="0",
+        description="This member's name: its Kafka transactional id is <group>-<instance> "
+        "(<group>-<instance>-<worker> for each of several workers).",
+    )
+    workers: int | None = Field(
+        default=None,
+        ge=1,
+        description="Scorer processes sharing the HTTP and gRPC ports (loopline "
+        "serve --workers); default one per core this process may run on.",
+    )
     tracing: TracingSettings = TracingSettings()
 
 
 def _mounted_path(value: Any) -> Any:
     """A folder training writes into: a path, never a URL (DeepSpeed saves checkpoints with ``torch.save``)."""
     if isinstance(value, str) and "://" in value:
-        raise ValueError(f"{value!r} is a URL, and training writes its checkpoints to files: mount the bucket or share "
-                         "(s3fs, gcsfuse, NFS, a ReadWriteMany volume) on every node and give the mount's path")  # fmt: skip
+        raise ValueError(
+            f"{value!r} is a URL, and training writes its checkpoints to files: mount the bucket or share "
+            "(s3fs, gcsfuse, NFS, a ReadWriteMany volume) on every node and give the mount's path"
+        )
     return value
 
 
@@ -377,33 +434,60 @@ class FeedbackSettings(BaseModel):
     """The feedback loop: the joiner (predictions ⋈ labels; its topics' defaults are its own,
     ``feedback_loop/joiner_settings.py``), snapshots, training."""
 
-    horizon_s: float = Field(default=7 * 86_400, gt=0, description="How long a prediction waits for its label; then unlabeled "
-                             "(default: the project's labels.horizon).")
+    horizon_s: float = Field(
+        default=7 * 86_400,
+        gt=0,
+        description="How long a prediction waits for its label; then unlabeled (default: the project's labels.horizon).",
+    )
     group_id: str = "loopline-feedback"
     out_of_orderness_ms: int = Field(default=5_000, ge=0, description="How far out of order records' Kafka timestamps may be.")
     checkpoint_interval_ms: int = Field(default=5_000, ge=100)
-    checkpoint_dir: str | None = Field(default=None, description="The joiner's checkpoints and savepoints: a path or any Flink "
-                                       "filesystem URI; default <home>/checkpoints/<group_id>.")
+    checkpoint_dir: str | None = Field(
+        default=None,
+        description="The joiner's checkpoints and savepoints: a path or any Flink "
+        "filesystem URI; default <home>/checkpoints/<group_id>.",
+    )
     parallelism: int = Field(default=JoinerSettings.parallelism, ge=1)
     metrics_port: int | None = Field(default=9250, ge=0, le=65535, description="The joiner's Prometheus metrics; 0 or null: off.")
     snapshots: str | None = Field(default=None, description="Where snapshots go: a path or fsspec URL; default <home>/snapshots.")
-    train_config: Path | None = Field(default=None, description="Model and hyper-parameters; default: the project's "
-                                      "model.train_config, else offline_training/configs/mlp.yaml.")
-    train_processes: int | None = Field(default=None, ge=1, description="Training processes per node (torchrun "
-                                        "--nproc_per_node); default one per visible GPU (CUDA_VISIBLE_DEVICES, else "
-                                        "nvidia-smi -L), else 2 on a CPU.")  # fmt: skip
-    train_niceness: int = Field(default=0, ge=0, le=19, description="The training processes' CPU niceness (nice -n): raise it "
-                                "where training shares a machine with serving, so serving gets the cores first.")
+    train_config: Path | None = Field(
+        default=None,
+        description="Model and hyper-parameters; default: the project's "
+        "model.train_config, else offline_training/configs/mlp.yaml.",
+    )
+    train_processes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Training processes per node (torchrun "
+        "--nproc_per_node); default one per visible GPU (CUDA_VISIBLE_DEVICES, else "
+        "nvidia-smi -L), else 2 on a CPU.",
+    )
+    train_niceness: int = Field(
+        default=0,
+        ge=0,
+        le=19,
+        description="The training processes' CPU niceness (nice -n): raise it "
+        "where training shares a machine with serving, so serving gets the cores first.",
+    )
     train_dir: Annotated[Path | None, BeforeValidator(_mounted_path)] = Field(
-        default=None, description="Training runs' checkpoints, model files and metrics (<train_dir>/<snapshot id>); on several "
-        "nodes, a folder every node mounts at this path (NFS, a ReadWriteMany volume). Default <home>/training.")  # fmt: skip
-    train_max_restarts: int = Field(default=0, ge=0, description="How often torchrun restarts every node's workers after one "
-                                    "fails or a node rejoins (they resume from the newest checkpoint); 0: a failure ends the run.")  # fmt: skip
+        default=None,
+        description="Training runs' checkpoints, model files and metrics (<train_dir>/<snapshot id>); on several "
+        "nodes, a folder every node mounts at this path (NFS, a ReadWriteMany volume). Default <home>/training.",
+    )
+    train_max_restarts: int = Field(
+        default=0,
+        ge=0,
+        description="How often torchrun restarts every node's workers after one "
+        "fails or a node rejoins (they resume from the newest checkpoint); 0: a failure ends the run.",
+    )
     predictions_topic: str = Field(default=JoinerSettings.predictions_topic, description="The predictions the joiner joins.")
-    labels_topic: str = Field(default="events.labels", description="... with the labels of this topic (default: the "
-                              "project's labels.topic).")
-    examples_topic: str = Field(default=JoinerSettings.examples_topic, description="The labeled examples: the joiner writes them, "
-                                "snapshots, releases and the retrain trigger read them.")  # fmt: skip
+    labels_topic: str = Field(
+        default="events.labels", description="... with the labels of this topic (default: the project's labels.topic)."
+    )
+    examples_topic: str = Field(
+        default=JoinerSettings.examples_topic,
+        description="The labeled examples: the joiner writes them, snapshots, releases and the retrain trigger read them.",
+    )
     dead_letter_topic: str = Field(default=JoinerSettings.dead_letter_topic, description="The joiner's dead letters.")
 
 
@@ -413,17 +497,27 @@ class ReleaseSettings(BaseModel):
 
     metrics_urls: list[str] = Field(default_factory=list, description="Scorers' /metrics; default the local scorer's.")
     poll_s: float = Field(default=10.0, gt=0)
-    min_watch_s: float = Field(default=ReleasePolicy.min_watch_s, ge=0, description="Watch a canary at least this long before promoting.")
+    min_watch_s: float = Field(
+        default=ReleasePolicy.min_watch_s, ge=0, description="Watch a canary at least this long before promoting."
+    )
     max_watch_s: float = Field(default=ReleasePolicy.max_watch_s, gt=0, description="Without enough evidence by then: roll back.")
     min_requests: int = Field(default=ReleasePolicy.min_requests, ge=0)
     max_error_rate_increase: float = Field(default=ReleasePolicy.max_error_rate_increase, ge=0)
     max_latency_ratio: float = Field(default=ReleasePolicy.max_latency_ratio, ge=1)
     min_labels: int = Field(default=ReleasePolicy.min_labels, ge=1, description="Labeled events per arm before quality counts.")
-    max_auc_drop: float = Field(default=ReleasePolicy.max_auc_drop, ge=0, description="A binary label: roll back a canary whose "
-                                "AUC falls this far below prod's.")
-    max_rmse_increase: float = Field(default=ReleasePolicy.max_rmse_increase, ge=0, description="A numeric label: roll back a "
-                                     "canary whose RMSE exceeds prod's by this share.")
-    require_quality: bool = Field(default=ReleasePolicy.require_quality, description="Promote only with enough labels on both arms.")
+    max_auc_drop: float = Field(
+        default=ReleasePolicy.max_auc_drop,
+        ge=0,
+        description="A binary label: roll back a canary whose AUC falls this far below prod's.",
+    )
+    max_rmse_increase: float = Field(
+        default=ReleasePolicy.max_rmse_increase,
+        ge=0,
+        description="A numeric label: roll back a canary whose RMSE exceeds prod's by this share.",
+    )
+    require_quality: bool = Field(
+        default=ReleasePolicy.require_quality, description="Promote only with enough labels on both arms."
+    )
 
     def policy(self, label_kind: Literal["binary", "numeric"]) -> ReleasePolicy:
         """The policy these settings declare, for a label of ``label_kind``."""
@@ -441,7 +535,12 @@ def os_user() -> str:
 
 #: The monitor's paging alerts that fire the retrain trigger by default: distribution skew (PSI, JS, L∞) and
 #: online/offline inconsistency (warnings do not).
-RETRAIN_ALERTS = ("LooplineFeatureSkew", "LooplineFeatureDistributionShift", "LooplineCategoryShift", "LooplineFeatureInconsistent")
+RETRAIN_ALERTS = (
+    "LooplineFeatureSkew",
+    "LooplineFeatureDistributionShift",
+    "LooplineCategoryShift",
+    "LooplineFeatureInconsistent",
+)
 
 
 class RetrainSettings(BaseModel):
@@ -450,41 +549,77 @@ class RetrainSettings(BaseModel):
     ``feedback_loop/retrain_trigger.py``)."""
 
     threshold: float = Field(default=0.5, gt=0, lt=1, description="The operating threshold precision and recall are measured at.")
-    max_auc_drop: float = Field(default=0.01, ge=0, description="A binary label: register only if the holdout AUC is at most this "
-                                "below prod's.")
-    max_rmse_increase: float = Field(default=0.05, ge=0, description="A numeric label: register only if the holdout RMSE is at "
-                                     "most this share above prod's.")
-    quantize: bool = Field(default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its quality holds.")
-    max_quantized_change: float = Field(default=0.005, ge=0, description="INT8 is kept only within this of fp32's holdout AUC "
-                                        "(points, a binary label) or RMSE (a share, a numeric label).")
+    max_auc_drop: float = Field(
+        default=0.01, ge=0, description="A binary label: register only if the holdout AUC is at most this below prod's."
+    )
+    max_rmse_increase: float = Field(
+        default=0.05, ge=0, description="A numeric label: register only if the holdout RMSE is at most this share above prod's."
+    )
+    quantize: bool = Field(
+        default=False, description="Also try dynamic INT8 (ONNX Runtime, CPU); registered when its quality holds."
+    )
+    max_quantized_change: float = Field(
+        default=0.005,
+        ge=0,
+        description="INT8 is kept only within this of fp32's holdout AUC "
+        "(points, a binary label) or RMSE (a share, a numeric label).",
+    )
     mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What the trigger does when quality falls.")
-    alert_mode: Literal["off", "notify", "retrain"] = Field(default="notify", description="What it does when one of `alerts` fires.")
-    alerts: list[str] = Field(default_factory=lambda: list(RETRAIN_ALERTS),
-                              description="Prometheus alerts (infra/prometheus/) that fire the trigger for the version they name.")  # fmt: skip
-    window_s: float = Field(default=TriggerPolicy.window_s, gt=0, description="Judge prod on the examples it scored this far back.")
-    min_auc: float = Field(default=TriggerPolicy.min_auc, gt=0, lt=1, description="A binary label: below this labeled AUC, the "
-                           "trigger fires.")
-    max_rmse: float | None = Field(default=TriggerPolicy.max_rmse, gt=0, description="A numeric label: above this labeled RMSE (in "
-                                   "the label's units), the trigger fires; unset: not judged.")
-    max_calibration_error: float | None = Field(default=TriggerPolicy.max_calibration_error, gt=0,
-                                                description="Above this, it fires too; unset: not judged.")  # fmt: skip
-    min_labels: int = Field(default=TriggerPolicy.min_labels, ge=1, description="Labeled examples of prod in the window before quality is judged.")
-    cooldown_s: float = Field(default=TriggerPolicy.cooldown_s, ge=0, description="Quiet this long after firing (the retraining it started).")
+    alert_mode: Literal["off", "notify", "retrain"] = Field(
+        default="notify", description="What it does when one of `alerts` fires."
+    )
+    alerts: list[str] = Field(
+        default_factory=lambda: list(RETRAIN_ALERTS),
+        description="Prometheus alerts (infra/prometheus/) that fire the trigger for the version they name.",
+    )
+    window_s: float = Field(
+        default=TriggerPolicy.window_s, gt=0, description="Judge prod on the examples it scored this far back."
+    )
+    min_auc: float = Field(
+        default=TriggerPolicy.min_auc, gt=0, lt=1, description="A binary label: below this labeled AUC, the trigger fires."
+    )
+    max_rmse: float | None = Field(
+        default=TriggerPolicy.max_rmse,
+        gt=0,
+        description="A numeric label: above this labeled RMSE (in the label's units), the trigger fires; unset: not judged.",
+    )
+    max_calibration_error: float | None = Field(
+        default=TriggerPolicy.max_calibration_error, gt=0, description="Above this, it fires too; unset: not judged."
+    )
+    min_labels: int = Field(
+        default=TriggerPolicy.min_labels, ge=1, description="Labeled examples of prod in the window before quality is judged."
+    )
+    cooldown_s: float = Field(
+        default=TriggerPolicy.cooldown_s, ge=0, description="Quiet this long after firing (the retraining it started)."
+    )
     poll_s: float = Field(default=300.0, gt=0, description="How often `retrain watch` looks.")
     canary_percent: float = Field(default=5.0, ge=0, le=100, description="% of requests the trigger's version takes; 0: none.")
-    owner: str = Field(default_factory=os_user, min_length=1,
-                       description="Who answers for the models trained here (their cards' owner); default: the OS user training.")  # fmt: skip
-    launcher: Literal["local", "trainjob"] = Field(default="local", description=(
-        "How the trigger's retrain trains: local, in its own process (torchrun); trainjob, a Kubeflow TrainJob it creates "
-        "through the Kubernetes API as its pod's service account (the chart's retrain trigger)."))  # fmt: skip
-    trainjob_template: Path | None = Field(default=None, description=(
-        "The TrainJob a retrain starts from (the chart's retrain-trainjob ConfigMap, mounted); needed by launcher trainjob."))  # fmt: skip
+    owner: str = Field(
+        default_factory=os_user,
+        min_length=1,
+        description="Who answers for the models trained here (their cards' owner); default: the OS user training.",
+    )
+    launcher: Literal["local", "trainjob"] = Field(
+        default="local",
+        description=(
+            "How the trigger's retrain trains: local, in its own process (torchrun); trainjob, a Kubeflow TrainJob it creates "
+            "through the Kubernetes API as its pod's service account (the chart's retrain trigger)."
+        ),
+    )
+    trainjob_template: Path | None = Field(
+        default=None,
+        description=(
+            "The TrainJob a retrain starts from (the chart's retrain-trainjob ConfigMap, mounted); needed by launcher trainjob."
+        ),
+    )
 
     @model_validator(mode="after")
     def _launcher_has_its_template(self) -> RetrainSettings:
         if self.launcher == "trainjob" and self.trainjob_template is None:
-            raise ValueError("retrain.launcher trainjob needs retrain.trainjob_template: the TrainJob the chart renders "
-                             "for the trigger (its ConfigMap, mounted in the trigger's pod)")  # fmt: skip
+            raise ValueError(
+                "retrain.launcher trainjob needs retrain.trainjob_template: the TrainJob the chart renders "
+                "for the trigger (its ConfigMap, mounted in the trigger's pod)"
+            )
         return self
 
     def trigger_policy(self) -> TriggerPolicy:
@@ -510,7 +645,9 @@ class SkewThresholdSettings(BaseModel):
     @model_validator(mode="after")
     def _warns_before_it_alerts(self) -> SkewThresholdSettings:
         if self.psi_warn > self.psi_alert:
-            raise ValueError(f"psi_warn {self.psi_warn} is above psi_alert {self.psi_alert}: a feature would page before it warns")
+            raise ValueError(
+                f"psi_warn {self.psi_warn} is above psi_alert {self.psi_alert}: a feature would page before it warns"
+            )
         return self
 
     def thresholds(self) -> SkewThresholds:
@@ -526,15 +663,21 @@ class MonitorSettings(BaseModel):
     window_s: float = Field(default=900.0, gt=0, description="Skew is measured over the predictions scored this far back.")
     bucket_s: float = Field(default=60.0, gt=0, description="The window moves in steps of this.")
     check_interval_s: float = Field(default=10.0, gt=0)
-    min_rows: int = Field(default=300, ge=1, description="A model version's skew is published once its window holds this many rows.")
+    min_rows: int = Field(
+        default=300, ge=1, description="A model version's skew is published once its window holds this many rows."
+    )
     reference_snapshot: str | None = Field(
         default=None, description="Measure against this snapshot; default: the training snapshot of the version prod names."
     )
     thresholds: SkewThresholdSettings = SkewThresholdSettings()
     feature_thresholds: dict[str, SkewThresholdSettings] = Field(default_factory=dict, description="Per feature (view:feature).")
-    sample_rate: float = Field(default=0.1, gt=0, le=1, description="Share of entity keys whose requests the consistency check replays.")
+    sample_rate: float = Field(
+        default=0.1, gt=0, le=1, description="Share of entity keys whose requests the consistency check replays."
+    )
     consistency_interval_s: float = Field(default=60.0, gt=0)
-    settle_s: float = Field(default=20.0, ge=0, description="Replay a request only this long after it was scored (late events arrive).")
+    settle_s: float = Field(
+        default=20.0, ge=0, description="Replay a request only this long after it was scored (late events arrive)."
+    )
     max_sampled: int = Field(default=20_000, ge=1, description="Sampled requests held for the next replay; the oldest go first.")
     from_earliest: bool = Field(default=False, description="A new monitor reads scoring.predictions from its start, not its end.")
 
@@ -543,7 +686,9 @@ class ModelRegistrySettings(BaseModel):
     """The MLflow model registry: training registers and releases versions there, serving loads them."""
 
     tracking_uri: str | None = Field(default=None, description="Default: sqlite:///<home>/mlflow/mlflow.db; a server at scale.")
-    artifact_location: str | None = Field(default=None, description="Where new versions' files go; default <home>/mlflow/artifacts.")
+    artifact_location: str | None = Field(
+        default=None, description="Where new versions' files go; default <home>/mlflow/artifacts."
+    )
 
 
 class Settings(BaseSettings):
@@ -551,8 +696,11 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LOOPLINE_", env_nested_delimiter="__", extra="forbid")
 
-    project: Path | None = Field(default=None, description="The Loopline project (a folder with loopline_project.yaml; "
-                                 "`loopline --project`); default: the working directory's, or the nearest folder above it.")
+    project: Path | None = Field(
+        default=None,
+        description="The Loopline project (a folder with loopline_project.yaml; "
+        "`loopline --project`); default: the working directory's, or the nearest folder above it.",
+    )
     home: Path = Field(default=Path(".loopline"), description="Root of the local stack's state.")
     data_dir: Path | None = Field(default=None, description="Service data; default <home>/data.")
     logs_dir: Path | None = Field(default=None, description="Service logs; default <home>/logs.")
@@ -727,8 +875,11 @@ class _ProjectSource(_DerivedSource):
         if spec.model.train_config:
             feedback["train_config"] = project.resolve(spec.model.train_config)
         thresholds = {name: dict(limits) for name, limits in spec.monitoring.skew_thresholds.items()}
-        return {"serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms}, "feedback": feedback,
-                "monitor": {"feature_thresholds": thresholds}}  # fmt: skip
+        return {
+            "serving": {"model_name": spec.model.name, "feature_budget_ms": spec.serving.feature_budget_ms},
+            "feedback": feedback,
+            "monitor": {"feature_thresholds": thresholds},
+        }
 
 
 class _StackShapeSource(_DerivedSource):
@@ -771,8 +922,10 @@ def _environment_names(model: type[BaseModel], prefix: str = "LOOPLINE_") -> dic
     """Every variable name the settings take, with the model a name's nested parts continue into (None: a value)."""
     names: dict[str, type[BaseModel] | None] = {}
     for field, info in model.model_fields.items():
-        inner = next((t for t in (info.annotation, *typing.get_args(info.annotation)) if isinstance(t, type) and issubclass(t, BaseModel)),
-                     None)  # fmt: skip
+        inner = next(
+            (t for t in (info.annotation, *typing.get_args(info.annotation)) if isinstance(t, type) and issubclass(t, BaseModel)),
+            None,
+        )
         names[f"{prefix}{field.upper()}"] = inner
         if inner is not None:
             names |= _environment_names(inner, f"{prefix}{field.upper()}__")
@@ -786,20 +939,29 @@ def _check_environment_name(model: type[BaseModel], name: str) -> None:
     names = _environment_names(model)
     parts = name.split("__")
     # A dict setting (kafka.client_config) takes any key under it; a model's field only its own.
-    known = next((("__".join(parts[:i]), names["__".join(parts[:i])]) for i in range(len(parts), 0, -1) if "__".join(parts[:i]) in names), None)
+    known = next(
+        (("__".join(parts[:i]), names["__".join(parts[:i])]) for i in range(len(parts), 0, -1) if "__".join(parts[:i]) in names),
+        None,
+    )
     if known is not None and (known[0] == name or known[1] is None and _is_mapping(model, known[0])):
         return
     close = difflib.get_close_matches(name, list(names), n=3, cutoff=0.6)
-    raise UnknownSettingError(f"{name} names no setting" + (f" (did you mean {' or '.join(close)}?)" if close else "")
-                              + "; `loopline config` lists the settings")  # fmt: skip
+    raise UnknownSettingError(
+        f"{name} names no setting"
+        + (f" (did you mean {' or '.join(close)}?)" if close else "")
+        + "; `loopline config` lists the settings"
+    )
 
 
 def _is_mapping(model: type[BaseModel], name: str) -> bool:
     """Whether the setting ``name`` (a variable name) holds a mapping, whose keys are the user's."""
     *path, last = name.removeprefix("LOOPLINE_").lower().split("__")
     for part in path:
-        model = next(t for t in (model.model_fields[part].annotation, *typing.get_args(model.model_fields[part].annotation))
-                     if isinstance(t, type) and issubclass(t, BaseModel))  # fmt: skip
+        model = next(
+            t
+            for t in (model.model_fields[part].annotation, *typing.get_args(model.model_fields[part].annotation))
+            if isinstance(t, type) and issubclass(t, BaseModel)
+        )
     annotation = model.model_fields[last].annotation
     return typing.get_origin(annotation) is dict or annotation is dict
 

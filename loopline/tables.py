@@ -65,9 +65,7 @@ def topics_table(changes: Iterable[TopicChange]) -> Table:
     return table
 
 
-def counts_table(
-    produced: Mapping[str, int], validated: Mapping[str, TopicCounts], end_offsets: Mapping[str, int]
-) -> Table:
+def counts_table(produced: Mapping[str, int], validated: Mapping[str, TopicCounts], end_offsets: Mapping[str, int]) -> Table:
     """Per topic: records produced in this run, validated as good, dead-lettered, and total in the topic."""
     table = Table(title="Records per topic")
     for column in ("topic", "produced", "valid", "dead-lettered", "in topic"):
@@ -125,8 +123,10 @@ def snapshot_table(manifests, title: str) -> Table:
 def snapshot_diff_table(diff: dict) -> Table:
     """Per shared feature: the mean in each snapshot, the missing rates, and the PSI of the second against the first."""
     a, b = diff["snapshots"]
-    table = Table(title=f"{b} against {a}: rows {diff['rows'][0]:,} → {diff['rows'][1]:,}; "
-                        f"added {diff['features_added'] or 'none'}, removed {diff['features_removed'] or 'none'}")  # fmt: skip
+    table = Table(
+        title=f"{b} against {a}: rows {diff['rows'][0]:,} → {diff['rows'][1]:,}; "
+        f"added {diff['features_added'] or 'none'}, removed {diff['features_removed'] or 'none'}"
+    )
     for column in ("feature", "mean", "missing", "PSI"):
         table.add_column(column, justify="left" if column == "feature" else "right")
     for name, figures in diff["features"].items():
@@ -143,8 +143,14 @@ def alias_history_table(changes: Iterable[AliasChange], title: str) -> Table:
         table.add_column(column)
     for c in changes:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(c.at_ms / 1000))
-        table.add_row(when, c.actor, c.alias, "—" if c.previous is None else f"v{c.previous}",
-                      "—" if c.version is None else f"v{c.version}", c.reason)  # fmt: skip
+        table.add_row(
+            when,
+            c.actor,
+            c.alias,
+            "—" if c.previous is None else f"v{c.previous}",
+            "—" if c.version is None else f"v{c.version}",
+            c.reason,
+        )
     return table
 
 
@@ -153,8 +159,10 @@ def release_step_line(decision: Decision, canary: ArmStats, prod: ArmStats, qual
 
     def arm(name: str, stats: ArmStats) -> str:
         p99 = "—" if stats.p99_s is None else f"{stats.p99_s * 1000:.1f} ms"
-        return (f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 {p99}, {stats.labeled} labeled, "
-                f"{quality.describe(stats.quality)}")  # fmt: skip
+        return (
+            f"{name} v{stats.version}: {stats.requests} req, {stats.error_rate:.1%} errors, p99 {p99}, {stats.labeled} labeled, "
+            f"{quality.describe(stats.quality)}"
+        )
 
     return f"{arm('canary', canary)} | {arm('prod', prod)} → {decision.action}: {decision.reason}"
 
@@ -170,8 +178,10 @@ def candidate_table(report: CandidateReport, name: str) -> Table:
     if quantization is not None:
         columns["INT8 " + ("kept" if quantization.kept else "refused")] = quantization.int8
     binary = comparison.label_kind == "binary"
-    table = Table(title=f"{name}: candidate on snapshot {comparison.snapshot_id}, {comparison.holdout_rows:,} holdout rows"
-                        + (f" ({comparison.holdout_positives:,} positive), threshold {comparison.threshold:g}" if binary else ""))  # fmt: skip
+    table = Table(
+        title=f"{name}: candidate on snapshot {comparison.snapshot_id}, {comparison.holdout_rows:,} holdout rows"
+        + (f" ({comparison.holdout_positives:,} positive), threshold {comparison.threshold:g}" if binary else "")
+    )
     table.add_column("metric")
     for column in columns:
         table.add_column(column, justify="right")

@@ -53,8 +53,14 @@ def train_arms(
     root = Path(root)
     results = {}
     for arm, inputs in arms.items():
-        manifest = write_snapshot(frame[[*BASE_COLUMNS, *inputs]], str(root / "snapshots"), kind="ablation",
-                                  source={"ablation": arm}, time_range={"from_ms": None, "to_ms": None}, label_kind=label_kind)  # fmt: skip
+        manifest = write_snapshot(
+            frame[[*BASE_COLUMNS, *inputs]],
+            str(root / "snapshots"),
+            kind="ablation",
+            source={"ablation": arm},
+            time_range={"from_ms": None, "to_ms": None},
+            label_kind=label_kind,
+        )
         out = root / "runs" / arm
         shutil.rmtree(out, ignore_errors=True)
         launch_training(root / "snapshots" / manifest.snapshot_id, config, out, processes, echo=echo)

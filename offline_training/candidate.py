@@ -99,8 +99,14 @@ def holdout_metrics(model_path: Path, snapshot: Snapshot, threshold: float) -> d
 def compare_with_prod(candidate_path: Path, snapshot: Snapshot, prod: ProdModel | None, threshold: float = 0.5) -> Comparison:
     """The candidate at ``candidate_path`` and ``prod`` scored on the same holdout rows of ``snapshot``."""
     positives = int((snapshot.holdout_y == 1).sum()) if snapshot.label_kind == "binary" else None
-    comparison = Comparison(snapshot.snapshot_id, threshold, len(snapshot.holdout_y), positives,
-                            holdout_metrics(candidate_path, snapshot, threshold), label_kind=snapshot.label_kind)  # fmt: skip
+    comparison = Comparison(
+        snapshot.snapshot_id,
+        threshold,
+        len(snapshot.holdout_y),
+        positives,
+        holdout_metrics(candidate_path, snapshot, threshold),
+        label_kind=snapshot.label_kind,
+    )
     if prod is None:
         return comparison
     if prod.path is None:
@@ -121,13 +127,19 @@ def registration_gate(comparison: Comparison, allowed: float, quantization: Quan
     which = "INT8 candidate" if kept else "candidate"
     rows = f"{comparison.holdout_rows:,} holdout rows"
     if not quality.measurable(ours):
-        return GateVerdict(False, f"the {which}'s {quality.headline.upper()} cannot be measured on {rows} (a binary label of "
-                                  "one class): a snapshot with both outcomes is needed")  # fmt: skip
+        return GateVerdict(
+            False,
+            f"the {which}'s {quality.headline.upper()} cannot be measured on {rows} (a binary label of "
+            "one class): a snapshot with both outcomes is needed",
+        )
     if comparison.prod_version is None:
         return GateVerdict(True, f"no prod model to compare with; {which} {quality.describe(ours)} on {rows}")
     if comparison.prod is None:
-        return GateVerdict(True, f"prod v{comparison.prod_version} is not comparable ({comparison.not_comparable}); "
-                                 f"{which} {quality.describe(ours)} on {rows}, the canary will compare them on live traffic")  # fmt: skip
+        return GateVerdict(
+            True,
+            f"prod v{comparison.prod_version} is not comparable ({comparison.not_comparable}); "
+            f"{which} {quality.describe(ours)} on {rows}, the canary will compare them on live traffic",
+        )
     prods = comparison.prod[quality.headline]
     versus = f"{which} {quality.describe(ours)} vs prod v{comparison.prod_version} {quality.describe(prods)} on the same {rows}"
     shortfall = quality.shortfall(ours, prods)
@@ -150,10 +162,21 @@ def _version_tags(card: ModelCard, comparison: Comparison, int8: bool) -> dict[s
 
 
 def evaluate_and_register(
-    run_dir: Path, snapshot_dir: Path | str, holdout_fraction: float, release: ModelRelease, name: str, prod: ProdModel | None, *,
-    owner: str, threshold: float = 0.5, max_auc_drop: float = 0.01, max_rmse_increase: float = 0.05, quantize: bool = False,
-    max_quantized_change: float = 0.005, defect_bounds: DefectBounds = DefectBounds(),
-) -> CandidateReport:  # fmt: skip
+    run_dir: Path,
+    snapshot_dir: Path | str,
+    holdout_fraction: float,
+    release: ModelRelease,
+    name: str,
+    prod: ProdModel | None,
+    *,
+    owner: str,
+    threshold: float = 0.5,
+    max_auc_drop: float = 0.01,
+    max_rmse_increase: float = 0.05,
+    quantize: bool = False,
+    max_quantized_change: float = 0.005,
+    defect_bounds: DefectBounds = DefectBounds(),
+) -> CandidateReport:
     """Judge the run in ``run_dir`` (``model.onnx``, ``metrics.json``) trained on the snapshot at ``snapshot_dir`` (a path
     or an fsspec URL) with ``holdout_fraction``: compare with ``prod``, optionally quantize (kept within
     ``max_quantized_change`` of fp32, in the headline's terms), register it as a new version of ``name`` when the gate
@@ -164,31 +187,44 @@ def evaluate_and_register(
     snapshot = load_snapshot(snapshot_dir, holdout_fraction)
     training = json.loads((run_dir / "metrics.json").read_text())
     if (training["snapshot_id"], training["rows"]["holdout"]) != (snapshot.snapshot_id, len(snapshot.holdout_y)):
-        raise ValueError(f"{run_dir} was trained on snapshot {training['snapshot_id']} with a holdout of "
-                         f"{training['rows']['holdout']} rows, not {snapshot.snapshot_id} with {len(snapshot.holdout_y)}: "
-                         "evaluate it with the holdout fraction it was trained with, or rows it trained on would "
-                         "count")  # fmt: skip
+        raise ValueError(
+            f"{run_dir} was trained on snapshot {training['snapshot_id']} with a holdout of "
+            f"{training['rows']['holdout']} rows, not {snapshot.snapshot_id} with {len(snapshot.holdout_y)}: "
+            "evaluate it with the holdout fraction it was trained with, or rows it trained on would "
+            "count"
+        )
     candidate_path = run_dir / "model.onnx"
     comparison = compare_with_prod(candidate_path, snapshot, prod, threshold)
     quality = comparison.quality
     quantization = None
     if quantize:
-        quantization = quantize_int8(candidate_path, snapshot.holdout, snapshot.holdout_y, quality, max_change=max_quantized_change,
-                                     threshold=threshold)  # fmt: skip
+        quantization = quantize_int8(
+            candidate_path, snapshot.holdout, snapshot.holdout_y, quality, max_change=max_quantized_change, threshold=threshold
+        )
     verdict = registration_gate(comparison, quality.allowance(max_auc_drop, max_rmse_increase), quantization)
     int8 = quantization is not None and quantization.kept
     model_path = quantization.path if int8 else candidate_path
     manifest = snapshot.manifest
     metrics = quantization.int8 if int8 else comparison.candidate
     card = ModelCard(
-        model=name, version=None, registered=verdict.register, decision=verdict.reason, owner=owner,
-        snapshot={"id": snapshot.snapshot_id, **{key: manifest.get(key) for key in ("kind", "label_kind", "rows", "time_range",
-                                                                                      "label_balance", "model_versions")}},
-        training=training, metrics=metrics, evaluation=asdict(comparison),
+        model=name,
+        version=None,
+        registered=verdict.register,
+        decision=verdict.reason,
+        owner=owner,
+        snapshot={
+            "id": snapshot.snapshot_id,
+            **{key: manifest.get(key) for key in ("kind", "label_kind", "rows", "time_range", "label_balance", "model_versions")},
+        },
+        training=training,
+        metrics=metrics,
+        evaluation=asdict(comparison),
         quantization=None if quantization is None else asdict(quantization),
         known_defects=known_defects(snapshot, comparison, metrics, quantization, defect_bounds),
-        defect_checks=defect_bounds.checks(), caveats=caveats(manifest), created_at_ms=int(time.time() * 1000),
-    )  # fmt: skip
+        defect_checks=defect_bounds.checks(),
+        caveats=caveats(manifest),
+        created_at_ms=int(time.time() * 1000),
+    )
     version = None
     if verdict.register:
         version = release.register(name, model_path, description=card.model_registry_description())

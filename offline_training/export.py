@@ -58,10 +58,16 @@ def export_onnx(model: TabularMLP, path: Path) -> Path:
     example = (torch.zeros(2, numbers, dtype=torch.float32), *([torch.zeros(2, texts, dtype=torch.int64)] if texts else []))
     batch = torch.export.Dim("batch")
     torch.onnx.export(
-        _Prediction(model).eval(), example, str(path), input_names=[INPUT_NAME, *([_CODES] if texts else [])],
-        output_names=[OUTPUT_NAME], dynamic_shapes=tuple({0: batch} for _ in example), dynamo=True, external_data=False,
+        _Prediction(model).eval(),
+        example,
+        str(path),
+        input_names=[INPUT_NAME, *([_CODES] if texts else [])],
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=tuple({0: batch} for _ in example),
+        dynamo=True,
+        external_data=False,
         verbose=False,
-    )  # fmt: skip
+    )
     exported = onnx.load(str(path))
     if texts:
         _look_texts_up(exported, model.vocabularies)
@@ -87,10 +93,17 @@ def _look_texts_up(exported, vocabularies: list[list[str]]) -> None:
         graph.initializer.append(numpy_helper.from_array(np.asarray(column, dtype=np.int64), index))
         nodes += [
             helper.make_node("Gather", [TEXT_INPUT_NAME, index], [f"{index}_text"], axis=1),
-            helper.make_node("LabelEncoder", [f"{index}_text"], [f"{index}_code"], domain="ai.onnx.ml",
-                             keys_strings=words or [""], values_int64s=list(range(1, len(words) + 1)) or [0], default_int64=0),
+            helper.make_node(
+                "LabelEncoder",
+                [f"{index}_text"],
+                [f"{index}_code"],
+                domain="ai.onnx.ml",
+                keys_strings=words or [""],
+                values_int64s=list(range(1, len(words) + 1)) or [0],
+                default_int64=0,
+            ),
             helper.make_node("Unsqueeze", [f"{index}_code", "text_axis"], [f"{index}_codes"]),
-        ]  # fmt: skip
+        ]
     graph.initializer.append(numpy_helper.from_array(np.asarray([1], dtype=np.int64), "text_axis"))
     nodes.append(helper.make_node("Concat", [f"text_column_{c}_codes" for c in range(len(vocabularies))], [_CODES], axis=1))
     for node in reversed(nodes):

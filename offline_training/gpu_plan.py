@@ -74,9 +74,17 @@ class ModelShape:
 
     @classmethod
     def transformer(
-        cls, layers: int, hidden: int, heads: int, vocab: int, *, kv_heads: int | None = None, intermediate: int | None = None,
-        gated_mlp: bool = False, tied_embeddings: bool = True,
-    ) -> ModelShape:  # fmt: skip
+        cls,
+        layers: int,
+        hidden: int,
+        heads: int,
+        vocab: int,
+        *,
+        kv_heads: int | None = None,
+        intermediate: int | None = None,
+        gated_mlp: bool = False,
+        tied_embeddings: bool = True,
+    ) -> ModelShape:
         """A decoder-only transformer; ``kv_heads`` defaults to ``heads`` (multi-head attention), ``intermediate``
         to 4·hidden, which with an ungated MLP and tied embeddings is GPT's 12·h² per layer plus V·h.
 
@@ -91,16 +99,31 @@ class ModelShape:
         attention = 2 * hidden**2 + 2 * hidden * kv_heads * head_dim
         mlp = (3 if gated_mlp else 2) * hidden * intermediate
         embeddings = (1 if tied_embeddings else 2) * vocab * hidden
-        return cls("transformer", float(layers * (attention + mlp) + embeddings), layers=layers, hidden=hidden, heads=heads,
-                   vocab=vocab, kv_heads=kv_heads, intermediate=intermediate, gated_mlp=gated_mlp,
-                   tied_embeddings=tied_embeddings)  # fmt: skip
+        return cls(
+            "transformer",
+            float(layers * (attention + mlp) + embeddings),
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            vocab=vocab,
+            kv_heads=kv_heads,
+            intermediate=intermediate,
+            gated_mlp=gated_mlp,
+            tied_embeddings=tied_embeddings,
+        )
 
 
 def _check_transformer(layers: int, hidden: int, heads: int, vocab: int, kv_heads: int, intermediate: int) -> None:
     """Reject a shape whose attention cannot be split: the heads must share the hidden size evenly, and each key/value
     head must serve the same number of query heads; a zero or negative size would give a meaningless estimate."""
-    sizes = {"layers": layers, "hidden": hidden, "heads": heads, "vocab": vocab, "kv_heads": kv_heads,
-             "intermediate": intermediate}  # fmt: skip
+    sizes = {
+        "layers": layers,
+        "hidden": hidden,
+        "heads": heads,
+        "vocab": vocab,
+        "kv_heads": kv_heads,
+        "intermediate": intermediate,
+    }
     for name, value in sizes.items():
         if value <= 0:
             raise ValueError(f"{name} must be positive, not {value}")
@@ -125,9 +148,15 @@ class TrainingMemory:
 
 
 def training_memory(
-    shape: ModelShape, precision: str, zero_stage: int, gpus: int, batch_per_gpu: int, seq_len: int = 1, recompute: bool = False,
+    shape: ModelShape,
+    precision: str,
+    zero_stage: int,
+    gpus: int,
+    batch_per_gpu: int,
+    seq_len: int = 1,
+    recompute: bool = False,
     master_gradients: bool = True,
-) -> TrainingMemory:  # fmt: skip
+) -> TrainingMemory:
     """Per-GPU training memory of ``shape`` with Adam, at ``precision`` (mixed for 16-bit), ZeRO ``zero_stage`` over
     ``gpus``; ``recompute``: activation checkpointing (each layer keeps only its input).
 
@@ -176,9 +205,15 @@ def fits(per_gpu: float, gpu: str) -> bool:
 
 
 def smallest_training_fit(
-    shape: ModelShape, precision: str, zero_stage: int, batch_per_gpu: int, seq_len: int, gpu: str,
-    recompute: bool = False, max_gpus: int = 1024,
-) -> int | None:  # fmt: skip
+    shape: ModelShape,
+    precision: str,
+    zero_stage: int,
+    batch_per_gpu: int,
+    seq_len: int,
+    gpu: str,
+    recompute: bool = False,
+    max_gpus: int = 1024,
+) -> int | None:
     """The fewest ``gpu`` (a power of two up to ``max_gpus``) that fit the training; None if none do."""
     count = 1
     while count <= max_gpus:

@@ -66,9 +66,16 @@ class KubernetesApi:
     code, ``backoff_s`` apart (doubling); ``timeout_s`` bounds connecting and each reply."""
 
     def __init__(
-        self, server: str, namespace: str, token_file: Path, ca_file: Path, *, timeout_s: float = 10.0, attempts: int = 3,
+        self,
+        server: str,
+        namespace: str,
+        token_file: Path,
+        ca_file: Path,
+        *,
+        timeout_s: float = 10.0,
+        attempts: int = 3,
         backoff_s: float = 0.5,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.server = server.rstrip("/")
         self.namespace = namespace
         self.token_file = token_file
@@ -83,17 +90,21 @@ class KubernetesApi:
     @classmethod
     def in_cluster(
         cls, account_dir: Path = SERVICE_ACCOUNT_DIR, environ: Mapping[str, str] = os.environ, **options: float
-    ) -> KubernetesApi:  # fmt: skip
+    ) -> KubernetesApi:
         """The client of the API server of the pod this runs in, as its service account (``options``: the
         constructor's)."""
         host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT")
         if not host or not port:
-            raise KubernetesError("KUBERNETES_SERVICE_HOST/PORT are not set: this is not a Kubernetes pod — run it in one "
-                                  "(the chart's retrain trigger), or set retrain.launcher to local")  # fmt: skip
+            raise KubernetesError(
+                "KUBERNETES_SERVICE_HOST/PORT are not set: this is not a Kubernetes pod — run it in one "
+                "(the chart's retrain trigger), or set retrain.launcher to local"
+            )
         missing = [name for name in ("token", "ca.crt", "namespace") if not (account_dir / name).is_file()]
         if missing:
-            raise KubernetesError(f"no service account in {account_dir} ({', '.join(missing)} missing): give the pod a "
-                                  "ServiceAccount with automountServiceAccountToken: true")  # fmt: skip
+            raise KubernetesError(
+                f"no service account in {account_dir} ({', '.join(missing)} missing): give the pod a "
+                "ServiceAccount with automountServiceAccountToken: true"
+            )
         address = f"[{host}]" if ":" in host else host  # an IPv6 cluster's service address
         namespace = (account_dir / "namespace").read_text().strip()
         return cls(f"https://{address}:{port}", namespace, account_dir / "token", account_dir / "ca.crt", **options)
@@ -109,23 +120,34 @@ class KubernetesApi:
             attempt += 1
             last = attempt >= self.attempts
             try:
-                response = self._session.post(self.server + path, json=body, timeout=self.timeout_s, verify=str(self.ca_file),
-                                              headers={"Authorization": f"Bearer {self.token_file.read_text().strip()}"})  # fmt: skip
+                response = self._session.post(
+                    self.server + path,
+                    json=body,
+                    timeout=self.timeout_s,
+                    verify=str(self.ca_file),
+                    headers={"Authorization": f"Bearer {self.token_file.read_text().strip()}"},
+                )
             except requests.exceptions.SSLError as err:
-                raise KubernetesError(f"{self.server} is not the API server {self.ca_file} vouches for ({err}): check "
-                                      "the service account's ca.crt and KUBERNETES_SERVICE_HOST") from err  # fmt: skip
+                raise KubernetesError(
+                    f"{self.server} is not the API server {self.ca_file} vouches for ({err}): check "
+                    "the service account's ca.crt and KUBERNETES_SERVICE_HOST"
+                ) from err
             except (requests.ConnectionError, requests.Timeout) as err:
                 if last:
-                    raise KubernetesError(f"POST {path} to {self.server} got no answer after {self.attempts} attempts "
-                                          f"({err}): is the API server reachable from the pod?") from err  # fmt: skip
+                    raise KubernetesError(
+                        f"POST {path} to {self.server} got no answer after {self.attempts} attempts "
+                        f"({err}): is the API server reachable from the pod?"
+                    ) from err
             else:
                 if response.status_code in (200, 201, 202):
                     return Created(name, self.namespace, True)
                 if response.status_code == 409:
                     return Created(name, self.namespace, False)
                 if response.status_code not in RETRIED_STATUSES or last:
-                    raise KubernetesError(f"POST {path} {name}: {response.status_code} {_status_message(response)} — "
-                                          f"{_FIXES.get(response.status_code, 'see the API server’s message')}")  # fmt: skip
+                    raise KubernetesError(
+                        f"POST {path} {name}: {response.status_code} {_status_message(response)} — "
+                        f"{_FIXES.get(response.status_code, 'see the API server’s message')}"
+                    )
             time.sleep(self.backoff_s * 2 ** (attempt - 1))
 
 

@@ -86,11 +86,15 @@ def convert_to_universal(checkpoints: Path, workers: int = 1) -> str:
     shutil.rmtree(checkpoints / universal, ignore_errors=True)
     ds_to_universal.main(
         argparse.Namespace(
-            input_folder=str(checkpoints / tag), output_folder=str(checkpoints / universal),
-            num_extract_workers=workers, num_merge_workers=workers, keep_temp_folder=False,
-            strict=True, inject_missing_state=False,
+            input_folder=str(checkpoints / tag),
+            output_folder=str(checkpoints / universal),
+            num_extract_workers=workers,
+            num_merge_workers=workers,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=False,
         )
-    )  # fmt: skip
+    )
     (checkpoints / LATEST_UNIVERSAL).write_text(universal)
     return universal
 
@@ -155,7 +159,9 @@ def build_deepspeed_ops() -> str:
     second call takes seconds); what was built. RuntimeError with the compiler's last lines when the build fails."""
     result = subprocess.run([sys.executable, "-c", _BUILD_COMM_OPS], env=_worker_env(), capture_output=True, text=True)
     if result.returncode != 0:
-        raise RuntimeError("building DeepSpeed's ops failed: " + " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:]))
+        raise RuntimeError(
+            "building DeepSpeed's ops failed: " + " | ".join((result.stdout + result.stderr).strip().splitlines()[-5:])
+        )
     return result.stdout.strip().splitlines()[-1]
 
 
@@ -223,12 +229,22 @@ def launch_training(
             arguments.append("--universal")
     if tracking_uri:
         arguments += ["--tracking-uri", tracking_uri]
-    command = [sys.executable, "-m", "torch.distributed.run", *nodes.torchrun_arguments(processes),
-               "-m", "offline_training.train", *arguments, *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *nodes.torchrun_arguments(processes),
+        "-m",
+        "offline_training.train",
+        *arguments,
+        *extra,
+    ]
     log, output = out_dir / ("train.log" if nodes.node_rank == 0 else f"train.node{nodes.node_rank}.log"), bytearray()
     with (
         open(log, "ab") as sink,
-        subprocess.Popen(command, env=_worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True) as process,
+        subprocess.Popen(
+            command, env=_worker_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+        ) as process,
     ):
         try:
             lower_priority(process.pid, niceness)

@@ -56,10 +56,17 @@ class TabularMLP(nn.Module):
     """
 
     def __init__(
-        self, inputs: Sequence[ModelInput], hidden: Sequence[int], mean: Sequence[float], std: Sequence[float], *,
-        vocabularies: Mapping[str, Sequence[str]] | None = None, kind: str = "binary", target: tuple[float, float] = (0.0, 1.0),
+        self,
+        inputs: Sequence[ModelInput],
+        hidden: Sequence[int],
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        vocabularies: Mapping[str, Sequence[str]] | None = None,
+        kind: str = "binary",
+        target: tuple[float, float] = (0.0, 1.0),
         seed: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.inputs = list(inputs)
         self.kind = kind

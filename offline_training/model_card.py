@@ -24,10 +24,16 @@ JSON_FILE, MARKDOWN_FILE = "model_card.json", "model_card.md"
 DESCRIPTION_LIMIT = 5000
 #: The metrics the card's table shows, by the label's kind, in order, with their labels.
 METRIC_LABELS = {
-    "binary": {"auc": "AUC", "log_loss": "log loss", "brier": "Brier", "precision": "precision @ t", "recall": "recall @ t",
-               "calibration_error": "calibration error"},
+    "binary": {
+        "auc": "AUC",
+        "log_loss": "log loss",
+        "brier": "Brier",
+        "precision": "precision @ t",
+        "recall": "recall @ t",
+        "calibration_error": "calibration error",
+    },
     "numeric": {"rmse": "RMSE", "mae": "MAE", "mean_error": "mean error", "r2": "R²"},
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)
@@ -65,23 +71,58 @@ class ModelCard:
         if quantization is not None:
             columns["candidate INT8" + ("" if quantization["kept"] else " (refused)")] = quantization["int8"]
         state = "Registered" if self.registered else "Not registered"
-        lines = [f"# Model card: {title}", "", f"**{state}**: {self.decision}", "", f"**Owner**: {self.owner}", "",
-                 f"Holdout: the latest {evaluation['holdout_rows']:,} labeled rows of snapshot `{self.snapshot['id']}`"
-                 f"{self._holdout_detail()}.", "",
-                 "| metric | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]  # fmt: skip
+        lines = [
+            f"# Model card: {title}",
+            "",
+            f"**{state}**: {self.decision}",
+            "",
+            f"**Owner**: {self.owner}",
+            "",
+            f"Holdout: the latest {evaluation['holdout_rows']:,} labeled rows of snapshot `{self.snapshot['id']}`"
+            f"{self._holdout_detail()}.",
+            "",
+            "| metric | " + " | ".join(columns) + " |",
+            "|---" * (len(columns) + 1) + "|",
+        ]
         for key, label in self._labels().items():
             lines.append(f"| {label} | " + " | ".join(_number(metrics.get(key)) for metrics in columns.values()) + " |")
-        lines += ["", "## Data", "", _snapshot_line(self.snapshot), "", "## Training", "", _training_line(self.training), "",
-                  "## Comparison with prod", "", _comparison_line(evaluation)]  # fmt: skip
+        lines += [
+            "",
+            "## Data",
+            "",
+            _snapshot_line(self.snapshot),
+            "",
+            "## Training",
+            "",
+            _training_line(self.training),
+            "",
+            "## Comparison with prod",
+            "",
+            _comparison_line(evaluation),
+        ]
         if quantization is not None:
             fp32, int8 = quantization["fp32_latency"], quantization["int8_latency"]
-            lines += ["", "## Quantization (dynamic INT8, CPU)", "", quantization["reason"] + ".", "",
-                      f"Latency per batch of {quantization['batch_size']} over {quantization['repeats']} repeats: fp32 median "
-                      f"{fp32['median_ms']:.3f} ms, p99 {fp32['p99_ms']:.3f} ms; INT8 median {int8['median_ms']:.3f} ms, p99 "
-                      f"{int8['p99_ms']:.3f} ms: a latency gain of ×{fp32['median_ms'] / int8['median_ms']:.2f} "
-                      "(fp32 median ÷ INT8 median)."]  # fmt: skip
-        lines += ["", "## Known defects", "", *self._defect_lines(),
-                  "", "## Caveats", "", *(f"- {caveat}" for caveat in self.caveats)]  # fmt: skip
+            lines += [
+                "",
+                "## Quantization (dynamic INT8, CPU)",
+                "",
+                quantization["reason"] + ".",
+                "",
+                f"Latency per batch of {quantization['batch_size']} over {quantization['repeats']} repeats: fp32 median "
+                f"{fp32['median_ms']:.3f} ms, p99 {fp32['p99_ms']:.3f} ms; INT8 median {int8['median_ms']:.3f} ms, p99 "
+                f"{int8['p99_ms']:.3f} ms: a latency gain of ×{fp32['median_ms'] / int8['median_ms']:.2f} "
+                "(fp32 median ÷ INT8 median).",
+            ]
+        lines += [
+            "",
+            "## Known defects",
+            "",
+            *self._defect_lines(),
+            "",
+            "## Caveats",
+            "",
+            *(f"- {caveat}" for caveat in self.caveats),
+        ]
         return "\n".join(lines) + "\n"
 
     def model_registry_description(self) -> str:
@@ -90,9 +131,16 @@ class ModelCard:
         (defects that do not fit are counted; all of them are on the ``loopline.known_defects`` tag)."""
         evaluation = self.evaluation
         scores = ", ".join(f"{label} {_number(self.metrics.get(key))}" for key, label in self._labels().items())
-        head = [f"**Owner**: {self.owner}", "", f"**Trained on** snapshot `{self.snapshot['id']}`; {self.decision}.", "",
-                f"**Holdout** ({evaluation['holdout_rows']:,} rows{self._holdout_detail()}): {scores}.", "", "**Known defects**:",
-                ""]  # fmt: skip
+        head = [
+            f"**Owner**: {self.owner}",
+            "",
+            f"**Trained on** snapshot `{self.snapshot['id']}`; {self.decision}.",
+            "",
+            f"**Holdout** ({evaluation['holdout_rows']:,} rows{self._holdout_detail()}): {scores}.",
+            "",
+            "**Known defects**:",
+            "",
+        ]
         lines = self._defect_lines()
         for kept in range(len(lines), -1, -1):
             left_out = [f"- … and {len(lines) - kept} more: see the `loopline.known_defects` tag"] if kept < len(lines) else []
@@ -122,15 +170,21 @@ def caveats(manifest: dict[str, Any]) -> list[str]:
     notes = []
     unlabeled = manifest.get("label_balance", {}).get("unlabeled", 0)
     if unlabeled and manifest.get("label_kind", "binary") == "binary":
-        notes.append(f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
-                     "are left out of training and evaluation; most are negatives, but a positive never reported looks the "
-                     "same (positive-unlabeled), so these metrics describe labeled rows only")  # fmt: skip
+        notes.append(
+            f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
+            "are left out of training and evaluation; most are negatives, but a positive never reported looks the "
+            "same (positive-unlabeled), so these metrics describe labeled rows only"
+        )
     elif unlabeled:
-        notes.append(f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
-                     "are left out of training and evaluation: if outcomes go missing for a reason (the longest ones, say), "
-                     "these metrics describe the rest only")  # fmt: skip
-    notes.append("labels arrive late: the holdout is the most recent rows, whose labels are the least complete when the "
-                 "snapshot was taken, and a late label would move its figures")  # fmt: skip
+        notes.append(
+            f"{unlabeled:,} of the snapshot's {manifest.get('rows', 0):,} rows had no label at the feedback horizon and "
+            "are left out of training and evaluation: if outcomes go missing for a reason (the longest ones, say), "
+            "these metrics describe the rest only"
+        )
+    notes.append(
+        "labels arrive late: the holdout is the most recent rows, whose labels are the least complete when the "
+        "snapshot was taken, and a late label would move its figures"
+    )
     if manifest.get("kind") == "backfill":
         notes.append("a backfilled snapshot: features were recomputed from the event log, not the values a scorer served")
     return notes
@@ -167,17 +221,21 @@ def _snapshot_line(snapshot: dict[str, Any]) -> str:
     balance = snapshot.get("label_balance") or {}
     scored = snapshot.get("time_range") or {}
     labels = ", ".join(f"{n:,} {kind}" for kind, n in balance.items()) or "not recorded"
-    return (f"Snapshot `{snapshot['id']}` ({snapshot.get('kind') or 'kind not recorded'}): {snapshot.get('rows', 0):,} rows "
-            f"scored {_iso(scored.get('first_ms'))} … {_iso(scored.get('last_ms'))} by model versions "
-            f"{snapshot.get('model_versions') or 'not recorded'}; labels: {labels}.")  # fmt: skip
+    return (
+        f"Snapshot `{snapshot['id']}` ({snapshot.get('kind') or 'kind not recorded'}): {snapshot.get('rows', 0):,} rows "
+        f"scored {_iso(scored.get('first_ms'))} … {_iso(scored.get('last_ms'))} by model versions "
+        f"{snapshot.get('model_versions') or 'not recorded'}; labels: {labels}."
+    )
 
 
 def _training_line(training: dict[str, Any]) -> str:
     rows = training.get("rows", {})
-    return (f"{rows.get('train', 0):,} training rows, {training.get('epochs')} epochs, {training.get('global_steps')} optimizer "
-            f"steps at world size {training.get('world_size')} in {training.get('seconds')} s "
-            f"({training.get('samples_per_second')} samples/s); the ONNX export scores within "
-            f"{training.get('onnx_max_abs_diff', float('nan')):.2g} of torch.")  # fmt: skip
+    return (
+        f"{rows.get('train', 0):,} training rows, {training.get('epochs')} epochs, {training.get('global_steps')} optimizer "
+        f"steps at world size {training.get('world_size')} in {training.get('seconds')} s "
+        f"({training.get('samples_per_second')} samples/s); the ONNX export scores within "
+        f"{training.get('onnx_max_abs_diff', float('nan')):.2g} of torch."
+    )
 
 
 def _comparison_line(evaluation: dict[str, Any]) -> str:

@@ -23,19 +23,30 @@ def _typed(inputs: Sequence[ModelInput | str]) -> list[ModelInput]:
     return [spec if isinstance(spec, ModelInput) else ModelInput(spec) for spec in inputs]
 
 
-def _write(path: Path, inputs: Sequence[ModelInput | str], layers: list[tuple[np.ndarray, np.ndarray]], probability: bool = True) -> Path:
+def _write(
+    path: Path, inputs: Sequence[ModelInput | str], layers: list[tuple[np.ndarray, np.ndarray]], probability: bool = True
+) -> Path:
     """``sigmoid`` of the dense ``layers`` (ReLU between them; the identity instead of the sigmoid without
     ``probability``) over the numeric ``inputs``, as an ONNX model at ``path``."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     zero = numpy_helper.from_array(np.zeros(1, dtype=np.float32), "zero")
-    nodes = [helper.make_node("IsNaN", [INPUT_NAME], ["missing"]), helper.make_node("Where", ["missing", "zero", INPUT_NAME], ["present"])]
+    nodes = [
+        helper.make_node("IsNaN", [INPUT_NAME], ["missing"]),
+        helper.make_node("Where", ["missing", "zero", INPUT_NAME], ["present"]),
+    ]
     initializers, current = [zero], "present"
     for index, (weights, bias) in enumerate(layers):
         w, b = f"w{index}", f"b{index}"
-        initializers += [numpy_helper.from_array(weights.astype(np.float32), w), numpy_helper.from_array(bias.astype(np.float32), b)]
-        nodes += [helper.make_node("MatMul", [current, w], [f"mm{index}"]), helper.make_node("Add", [f"mm{index}", b], [f"z{index}"])]
+        initializers += [
+            numpy_helper.from_array(weights.astype(np.float32), w),
+            numpy_helper.from_array(bias.astype(np.float32), b),
+        ]
+        nodes += [
+            helper.make_node("MatMul", [current, w], [f"mm{index}"]),
+            helper.make_node("Add", [f"mm{index}", b], [f"z{index}"]),
+        ]
         current = f"z{index}"
         if index < len(layers) - 1:
             nodes.append(helper.make_node("Relu", [current], [f"h{index}"]))
@@ -43,13 +54,18 @@ def _write(path: Path, inputs: Sequence[ModelInput | str], layers: list[tuple[np
     inputs = _typed(inputs)
     numbers, texts = sum(i.kind == "number" for i in inputs), sum(i.kind == "text" for i in inputs)
     initializers.append(numpy_helper.from_array(np.asarray([1], dtype=np.int64), "axes"))
-    nodes += [helper.make_node("Sigmoid" if probability else "Identity", [current], ["probability"]),
-              helper.make_node("Squeeze", ["probability", "axes"], [OUTPUT_NAME])]  # fmt: skip
+    nodes += [
+        helper.make_node("Sigmoid" if probability else "Identity", [current], ["probability"]),
+        helper.make_node("Squeeze", ["probability", "axes"], [OUTPUT_NAME]),
+    ]
     graph_inputs = [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", numbers])]
     if texts:
         graph_inputs.append(helper.make_tensor_value_info(TEXT_INPUT_NAME, TensorProto.STRING, ["batch", texts]))
     graph = helper.make_graph(
-        nodes, "loopline_scorer", graph_inputs, [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
+        nodes,
+        "loopline_scorer",
+        graph_inputs,
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
         initializer=initializers,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="loopline")

@@ -85,9 +85,16 @@ def measure_latency(paths: tuple[Path, Path], rows: pd.DataFrame, batch_size: in
 
 
 def quantize_int8(
-    model_path: Path, rows: pd.DataFrame, labels: np.ndarray, quality: Quality, *, max_change: float, threshold: float = 0.5,
-    batch_size: int = 64, repeats: int = 500,
-) -> QuantizationResult:  # fmt: skip
+    model_path: Path,
+    rows: pd.DataFrame,
+    labels: np.ndarray,
+    quality: Quality,
+    *,
+    max_change: float,
+    threshold: float = 0.5,
+    batch_size: int = 64,
+    repeats: int = 500,
+) -> QuantizationResult:
     """Quantize ``model_path`` to ``model.int8.onnx`` beside it and judge it on the holdout ``rows`` (the inputs'
     columns) and ``labels`` by ``quality``'s headline, within ``max_change`` in its terms (AUC points, or a relative
     RMSE change); a refused file is deleted, so only a kept one can be registered."""
@@ -107,5 +114,16 @@ def quantize_int8(
     else:
         quantized.unlink()
         reason = f"{described}: {change:.5f} apart, more than the tolerance {max_change:g}: the fp32 model is the one registered"
-    return QuantizationResult(kept, reason, quantized if kept else None, max_change, headline, fp32, int8, fp32_latency,
-                              int8_latency, batch_size, repeats)  # fmt: skip
+    return QuantizationResult(
+        kept,
+        reason,
+        quantized if kept else None,
+        max_change,
+        headline,
+        fp32,
+        int8,
+        fp32_latency,
+        int8_latency,
+        batch_size,
+        repeats,
+    )

@@ -68,9 +68,12 @@ class ModelRelease:
             if err.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         version = self.client.create_model_version(
-            name, source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}", run_id=run.info.run_id,
-            tags={SHA256_TAG: sha256}, description=description,
-        )  # fmt: skip
+            name,
+            source=f"{run.info.artifact_uri}/{ARTIFACT_DIR}",
+            run_id=run.info.run_id,
+            tags={SHA256_TAG: sha256},
+            description=description,
+        )
         return str(version.version)
 
     def _registered(self, name: str) -> RegisteredModel:

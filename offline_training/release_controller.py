@@ -115,8 +115,10 @@ class ReleaseController:
         canary, prod = aliases.get(CANARY_ALIAS), aliases.get(PROD_ALIAS)
         if canary is None or prod is None:
             return None
-        started = max((c.at_ms for c in self.release.history(self.name) if c.alias == CANARY_ALIAS and c.version == canary),
-                      default=int(time.time() * 1000))  # fmt: skip
+        started = max(
+            (c.at_ms for c in self.release.history(self.name) if c.alias == CANARY_ALIAS and c.version == canary),
+            default=int(time.time() * 1000),
+        )
         feedback = self.examples(started)
         scraped = scrape(self.metrics_urls, {CANARY_ALIAS: canary, PROD_ALIAS: prod})
         arms = []

@@ -82,24 +82,39 @@ class Decision:
 def decide(policy: ReleasePolicy, canary: ArmStats, prod: ArmStats, watched_s: float) -> Decision:
     """The policy's verdict on ``canary`` against ``prod`` after ``watched_s`` seconds."""
     if canary.requests >= policy.min_requests and canary.error_rate > prod.error_rate + policy.max_error_rate_increase:
-        return Decision("rollback", f"canary error rate {canary.error_rate:.2%} against prod {prod.error_rate:.2%} "
-                                    f"(allowed +{policy.max_error_rate_increase:.2%})")  # fmt: skip
+        return Decision(
+            "rollback",
+            f"canary error rate {canary.error_rate:.2%} against prod {prod.error_rate:.2%} "
+            f"(allowed +{policy.max_error_rate_increase:.2%})",
+        )
     # A p99 over a handful of requests is their slowest one (a cold cache, a GC pause): judge latency
     # only when both arms have served the requests the policy asks for.
     latency_known = min(canary.requests, prod.requests) >= policy.min_requests and canary.p99_s is not None and prod.p99_s
     if latency_known and canary.p99_s > prod.p99_s * policy.max_latency_ratio:
-        return Decision("rollback", f"canary p99 {canary.p99_s * 1000:.1f} ms against prod {prod.p99_s * 1000:.1f} ms "
-                                    f"(allowed ×{policy.max_latency_ratio})")  # fmt: skip
+        return Decision(
+            "rollback",
+            f"canary p99 {canary.p99_s * 1000:.1f} ms against prod {prod.p99_s * 1000:.1f} ms "
+            f"(allowed ×{policy.max_latency_ratio})",
+        )
     measure = policy.quality
     quality_known = canary.quality_known(policy.min_labels) and prod.quality_known(policy.min_labels)
     if quality_known and measure.shortfall(canary.quality, prod.quality) > policy.allowed_shortfall:
-        return Decision("rollback", f"canary {measure.describe(canary.quality)} against prod {measure.describe(prod.quality)} on "
-                                    f"labeled events (allowed {measure.describe_allowance(policy.allowed_shortfall)} worse)")  # fmt: skip
+        return Decision(
+            "rollback",
+            f"canary {measure.describe(canary.quality)} against prod {measure.describe(prod.quality)} on "
+            f"labeled events (allowed {measure.describe_allowance(policy.allowed_shortfall)} worse)",
+        )
     evidence = canary.requests >= policy.min_requests and (quality_known or not policy.require_quality)
     if watched_s >= policy.min_watch_s and evidence:
-        quality = f", {measure.describe(canary.quality)} vs {measure.describe(prod.quality)}" if quality_known else ", no labels yet"
-        return Decision("promote", f"{canary.requests} requests, error rate {canary.error_rate:.2%} vs {prod.error_rate:.2%}{quality}")
+        quality = (
+            f", {measure.describe(canary.quality)} vs {measure.describe(prod.quality)}" if quality_known else ", no labels yet"
+        )
+        return Decision(
+            "promote", f"{canary.requests} requests, error rate {canary.error_rate:.2%} vs {prod.error_rate:.2%}{quality}"
+        )
     if watched_s >= policy.max_watch_s:
-        return Decision("rollback", f"not enough evidence after {watched_s:.0f} s ({canary.requests} requests, "
-                                    f"{canary.labeled} labeled events)")  # fmt: skip
+        return Decision(
+            "rollback",
+            f"not enough evidence after {watched_s:.0f} s ({canary.requests} requests, {canary.labeled} labeled events)",
+        )
     return Decision("wait", f"watching ({watched_s:.0f} s, {canary.requests} requests, {canary.labeled} labeled events)")

@@ -40,11 +40,15 @@ class NodeGroup:
             raise NodeGroupError(f"max_restarts is {self.max_restarts}: give 0 (no restarts) or more")
         if self.rdzv is None:
             if self.nnodes > 1:
-                raise NodeGroupError(f"{self.nnodes} nodes need a place to meet: add --rdzv HOST:PORT, node 0's address and a free port")
+                raise NodeGroupError(
+                    f"{self.nnodes} nodes need a place to meet: add --rdzv HOST:PORT, node 0's address and a free port"
+                )
             return
         host, _, port = self.rdzv.rpartition(":")
         if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise NodeGroupError(f"--rdzv {self.rdzv!r} is not HOST:PORT: give node 0's address and a free port, e.g. node0:29400")
+            raise NodeGroupError(
+                f"--rdzv {self.rdzv!r} is not HOST:PORT: give node 0's address and a free port, e.g. node0:29400"
+            )
 
     def torchrun_arguments(self, processes: int) -> list[str]:
         """torchrun's arguments (before the training module) for ``processes`` workers on this node."""
@@ -53,8 +57,12 @@ class NodeGroup:
         else:
             # Node 0 serves the c10d store. Left to itself, torchrun lets any node whose address is HOST serve it, the
             # first to start: with several nodes on one host (the tests), not necessarily node 0.
-            meeting = ["--rdzv-backend=c10d", f"--rdzv-endpoint={self.rdzv}", f"--rdzv-id={RUN_ID}",
-                       f"--rdzv-conf=is_host={str(self.node_rank == 0).lower()}"]  # fmt: skip
+            meeting = [
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={self.rdzv}",
+                f"--rdzv-id={RUN_ID}",
+                f"--rdzv-conf=is_host={str(self.node_rank == 0).lower()}",
+            ]
         return [*meeting, f"--nnodes={self.nnodes}", f"--nproc-per-node={processes}", f"--max-restarts={self.max_restarts}"]
 
 

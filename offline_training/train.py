@@ -170,9 +170,13 @@ def _resume(engine, checkpoints: Path, universal: bool, snapshot_id: str) -> dic
         )
     log.info(
         "resumed from checkpoint %s (written by %d processes) at global step %d, epoch %d, row %d of the epoch; weights sha256 %s",
-        latest_tag(checkpoints, universal), client["world_size"], engine.global_steps, client["epoch"],
-        client["rows_in_epoch"], state_fingerprint(engine.module.state_dict()),
-    )  # fmt: skip
+        latest_tag(checkpoints, universal),
+        client["world_size"],
+        engine.global_steps,
+        client["epoch"],
+        client["rows_in_epoch"],
+        state_fingerprint(engine.module.state_dict()),
+    )
     return client
 
 
@@ -211,9 +215,19 @@ def build_model(snapshot: Snapshot, config: TrainConfig) -> TabularMLP:
     mean, std = fit_standardisation(snapshot.train_x)
     texts = [spec.name for spec in snapshot.inputs if spec.kind == "text"]
     vocabularies = {name: vocabulary(snapshot.train[name].tolist()) for name in texts}
-    target = (float(np.mean(snapshot.train_y)), float(np.std(snapshot.train_y))) if snapshot.label_kind == "numeric" else (0.0, 1.0)
-    return TabularMLP(snapshot.inputs, config.hidden, mean, std, vocabularies=vocabularies, kind=snapshot.label_kind, target=target,
-                      seed=config.seed)  # fmt: skip
+    target = (
+        (float(np.mean(snapshot.train_y)), float(np.std(snapshot.train_y))) if snapshot.label_kind == "numeric" else (0.0, 1.0)
+    )
+    return TabularMLP(
+        snapshot.inputs,
+        config.hidden,
+        mean,
+        std,
+        vocabularies=vocabularies,
+        kind=snapshot.label_kind,
+        target=target,
+        seed=config.seed,
+    )
 
 
 def _engine(snapshot: Snapshot, config: TrainConfig, universal: bool):
@@ -247,7 +261,9 @@ def _training_memory(before_model: int, device: torch.device) -> dict[str, int]:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     cuda = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     ranks = _all_reduce(torch.tensor([peak - before_model, peak, cuda], dtype=torch.int64), device, dist.ReduceOp.MAX)
-    return {"training_bytes": int(ranks[0]), "peak_rss_bytes": int(ranks[1])} | ({"cuda_peak_allocated_bytes": int(ranks[2])} if cuda else {})
+    return {"training_bytes": int(ranks[0]), "peak_rss_bytes": int(ranks[1])} | (
+        {"cuda_peak_allocated_bytes": int(ranks[2])} if cuda else {}
+    )
 
 
 def _save(engine, checkpoints: Path, keep_last: int, client_state: dict) -> None:
@@ -298,27 +314,45 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
             loss = torch.tensor(client["epoch_loss"], dtype=torch.float64)
     tracking.start(
         client.get("mlflow_run_id"),
-        params={**config.model_dump(mode="json"), "zero_stage": engine.zero_optimization_stage(), "world_size": world,
-                "train_rows": len(train_y), "holdout_rows": len(snapshot.holdout_y)},
+        params={
+            **config.model_dump(mode="json"),
+            "zero_stage": engine.zero_optimization_stage(),
+            "world_size": world,
+            "train_rows": len(train_y),
+            "holdout_rows": len(snapshot.holdout_y),
+        },
         tags={"loopline.snapshot_id": snapshot.snapshot_id, "loopline.code_version": code_version()},
-    )  # fmt: skip
+    )
 
     def client_state(after: Position) -> dict:
         """What resuming needs beyond DeepSpeed's own state: where the run stands after this step."""
         return {
-            "epoch": after.epoch, "step_in_epoch": after.rows_done // rows_per_batch, "rows_in_epoch": after.rows_done,
-            "global_step": engine.global_steps, "world_size": world, "snapshot_id": snapshot.snapshot_id,
-            "epoch_loss": loss.tolist(), "mlflow_run_id": tracking.run_id,
-        }  # fmt: skip
+            "epoch": after.epoch,
+            "step_in_epoch": after.rows_done // rows_per_batch,
+            "rows_in_epoch": after.rows_done,
+            "global_step": engine.global_steps,
+            "world_size": world,
+            "snapshot_id": snapshot.snapshot_id,
+            "epoch_loss": loss.tolist(),
+            "mlflow_run_id": tracking.run_id,
+        }
 
     # On another world size a batch holds another number of rows: resume at the last whole batch
     # (the few rows of a partial one train again), on an optimizer-step boundary.
     skip = position.rows_done // rows_per_batch // accumulation * accumulation
     remaining = (batches - skip) // accumulation + max(config.epochs - position.epoch - 1, 0) * (batches // accumulation)
-    bar = tqdm(total=engine.global_steps + remaining, initial=engine.global_steps, disable=rank != 0, unit="step",
-               desc=f"train {snapshot.snapshot_id}", mininterval=1.0)  # fmt: skip
+    bar = tqdm(
+        total=engine.global_steps + remaining,
+        initial=engine.global_steps,
+        disable=rank != 0,
+        unit="step",
+        desc=f"train {snapshot.snapshot_id}",
+        mininterval=1.0,
+    )
     holdout = torch.from_numpy(snapshot.holdout_x.astype(np.float32)).to(engine.device, dtype)
-    holdout_codes = torch.from_numpy(encode_texts(texts_of(snapshot.holdout, snapshot.inputs), model.vocabularies)).to(engine.device)
+    holdout_codes = torch.from_numpy(encode_texts(texts_of(snapshot.holdout, snapshot.inputs), model.vocabularies)).to(
+        engine.device
+    )
     started, rows_trained = time.perf_counter(), 0
     for epoch in range(position.epoch, config.epochs):
         sampler.set_epoch(epoch)
@@ -359,7 +393,15 @@ def train(args: argparse.Namespace, config: TrainConfig) -> None:
         state = {name: tensor.detach().float().cpu() for name, tensor in engine.module.state_dict().items()}
     if rank == 0:
         _write_outputs(
-            state, snapshot, config, args.out, world, seconds, rows_trained * world, engine.global_steps, tracking,
+            state,
+            snapshot,
+            config,
+            args.out,
+            world,
+            seconds,
+            rows_trained * world,
+            engine.global_steps,
+            tracking,
             memory,
         )
     dist.barrier()
@@ -374,9 +416,17 @@ def _full_parameters(engine):
 
 
 def _write_outputs(
-    state: dict[str, torch.Tensor], snapshot: Snapshot, config: TrainConfig, out: Path, world: int, seconds: float,
-    rows_trained: int, global_steps: int, tracking: Tracking, memory: dict[str, int],
-) -> None:  # fmt: skip
+    state: dict[str, torch.Tensor],
+    snapshot: Snapshot,
+    config: TrainConfig,
+    out: Path,
+    world: int,
+    seconds: float,
+    rows_trained: int,
+    global_steps: int,
+    tracking: Tracking,
+    memory: dict[str, int],
+) -> None:
     """Write the trained weights ``state`` (float32, on the CPU) as ``model.pt``, ``model.onnx`` (verified against
     torch on the holdout) and ``metrics.json``."""
     model = build_model(snapshot, config)
@@ -388,19 +438,27 @@ def _write_outputs(
     quality = Quality(snapshot.label_kind)
     holdout = quality.metrics(torch_scores(model, snapshot.holdout), snapshot.holdout_y)
     metrics = {
-        "snapshot_id": snapshot.snapshot_id, "label_kind": snapshot.label_kind,
+        "snapshot_id": snapshot.snapshot_id,
+        "label_kind": snapshot.label_kind,
         "rows": {"train": len(snapshot.train_y), "holdout": len(snapshot.holdout_y)},
-        "epochs": config.epochs, "global_steps": global_steps, "world_size": world,
-        "holdout": holdout, "onnx_max_abs_diff": difference, "seconds": round(seconds, 3),
+        "epochs": config.epochs,
+        "global_steps": global_steps,
+        "world_size": world,
+        "holdout": holdout,
+        "onnx_max_abs_diff": difference,
+        "seconds": round(seconds, 3),
         # Rows trained in this process's run (a resumed run counts from where it resumed).
         "samples_per_second": round(rows_trained / seconds, 1) if seconds > 0 else None,
-        "parameters": sum(p.numel() for p in model.parameters()), "memory": memory,
-    }  # fmt: skip
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "memory": memory,
+    }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     tracking.finish(
         {f"final_holdout_{k}": v for k, v in holdout.items()} | {"samples_per_second": metrics["samples_per_second"] or 0.0}
     )
-    log.info("wrote %s, %s and metrics.json: holdout %s", out / "model.pt", onnx_path, quality.describe(holdout[quality.headline]))
+    log.info(
+        "wrote %s, %s and metrics.json: holdout %s", out / "model.pt", onnx_path, quality.describe(holdout[quality.headline])
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -100,5 +100,14 @@ def load_snapshot(location: Path | str, holdout_fraction: float) -> Snapshot:
     cut = len(frame) - holdout
     train_defaulted = frame["defaulted"].to_numpy(dtype=np.int64)[:cut] if defaulted else None
     kind = manifest.get("label_kind", "binary")
-    return Snapshot(str(manifest["snapshot_id"]), inputs, kind, frame[names].iloc[:cut].reset_index(drop=True), y[:cut],
-                    frame[names].iloc[cut:].reset_index(drop=True), y[cut:], train_defaulted, manifest)  # fmt: skip
+    return Snapshot(
+        str(manifest["snapshot_id"]),
+        inputs,
+        kind,
+        frame[names].iloc[:cut].reset_index(drop=True),
+        y[:cut],
+        frame[names].iloc[cut:].reset_index(drop=True),
+        y[cut:],
+        train_defaulted,
+        manifest,
+    )

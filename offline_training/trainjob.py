@@ -39,8 +39,10 @@ def load_template(path: Path) -> dict:
     try:
         template = yaml.safe_load(path.read_text())
     except FileNotFoundError:
-        raise TrainJobTemplateError(f"no TrainJob template at {path}: mount the chart's retrain-trainjob ConfigMap there, "
-                                    "or point retrain.trainjob_template at it") from None  # fmt: skip
+        raise TrainJobTemplateError(
+            f"no TrainJob template at {path}: mount the chart's retrain-trainjob ConfigMap there, "
+            "or point retrain.trainjob_template at it"
+        ) from None
     if not isinstance(template, dict) or template.get("kind") != "TrainJob" or "trainer" not in template.get("spec", {}):
         raise TrainJobTemplateError(f"{path} is not a TrainJob with a trainer: render it with the chart")
     return template
@@ -50,8 +52,10 @@ def trainjob_name(prefix: str, fired_ms: int) -> str:
     """The TrainJob of the firing at ``fired_ms``: one name per firing, so a retried creation finds its own."""
     name = f"{prefix}-{fired_ms}"
     if not _NAME.match(name):
-        raise TrainJobTemplateError(f"{name!r} is not a valid TrainJob name (lowercase, ≤ 63 characters): shorten the "
-                                    "template's metadata.name (the release's name)")  # fmt: skip
+        raise TrainJobTemplateError(
+            f"{name!r} is not a valid TrainJob name (lowercase, ≤ 63 characters): shorten the "
+            "template's metadata.name (the release's name)"
+        )
     return name
 
 
@@ -71,8 +75,9 @@ def retrain_trainjob(template: dict, *, snapshot_id: str, fired_ms: int, canary_
     return job
 
 
-def start_retrain(api: KubernetesApi, template: dict, *, snapshot_id: str, fired_ms: int, canary_percent: float,
-                  reason: str) -> Created:  # fmt: skip
+def start_retrain(
+    api: KubernetesApi, template: dict, *, snapshot_id: str, fired_ms: int, canary_percent: float, reason: str
+) -> Created:
     """Create the firing's TrainJob (``retrain_trainjob``) in the API's namespace; Kueue admits it, the Trainer runs it."""
     job = retrain_trainjob(template, snapshot_id=snapshot_id, fired_ms=fired_ms, canary_percent=canary_percent, reason=reason)
     return api.create(TRAINJOBS, job)

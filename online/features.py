@@ -68,8 +68,14 @@ class FeatureFetcher:
     loop, busy with other requests, picks it up a little late.
     """
 
-    def __init__(self, reader: OnlineReader, features: list[str], budget_s: float = 0.020, max_batch_size: int = 64,
-                 view_lag: Gauge | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        reader: OnlineReader,
+        features: list[str],
+        budget_s: float = 0.020,
+        max_batch_size: int = 64,
+        view_lag: Gauge | None = None,
+    ) -> None:
         """``view_lag``: a gauge by view, set to how far (s) each view's job is behind the clock, as the reader last
         read it."""
         self.reader = reader
@@ -87,8 +93,9 @@ class FeatureFetcher:
         self._unwarned = 0
 
     def _read_batch(self, reads: list[_Read]) -> list[list]:
-        found, row_times, absorbed, read_as_of = self.reader.read_with_row_times(self.features, [read.keys for read in reads],
-                                                                                 [read.at_ms for read in reads])  # fmt: skip
+        found, row_times, absorbed, read_as_of = self.reader.read_with_row_times(
+            self.features, [read.keys for read in reads], [read.at_ms for read in reads]
+        )
         finished = time.perf_counter()
         for i, read in enumerate(reads):
             read.values = [found[name][i] for name in self._names]
@@ -142,8 +149,9 @@ class FeatureFetcher:
         absorbed = {view: positions for view, positions in (read.row_absorbed or {}).items() if positions}
         read_as_of = read.read_as_of or {}
         stale = [ref for ref in self.features if ref.split(":", 1)[0] in read_as_of] if read_as_of else []
-        return FetchedFeatures(values, defaulted, row_times_ms=row_times, row_absorbed=absorbed, stale=stale, read_as_of_ms=read_as_of,
-                               read=timing)  # fmt: skip
+        return FetchedFeatures(
+            values, defaulted, row_times_ms=row_times, row_absorbed=absorbed, stale=stale, read_as_of_ms=read_as_of, read=timing
+        )
 
     def _warn(self, err: Exception) -> None:
         """Log a read that fell back for an error, at most once per ``_WARN_EVERY_S`` (an outage would

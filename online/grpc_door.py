@@ -53,19 +53,24 @@ def _proto(value) -> struct_pb2.Value:
 def request_from_proto(message, limits: RequestLimits = RequestLimits()) -> ScoreRequest:
     """The contract's ScoreRequest for a gRPC message; InvalidRequest naming the field that breaks it."""
     try:
-        request = validate(ScoreRequest, {
-            "schema_version": ScoreRequest.SCHEMA_VERSION,
-            "request_id": message.request_id,
-            "entity_keys": dict(message.entity_keys),
-            "request_fields": {name: _python(value) for name, value in message.request_fields.items()},
-            "requested_at_ms": message.requested_at_ms,
-            "model_name": message.model_name or None,
-            "event_id": message.event_id or None,
-        })  # fmt: skip
+        request = validate(
+            ScoreRequest,
+            {
+                "schema_version": ScoreRequest.SCHEMA_VERSION,
+                "request_id": message.request_id,
+                "entity_keys": dict(message.entity_keys),
+                "request_fields": {name: _python(value) for name, value in message.request_fields.items()},
+                "requested_at_ms": message.requested_at_ms,
+                "model_name": message.model_name or None,
+                "event_id": message.event_id or None,
+            },
+        )
     except ContractViolation as violation:
         raise InvalidRequest(violation.field, violation.reason) from None
     check_limits(request, limits)
     return request
+
+
 def prediction_to_proto(record: PredictionRecord):
     """The gRPC Prediction for a prediction record."""
     messages, _ = scoring_api()
@@ -144,8 +149,13 @@ class GrpcDoor:
                         logging_at = time.perf_counter()
                         await prediction_log.append(record, None if trace is None else trace.traceparent())
                         if trace is not None:
-                            trace.stage("log_prediction", logging_at, time.perf_counter(), kind="PRODUCER",
-                                        **{"messaging.destination.name": prediction_log.topic})  # fmt: skip
+                            trace.stage(
+                                "log_prediction",
+                                logging_at,
+                                time.perf_counter(),
+                                kind="PRODUCER",
+                                **{"messaging.destination.name": prediction_log.topic},
+                            )
                     answering_at = time.perf_counter()
                     answer = prediction_to_proto(record)
                     if trace is not None:
@@ -165,10 +175,18 @@ class GrpcDoor:
                     ms = (time.perf_counter() - began) * 1000
                     log.info("request %s %.2f ms %s%s", message.request_id or "-", ms, code.name, log_suffix(trace))
                     if trace is not None:
-                        tracer.finish(trace, f"{SERVICE}/Score", "SERVER", time.perf_counter(),
-                                      error=None if code == grpc.StatusCode.OK else code.name,
-                                      **{"loopline.request_id": message.request_id, "rpc.system": "grpc",
-                                         "rpc.grpc.status_code": code.value[0]})  # fmt: skip
+                        tracer.finish(
+                            trace,
+                            f"{SERVICE}/Score",
+                            "SERVER",
+                            time.perf_counter(),
+                            error=None if code == grpc.StatusCode.OK else code.name,
+                            **{
+                                "loopline.request_id": message.request_id,
+                                "rpc.system": "grpc",
+                                "rpc.grpc.status_code": code.value[0],
+                            },
+                        )
 
         return Servicer()
 

@@ -81,7 +81,9 @@ def create_app(
     authorize = bearer_check(auth_token)
     counted: dict[int, Counter] = {}  # a metric child per status, looked up once
 
-    async def score(headers: dict[bytes, bytes], body: Callable[[int], Awaitable[bytes]]) -> tuple[int, bytes, Callable[[], None] | None]:
+    async def score(
+        headers: dict[bytes, bytes], body: Callable[[int], Awaitable[bytes]]
+    ) -> tuple[int, bytes, Callable[[], None] | None]:
         began = time.perf_counter()
         request_id = "-"
         trace = None if tracer is None else tracer.begin(headers.get(b"traceparent"), began)
@@ -100,8 +102,13 @@ def create_app(
             else:
                 logging_at = time.perf_counter()
                 answer = await prediction_log.append(record, trace.traceparent())
-                trace.stage("log_prediction", logging_at, time.perf_counter(), kind="PRODUCER",
-                            **{"messaging.destination.name": prediction_log.topic, "loopline.prediction_log": prediction_log.mode})  # fmt: skip
+                trace.stage(
+                    "log_prediction",
+                    logging_at,
+                    time.perf_counter(),
+                    kind="PRODUCER",
+                    **{"messaging.destination.name": prediction_log.topic, "loopline.prediction_log": prediction_log.mode},
+                )
             status = 200
         except ClientDisconnected:
             log.info("a client went away before its request's body was in")
@@ -177,9 +184,19 @@ def _finisher(tracer: RequestTracer, trace: RequestTrace, request_id: str, statu
     def finish() -> None:
         sent_at = time.perf_counter()
         trace.stage("respond", answered_at, sent_at)
-        tracer.finish(trace, "POST /v1/score", "SERVER", sent_at, error=None if status == 200 else str(status),
-                      **{"loopline.request_id": request_id, "http.request.method": "POST", "http.route": "/v1/score",
-                         "http.response.status_code": status})  # fmt: skip
+        tracer.finish(
+            trace,
+            "POST /v1/score",
+            "SERVER",
+            sent_at,
+            error=None if status == 200 else str(status),
+            **{
+                "loopline.request_id": request_id,
+                "http.request.method": "POST",
+                "http.route": "/v1/score",
+                "http.response.status_code": status,
+            },
+        )
 
     return finish
 

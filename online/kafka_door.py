@@ -61,10 +61,13 @@ class KafkaScoringDoor:
         self._stopping = threading.Event()
         self._progress = Progress()
         self._writer = TransactionWriter(
-            transactional_producer_config(client, transactional_id), interval_s=commit_interval_s,
-            max_records=max_transaction_records, broker_timeout_s=broker_timeout_s, committed=self._committed,
+            transactional_producer_config(client, transactional_id),
+            interval_s=commit_interval_s,
+            max_records=max_transaction_records,
+            broker_timeout_s=broker_timeout_s,
+            committed=self._committed,
             stopping=self._stopping,
-        )  # fmt: skip
+        )
         #: Requests of a transaction that did not commit are owed until a later one commits: an idle poll
         #: meanwhile is no progress (the consumer may be unable to fetch them again).
         self._owed = False

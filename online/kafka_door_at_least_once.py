@@ -61,8 +61,10 @@ class Acknowledgements:
         """The offsets safe to commit, of ``partitions`` (default: every one taken from)."""
         with self._lock:
             chosen = self._next if partitions is None else [p for p in partitions if p in self._next]
-            return [TopicPartition(topic, number, min(self._pending[(topic, number)], default=self._next[(topic, number)]))
-                    for topic, number in chosen]  # fmt: skip
+            return [
+                TopicPartition(topic, number, min(self._pending[(topic, number)], default=self._next[(topic, number)]))
+                for topic, number in chosen
+            ]
 
     def forget(self, partitions: list[Partition]) -> None:
         """Partitions this member no longer owns."""
@@ -92,7 +94,11 @@ class AtLeastOnceKafkaDoor:
         """Consumes ``scoring.requests_topic``."""
         self.scoring, self.scorer, self.requests_topic = scoring, scoring.scorer, scoring.requests_topic
         self.max_poll_records = max_poll_records
-        self.commit_interval_s, self.max_unacknowledged, self.broker_timeout_s = commit_interval_s, max_unacknowledged, broker_timeout_s
+        self.commit_interval_s, self.max_unacknowledged, self.broker_timeout_s = (
+            commit_interval_s,
+            max_unacknowledged,
+            broker_timeout_s,
+        )
         client, consumer = door_clients(bootstrap_servers, client_config, group_id)
         self._consumer = Consumer(consumer)
         # Each record goes within a millisecond: the latency is the point of this mode.
@@ -124,8 +130,13 @@ class AtLeastOnceKafkaDoor:
 
     def _produce(self, output: Output, partition: Partition, offset: int) -> bool:
         try:
-            self._producer.produce(output.topic, output.value, output.key, headers=output.headers,
-                                   on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset))  # fmt: skip
+            self._producer.produce(
+                output.topic,
+                output.value,
+                output.key,
+                headers=output.headers,
+                on_delivery=lambda err, _msg: self._delivered(err, output, partition, offset),
+            )
         except BufferError:
             return False
         return True

@@ -52,9 +52,12 @@ def door_clients(bootstrap_servers: str, client_config: Mapping[str, str] | None
     consumer = {
         # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
         "session.timeout.ms": 10_000,
-        **client, "group.id": group_id, "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        **client,
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
         "isolation.level": "read_committed",
-    }  # fmt: skip
+    }
     return client, consumer
 
 
@@ -74,7 +77,9 @@ class RequestScoring:
     max_in_flight: int = 64
     tracer: RequestTracer | None = None
 
-    async def outputs(self, messages: list[Message], on_chunk: Callable[[list[Message], list[Output]], None] | None = None) -> list[Output]:
+    async def outputs(
+        self, messages: list[Message], on_chunk: Callable[[list[Message], list[Output]], None] | None = None
+    ) -> list[Output]:
         """The record to log for each of ``messages``, in their order; ``on_chunk(messages, outputs)`` is given each
         chunk's as soon as it is scored."""
         outputs: list[Output] = []
@@ -111,8 +116,14 @@ class RequestScoring:
             if not isinstance(err, ScoringError) or err.http_status >= 500:
                 log.exception("request %s at %s failed", request_id, where)
             self.scorer.metrics.requests.labels(DOOR, reason).inc()
-            log.info("request %s %.2f ms dead-lettered (%s) from %s%s", request_id, (time.perf_counter() - began) * 1000, reason,
-                     where, log_suffix(trace))  # fmt: skip
+            log.info(
+                "request %s %.2f ms dead-lettered (%s) from %s%s",
+                request_id,
+                (time.perf_counter() - began) * 1000,
+                reason,
+                where,
+                log_suffix(trace),
+            )
             value = _dead_letter(message, reason, str(err), field)
             return Output(self.dead_letter_topic, value, message.topic(), trace, time.perf_counter(), reason)
         self.scorer.metrics.requests.labels(DOOR, "200").inc()
@@ -125,10 +136,21 @@ class RequestScoring:
             return
         for output in outputs:
             if output.trace is not None:
-                output.trace.stage("log_prediction", output.made_at, at, kind="PRODUCER",
-                                   **{"messaging.destination.name": output.topic, "loopline.kafka_delivery": delivery})  # fmt: skip
-                self.tracer.finish(output.trace, f"score {self.requests_topic}", "CONSUMER", at, error=output.error,
-                                   **{"loopline.request_id": output.key or "-", "messaging.system": "kafka"})  # fmt: skip
+                output.trace.stage(
+                    "log_prediction",
+                    output.made_at,
+                    at,
+                    kind="PRODUCER",
+                    **{"messaging.destination.name": output.topic, "loopline.kafka_delivery": delivery},
+                )
+                self.tracer.finish(
+                    output.trace,
+                    f"score {self.requests_topic}",
+                    "CONSUMER",
+                    at,
+                    error=output.error,
+                    **{"loopline.request_id": output.key or "-", "messaging.system": "kafka"},
+                )
 
 
 def _header(message: Message, name: str) -> bytes | None:
@@ -141,11 +163,19 @@ def _header(message: Message, name: str) -> bytes | None:
 
 
 def _dead_letter(message: Message, reason: str, error: str, field: str | None) -> bytes:
-    return encode(DeadLetterRecord.for_payload(
-        reason=reason, error=error, error_field=field, source_topic=message.topic(),
-        source_partition=message.partition(), source_offset=message.offset(), key=message.key(),
-        payload=message.value(), consumer=CONSUMER_NAME,
-    ))  # fmt: skip
+    return encode(
+        DeadLetterRecord.for_payload(
+            reason=reason,
+            error=error,
+            error_field=field,
+            source_topic=message.topic(),
+            source_partition=message.partition(),
+            source_offset=message.offset(),
+            key=message.key(),
+            payload=message.value(),
+            consumer=CONSUMER_NAME,
+        )
+    )
 
 
 def take(consumer: Consumer, max_records: int) -> tuple[list[Message], bool]:

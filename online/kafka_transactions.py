@@ -218,8 +218,10 @@ class TransactionWriter:
             records, deadline = 0, began + self.interval_s  # until its first chunk is taken
             while True:
                 with self._changed:
-                    self._changed.wait_for(lambda: self._queue or self._hurry or generation != self._generation,
-                                           max(0.0, deadline - time.monotonic()))  # fmt: skip
+                    self._changed.wait_for(
+                        lambda: self._queue or self._hurry or generation != self._generation,
+                        max(0.0, deadline - time.monotonic()),
+                    )
                     if generation != self._generation:
                         return None
                     taken, self._queue, hurry = self._queue, [], self._hurry
@@ -288,8 +290,11 @@ class TransactionWriter:
     def _abandon(self) -> None:
         """Give up on the writer's thread (blocked in librdkafka): fence its transaction with a new producer."""
         with self._abandoning:
-            log.error("Kafka transaction not settled after %.0f s (a broker call ignored its timeout); abandoning its "
-                      "producer, its requests will be consumed again", self._settle_s)  # fmt: skip
+            log.error(
+                "Kafka transaction not settled after %.0f s (a broker call ignored its timeout); abandoning its "
+                "producer, its requests will be consumed again",
+                self._settle_s,
+            )
             with self._changed:
                 self._generation += 1
                 generation = self._generation

@@ -39,64 +39,92 @@ class ScorerMetrics:
     def __init__(self, collector_registry: CollectorRegistry | None = None) -> None:
         self.collector_registry = collector_registry or CollectorRegistry()
         self.requests = Counter(
-            "loopline_scoring_requests", "Score requests by front door and outcome.", ["door", "status"], registry=self.collector_registry
+            "loopline_scoring_requests",
+            "Score requests by front door and outcome.",
+            ["door", "status"],
+            registry=self.collector_registry,
         )
         self.stage_seconds = Histogram(
-            "loopline_scoring_stage_seconds", "Latency of each scoring stage.", ["stage"],
-            buckets=_LATENCY_BUCKETS, registry=self.collector_registry,
-        )  # fmt: skip
-        self.batch_size = Histogram(
-            "loopline_scoring_batch_size", "Requests per model call.", buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            "loopline_scoring_stage_seconds",
+            "Latency of each scoring stage.",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
             registry=self.collector_registry,
-        )  # fmt: skip
-        self.queue_depth = Gauge("loopline_scoring_queue_depth", "Requests waiting for a batch.", registry=self.collector_registry)
+        )
+        self.batch_size = Histogram(
+            "loopline_scoring_batch_size",
+            "Requests per model call.",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=self.collector_registry,
+        )
+        self.queue_depth = Gauge(
+            "loopline_scoring_queue_depth", "Requests waiting for a batch.", registry=self.collector_registry
+        )
         self.features = Counter("loopline_scoring_features", "Features fed to models.", registry=self.collector_registry)
         self.defaulted_features = Counter(
-            "loopline_scoring_defaulted_features", "Features that fell back to their declared default.", registry=self.collector_registry
+            "loopline_scoring_defaulted_features",
+            "Features that fell back to their declared default.",
+            registry=self.collector_registry,
         )
         self.stale_features = Counter(
             "loopline_scoring_stale_features",
             "Features read as of their view's progress, not the request's time: the feature job lagged (the prediction record "
-            "names them).", registry=self.collector_registry,
-        )  # fmt: skip
+            "names them).",
+            registry=self.collector_registry,
+        )
         self.feature_view_lag = Gauge(
             "loopline_feature_view_lag_seconds",
             "How far behind the clock each feature view's job has absorbed its events, as the scorer last read its progress.",
-            ["view"], multiprocess_mode="max", registry=self.collector_registry,
-        )  # fmt: skip
+            ["view"],
+            multiprocess_mode="max",
+            registry=self.collector_registry,
+        )
         self.feature_fallbacks = Counter(
             "loopline_scoring_feature_fallbacks",
             "Requests scored on all-default features because the read failed, by reason (over_budget, unavailable, no_entity).",
-            ["reason"], registry=self.collector_registry,
-        )  # fmt: skip
+            ["reason"],
+            registry=self.collector_registry,
+        )
         self.cache_requests = Counter(
-            "loopline_scoring_cache_requests", "Result cache lookups by result (hit, miss).", ["result"], registry=self.collector_registry
+            "loopline_scoring_cache_requests",
+            "Result cache lookups by result (hit, miss).",
+            ["result"],
+            registry=self.collector_registry,
         )
         self.prediction_log_failures = Counter(
             "loopline_scoring_prediction_log_failures", "Prediction records Kafka did not take.", registry=self.collector_registry
         )
-        self.model = Info("loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.collector_registry)
+        self.model = Info(
+            "loopline_scoring_model", "The model version serving under each alias.", ["alias"], registry=self.collector_registry
+        )
         # Per model version, what a release controller compares a canary with prod by: both count from
         # the moment this scorer started the current canary (``start_comparison``), so the two arms cover
         # the same window.
         self.model_requests = Counter(
             "loopline_scoring_model_requests",
             "Requests a model version scored (ok) or failed on (error), since this scorer started the current canary.",
-            ["alias", "version", "outcome"], registry=self.collector_registry,
-        )  # fmt: skip
+            ["alias", "version", "outcome"],
+            registry=self.collector_registry,
+        )
         self.model_latency = Histogram(
             "loopline_scoring_model_latency_seconds",
             "Scoring latency (feature fetch to score) per model version, since this scorer started the current canary.",
-            ["alias", "version"], buckets=_MODEL_LATENCY_BUCKETS, registry=self.collector_registry,
-        )  # fmt: skip
+            ["alias", "version"],
+            buckets=_MODEL_LATENCY_BUCKETS,
+            registry=self.collector_registry,
+        )
         self.model_swaps = Counter(
-            "loopline_scoring_model_swaps", "Hot swaps of the model serving under an alias.", ["alias"], registry=self.collector_registry
+            "loopline_scoring_model_swaps",
+            "Hot swaps of the model serving under an alias.",
+            ["alias"],
+            registry=self.collector_registry,
         )
         self.model_refusals = Counter(
             "loopline_scoring_model_refusals",
-            "Registered model versions refused (artifact not as registered, or not a loadable model).", ["reason"],
+            "Registered model versions refused (artifact not as registered, or not a loadable model).",
+            ["reason"],
             registry=self.collector_registry,
-        )  # fmt: skip
+        )
         for reason in REFUSAL_REASONS:  # from 0, so the first refusal is an increase an alert rule can see
             self.model_refusals.labels(reason)
         # Children looked up once: a labels() call per request and metric was a tenth of a score request's own CPU.
@@ -108,9 +136,10 @@ class ScorerMetrics:
         found = self._versions.get((alias, version))
         if found is None:
             found = self._versions[(alias, version)] = VersionMetrics(
-                ok=self.model_requests.labels(alias, version, "ok"), error=self.model_requests.labels(alias, version, "error"),
+                ok=self.model_requests.labels(alias, version, "ok"),
+                error=self.model_requests.labels(alias, version, "error"),
                 latency=self.model_latency.labels(alias, version),
-            )  # fmt: skip
+            )
         return found
 
     def observe_batch(self, size: int, queue_left: int) -> None:

@@ -41,8 +41,11 @@ def admit_model(path: Path, repo_path: Path, label_kind: Literal["binary", "nume
     except ValueError as err:
         problems.append(str(err))
     else:
-        problems += [f"its input {i.name} is a {i.kind}; the project declares it a {declared[i.name].kind}"
-                     for i in model.inputs if declared[i.name].kind != i.kind]  # fmt: skip
+        problems += [
+            f"its input {i.name} is a {i.kind}; the project declares it a {declared[i.name].kind}"
+            for i in model.inputs
+            if declared[i.name].kind != i.kind
+        ]
     numbers = np.full((_PROBE_ROWS, len(model.numbers)), np.nan, dtype=np.float32)
     texts = np.full((_PROBE_ROWS, len(model.texts)), "", dtype=object)
     try:

@@ -28,7 +28,9 @@ ServedModel = OnnxModel | VllmModel
 class ModelLane:
     """``model`` serving under ``alias``, reading the features it needs through ``fetcher``; ``infer(row)`` scores one input row."""
 
-    def __init__(self, alias: str, model: ServedModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics) -> None:
+    def __init__(
+        self, alias: str, model: ServedModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics
+    ) -> None:
         self.alias = alias
         self.model = model
         self.fetcher = fetcher
@@ -44,7 +46,9 @@ class ModelLane:
 
     def _run_batch(self, rows: list[list[float | str]]) -> list[float]:
         model = self.model
-        numbers = np.array([[row[i] for i in model.numbers] for row in rows], dtype=np.float32).reshape(len(rows), len(model.numbers))
+        numbers = np.array([[row[i] for i in model.numbers] for row in rows], dtype=np.float32).reshape(
+            len(rows), len(model.numbers)
+        )
         texts = np.array([[row[i] for i in model.texts] for row in rows], dtype=object).reshape(len(rows), len(model.texts))
         return model.predict(numbers, texts).tolist()
 

@@ -50,8 +50,10 @@ class OnnxModel:
         try:
             import onnxruntime as ort
         except ImportError as err:
-            raise ImportError(f"ONNX Runtime is not installed ({err}) — fix: pip install 'loopline[cpu]', or "
-                              "'loopline[gpu]' (onnxruntime-gpu) on an NVIDIA host; one of the two, not both") from err
+            raise ImportError(
+                f"ONNX Runtime is not installed ({err}) — fix: pip install 'loopline[cpu]', or "
+                "'loopline[gpu]' (onnxruntime-gpu) on an NVIDIA host; one of the two, not both"
+            ) from err
 
         self.name, self.version = name, version
         options = ort.SessionOptions()
@@ -67,8 +69,13 @@ class OnnxModel:
                 why = "ONNX Runtime's CUDA provider did not load (are its CUDA and cuDNN libraries on LD_LIBRARY_PATH?)"
             else:
                 why = "this ONNX Runtime is the CPU build — fix: install loopline[gpu] (onnxruntime-gpu) instead of loopline[cpu]"
-            log.warning("model %s v%s scores on %s although this host appears to have an NVIDIA GPU (nvidia-smi is on PATH): %s",
-                        name, version, self.provider, why)  # fmt: skip
+            log.warning(
+                "model %s v%s scores on %s although this host appears to have an NVIDIA GPU (nvidia-smi is on PATH): %s",
+                name,
+                version,
+                self.provider,
+                why,
+            )
         #: The model's inputs in order, with their kinds (see schemas/model_contract.py).
         self.inputs = parse_features_metadata(self._session.get_modelmeta().custom_metadata_map)
         #: Where the numbers and the texts are among the inputs.
@@ -77,7 +84,9 @@ class OnnxModel:
         check_inputs(self._session, self.inputs, f"model {name} v{version}")
         self.warm = False
         for size in warmup_batch_sizes:
-            self.predict(np.zeros((size, len(self.numbers)), dtype=np.float32), np.full((size, len(self.texts)), "", dtype=object))
+            self.predict(
+                np.zeros((size, len(self.numbers)), dtype=np.float32), np.full((size, len(self.texts)), "", dtype=object)
+            )
         self.warm = True
 
     def predict(self, numbers: np.ndarray, texts: np.ndarray) -> np.ndarray:

@@ -49,17 +49,19 @@ class PredictionLog:
     ) -> None:
         self.topic, self.mode, self.ack_timeout_s = topic, mode, ack_timeout_s
         self._failures = failures
-        self._producer = Producer({
-            **(client_config or {}),
-            "bootstrap.servers": bootstrap_servers,
-            "enable.idempotence": True,
-            # In ack mode every response waits for its record: send within a millisecond, and without Nagle's
-            # delay (small requests otherwise wait for the previous one's TCP acknowledgement: ~40 ms).
-            "linger.ms": 1 if mode == "ack" else 5,
-            "socket.nagle.disable": True,
-            "compression.type": "lz4",
-            "queue.buffering.max.messages": max_queued,
-        })  # fmt: skip
+        self._producer = Producer(
+            {
+                **(client_config or {}),
+                "bootstrap.servers": bootstrap_servers,
+                "enable.idempotence": True,
+                # In ack mode every response waits for its record: send within a millisecond, and without Nagle's
+                # delay (small requests otherwise wait for the previous one's TCP acknowledgement: ~40 ms).
+                "linger.ms": 1 if mode == "ack" else 5,
+                "socket.nagle.disable": True,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": max_queued,
+            }
+        )
         self._closed = threading.Event()
         # Delivery reports are served on a thread of their own, so the event loop never waits on Kafka.
         self._poller = threading.Thread(target=self._poll, name="prediction-log", daemon=True)
@@ -84,7 +86,10 @@ class PredictionLog:
         payload = encode(record)
         try:
             self._producer.produce(
-                self.topic, payload, record.request_id, on_delivery=lambda err, msg: self._delivered(future, err, msg),
+                self.topic,
+                payload,
+                record.request_id,
+                on_delivery=lambda err, msg: self._delivered(future, err, msg),
                 headers=None if traceparent is None else [("traceparent", traceparent)],
             )
         except BufferError:

@@ -97,8 +97,9 @@ class Scorer:
     def _put(self, alias: str, model: ServedModel) -> ModelLane | None:
         """Route ``alias`` to a new lane for ``model``; the lane it replaces, if any."""
         features = [spec.name for spec in model.inputs if not spec.from_request]
-        fetcher = FeatureFetcher(self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size,
-                                 view_lag=self.metrics.feature_view_lag)
+        fetcher = FeatureFetcher(
+            self.reader, features, self.budget_s, max_batch_size=self.feature_batch_size, view_lag=self.metrics.feature_view_lag
+        )
         previous = self._lanes.get(alias)
         self._lanes[alias] = ModelLane(alias, model, fetcher, self.knobs, self.metrics)
         self.metrics.model.labels(alias).info({"name": model.name, "version": model.version, "provider": model.provider})
@@ -150,7 +151,9 @@ class Scorer:
                 raise InvalidRequest(field, f"required by model {model.name} v{model.version}")
             if spec.kind == "text":
                 if not isinstance(value, str):
-                    raise InvalidRequest(field, f"must be a text for model {model.name}, got {type(value).__name__} {value!r:.40}")
+                    raise InvalidRequest(
+                        field, f"must be a text for model {model.name}, got {type(value).__name__} {value!r:.40}"
+                    )
             elif isinstance(value, (bool, str)):
                 raise InvalidRequest(field, f"must be a number for model {model.name}, got {type(value).__name__} {value!r:.40}")
             elif abs(value) > _FLOAT32_MAX:
@@ -253,15 +256,35 @@ class Scorer:
         )
 
     @staticmethod
-    def _trace_stages(trace: RequestTrace, lane: ModelLane, fetched: FetchedFeatures, began: float, fetched_at: float, submitted_at: float,
-                      scored_at: float, timing: BatchTiming | None) -> None:  # fmt: skip
+    def _trace_stages(
+        trace: RequestTrace,
+        lane: ModelLane,
+        fetched: FetchedFeatures,
+        began: float,
+        fetched_at: float,
+        submitted_at: float,
+        scored_at: float,
+        timing: BatchTiming | None,
+    ) -> None:
         """The scorer's stages of one request, on its trace: the batches' own timings place them exactly."""
-        trace.stage("feature_fetch", began, fetched_at, features=len(lane.fetcher.features), defaulted=len(fetched.defaulted),
-                    **({"fallback": fetched.fallback} if fetched.fallback else {}))  # fmt: skip
+        trace.stage(
+            "feature_fetch",
+            began,
+            fetched_at,
+            features=len(lane.fetcher.features),
+            defaulted=len(fetched.defaulted),
+            **({"fallback": fetched.fallback} if fetched.fallback else {}),
+        )
         if fetched.read is not None:
             read_at = began + fetched.read.queue_wait_s
-            trace.stage("redis round trip", read_at, read_at + fetched.read.run_s, part_of="feature_fetch", kind="CLIENT",
-                        **{"db.system": "redis", "loopline.entities_in_read": fetched.read.batch_size})  # fmt: skip
+            trace.stage(
+                "redis round trip",
+                read_at,
+                read_at + fetched.read.run_s,
+                part_of="feature_fetch",
+                kind="CLIENT",
+                **{"db.system": "redis", "loopline.entities_in_read": fetched.read.batch_size},
+            )
         model = {"loopline.model": lane.model.name, "loopline.model_version": lane.model.version, "loopline.alias": lane.alias}
         if timing is None:
             trace.stage("inference", submitted_at, scored_at, **model, **{"loopline.result_cache": "hit"})

@@ -85,8 +85,9 @@ class RequestTrace:
         """The trace id as W3C and Jaeger write it (32 lower-case hex digits)."""
         return f"{self.trace_id:032x}"
 
-    def stage(self, name: str, start: float, end: float, *, part_of: str | None = None, kind: Kind = "INTERNAL",
-              **attributes: Any) -> None:  # fmt: skip
+    def stage(
+        self, name: str, start: float, end: float, *, part_of: str | None = None, kind: Kind = "INTERNAL", **attributes: Any
+    ) -> None:
         """Record a stage that ran from ``start`` to ``end`` (perf_counter seconds), a part of stage ``part_of``
         (else of the request)."""
         self.stages.append((name, start, end, part_of, kind, attributes))
@@ -102,8 +103,9 @@ class RequestTracer:
     ``endpoint``: an OTLP/HTTP traces URL (``http://host:4318/v1/traces``). ``service`` names the scorer in the
     traces; ``attributes`` are added to its resource (e.g. the worker)."""
 
-    def __init__(self, endpoint: str, *, service: str, sample_ratio: float, slow_ms: float,
-                 attributes: dict[str, str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, endpoint: str, *, service: str, sample_ratio: float, slow_ms: float, attributes: dict[str, str] | None = None
+    ) -> None:
         # The SDK is imported only when tracing is on.
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
@@ -120,8 +122,9 @@ class RequestTracer:
         self._scope = InstrumentationScope("loopline.online")
         # Exported each second (not the SDK's 5 s) so a slow request is findable while its user still looks; a
         # backend that does not answer delays the exports, never a request, and at shutdown at most ~2 s.
-        self._processor = BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint, timeout=2), max_queue_size=8192,
-                                             schedule_delay_millis=1000)  # fmt: skip
+        self._processor = BatchSpanProcessor(
+            OTLPSpanExporter(endpoint=endpoint, timeout=2), max_queue_size=8192, schedule_delay_millis=1000
+        )
 
     def begin(self, traceparent: str | bytes | None, began: float) -> RequestTrace:
         """The trace of a request that arrived at ``began`` (perf_counter), with its caller's ``traceparent``."""
@@ -132,8 +135,9 @@ class RequestTracer:
         trace.sampled = (trace.trace_id & 0xFFFF_FFFF_FFFF_FFFF) < self._ratio_bound
         return trace
 
-    def finish(self, trace: RequestTrace, name: str, kind: Kind, ended: float, error: str | None = None,
-               **attributes: Any) -> bool:  # fmt: skip
+    def finish(
+        self, trace: RequestTrace, name: str, kind: Kind, ended: float, error: str | None = None, **attributes: Any
+    ) -> bool:
         """The request is answered at ``ended``: export its spans if it is kept (``error`` says why it failed).
         Whether it was. Thread-safe."""
         if not (trace.sampled or error is not None or ended - trace.began > self.slow_s):
@@ -155,15 +159,37 @@ class RequestTracer:
         status = Status(StatusCode.ERROR, error) if error is not None else Status(StatusCode.UNSET)
         if error is not None:
             attributes["error.type"] = error
-        spans = [ReadableSpan(name, own, parent, self._resource, attributes, kind=SpanKind[kind], status=status,
-                              start_time=ns(trace.began), end_time=ns(ended), instrumentation_scope=self._scope)]  # fmt: skip
+        spans = [
+            ReadableSpan(
+                name,
+                own,
+                parent,
+                self._resource,
+                attributes,
+                kind=SpanKind[kind],
+                status=status,
+                start_time=ns(trace.began),
+                end_time=ns(ended),
+                instrumentation_scope=self._scope,
+            )
+        ]
         stage_ids: dict[str, SpanContext] = {}
         for stage, start, end, part_of, stage_kind, stage_attributes in trace.stages:
             stage_context = context(_new_id(64))
             stage_ids[stage] = stage_context
-            spans.append(ReadableSpan(stage, stage_context, stage_ids.get(part_of, own), self._resource, stage_attributes,
-                                      kind=SpanKind[stage_kind], start_time=ns(start), end_time=ns(end),
-                                      instrumentation_scope=self._scope))  # fmt: skip
+            spans.append(
+                ReadableSpan(
+                    stage,
+                    stage_context,
+                    stage_ids.get(part_of, own),
+                    self._resource,
+                    stage_attributes,
+                    kind=SpanKind[stage_kind],
+                    start_time=ns(start),
+                    end_time=ns(end),
+                    instrumentation_scope=self._scope,
+                )
+            )
         for span in spans:
             self._processor.on_end(span)
         return True

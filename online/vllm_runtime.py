@@ -90,9 +90,12 @@ class VllmModel:
         try:
             completion = await asyncio.wait_for(
                 self._client.completions.create(
-                    model=self.served_model, prompt=self.prompt.format(*row), max_tokens=1, temperature=0.0,
+                    model=self.served_model,
+                    prompt=self.prompt.format(*row),
+                    max_tokens=1,
+                    temperature=0.0,
                     logprobs=TOP_LOGPROBS,
-                ),  # fmt: skip
+                ),
                 self.timeout_s,
             )
         except TimeoutError as err:

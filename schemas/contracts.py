@@ -38,8 +38,15 @@ WireFormat = Literal["json", "avro"]
 #: The deepest a JSON event may nest (a contract is flat; only fields it does not know may nest at all).
 MAX_JSON_DEPTH = 32
 _PRIMITIVES = ("string", "boolean", "int", "long", "float", "double")
-_SQL_TYPES = {"string": "STRING", "enum": "STRING", "boolean": "BOOLEAN", "int": "BIGINT", "long": "BIGINT", "float": "DOUBLE",
-              "double": "DOUBLE"}  # fmt: skip
+_SQL_TYPES = {
+    "string": "STRING",
+    "enum": "STRING",
+    "boolean": "BOOLEAN",
+    "int": "BIGINT",
+    "long": "BIGINT",
+    "float": "DOUBLE",
+    "double": "DOUBLE",
+}
 _INTEGER_RANGE = {"int": (-(2**31), 2**31 - 1), "long": (-(2**63), 2**63 - 1)}
 _FLOAT32_MAX = 3.4028234663852886e38
 _NUMBER_CONSTRAINTS = {"minimum": "ge", "maximum": "le", "exclusiveMinimum": "gt", "exclusiveMaximum": "lt"}
@@ -47,10 +54,20 @@ _STRING_CONSTRAINTS = {"minLength": "min_length", "maxLength": "max_length", "pa
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: Regular expression syntax Python and Java read differently, or one of them not at all: a contract's patterns keep
 #: to what both read alike (the job checks them in the JVM, the recompute in Python).
-_DIALECT_ONLY = {"(?P": "Python's named groups", "&&": "Java's class intersections", "\\p{": "Unicode classes",
-                 "\\P{": "Unicode classes", "(?<": "named groups and look-behinds", "*+": "possessive quantifiers",
-                 "++": "possessive quantifiers", "?+": "possessive quantifiers", "\\Z": "end anchors", "\\z": "end anchors",
-                 "\\h": "Java's horizontal space", "\\R": "Java's line break"}  # fmt: skip
+_DIALECT_ONLY = {
+    "(?P": "Python's named groups",
+    "&&": "Java's class intersections",
+    "\\p{": "Unicode classes",
+    "\\P{": "Unicode classes",
+    "(?<": "named groups and look-behinds",
+    "*+": "possessive quantifiers",
+    "++": "possessive quantifiers",
+    "?+": "possessive quantifiers",
+    "\\Z": "end anchors",
+    "\\z": "end anchors",
+    "\\h": "Java's horizontal space",
+    "\\R": "Java's line break",
+}
 
 
 class ContractError(ValueError):
@@ -101,8 +118,15 @@ class ContractField:
 
     def spec(self) -> dict[str, Any]:
         """The field as the JVM decoder takes it (plain JSON)."""
-        return {"name": self.name, "type": self.type, "nullable": self.nullable, "hasDefault": self.has_default,
-                "default": self.default, "symbols": list(self.symbols), "constraints": dict(self.constraints)}  # fmt: skip
+        return {
+            "name": self.name,
+            "type": self.type,
+            "nullable": self.nullable,
+            "hasDefault": self.has_default,
+            "default": self.default,
+            "symbols": list(self.symbols),
+            "constraints": dict(self.constraints),
+        }
 
 
 @dataclass(frozen=True)
@@ -207,7 +231,7 @@ def load_contract(path: Path) -> EventContract:
 def parse_contract(schema: Mapping[str, Any], source: str = "<inline>") -> EventContract:
     """The contract of an Avro record schema (as parsed JSON); ContractError naming ``source`` and the problem."""
     if not isinstance(schema, Mapping) or schema.get("type") != "record" or not isinstance(schema.get("fields"), list):
-        raise ContractError(f"{source}: a contract is an Avro record schema: {{\"type\": \"record\", \"name\": ..., \"fields\": [...]}}")
+        raise ContractError(f'{source}: a contract is an Avro record schema: {{"type": "record", "name": ..., "fields": [...]}}')
     name = schema.get("name")
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise ContractError(f"{source}: the record needs a name (letters, digits, underscores)")
@@ -217,7 +241,9 @@ def parse_contract(schema: Mapping[str, Any], source: str = "<inline>") -> Event
         raise ContractError(f"{source}: a field name appears twice")
     taken = sorted(name for name in names if name in _RESERVED or name.startswith("_"))
     if taken:
-        raise ContractError(f"{source}: fields {taken} have names the event records use themselves (or start with an underscore); rename them")
+        raise ContractError(
+            f"{source}: fields {taken} have names the event records use themselves (or start with an underscore); rename them"
+        )
     try:  # Avro's own rules on the rest (enum symbols, defaults that fit their types), as Avro libraries apply them
         import fastavro
 
@@ -235,16 +261,20 @@ def _parse_field(source: str, raw: Any) -> ContractField:
     if isinstance(kind, list):
         others = [k for k in kind if k != "null"]
         if len(others) != 1 or len(kind) != 2:
-            raise ContractError(f"{where}: a union must be one type with null, e.g. [\"null\", \"string\"]")
+            raise ContractError(f'{where}: a union must be one type with null, e.g. ["null", "string"]')
         kind, nullable = others[0], True
     symbols: tuple[str, ...] = ()
     if isinstance(kind, Mapping) and kind.get("type") == "enum":
         symbols = tuple(kind.get("symbols") or ())
         kind = "enum"
     if kind not in (*_PRIMITIVES, "enum"):
-        raise ContractError(f"{where}: type {kind!r} is not one Loopline takes ({', '.join(_PRIMITIVES)}, an enum, or one with null)")
+        raise ContractError(
+            f"{where}: type {kind!r} is not one Loopline takes ({', '.join(_PRIMITIVES)}, an enum, or one with null)"
+        )
     constraints = dict(raw.get("constraints") or {})
-    allowed = _NUMBER_CONSTRAINTS if kind in ("int", "long", "float", "double") else _STRING_CONSTRAINTS if kind == "string" else {}
+    allowed = (
+        _NUMBER_CONSTRAINTS if kind in ("int", "long", "float", "double") else _STRING_CONSTRAINTS if kind == "string" else {}
+    )
     unknown = sorted(set(constraints) - set(allowed))
     if unknown:
         raise ContractError(f"{where}: constraints {unknown} do not apply to a {kind} (it takes {sorted(allowed) or 'none'})")
@@ -263,11 +293,21 @@ def _parse_field(source: str, raw: Any) -> ContractField:
                 raise ContractError(f"{where}: pattern {value!r} is not a regular expression ({err})") from None
             dialect = next((what for token, what in _DIALECT_ONLY.items() if token in value), None)
             if dialect is not None:
-                raise ContractError(f"{where}: pattern {value!r} uses {dialect}, which Python and Java read differently; "
-                                    "keep to classes, groups, alternation, quantifiers and anchors ^ $")  # fmt: skip
+                raise ContractError(
+                    f"{where}: pattern {value!r} uses {dialect}, which Python and Java read differently; "
+                    "keep to classes, groups, alternation, quantifiers and anchors ^ $"
+                )
     has_default = "default" in raw
-    return ContractField(name=raw["name"], type=kind, nullable=nullable, has_default=has_default, default=raw.get("default"),
-                         symbols=symbols, constraints=constraints, doc=str(raw.get("doc", "")))  # fmt: skip
+    return ContractField(
+        name=raw["name"],
+        type=kind,
+        nullable=nullable,
+        has_default=has_default,
+        default=raw.get("default"),
+        symbols=symbols,
+        constraints=constraints,
+        doc=str(raw.get("doc", "")),
+    )
 
 
 def _record_type(contract: EventContract) -> type[Event]:
@@ -426,4 +466,3 @@ def breaking_changes(old: EventContract, new: EventContract) -> list[str]:
         if dict(was.constraints) != dict(now.constraints):
             problems.append(f"changed the constraints of field '{name}'")
     return problems
-

@@ -36,7 +36,9 @@ def generate_scoring_api() -> Path:
     partial = target.with_name(f".{target.name}-{os.getpid()}")
     (partial / "schemas").mkdir(parents=True, exist_ok=True)
     include = Path(protoc.__file__).parent / "_proto"
-    code = protoc.main(["protoc", f"-I{_ROOT}", f"-I{include}", f"--python_out={partial}", f"--grpc_python_out={partial}", str(_ROOT / _PROTO)])
+    code = protoc.main(
+        ["protoc", f"-I{_ROOT}", f"-I{include}", f"--python_out={partial}", f"--grpc_python_out={partial}", str(_ROOT / _PROTO)]
+    )
     if code != 0:
         raise RuntimeError(f"protoc failed on {_PROTO} (exit status {code})")
     # Renamed whole, so a reader never meets half the modules (a concurrent setup may have won: keep its copy).
@@ -63,7 +65,9 @@ def scoring_api() -> tuple[ModuleType, ModuleType]:
     generated = generated_dir() / "schemas"
     if (generated / "scoring_pb2_grpc.py").is_file():
         # The generated stubs import their messages as ``schemas.scoring_pb2``.
-        return _load("schemas.scoring_pb2", generated / "scoring_pb2.py"), _load("schemas.scoring_pb2_grpc", generated / "scoring_pb2_grpc.py")
+        return _load("schemas.scoring_pb2", generated / "scoring_pb2.py"), _load(
+            "schemas.scoring_pb2_grpc", generated / "scoring_pb2_grpc.py"
+        )
     import grpc
 
     # protos_and_services looks the file up on sys.path, by the path it is imported under.

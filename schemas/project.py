@@ -68,10 +68,15 @@ class TopicDeclaration(_Strict):
 
     contract: str = Field(description="The contract file of its events, relative to the project (contracts/<name>.avsc).")
     key: str = Field(description="The event field producers use as the message key (an entity's events in order).")
-    format: Literal["json", "avro"] = Field(default="json", description="How its events are encoded: JSON objects, or Avro "
-                                            "binary of the contract (a Kafka source over it says the same: JsonFormat, AvroFormat).")
+    format: Literal["json", "avro"] = Field(
+        default="json",
+        description="How its events are encoded: JSON objects, or Avro "
+        "binary of the contract (a Kafka source over it says the same: JsonFormat, AvroFormat).",
+    )
     partitions: int = Field(default=6, ge=1)
-    retention: Duration = Field(default="7d", description="How long Kafka keeps its events: also how far back a rebuild can read.")
+    retention: Duration = Field(
+        default="7d", description="How long Kafka keeps its events: also how far back a rebuild can read."
+    )
 
 
 class LabelDeclaration(_Strict):
@@ -80,11 +85,17 @@ class LabelDeclaration(_Strict):
     topic: str = Field(description="The topic of the label events (one of the project's topics).")
     joins_on: str = Field(description="The label field naming the scored event: a score request's event_id.")
     value: str = Field(description="The label field holding the outcome.")
-    kind: Literal["binary", "numeric"] = Field(description="binary: a boolean outcome (classification); numeric: a number (regression).")
+    kind: Literal["binary", "numeric"] = Field(
+        description="binary: a boolean outcome (classification); numeric: a number (regression)."
+    )
     horizon: Duration = Field(default="7d", description="How long a prediction waits for its label; then it is unlabeled.")
-    time: str | None = Field(default=None, description="The label field holding when the outcome was known (epoch ms); "
-                             "default: the label's Kafka timestamp.")  # fmt: skip
-    source: str | None = Field(default=None, description="A label field saying where the outcome came from (kept with the example).")
+    time: str | None = Field(
+        default=None,
+        description="The label field holding when the outcome was known (epoch ms); default: the label's Kafka timestamp.",
+    )
+    source: str | None = Field(
+        default=None, description="A label field saying where the outcome came from (kept with the example)."
+    )
 
 
 class ScoredEventDeclaration(_Strict):
@@ -100,8 +111,9 @@ class ModelDeclaration(_Strict):
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     inputs: list[str] = Field(min_length=1, description="'view:feature' (the online store) and 'request:<field>' (the request).")
-    first_model: dict[str, Any] | None = Field(default=None, description="A hand-set linear model served before any "
-                                               "training: {weights: {input: weight}, bias: b}.")  # fmt: skip
+    first_model: dict[str, Any] | None = Field(
+        default=None, description="A hand-set linear model served before any training: {weights: {input: weight}, bias: b}."
+    )
     train_config: str | None = Field(default=None, description="The training config (YAML), relative to the project.")
 
 
@@ -144,8 +156,10 @@ class ProjectFile(_Strict):
                 raise ValueError(f"{what} names {topic!r}, which is not among the project's topics ({', '.join(self.topics)})")
         unknown = sorted(set(self.monitoring.skew_thresholds) - set(self.model.inputs))
         if unknown:
-            raise ValueError(f"monitoring.skew_thresholds names {', '.join(unknown)}, which the model does not take "
-                             f"(model.inputs: {', '.join(self.model.inputs)})")  # fmt: skip
+            raise ValueError(
+                f"monitoring.skew_thresholds names {', '.join(unknown)}, which the model does not take "
+                f"(model.inputs: {', '.join(self.model.inputs)})"
+            )
         return self
 
 
@@ -186,20 +200,35 @@ class Project:
         try:
             return self.contracts[topic]
         except KeyError:
-            raise ProjectError(f"{self.path / PROJECT_FILE}: no topic {topic!r} (its topics: {', '.join(self.contracts)})") from None
+            raise ProjectError(
+                f"{self.path / PROJECT_FILE}: no topic {topic!r} (its topics: {', '.join(self.contracts)})"
+            ) from None
 
     @cached_property
     def topics(self) -> tuple[TopicSpec, ...]:
         """The project's event topics, laid out as it declares."""
-        return tuple(TopicSpec(name, self.contracts[name].record_type, key=t.key, partitions=t.partitions,
-                               retention_ms=duration_ms(t.retention)) for name, t in self.spec.topics.items())  # fmt: skip
+        return tuple(
+            TopicSpec(
+                name, self.contracts[name].record_type, key=t.key, partitions=t.partitions, retention_ms=duration_ms(t.retention)
+            )
+            for name, t in self.spec.topics.items()
+        )
 
     @cached_property
     def labels(self) -> LabelPlan:
         """The label source, checked against its contract."""
         declared = self.spec.labels
-        return LabelPlan(declared.topic, self.contract(declared.topic), self.spec.topics[declared.topic].format, declared.joins_on, declared.value,
-                         declared.kind, duration_ms(declared.horizon), declared.time, declared.source)  # fmt: skip
+        return LabelPlan(
+            declared.topic,
+            self.contract(declared.topic),
+            self.spec.topics[declared.topic].format,
+            declared.joins_on,
+            declared.value,
+            declared.kind,
+            duration_ms(declared.horizon),
+            declared.time,
+            declared.source,
+        )
 
     def encode(self, topic: str, event) -> bytes:
         """An event of ``topic`` (a record of its contract, or its fields) in the topic's wire format."""
@@ -221,8 +250,10 @@ def load_project(path: Path) -> Project:
     path = Path(path).resolve()
     file = path / PROJECT_FILE
     if not file.is_file():
-        raise ProjectError(f"{path} is not a Loopline project (no {PROJECT_FILE}); make one with "
-                           "`loopline init DIR --template NAME` (the templates: `loopline init --help`)")
+        raise ProjectError(
+            f"{path} is not a Loopline project (no {PROJECT_FILE}); make one with "
+            "`loopline init DIR --template NAME` (the templates: `loopline init --help`)"
+        )
     try:
         spec = ProjectFile.model_validate(yaml.safe_load(file.read_text()) or {})
     except (ValidationError, yaml.YAMLError) as err:
@@ -250,7 +281,9 @@ def _check_fields(project: Project) -> None:
         if name not in contract.field_names:
             problems.append(f"{what} names {name!r}, not a field of {contract.name} ({contract.source})")
         elif types is not None and contract.field(name).type not in types:
-            problems.append(f"{what}: field {name!r} of {contract.name} is a {contract.field(name).type}, not a {' or '.join(types)}")
+            problems.append(
+                f"{what}: field {name!r} of {contract.name} is a {contract.field(name).type}, not a {' or '.join(types)}"
+            )
         elif required and contract.field(name).nullable:
             problems.append(f"{what}: field {name!r} of {contract.name} may be null; it must hold a value in every event")
 
@@ -258,18 +291,28 @@ def _check_fields(project: Project) -> None:
         check(f"topics.{topic}.key", topic, declared.key, ("string",), required=True)
     labels, scored = project.spec.labels, project.spec.scored_event
     check("labels.joins_on", labels.topic, labels.joins_on, ("string",), required=True)
-    check("labels.value", labels.topic, labels.value, ("boolean",) if labels.kind == "binary" else ("int", "long", "float", "double"),
-          required=True)  # fmt: skip
+    check(
+        "labels.value",
+        labels.topic,
+        labels.value,
+        ("boolean",) if labels.kind == "binary" else ("int", "long", "float", "double"),
+        required=True,
+    )
     check("labels.time", labels.topic, labels.time, ("long",), required=True)
     check("labels.source", labels.topic, labels.source, ("string", "enum"))
     check("scored_event.id", scored.topic, scored.id, ("string",), required=True)
     for request_field, event_field in scored.request_fields.items():
         check(f"scored_event.request_fields.{request_field}", scored.topic, event_field)
     # Training history is backfilled from the scored events: each request input of the model comes from one of its fields.
-    unmapped = [name for name in project.spec.model.inputs
-                if name.startswith(REQUEST_PREFIX) and name.removeprefix(REQUEST_PREFIX) not in scored.request_fields]  # fmt: skip
+    unmapped = [
+        name
+        for name in project.spec.model.inputs
+        if name.startswith(REQUEST_PREFIX) and name.removeprefix(REQUEST_PREFIX) not in scored.request_fields
+    ]
     if unmapped:
-        problems.append(f"model.inputs {unmapped} are request fields scored_event.request_fields does not take from the scored event")
+        problems.append(
+            f"model.inputs {unmapped} are request fields scored_event.request_fields does not take from the scored event"
+        )
     if problems:
         raise ProjectError(f"{file}: " + "; ".join(problems))
 

@@ -36,7 +36,9 @@ def _request_value(value: object) -> float | int | str | bool:
 
 #: A request-time field's value. NaN, ±Infinity and integers beyond a double's range are refused here,
 #: naming the field, so no model ever sees them (JSON has no NaN; Python's encoder writes it anyway).
-RequestValue = Annotated[float | int | str | bool, PlainValidator(_request_value, json_schema_input_type=float | int | str | bool)]
+RequestValue = Annotated[
+    float | int | str | bool, PlainValidator(_request_value, json_schema_input_type=float | int | str | bool)
+]
 
 
 class Record(BaseModel):
@@ -67,7 +69,8 @@ class ScoreRequest(Record):
     request_id: str = Field(min_length=1)
     entity_keys: dict[str, str] = Field(min_length=1, description="Join key -> value: the entities of the views the model reads.")
     request_fields: dict[str, RequestValue] = Field(
-        default_factory=dict, description="Values known only at request time, by the request source's field names (finite numbers, strings, booleans)."
+        default_factory=dict,
+        description="Values known only at request time, by the request source's field names (finite numbers, strings, booleans).",
     )
     requested_at_ms: EpochMillis = Field(gt=0)
     model_name: str | None = Field(default=None, description="Model to use; the default model when absent.")
@@ -86,9 +89,7 @@ class PredictionRecord(Record):
     features: dict[str, float | int | str | bool | None] = Field(
         description="The exact feature vector given to the model, by feature name."
     )
-    defaulted_features: list[str] = Field(
-        default_factory=list, description="Features that fell back to their declared default."
-    )
+    defaulted_features: list[str] = Field(default_factory=list, description="Features that fell back to their declared default.")
     model_name: str = Field(min_length=1)
     model_version: str = Field(min_length=1)
     score: float = Field(allow_inf_nan=False)
@@ -117,8 +118,11 @@ class PredictionRecord(Record):
         description="Per feature view read as of its job's progress (its features stale), that progress: the time its "
         "windows were read at instead of requested_at_ms.",
     )
-    trace_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{32}$",
-                                 description="The request's trace (W3C trace id), when the scorer traces requests.")  # fmt: skip
+    trace_id: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{32}$",
+        description="The request's trace (W3C trace id), when the scorer traces requests.",
+    )
 
 
 class TrainingExample(Record):
@@ -140,7 +144,9 @@ class TrainingExample(Record):
     model_name: str = Field(min_length=1)
     model_version: str = Field(min_length=1)
     score: float = Field(allow_inf_nan=False)
-    label: float | None = Field(allow_inf_nan=False, description="The outcome (binary: 1.0 or 0.0); None when unlabeled at the horizon.")
+    label: float | None = Field(
+        allow_inf_nan=False, description="The outcome (binary: 1.0 or 0.0); None when unlabeled at the horizon."
+    )
     label_source: str | None = Field(default=None, description="Where the outcome came from, when the label source says.")
     requested_at_ms: EpochMillis = Field(gt=0)
     predicted_at_ms: EpochMillis = Field(gt=0, description="When the scorer scored it.")

@@ -34,9 +34,7 @@ class TopicSpec:
 
 
 SCORE_REQUESTS = TopicSpec("scoring.requests", ScoreRequest, key="request_id", partitions=6, retention_ms=1 * DAY_MS)
-PREDICTIONS = TopicSpec(
-    "scoring.predictions", PredictionRecord, key="request_id", partitions=6, retention_ms=30 * DAY_MS
-)
+PREDICTIONS = TopicSpec("scoring.predictions", PredictionRecord, key="request_id", partitions=6, retention_ms=30 * DAY_MS)
 DEAD_LETTERS = TopicSpec("events.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=30 * DAY_MS)
 TRAINING_EXAMPLES = TopicSpec("training.examples", TrainingExample, key="event_id", partitions=3, retention_ms=90 * DAY_MS)
 

@@ -101,17 +101,26 @@ def plan_changes(checkpoint: str, plan: Mapping[str, str]) -> list[str]:
     recorded_views = recorded_plan(checkpoint)
     if recorded_views is None or recorded_views == dict(plan):
         return []
-    return [f"{what}: {', '.join(views)}" for what, views in (
-        ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
-        ("added", sorted(plan.keys() - recorded_views.keys())), ("removed", sorted(recorded_views.keys() - plan.keys())),
-    ) if views]  # fmt: skip
+    return [
+        f"{what}: {', '.join(views)}"
+        for what, views in (
+            ("changed", sorted(v for v in plan.keys() & recorded_views.keys() if plan[v] != recorded_views[v])),
+            ("added", sorted(plan.keys() - recorded_views.keys())),
+            ("removed", sorted(recorded_views.keys() - plan.keys())),
+        )
+        if views
+    ]
 
 
 def say_rebuilding(changes: list[str], job: str) -> None:
     """Say on stderr that ``job`` rebuilds its views from the retained events instead of restoring the newest
     checkpoint, whose plan differs (``changes``, from :func:`plan_changes`)."""
-    print(f"{job}: the views changed since the newest checkpoint ({'; '.join(changes)}): rebuilding them from the retained "
-          "events; readers keep the previous rows until the rebuild has caught up", file=sys.stderr, flush=True)  # fmt: skip
+    print(
+        f"{job}: the views changed since the newest checkpoint ({'; '.join(changes)}): rebuilding them from the retained "
+        "events; readers keep the previous rows until the rebuild has caught up",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Mapping[str, str] | None = None) -> None:
@@ -122,11 +131,13 @@ def check_origin(checkpoint: str, cluster_id: str, fresh_command: str, plan: Map
     if recorded is not None and recorded != cluster_id:
         raise JobStateError(
             f"the newest checkpoint ({checkpoint}) describes Kafka cluster {recorded}, but the broker now is cluster "
-            f"{cluster_id} (the stack was wiped or Kafka replaced), so it cannot be restored", fresh_command,
+            f"{cluster_id} (the stack was wiped or Kafka replaced), so it cannot be restored",
+            fresh_command,
         )
     changes = plan_changes(checkpoint, plan) if plan is not None else []
     if changes:
         raise JobStateError(
             f"the checkpoint {checkpoint} holds window state of another feature plan ({'; '.join(changes)}): "
-            "its windows cannot carry over; rebuild them from the retained events", fresh_command,
+            "its windows cannot carry over; rebuild them from the retained events",
+            fresh_command,
         )

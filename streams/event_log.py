@@ -39,11 +39,21 @@ class EventLogWindow:
     One caller at a time (it keeps positions and events between calls without a lock)."""
 
     def __init__(
-        self, plan: FeaturePlan, topic: str, bootstrap_servers: str, client_config: Mapping[str, str] | None = None,
+        self,
+        plan: FeaturePlan,
+        topic: str,
+        bootstrap_servers: str,
+        client_config: Mapping[str, str] | None = None,
         timeout_s: float = 60.0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """``timeout_s``: the longest one call may take to read the topic to its end."""
-        self.plan, self.topic, self.bootstrap_servers, self.client_config, self.timeout_s = plan, topic, bootstrap_servers, client_config, timeout_s
+        self.plan, self.topic, self.bootstrap_servers, self.client_config, self.timeout_s = (
+            plan,
+            topic,
+            bootstrap_servers,
+            client_config,
+            timeout_s,
+        )
         self.source = plan.source(topic)
         self._positions: dict[int, int] | None = None
         self._since_ms = 0
@@ -61,8 +71,9 @@ class EventLogWindow:
         before (those events were let go): then it starts again, as a first call."""
         if self._positions is None or since_ms < self._since_ms:
             self._positions = None
-        read = read_topic_from(self.bootstrap_servers, self.topic, self.client_config, self.timeout_s, since_ms=since_ms,
-                               positions=self._positions)  # fmt: skip
+        read = read_topic_from(
+            self.bootstrap_servers, self.topic, self.client_config, self.timeout_s, since_ms=since_ms, positions=self._positions
+        )
         time_field = self.source.time_field
         kept = [] if self._positions is None else [events_since(self._events, since_ms, time_field)]
         new = events_since(valid_events(self.plan, self.topic, read.messages), since_ms, time_field)

@@ -90,7 +90,11 @@ class AppendOffline(ScalarFunction):
         self.directory = directory
 
     def eval(self, *columns: pd.Series) -> pd.Series:
-        keys, version_us, features = columns[: len(self.join_keys)], columns[len(self.join_keys)], columns[len(self.join_keys) + 1 :]
+        keys, version_us, features = (
+            columns[: len(self.join_keys)],
+            columns[len(self.join_keys)],
+            columns[len(self.join_keys) + 1 :],
+        )
         frame = pd.DataFrame(
             {
                 **dict(zip(self.join_keys, keys, strict=True)),
@@ -124,7 +128,12 @@ def feature_columns(view: ViewPlan, online: bool = False) -> dict[str, str]:
     steps, then each feature (of the type its function gives)."""
     features = {a.name: _VALUE_SQL[view.value_types[a.name]] for a in view.aggregations}
     online_only = {_ABSORBED: "STRING", **dict.fromkeys(steps_columns(view), "BYTES")} if online else {}
-    return {**dict.fromkeys(view.entity_keys, "STRING"), **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"), **online_only, **features}
+    return {
+        **dict.fromkeys(view.entity_keys, "STRING"),
+        **dict.fromkeys((_ROW_VERSION, *_ROW_ORDER), "BIGINT"),
+        **online_only,
+        **features,
+    }
 
 
 def _aggregation_spec(view: ViewPlan, positions: dict[str, int]) -> str:
@@ -150,10 +159,15 @@ def _quoted(names) -> str:
 
 def decoder_spec(plan: FeaturePlan) -> str:
     """What the job's ``EventDecoder`` takes: the sources, the raw rows' layout and the engine's ranges, as JSON."""
-    return json.dumps({
-        "consumer": JOB_NAME, "raw": {name: i for i, name in enumerate(_RAW)}, "maxEventTimeMs": MAX_EVENT_TIME_MS,
-        "maxExactValue": repr(MAX_EXACT_VALUE), "sources": json.loads(plan.jvm_sources()),
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "consumer": JOB_NAME,
+            "raw": {name: i for i, name in enumerate(_RAW)},
+            "maxEventTimeMs": MAX_EVENT_TIME_MS,
+            "maxExactValue": repr(MAX_EXACT_VALUE),
+            "sources": json.loads(plan.jvm_sources()),
+        }
+    )
 
 
 def state_horizon_ms(view: ViewPlan) -> int:
@@ -180,10 +194,19 @@ def windowed_rows(events, source: SourcePlan, view: ViewPlan, identity: str, sta
     online = OutputTag(f"online-{view.name}", row_type(feature_columns(view, online=True))).get_java_output_tag()
     refused = OutputTag(f"refused-{view.name}", Types.STRING()).get_java_output_tag()
     letters = json.dumps({"consumer": JOB_NAME, "topic": view.topic, "fields": list(source.contract.field_names)})
-    windows = operators.SlidingWindows(_aggregation_spec(view, positions), positions[view.time_field], SCALE, view.ttl_ms, online,
-                                       refused, letters,
-                                       state_horizon_ms(view), source.out_of_orderness_ms, state_check_ms,
-                                       len(view.entity_keys))  # fmt: skip
+    windows = operators.SlidingWindows(
+        _aggregation_spec(view, positions),
+        positions[view.time_field],
+        SCALE,
+        view.ttl_ms,
+        online,
+        refused,
+        letters,
+        state_horizon_ms(view),
+        source.out_of_orderness_ms,
+        state_check_ms,
+        len(view.entity_keys),
+    )
     rows = (
         events.keyBy(operators.FieldKey(java_ints([positions[key] for key in view.entity_keys])))
         .process(windows, row_type(feature_columns(view)).get_java_type_info())
@@ -210,15 +233,20 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     t_env = StreamTableEnvironment.create(env)
     tables = KafkaTables(settings.bootstrap_servers, settings.group_id, settings.kafka_properties)
     fetch = {"properties.fetch.min.bytes": "65536", "properties.fetch.max.wait.ms": "20"}
-    t_env.execute_sql(tables.raw_source("raw_events", ";".join(plan.topics), {**fetch, **_startup(settings)},
-                                        ["`topic` STRING METADATA VIRTUAL"]))  # fmt: skip
+    t_env.execute_sql(
+        tables.raw_source(
+            "raw_events", ";".join(plan.topics), {**fetch, **_startup(settings)}, ["`topic` STRING METADATA VIRTUAL"]
+        )
+    )
     t_env.execute_sql(tables.dead_letter_sink(settings.dead_letter_topic))
     t_env.execute_sql("CREATE TABLE written (done BOOLEAN) WITH ('connector' = 'blackhole')")
 
     operators = get_gateway().jvm.dev.loopline.streams
     raw = t_env.to_data_stream(t_env.sql_query(f"SELECT {_quoted(_RAW)} FROM raw_events"))._j_data_stream
     raw_type = raw.getType()
-    raw = raw.transform("mark how far the records are read", raw_type, operators.ReadMarks(settings.online_interval_ms)).uid("read-marks")
+    raw = raw.transform("mark how far the records are read", raw_type, operators.ReadMarks(settings.online_interval_ms)).uid(
+        "read-marks"
+    )
     decoder = operators.EventDecoder(decoder_spec(plan))
     letters = (
         raw.keyBy(operators.FieldKey(java_ints([_RAW.index("topic"), _RAW.index("partition")])))
@@ -232,7 +260,9 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     from feature_store.online_write import OnlineWriter  # Feast: on the client that builds the job, not on its workers
 
     offline_dirs = _offline_dirs(plan, settings)
-    writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
+    writer = OnlineWriter(
+        settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster
+    )
     generations = view_generations(writer, plan)
     for index, view in enumerate(plan.views):
         view_row = row_type(feature_columns(view)).get_java_type_info()
@@ -242,9 +272,14 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
         refused.append(DataStream(overflowed))
         if tuple(writer.layout.views[view.name].windows) != tuple(view_windows(view.aggregations)):  # the rows' steps, in order
             raise ValueError(f"{view.name}: the registry's windows are not the plan's; compile the plan from the same registry")
-        layout = writer.jvm_layout(generations[view.name][0], view.feature_names, settings.max_batch_rows,
-                                   replica_acks=settings.replica_acks, replica_ack_timeout_ms=settings.replica_ack_timeout_ms,
-                                   marks=(views_key(writer.project), WRITTEN + generations[view.name][0].namespace + ":"))  # fmt: skip
+        layout = writer.jvm_layout(
+            generations[view.name][0],
+            view.feature_names,
+            settings.max_batch_rows,
+            replica_acks=settings.replica_acks,
+            replica_ack_timeout_ms=settings.replica_ack_timeout_ms,
+            marks=(views_key(writer.project), WRITTEN + generations[view.name][0].namespace + ":"),
+        )
         online_rows.sinkTo(operators.OnlineRowSink(layout)).name(f"write {view.name} online").uid(f"write-online-{view.name}")
         held = (
             rows.keyBy(operators.FieldKey(java_ints([])))
@@ -262,32 +297,56 @@ def build_job(env, plan: FeaturePlan, settings: JobSettings) -> None:
     t_env.create_temporary_view("refused_events", t_env.from_data_stream(DataStream(letters).union(*refused)))
     statements.add_insert_sql("INSERT INTO dead_letters SELECT * FROM refused_events")
     progress = progress_config(writer, plan, generations, settings)
-    (letters.getSideOutput(decoder.progress()).sinkTo(operators.ProgressSink(progress)).setParallelism(1)
-     .name("publish the views' progress").uid("publish-progress"))  # fmt: skip
+    (
+        letters.getSideOutput(decoder.progress())
+        .sinkTo(operators.ProgressSink(progress))
+        .setParallelism(1)
+        .name("publish the views' progress")
+        .uid("publish-progress")
+    )
     statements.attach_as_datastream()
 
 
 def view_generations(writer, plan: FeaturePlan) -> dict[str, tuple[Generation, bool]]:
     """The generation of each view's rows the job writes, and whether it is pending (``feature_store/view_state.py``)."""
-    planned = [PlannedView(view.name, plan.rows_identity(view), writer.layout.views[view.name].stored_name, view.entity_keys,
-                           view.aggregations) for view in plan.views]  # fmt: skip
+    planned = [
+        PlannedView(
+            view.name, plan.rows_identity(view), writer.layout.views[view.name].stored_name, view.entity_keys, view.aggregations
+        )
+        for view in plan.views
+    ]
     return plan_generations(writer.redis, writer.project, planned)
 
 
 def progress_config(writer, plan: FeaturePlan, generations: dict[str, tuple[Generation, bool]], settings: JobSettings) -> str:
     """What the job's ``ProgressSink`` takes, as JSON: where to publish each view's progress, its pending generation
     to promote, and the Kafka cluster whose end offsets it compares with."""
-    views = [{
-        "view": view.name, "topic": view.topic, "progressField": PROGRESS + generation.namespace,
-        "writtenField": WRITTEN + generation.namespace + ":",
-        "pending": generation.to_json() if pending else None, "pendingField": PENDING + view.name, "servingField": SERVING + view.name,
-    } for view in plan.views for generation, pending in [generations[view.name]]]  # fmt: skip
-    return json.dumps({
-        "connection": writer.jvm_connection(), "key": views_key(writer.project), "views": views,
-        "bootstrapServers": settings.bootstrap_servers, "kafkaProperties": dict(settings.kafka_properties),
-        "groupId": settings.group_id, "restored": not settings.rebuild, "intervalMs": PROGRESS_INTERVAL_MS,
-        "switchWithinMs": SWITCH_WITHIN_MS,
-    })  # fmt: skip
+    views = [
+        {
+            "view": view.name,
+            "topic": view.topic,
+            "progressField": PROGRESS + generation.namespace,
+            "writtenField": WRITTEN + generation.namespace + ":",
+            "pending": generation.to_json() if pending else None,
+            "pendingField": PENDING + view.name,
+            "servingField": SERVING + view.name,
+        }
+        for view in plan.views
+        for generation, pending in [generations[view.name]]
+    ]
+    return json.dumps(
+        {
+            "connection": writer.jvm_connection(),
+            "key": views_key(writer.project),
+            "views": views,
+            "bootstrapServers": settings.bootstrap_servers,
+            "kafkaProperties": dict(settings.kafka_properties),
+            "groupId": settings.group_id,
+            "restored": not settings.rebuild,
+            "intervalMs": PROGRESS_INTERVAL_MS,
+            "switchWithinMs": SWITCH_WITHIN_MS,
+        }
+    )
 
 
 def _offline_dirs(plan: FeaturePlan, settings: JobSettings) -> dict[str, Path]:
@@ -303,11 +362,18 @@ def new_environment(settings: JobSettings, restore_from: str | None = None):
     """A StreamExecutionEnvironment configured for the job (``streams/flink_job.py``); with ``settings.metrics_port``
     its metrics (``late_events``, ``invalid_events``, ``feature_rows_written`` and Flink's own) at ``:<port>/metrics``."""
     return flink_environment(
-        name=JOB_NAME, connector_jar=settings.connector_jar, operators_jar=settings.operators_jar, checkpoint_dir=settings.checkpoint_dir,
-        checkpoint_interval_ms=settings.checkpoint_interval_ms, parallelism=settings.parallelism,
-        metrics_port=settings.metrics_port, restore_from=restore_from, flush_interval_ms=settings.flush_interval_ms,
-        max_batch_rows=settings.max_batch_rows, python_options=settings.python_options,
-    )  # fmt: skip
+        name=JOB_NAME,
+        connector_jar=settings.connector_jar,
+        operators_jar=settings.operators_jar,
+        checkpoint_dir=settings.checkpoint_dir,
+        checkpoint_interval_ms=settings.checkpoint_interval_ms,
+        parallelism=settings.parallelism,
+        metrics_port=settings.metrics_port,
+        restore_from=restore_from,
+        flush_interval_ms=settings.flush_interval_ms,
+        max_batch_rows=settings.max_batch_rows,
+        python_options=settings.python_options,
+    )
 
 
 def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True) -> None:
@@ -322,26 +388,46 @@ def run_embedded(plan: FeaturePlan, settings: JobSettings, restore: bool = True)
     def build(restore_from: str | None):
         env = new_environment(settings, restore_from)
         rebuild = restore_from is None
-        build_job(env, plan, dataclasses.replace(settings, rebuild=rebuild, start_from_ms=settings.start_from_ms if rebuild else None))
+        build_job(
+            env, plan, dataclasses.replace(settings, rebuild=rebuild, start_from_ms=settings.start_from_ms if rebuild else None)
+        )
         return env
 
-    run_job(build, JOB_NAME, settings.checkpoint_dir, restore, "loopline stream submit --no-restore",
-            bootstrap_servers=settings.bootstrap_servers, kafka_properties=settings.kafka_properties, plan=plan.identities())
+    run_job(
+        build,
+        JOB_NAME,
+        settings.checkpoint_dir,
+        restore,
+        "loopline stream submit --no-restore",
+        bootstrap_servers=settings.bootstrap_servers,
+        kafka_properties=settings.kafka_properties,
+        plan=plan.identities(),
+    )
 
 
-def submit_command(flink: Path, jobmanager: str, settings: JobSettings, archives: JobArchives, from_savepoint: str | None) -> list[str]:
+def submit_command(
+    flink: Path, jobmanager: str, settings: JobSettings, archives: JobArchives, from_savepoint: str | None
+) -> list[str]:
     """The ``flink run`` command that submits this job, detached, to the cluster at ``jobmanager`` (REST host:port) at
     ``settings.parallelism``, with its environment and code (``archives``), restored from ``from_savepoint`` if given."""
-    return flink_run_command(flink, jobmanager, "streams.feature_job", [settings.to_json()], archives,
-                             parallelism=settings.parallelism, from_savepoint=from_savepoint)  # fmt: skip
+    return flink_run_command(
+        flink,
+        jobmanager,
+        "streams.feature_job",
+        [settings.to_json()],
+        archives,
+        parallelism=settings.parallelism,
+        from_savepoint=from_savepoint,
+    )
 
 
 def _main(settings_json: str) -> None:
     """Entry point under ``flink run``: compile the plan from the project's Feast registry and submit the job to that
     cluster (restored from what ``flink run`` names, or rebuilding when ``settings.rebuild`` says so)."""
     settings = JobSettings.from_json(settings_json)
-    plan = registered_plan(load_project(settings.project_path), settings.feast_registry_path, settings.redis_connection,
-                           settings.source_topics)  # fmt: skip
+    plan = registered_plan(
+        load_project(settings.project_path), settings.feast_registry_path, settings.redis_connection, settings.source_topics
+    )
     env = new_environment(settings)
     build_job(env, plan, settings)
     env.execute(JOB_NAME)

@@ -40,10 +40,24 @@ MAX_EXACT_VALUE = 2**53 / SCALE
 #: timestamps (nanoseconds in pandas) stay within 64 bits.
 MAX_EVENT_TIME_MS = 9_000_000_000_000
 #: The Feast value type of each function's result (``last``: its column's, ``_LAST_TYPES``).
-_RESULT_TYPES = {"count": "INT64", "count_distinct": "INT64", "sum": "DOUBLE", "mean": "DOUBLE", "max": "DOUBLE", "min": "DOUBLE",
-                 "time_since_previous": "DOUBLE"}  # fmt: skip
-_LAST_TYPES = {"string": "STRING", "enum": "STRING", "int": "INT64", "long": "INT64", "float": "DOUBLE", "double": "DOUBLE",
-               "boolean": "BOOL"}  # fmt: skip
+_RESULT_TYPES = {
+    "count": "INT64",
+    "count_distinct": "INT64",
+    "sum": "DOUBLE",
+    "mean": "DOUBLE",
+    "max": "DOUBLE",
+    "min": "DOUBLE",
+    "time_since_previous": "DOUBLE",
+}
+_LAST_TYPES = {
+    "string": "STRING",
+    "enum": "STRING",
+    "int": "INT64",
+    "long": "INT64",
+    "float": "DOUBLE",
+    "double": "DOUBLE",
+    "boolean": "BOOL",
+}
 _FEAST_TYPE_NAMES = {"INT64": "Int64", "DOUBLE": "Float64", "STRING": "String", "BOOL": "Bool"}
 
 
@@ -135,9 +149,16 @@ class FeaturePlan:
         in. Feature names, lateness and the offline path are left out: state restored under other ones means the
         same."""
         contract = self.source(view.topic).contract
-        aggregations = [[a.function, a.column, a.window_ms, a.slide_ms,
-                         contract.field(a.column).sql_type if a.function in _KEPT_VALUE_FUNCTIONS else None]
-                        for a in view.aggregations]  # fmt: skip
+        aggregations = [
+            [
+                a.function,
+                a.column,
+                a.window_ms,
+                a.slide_ms,
+                contract.field(a.column).sql_type if a.function in _KEPT_VALUE_FUNCTIONS else None,
+            ]
+            for a in view.aggregations
+        ]
         text = json.dumps([SCALE, view.topic, view.entity_keys, view.time_field, aggregations])
         return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -163,7 +184,9 @@ class FeaturePlan:
     @cached_property  # read for every event the recompute decodes (out_of_range)
     def range_fields(self) -> dict[str, tuple[str, ...]]:
         """Per topic, the fields some view over it sums, averages or takes the extremes of, in the contract's order."""
-        aggregated = {(view.topic, a.column) for view in self.views for a in view.aggregations if a.function in _NUMERIC_FUNCTIONS}
+        aggregated = {
+            (view.topic, a.column) for view in self.views for a in view.aggregations if a.function in _NUMERIC_FUNCTIONS
+        }
         return {s.topic: tuple(name for name in s.contract.field_names if (s.topic, name) in aggregated) for s in self.sources}
 
     def out_of_range(self, topic: str, event: Mapping) -> tuple[str, str] | None:
@@ -184,10 +207,14 @@ class FeaturePlan:
         stream that starts this far back has every one of their windows full."""
         wanted = set(features)
         return max(
-            (a.window_ms + a.slide_ms for view in self.views for a in view.aggregations
-             if f"{view.name}:{a.name}" in wanted and a.window_ms is not None and a.slide_ms is not None),
+            (
+                a.window_ms + a.slide_ms
+                for view in self.views
+                for a in view.aggregations
+                if f"{view.name}:{a.name}" in wanted and a.window_ms is not None and a.slide_ms is not None
+            ),
             default=0,
-        )  # fmt: skip
+        )
 
     def lookback_ms(self, features: Iterable[str]) -> int | None:
         """How far back in event time the values of ``features`` (``view:feature``) reach, their features without a
@@ -216,11 +243,19 @@ class FeaturePlan:
 
     def jvm_sources(self) -> str:
         """The sources as the job's JVM decoder takes them (``EventDecoder``), as JSON."""
-        return json.dumps([
-            {"topic": s.topic, "wire": s.wire, "contract": s.contract.jvm_spec(), "timeField": s.time_field,
-             "outOfOrdernessMs": s.out_of_orderness_ms, "rangeFields": list(self.range_fields[s.topic])}
-            for s in self.sources
-        ])  # fmt: skip
+        return json.dumps(
+            [
+                {
+                    "topic": s.topic,
+                    "wire": s.wire,
+                    "contract": s.contract.jvm_spec(),
+                    "timeField": s.time_field,
+                    "outOfOrdernessMs": s.out_of_orderness_ms,
+                    "rangeFields": list(self.range_fields[s.topic]),
+                }
+                for s in self.sources
+            ]
+        )
 
 
 def _wire_format(view: str, topic: str, message_format, contract: EventContract) -> Literal["json", "avro"]:
@@ -230,8 +265,10 @@ def _wire_format(view: str, topic: str, message_format, contract: EventContract)
     where = f"stream feature view '{view}', source over {topic}"
     if kind == "JsonFormat":
         if schema != contract.ddl():
-            raise PlanError(f"{where}: its JsonFormat schema is not its contract's ({contract.source}); derive it: "
-                            f"JsonFormat(schema_json=load_contract(...).ddl()), which gives {contract.ddl()!r}")  # fmt: skip
+            raise PlanError(
+                f"{where}: its JsonFormat schema is not its contract's ({contract.source}); derive it: "
+                f"JsonFormat(schema_json=load_contract(...).ddl()), which gives {contract.ddl()!r}"
+            )
         return "json"
     if kind == "AvroFormat":
         try:
@@ -239,13 +276,17 @@ def _wire_format(view: str, topic: str, message_format, contract: EventContract)
         except ValueError:
             declared = None
         if declared != dict(contract.schema):
-            raise PlanError(f"{where}: its AvroFormat schema is not its contract ({contract.source}); derive it: "
-                            "AvroFormat(schema_json=load_contract(...).avro_schema_json())")  # fmt: skip
+            raise PlanError(
+                f"{where}: its AvroFormat schema is not its contract ({contract.source}); derive it: "
+                "AvroFormat(schema_json=load_contract(...).avro_schema_json())"
+            )
         return "avro"
     raise PlanError(f"{where}: message_format {kind} is not one Loopline decodes (JsonFormat or AvroFormat)")
 
 
-def _compile_aggregation(view: str, contract: EventContract, aggregation, schema_fields: dict[str, str]) -> tuple[AggregationSpec, str]:
+def _compile_aggregation(
+    view: str, contract: EventContract, aggregation, schema_fields: dict[str, str]
+) -> tuple[AggregationSpec, str]:
     """One aggregation's spec and its Feast value type, or PlanError; ``schema_fields``: the view's features' declared
     value types by name."""
     function, column, name = aggregation.function, aggregation.column, aggregation.name
@@ -262,12 +303,16 @@ def _compile_aggregation(view: str, contract: EventContract, aggregation, schema
     if function in _NUMERIC_FUNCTIONS and not declared.numeric:
         raise PlanError(f"{where}: '{function}' needs a numeric column, '{column}' is a {declared.type}")
     if function in TILED_FUNCTIONS and not declared.required:
-        raise PlanError(f"{where}: '{column}' may be null or absent in {contract.name}; a window aggregates required fields only "
-                        "(make it required in the contract, or take its last value)")  # fmt: skip
+        raise PlanError(
+            f"{where}: '{column}' may be null or absent in {contract.name}; a window aggregates required fields only "
+            "(make it required in the contract, or take its last value)"
+        )
     result = _LAST_TYPES[declared.type] if function == "last" else _RESULT_TYPES[function]
     if schema_fields[name] != result:
-        raise PlanError(f"{where}: '{function}' of {declared.type} '{column}' gives {result}: declare the feature "
-                        f"Field(name='{name}', dtype={_FEAST_TYPE_NAMES[result]}), not {schema_fields[name]}")  # fmt: skip
+        raise PlanError(
+            f"{where}: '{function}' of {declared.type} '{column}' gives {result}: declare the feature "
+            f"Field(name='{name}', dtype={_FEAST_TYPE_NAMES[result]}), not {schema_fields[name]}"
+        )
     if function in UNWINDOWED_FUNCTIONS:
         return AggregationSpec(name, function, column, None, None), result
     window, slide = millis(aggregation.time_window), millis(aggregation.slide_interval)
@@ -285,24 +330,36 @@ def compile_view(view: StreamFeatureView, project: Project) -> tuple[ViewPlan, S
         raise PlanError(f"stream feature view '{view.name}': needs a KafkaSource")
     topic = source.kafka_options.topic
     if topic not in project.contracts:
-        raise PlanError(f"stream feature view '{view.name}': its source reads {topic!r}, which the project does not declare; add it "
-                        f"under topics: in {project.path / 'loopline_project.yaml'} with its contract")  # fmt: skip
+        raise PlanError(
+            f"stream feature view '{view.name}': its source reads {topic!r}, which the project does not declare; add it "
+            f"under topics: in {project.path / 'loopline_project.yaml'} with its contract"
+        )
     contract = project.contracts[topic]
     wire = _wire_format(view.name, topic, source.kafka_options.message_format, contract)
     if wire != project.spec.topics[topic].format:
-        raise PlanError(f"stream feature view '{view.name}': its source decodes {topic} as {wire}, the project declares "
-                        f"format {project.spec.topics[topic].format}")  # fmt: skip
+        raise PlanError(
+            f"stream feature view '{view.name}': its source decodes {topic} as {wire}, the project declares "
+            f"format {project.spec.topics[topic].format}"
+        )
     time_field = source.timestamp_field
-    if time_field not in contract.field_names or contract.field(time_field).type != "long" or not contract.field(time_field).required:
-        raise PlanError(f"stream feature view '{view.name}': its source's timestamp_field '{time_field}' must be a required long "
-                        f"field of {contract.name} (epoch milliseconds)")  # fmt: skip
+    if (
+        time_field not in contract.field_names
+        or contract.field(time_field).type != "long"
+        or not contract.field(time_field).required
+    ):
+        raise PlanError(
+            f"stream feature view '{view.name}': its source's timestamp_field '{time_field}' must be a required long "
+            f"field of {contract.name} (epoch milliseconds)"
+        )
     keys = tuple(column.name for column in view.entity_columns)
     if not keys:
         raise PlanError(f"stream feature view '{view.name}': needs an entity (its join keys name the entity in each event)")
     for key in keys:
         if key not in contract.field_names or contract.field(key).type != "string" or not contract.field(key).required:
-            raise PlanError(f"stream feature view '{view.name}': join key '{key}' must be a required string field of "
-                            f"{contract.name} ({contract.source})")  # fmt: skip
+            raise PlanError(
+                f"stream feature view '{view.name}': join key '{key}' must be a required string field of "
+                f"{contract.name} ({contract.source})"
+            )
     if not view.aggregations:
         raise PlanError(f"stream feature view '{view.name}': declares no aggregations")
     schema_fields = {f.name: f.dtype.to_value_type().name for f in view.features}
@@ -310,10 +367,16 @@ def compile_view(view: StreamFeatureView, project: Project) -> tuple[ViewPlan, S
     delay = millis(source.kafka_options.watermark_delay_threshold or timedelta(0)) or 0
     batch = view.batch_source
     plan = ViewPlan(
-        name=view.name, topic=topic, entity_keys=keys, time_field=time_field, out_of_orderness_ms=delay,
-        aggregations=tuple(spec for spec, _ in compiled), offline_path=getattr(batch, "path", None),
-        value_types={spec.name: value_type for spec, value_type in compiled}, ttl_ms=millis(view.ttl) if view.ttl else 0,
-    )  # fmt: skip
+        name=view.name,
+        topic=topic,
+        entity_keys=keys,
+        time_field=time_field,
+        out_of_orderness_ms=delay,
+        aggregations=tuple(spec for spec, _ in compiled),
+        offline_path=getattr(batch, "path", None),
+        value_types={spec.name: value_type for spec, value_type in compiled},
+        ttl_ms=millis(view.ttl) if view.ttl else 0,
+    )
     return plan, SourcePlan(topic, contract, wire, time_field, delay)
 
 
@@ -326,14 +389,18 @@ def compile_plan(views: Iterable[StreamFeatureView], project: Project) -> Featur
     for _, source in compiled:
         known = sources.get(source.topic)
         if known is not None and known.time_field != source.time_field:
-            raise PlanError(f"the sources over {source.topic} take their event time from different fields "
-                            f"({known.time_field}, {source.time_field}); one topic has one event time")  # fmt: skip
+            raise PlanError(
+                f"the sources over {source.topic} take their event time from different fields "
+                f"({known.time_field}, {source.time_field}); one topic has one event time"
+            )
         if known is None or source.out_of_orderness_ms > known.out_of_orderness_ms:
             sources[source.topic] = source
     return FeaturePlan(tuple(sources[t] for t in sorted(sources)), tuple(view for view, _ in compiled))
 
 
-def registered_plan(project: Project, feast_registry_path, redis_connection: str | None, topics: Mapping[str, str] | None = None) -> FeaturePlan:
+def registered_plan(
+    project: Project, feast_registry_path, redis_connection: str | None, topics: Mapping[str, str] | None = None
+) -> FeaturePlan:
     """The plan compiled from the stream feature views in ``project``'s Feast registry (at ``feast_registry_path``;
     None: the one its feature_store.yaml names), reading ``topics`` (declared topic -> the topic to read) instead of
     their sources' where given."""

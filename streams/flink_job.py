@@ -141,10 +141,17 @@ def new_environment(
 
 
 def run_job(
-    build: Callable[[str | None], Any], name: str, checkpoint_dir: str, restore: bool, fresh_command: str, *,
-    bootstrap_servers: str, kafka_properties: Mapping[str, str], stall_after_s: float = STALL_AFTER_S,
+    build: Callable[[str | None], Any],
+    name: str,
+    checkpoint_dir: str,
+    restore: bool,
+    fresh_command: str,
+    *,
+    bootstrap_servers: str,
+    kafka_properties: Mapping[str, str],
+    stall_after_s: float = STALL_AFTER_S,
     plan: Mapping[str, str] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Run the job ``build(restore_from)`` makes (an environment with the job on it) until it fails or the process is
     stopped; with ``restore`` from the newest checkpoint under ``checkpoint_dir``. Each run records which Kafka cluster
     (at ``bootstrap_servers``) its checkpoints describe, and the feature job's the ``plan`` (view -> identity) of its
@@ -182,7 +189,8 @@ def run_job(
             if restore_from and newest == restore_from == stalled_from:
                 raise JobStateError(
                     f"restored from {restore_from}, the job completed no checkpoint in two runs of {stall_after_s:.0f} s: "
-                    "the checkpoint cannot be restored", fresh_command,
+                    "the checkpoint cannot be restored",
+                    fresh_command,
                 ) from None
             stalled_from = restore_from if newest == restore_from else None
             print(f"{name}: {err}; {RERUN_NOTE}", file=sys.stderr, flush=True)
@@ -191,12 +199,15 @@ def run_job(
             if restore_from and "Cannot map checkpoint/savepoint state" in str(err):
                 raise JobStateError(
                     f"the newest checkpoint ({restore_from}) holds the state of a job with other operators "
-                    "(Loopline or its definitions changed)", fresh_command,
+                    "(Loopline or its definitions changed)",
+                    fresh_command,
                 ) from None
             raise
 
 
-def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, cluster_id: str, plan: Mapping[str, str] | None) -> None:
+def _run_watched(
+    env, name: str, checkpoint_dir: str, stall_after_s: float, cluster_id: str, plan: Mapping[str, str] | None
+) -> None:
     """Execute the job, record that its checkpoints describe the Kafka cluster ``cluster_id`` (and ``plan``), and wait
     for its end, raising JobStalled (after cancelling it) when no checkpoint completes for ``stall_after_s``."""
     from pyflink.common import JobStatus
@@ -213,7 +224,11 @@ def _run_watched(env, name: str, checkpoint_dir: str, stall_after_s: float, clus
         if now != newest:
             newest, since = now, time.monotonic()
         # Checkpoints on an object store are not listed here: no watchdog there (Flink's restarts remain).
-        elif local is not None and time.monotonic() - since > stall_after_s and client.get_job_status().result() == JobStatus.RUNNING:
+        elif (
+            local is not None
+            and time.monotonic() - since > stall_after_s
+            and client.get_job_status().result() == JobStatus.RUNNING
+        ):
             client.cancel().result()
             raise JobStalled(f"no checkpoint completed for {stall_after_s:.0f} s")
     client.get_job_execution_result().result()  # raises the job's failure, if it failed

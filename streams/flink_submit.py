@@ -67,8 +67,16 @@ class FlinkImage:
         return f"local://{self.flink_home}/opt/flink-python-{flink_version}.jar"
 
 
-def flink_run_command(flink: Path, jobmanager: str, module: str, arguments: Sequence[str], shipping: JobArchives | FlinkImage,
-                      *, parallelism: int, from_savepoint: str | None = None) -> list[str]:  # fmt: skip
+def flink_run_command(
+    flink: Path,
+    jobmanager: str,
+    module: str,
+    arguments: Sequence[str],
+    shipping: JobArchives | FlinkImage,
+    *,
+    parallelism: int,
+    from_savepoint: str | None = None,
+) -> list[str]:
     """``flink run`` submitting ``module`` (its ``__main__`` builds and executes the job, given ``arguments``), detached,
     to the cluster whose REST API is at ``jobmanager``, at ``parallelism``, restored from ``from_savepoint`` (a savepoint
     or retained checkpoint, any Flink filesystem URI) when given: shipping the job's ``JobArchives``, or run by the
@@ -77,18 +85,32 @@ def flink_run_command(flink: Path, jobmanager: str, module: str, arguments: Sequ
         python = ["--pyExecutable", str(shipping.python), "--pyClientExecutable", str(shipping.python)]
     else:
         python = [
-            "--pyFiles", str(shipping.code),
-            "--pyArchives", f"{shipping.environment}#{ENVIRONMENT_DIR}", "--pyExecutable", f"{ENVIRONMENT_DIR}/bin/python",
+            "--pyFiles",
+            str(shipping.code),
+            "--pyArchives",
+            f"{shipping.environment}#{ENVIRONMENT_DIR}",
+            "--pyExecutable",
+            f"{ENVIRONMENT_DIR}/bin/python",
             # The client compiles the job graph here, in this environment (it reads the Feast registry and starts the JVM).
-            "--pyClientExecutable", sys.executable,
-        ]  # fmt: skip
+            "--pyClientExecutable",
+            sys.executable,
+        ]
     return [
-        str(flink), "run", "--detached", "--jobmanager", jobmanager, "--parallelism", str(parallelism),
+        str(flink),
+        "run",
+        "--detached",
+        "--jobmanager",
+        jobmanager,
+        "--parallelism",
+        str(parallelism),
         *(["--fromSavepoint", from_savepoint] if from_savepoint else []),
-        "--pyModule", module, *python, *arguments,
-    ]  # fmt: skip
+        "--pyModule",
+        module,
+        *python,
+        *arguments,
+    ]
 
 
 def deployment_args(command: Sequence[str]) -> list[str]:
     """The arguments of a ``flink run`` command that a FlinkDeployment's ``job.args`` take (from ``--pyModule`` on)."""
-    return list(command[list(command).index("--pyModule"):])
+    return list(command[list(command).index("--pyModule") :])

@@ -46,8 +46,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "loopline" / "job-env"
 
 
-def pinned_requirements(python_full_version: str, roots: Iterable[str] = WORKER_REQUIREMENTS,
-                        excluded: Iterable[str] = _NOT_SHIPPED) -> list[str]:  # fmt: skip
+def pinned_requirements(
+    python_full_version: str, roots: Iterable[str] = WORKER_REQUIREMENTS, excluded: Iterable[str] = _NOT_SHIPPED
+) -> list[str]:
     """``name==version`` for each distribution ``roots`` need, transitively (with their extras), on a Python of
     ``python_full_version`` (the markers are the target's: redis-py needs async-timeout below 3.11.3), at the versions
     installed in this interpreter; the ``excluded`` distributions (by default PyFlink's own jars) and what only they
@@ -64,8 +65,10 @@ def pinned_requirements(python_full_version: str, roots: Iterable[str] = WORKER_
         try:
             dist = distribution(requirement.name)
         except PackageNotFoundError:
-            raise JobArchiveError(f"{requirement.name}, which the jobs need on Python {python_full_version}, is not installed "
-                                  f"here, so its version is unknown — fix: pip install {requirement}") from None  # fmt: skip
+            raise JobArchiveError(
+                f"{requirement.name}, which the jobs need on Python {python_full_version}, is not installed "
+                f"here, so its version is unknown — fix: pip install {requirement}"
+            ) from None
         extras |= pinned.get(name, ("", frozenset()))[1]
         pinned[name] = (dist.version, extras)
         for text in dist.requires or []:
@@ -79,14 +82,17 @@ def python_version(python: str) -> str:
     """The full version (``3.11.2``) of the interpreter at ``python``; JobArchiveError when it is not this
     interpreter's ``major.minor`` (the workers unpickle what this one pickles, and load wheels built for it)."""
     try:
-        result = subprocess.run([python, "-c", "import platform; print(platform.python_version())"], capture_output=True,
-                                text=True, check=True)  # fmt: skip
+        result = subprocess.run(
+            [python, "-c", "import platform; print(platform.python_version())"], capture_output=True, text=True, check=True
+        )
     except (OSError, subprocess.CalledProcessError):
         raise JobArchiveError(f"{python} does not run — fix: set flink.python to the TaskManagers' Python 3") from None
     theirs, ours = result.stdout.strip(), f"{sys.version_info.major}.{sys.version_info.minor}"
     if theirs.rsplit(".", 1)[0] != ours:
-        raise JobArchiveError(f"the TaskManagers' Python ({python}) is {theirs}, the jobs' is {ours} — fix: set "
-                              f"flink.python to a Python {ours} present at that path on every TaskManager")  # fmt: skip
+        raise JobArchiveError(
+            f"the TaskManagers' Python ({python}) is {theirs}, the jobs' is {ours} — fix: set "
+            f"flink.python to a Python {ours} present at that path on every TaskManager"
+        )
     return theirs
 
 
@@ -105,8 +111,22 @@ def environment_archive(base_python: str, requirements: Sequence[str], directory
         _run([base_python, "-m", "venv", "--copies", "--without-pip", str(venv)], "venv")
         # This interpreter's pip installs into the venv: the bare Python needs no pip of its own. Every
         # distribution is pinned, so no resolution happens (and none pulls PyFlink's jars back in).
-        _run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps", "--no-compile",
-              "--quiet", "-r", str(listed)], "pip install")  # fmt: skip
+        _run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(venv / "bin" / "python"),
+                "install",
+                "--no-deps",
+                "--no-compile",
+                "--quiet",
+                "-r",
+                str(listed),
+            ],
+            "pip install",
+        )
         # Byte code checked by hash, not by the sources' times (which unpacking does not keep): a worker imports Feast
         # and Beam without compiling them, which on a busy TaskManager took longer than a checkpoint's interval.
         compileall.compile_dir(venv / "lib", quiet=1, workers=0, invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
@@ -136,8 +156,10 @@ def _run(command: list[str], step: str) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         last = " | ".join((result.stdout + result.stderr).strip().splitlines()[-3:])
-        raise JobArchiveError(f"building the job environment failed at {step}: {last} — fix: check access to the package "
-                              "index (pip's settings) and retry `loopline stack setup`")  # fmt: skip
+        raise JobArchiveError(
+            f"building the job environment failed at {step}: {last} — fix: check access to the package "
+            "index (pip's settings) and retry `loopline stack setup`"
+        )
 
 
 def _zip(venv: Path, archive: Path) -> None:

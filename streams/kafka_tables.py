@@ -39,23 +39,36 @@ class KafkaTables:
         """``CREATE TABLE name``: ``topic``'s records as ``RAW_COLUMNS``, read from the group's offsets unless
         ``options`` (start, fetch sizes, isolation) say otherwise, with the job's ``extra_columns`` (metadata, a
         watermark)."""
-        columns = ["`key` BYTES", "`value` BYTES", "`partition` INT METADATA VIRTUAL", "`offset` BIGINT METADATA VIRTUAL",
-                   *extra_columns]  # fmt: skip
+        columns = [
+            "`key` BYTES",
+            "`value` BYTES",
+            "`partition` INT METADATA VIRTUAL",
+            "`offset` BIGINT METADATA VIRTUAL",
+            *extra_columns,
+        ]
         every = {
-            "topic": topic, "properties.group.id": self.group_id, "properties.auto.offset.reset": "earliest", **options,
-            "key.format": "raw", "key.fields": "key", "value.format": "raw", "value.fields-include": "EXCEPT_KEY",
-        }  # fmt: skip
+            "topic": topic,
+            "properties.group.id": self.group_id,
+            "properties.auto.offset.reset": "earliest",
+            **options,
+            "key.format": "raw",
+            "key.fields": "key",
+            "value.format": "raw",
+            "value.fields-include": "EXCEPT_KEY",
+        }
         return f"CREATE TABLE {name} ({', '.join(columns)}) WITH ({self._with(every)})"
 
     def exactly_once_sink(self, name: str, columns: str, topic: str, purpose: str, options: Mapping[str, str]) -> str:
         """``CREATE TABLE name (columns)`` writing to ``topic`` in transactions committed with each checkpoint, their
         ids prefixed ``<group>-<purpose>``; ``options`` give its formats."""
         every = {
-            "topic": topic, **options, "sink.delivery-guarantee": "exactly-once",
+            "topic": topic,
+            **options,
+            "sink.delivery-guarantee": "exactly-once",
             "sink.transactional-id-prefix": f"{self.group_id}-{purpose}",
             # The broker's limit (15 min): a job down for longer than this loses its open transaction's records.
             "properties.transaction.timeout.ms": "900000",
-        }  # fmt: skip
+        }
         return f"CREATE TABLE {name} ({columns}) WITH ({self._with(every)})"
 
     def dead_letter_sink(self, topic: str) -> str:
@@ -66,18 +79,37 @@ class KafkaTables:
         return kafka_options(self.bootstrap_servers, self.kafka_properties, options)
 
 
-def dead_letter(consumer: str, reason: str, error: str, error_field: str | None, topic: str, partition: int, offset: int,
-                key: bytes | None, value: bytes | None) -> str:  # fmt: skip
+def dead_letter(
+    consumer: str,
+    reason: str,
+    error: str,
+    error_field: str | None,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    value: bytes | None,
+) -> str:
     """The dead letter (DeadLetterRecord JSON) of the raw record at ``partition``/``offset`` of ``topic`` that the job
     ``consumer`` could not process, and why: its ``reason``, the ``error`` and the field at fault."""
-    return encode(DeadLetterRecord.for_payload(
-        reason=reason, error=error, error_field=error_field, source_topic=topic, source_partition=int(partition),
-        source_offset=int(offset), key=key, payload=value, consumer=consumer,
-    )).decode()  # fmt: skip
+    return encode(
+        DeadLetterRecord.for_payload(
+            reason=reason,
+            error=error,
+            error_field=error_field,
+            source_topic=topic,
+            source_partition=int(partition),
+            source_offset=int(offset),
+            key=key,
+            payload=value,
+            consumer=consumer,
+        )
+    ).decode()
 
 
-def decode_or_dead_letter(record_type: type[R], consumer: str, topic: str, partition: int, offset: int, key: bytes | None,
-                          value: bytes | None) -> tuple[R | None, str | None]:  # fmt: skip
+def decode_or_dead_letter(
+    record_type: type[R], consumer: str, topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None
+) -> tuple[R | None, str | None]:
     """The raw record's value as ``record_type`` (and no dead letter), or no record and its dead letter: ``invalid`` when
     it breaks the contract, ``unprocessable`` for anything else."""
     try:

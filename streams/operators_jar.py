@@ -44,7 +44,11 @@ def _source_digest(sources: list[tuple[Path, Path]], libraries: list[str]) -> st
 
 
 def operators_jar(
-    build_dir: Path, libraries: Sequence[Path], connector: Path, roots: Sequence[Path] = (SOURCES,), name: str = "loopline-operators"
+    build_dir: Path,
+    libraries: Sequence[Path],
+    connector: Path,
+    roots: Sequence[Path] = (SOURCES,),
+    name: str = "loopline-operators",
 ) -> Path:
     """The jar of the Java sources under ``roots`` (the feature job's by default) with the classes of ``libraries``
     (``infra/jars.operator_libraries``), in ``build_dir``, compiled with the JDK's ``javac`` if these sources have no
@@ -65,8 +69,17 @@ def operators_jar(
     build_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=build_dir) as classes:
         result = subprocess.run(
-            [javac, "-nowarn", "--release", "17", "-d", classes, "-cp", ":".join([flink_classpath(), *map(str, libraries), str(connector)]),
-             *map(str, sources)],
+            [
+                javac,
+                "-nowarn",
+                "--release",
+                "17",
+                "-d",
+                classes,
+                "-cp",
+                ":".join([flink_classpath(), *map(str, libraries), str(connector)]),
+                *map(str, sources),
+            ],
             capture_output=True,
             text=True,
         )

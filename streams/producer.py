@@ -34,7 +34,10 @@ class EventProducer:
     """An idempotent (exactly-once per partition, in order) confluent-kafka producer."""
 
     def __init__(
-        self, bootstrap_servers: str, client_id: str = "loopline-producer", client_config: Mapping[str, str] | None = None,
+        self,
+        bootstrap_servers: str,
+        client_id: str = "loopline-producer",
+        client_config: Mapping[str, str] | None = None,
         linger_ms: float = 5.0,
     ) -> None:
         """``client_config``: extra librdkafka settings (security.protocol, sasl.*, ssl.*). ``linger_ms``: how long a
@@ -84,7 +87,9 @@ class EventProducer:
                 break
             if wall_clock or rate_per_s is not None:
                 # poll() returns early when a delivery report comes in: wait again until the record is due.
-                while (wait := record.emit_at_ms / 1000 - time.time() if wall_clock else offset_s - (time.monotonic() - began)) > 0:
+                while (
+                    wait := record.emit_at_ms / 1000 - time.time() if wall_clock else offset_s - (time.monotonic() - began)
+                ) > 0:
                     self._producer.poll(wait)
             while True:
                 try:
@@ -103,7 +108,6 @@ class EventProducer:
             on_progress(published)
         if remaining or stats.failed:
             raise DeliveryError(
-                f"{sum(stats.failed.values())} records failed and {remaining} were not acknowledged "
-                f"of {published} published"
+                f"{sum(stats.failed.values())} records failed and {remaining} were not acknowledged of {published} published"
             )
         return stats

@@ -77,10 +77,18 @@ def recompute(plan: ViewPlan, events: pd.DataFrame, at: pd.DataFrame | None = No
     if not has_event.any():
         return pd.DataFrame([], columns=[key, LATEST_EVENT, *times, *plan.feature_names])
     first, end, at_ms = first[has_event], end[has_event], at_ms[has_event]
-    columns = {column: ordered[column].to_numpy(dtype=object if column in plan.last_columns else None)[order]
-               for column in {agg.column for agg in plan.aggregations if agg.column}}  # fmt: skip
-    return pd.DataFrame({key: entities.to_numpy()[timeline.codes[end - 1]], LATEST_EVENT: timeline.times[end - 1],
-                         **dict.fromkeys(times, at_ms), **_features(plan, columns, timeline, first, end, at_ms)})  # fmt: skip
+    columns = {
+        column: ordered[column].to_numpy(dtype=object if column in plan.last_columns else None)[order]
+        for column in {agg.column for agg in plan.aggregations if agg.column}
+    }
+    return pd.DataFrame(
+        {
+            key: entities.to_numpy()[timeline.codes[end - 1]],
+            LATEST_EVENT: timeline.times[end - 1],
+            **dict.fromkeys(times, at_ms),
+            **_features(plan, columns, timeline, first, end, at_ms),
+        }
+    )
 
 
 def overflowing(plan: ViewPlan, events: pd.DataFrame) -> np.ndarray:
@@ -113,7 +121,14 @@ def overflowing(plan: ViewPlan, events: pd.DataFrame) -> np.ndarray:
                 if index < latest // slide - kept + 1:
                     continue  # too old for any window: the job drops it from the tiles
                 held = tiles[slide].get(index, dict.fromkeys(columns, 0))
-                adds.append((slide, index, {column: held[column] + round(values[column] * SCALE) for column in columns}, (2**63 - 1) // kept))
+                adds.append(
+                    (
+                        slide,
+                        index,
+                        {column: held[column] + round(values[column] * SCALE) for column in columns},
+                        (2**63 - 1) // kept,
+                    )
+                )
             if any(abs(total) > limit for _, _, totals, limit in adds for total in totals.values()):
                 refused[row] = True
                 continue
@@ -301,7 +316,9 @@ def feature_differences(
         if len(merged) != len(offline):
             problems.append(f"{view.name}: {len(offline) - len(merged)} entities missing")
         for feature in view.feature_names:
-            for entity, want, got in zip(merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"], strict=True):
+            for entity, want, got in zip(
+                merged[view.entity_key], merged[f"{feature}_offline"], merged[f"{feature}_online"], strict=True
+            ):
                 if not same_feature_value(feature, want, got):
                     problems.append(f"{view.name}[{entity}].{feature}: online {got}, offline {want}")
     return problems
@@ -321,7 +338,9 @@ def valid_events(plan: FeaturePlan, topic: str, messages: Iterable[Message]) -> 
         except ContractViolation:
             continue
         if plan.out_of_range(topic, event) is None:
-            valid.append({**event, "partition": message.partition(), "offset": message.offset(), "kafka_ms": message.timestamp()[1]})
+            valid.append(
+                {**event, "partition": message.partition(), "offset": message.offset(), "kafka_ms": message.timestamp()[1]}
+            )
     return pd.DataFrame(valid, columns=[*source.contract.field_names, *LOG_POSITION])
 
 

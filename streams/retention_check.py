@@ -25,10 +25,19 @@ class RetentionError(PlanError):
     """A rebuild would undercount a view's windows: its topic no longer retains a window's worth of events."""
 
 
-def deleted_until_ms(bootstrap_servers: str, kafka_properties: Mapping[str, str], topic: str, timeout_s: float = 30.0) -> int | None:
+def deleted_until_ms(
+    bootstrap_servers: str, kafka_properties: Mapping[str, str], topic: str, timeout_s: float = 30.0
+) -> int | None:
     """The newest time up to which ``topic`` may have lost records to retention (epoch ms), None when it lost none."""
-    consumer = Consumer({**kafka_properties, "bootstrap.servers": bootstrap_servers, "group.id": f"loopline-retention-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "log_level": 0})  # fmt: skip
+    consumer = Consumer(
+        {
+            **kafka_properties,
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": f"loopline-retention-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
     try:
         partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
         deleted: int | None = None
@@ -57,7 +66,9 @@ def _retention_ms(bootstrap_servers: str, kafka_properties: Mapping[str, str], t
     return max(0, int(configs["retention.ms"].value))
 
 
-def check_retention(plan: FeaturePlan, bootstrap_servers: str, kafka_properties: Mapping[str, str], now_ms: int | None = None) -> None:
+def check_retention(
+    plan: FeaturePlan, bootstrap_servers: str, kafka_properties: Mapping[str, str], now_ms: int | None = None
+) -> None:
     """Refuse (RetentionError, one line with the fixes) a rebuild of ``plan`` from topics that no longer retain the
     longest window (and its slide) of a view reading them."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms

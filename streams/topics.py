@@ -64,9 +64,12 @@ def _wait_until_usable(admin: AdminClient, names: list[str]) -> None:
 
 
 def apply_topics(
-    bootstrap_servers: str, specs: Iterable[TopicSpec], client_config: Mapping[str, str] | None = None,
-    replication_factor: int = 1, min_insync_replicas: int = 1,
-) -> list[TopicChange]:  # fmt: skip
+    bootstrap_servers: str,
+    specs: Iterable[TopicSpec],
+    client_config: Mapping[str, str] | None = None,
+    replication_factor: int = 1,
+    min_insync_replicas: int = 1,
+) -> list[TopicChange]:
     """Make the cluster's topics match ``specs``: create missing ones (``replication_factor`` replicas each, writes
     acknowledged by ``min_insync_replicas`` of them), add partitions, set configs.
 
@@ -85,10 +88,12 @@ def apply_topics(
     to_create = [spec for spec in specs if spec.name not in existing]
     if to_create:
         futures = admin.create_topics(
-            [NewTopic(s.name, num_partitions=s.partitions, replication_factor=replication_factor, config=configs(s))
-             for s in to_create],
+            [
+                NewTopic(s.name, num_partitions=s.partitions, replication_factor=replication_factor, config=configs(s))
+                for s in to_create
+            ],
             operation_timeout=_TIMEOUT_S,
-        )  # fmt: skip
+        )
         for spec in to_create:
             futures[spec.name].result()
             changes.append(TopicChange(spec.name, "created", f"{spec.partitions} partitions × {replication_factor} replicas"))
@@ -113,16 +118,17 @@ def apply_topics(
         notes = []
         replicas = {len(partition.replicas) for partition in existing[spec.name].partitions.values()}
         if replicas != {replication_factor}:
-            notes.append(f"keeps {'/'.join(map(str, sorted(replicas)))} replicas (settings: {replication_factor}; "
-                           "reassign its partitions to change)")  # fmt: skip
+            notes.append(
+                f"keeps {'/'.join(map(str, sorted(replicas)))} replicas (settings: {replication_factor}; "
+                "reassign its partitions to change)"
+            )
         drifted = {key: value for key, value in configs(spec).items() if current_configs[spec.name][key].value != value}
         if drifted:
             resource = ConfigResource(
                 ConfigResource.Type.TOPIC,
                 spec.name,
                 incremental_configs=[
-                    ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
-                    for key, value in drifted.items()
+                    ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET) for key, value in drifted.items()
                 ],
             )
             admin.incremental_alter_configs([resource])[resource].result()
@@ -149,9 +155,7 @@ def open_transaction_partitions(
     return sorted(f"{topic}-{partition}" for (topic, partition), end in ends.items() if stable[topic, partition] < end)
 
 
-def topic_sizes(
-    bootstrap_servers: str, names: Iterable[str], client_config: Mapping[str, str] | None = None
-) -> dict[str, int]:
+def topic_sizes(bootstrap_servers: str, names: Iterable[str], client_config: Mapping[str, str] | None = None) -> dict[str, int]:
     """Records currently held by each topic (high minus low watermark, summed over partitions)."""
     consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-topic-sizes"})
     try:
@@ -171,7 +175,10 @@ def topic_sizes(
 
 
 def read_topic(
-    bootstrap_servers: str, topic: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0,
+    bootstrap_servers: str,
+    topic: str,
+    client_config: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
     since_ms: int | None = None,
 ) -> list[Message]:
     """Every committed record ``topic`` holds now (read_committed, from each partition's start to its end); with
@@ -188,16 +195,28 @@ class TopicRead:
 
 
 def read_topic_from(
-    bootstrap_servers: str, topic: str, client_config: Mapping[str, str] | None = None, timeout_s: float = 60.0, *,
-    since_ms: int | None = None, positions: Mapping[int, int] | None = None,
-) -> TopicRead:  # fmt: skip
+    bootstrap_servers: str,
+    topic: str,
+    client_config: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+    *,
+    since_ms: int | None = None,
+    positions: Mapping[int, int] | None = None,
+) -> TopicRead:
     """The committed records of ``topic`` (read_committed) up to each partition's end now, from each partition's start;
     with ``since_ms``, from its first record whose Kafka timestamp is at or after it; with ``positions`` (an earlier
     read's; ``since_ms`` is then passed over), from there: a partition they do not name (added since) from its start,
     a position the topic no longer holds (retention) from its oldest record. The returned positions follow the last
     record read: a read from them starts with the first record this one did not return."""
-    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-reader",
-                         "isolation.level": "read_committed", "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            **(client_config or {}),
+            "bootstrap.servers": bootstrap_servers,
+            "group.id": "loopline-reader",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=_TIMEOUT_S).topics[topic].partitions]
         ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S) for tp in partitions}
@@ -207,8 +226,13 @@ def read_topic_from(
             # offsets_for_times gives the first offset at or after the time (-1 when every record is older: start at the end);
             # a time before 1970 (a window reaching back past it) reads from the start, as 0 does.
             found = consumer.offsets_for_times([TopicPartition(topic, p, max(since_ms, 0)) for p in ends], timeout=_TIMEOUT_S)
-            ends = {tp.partition: (ends[tp.partition][1] if tp.offset < 0 else max(tp.offset, ends[tp.partition][0]),
-                                   ends[tp.partition][1]) for tp in found}  # fmt: skip
+            ends = {
+                tp.partition: (
+                    ends[tp.partition][1] if tp.offset < 0 else max(tp.offset, ends[tp.partition][0]),
+                    ends[tp.partition][1],
+                )
+                for tp in found
+            }
         consumer.assign([TopicPartition(topic, p, low) for p, (low, _) in ends.items()])
         # Offsets count transaction markers and aborted records too: read until each position reaches its end.
         reached = {p: low for p, (low, _) in ends.items()}

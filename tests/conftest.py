@@ -51,8 +51,14 @@ class LogReader:
         group = f"reader-{uuid.uuid4()}"
         if from_end:  # a test racing a fast writer must not first wade through every earlier test's records
             start_group_at_end(bootstrap, group, topic)
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group,
-                                  "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
         self.consumer.subscribe([topic])
         self.values: list[bytes] = []
         self._decoded: dict[type, list] = {}
@@ -78,9 +84,12 @@ class LogReader:
 def score_request(user: str, amount: float) -> dict:
     """A score request (as JSON-ready data) for ``user`` with the request field ``amount``, a fresh id."""
     return ScoreRequest(
-        schema_version=ScoreRequest.SCHEMA_VERSION, request_id=str(uuid.uuid4()), entity_keys={"user_id": user},
-        request_fields={"amount": amount}, requested_at_ms=int(time.time() * 1000),
-    ).model_dump()  # fmt: skip
+        schema_version=ScoreRequest.SCHEMA_VERSION,
+        request_id=str(uuid.uuid4()),
+        entity_keys={"user_id": user},
+        request_fields={"amount": amount},
+        requested_at_ms=int(time.time() * 1000),
+    ).model_dump()
 
 
 def score_requests(users: list[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
@@ -119,7 +128,6 @@ def stack(settings: Settings) -> Iterator[LocalStack]:
 @pytest.fixture(scope="session")
 def bootstrap(stack: LocalStack, settings: Settings) -> str:
     return settings.kafka.bootstrap
-
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,13 @@ class JvmDriver:
     """One running driver: ``ask`` sends lines and reads its one-line answer."""
 
     def __init__(self, jar: Path, main_class: str) -> None:
-        self.process = subprocess.Popen(["java", "-cp", f"{jar}:{flink_classpath()}", f"dev.loopline.streams.{main_class}"],
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8")  # fmt: skip
+        self.process = subprocess.Popen(
+            ["java", "-cp", f"{jar}:{flink_classpath()}", f"dev.loopline.streams.{main_class}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+        )
 
     def tell(self, *lines: str) -> None:
         """Send ``lines`` (the driver answers none of them)."""
@@ -44,7 +49,9 @@ class JvmDriver:
 def jvm_driver(folder: Path, main_class: str) -> Iterator[JvmDriver]:
     """The driver ``main_class`` built into a jar under ``folder`` with the operators and their libraries, running."""
     jars = Settings().resolved_jars_dir
-    driver = JvmDriver(operators_jar(folder, operator_libraries(jars), flink_connector_jar(jars), (SOURCES, DRIVERS), main_class), main_class)
+    driver = JvmDriver(
+        operators_jar(folder, operator_libraries(jars), flink_connector_jar(jars), (SOURCES, DRIVERS), main_class), main_class
+    )
     try:
         yield driver
     finally:

@@ -60,14 +60,25 @@ def _app(state: StandIn) -> FastAPI:
         yes = p_yes(body["prompt"])
         top = {" yes": math.log(yes), " no": math.log(1 - yes)}
         return {
-            "id": f"cmpl-{state.completions}", "object": "text_completion", "created": 0, "model": body["model"],
-            "choices": [{
-                "index": 0, "text": " yes" if yes >= 0.5 else " no", "finish_reason": "length",
-                "logprobs": {"tokens": [max(top, key=top.get)], "token_logprobs": [max(top.values())],
-                             "top_logprobs": [top], "text_offset": [0]},
-            }],
+            "id": f"cmpl-{state.completions}",
+            "object": "text_completion",
+            "created": 0,
+            "model": body["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "text": " yes" if yes >= 0.5 else " no",
+                    "finish_reason": "length",
+                    "logprobs": {
+                        "tokens": [max(top, key=top.get)],
+                        "token_logprobs": [max(top.values())],
+                        "top_logprobs": [top],
+                        "text_offset": [0],
+                    },
+                }
+            ],
             "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
-        }  # fmt: skip
+        }
 
     return app
 

@@ -29,9 +29,15 @@ def fraud_world(seed: int = 7, start_ms: int | None = None, **options):
     return world_of(FRAUD, seed, int(time.time() * 1000) if start_ms is None else start_ms, **options)
 
 
-
-def view_plan(name: str, aggregations, *, keys: tuple[str, ...] = ("user_id",), topic: str = TRANSACTIONS.name,
-              time_field: str = EVENT_TIME, out_of_orderness_ms: int = 0) -> ViewPlan:  # fmt: skip
+def view_plan(
+    name: str,
+    aggregations,
+    *,
+    keys: tuple[str, ...] = ("user_id",),
+    topic: str = TRANSACTIONS.name,
+    time_field: str = EVENT_TIME,
+    out_of_orderness_ms: int = 0,
+) -> ViewPlan:
     """A view's plan made by hand (for the recompute and the consistency check), over ``topic``'s events."""
     return ViewPlan(name, topic, keys, time_field, out_of_orderness_ms, tuple(aggregations), None)
 

@@ -43,9 +43,18 @@ JOB_ENV = {"LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000", "LOOPLINE_STREAM__
 
 
 def _transaction(n: int, user: str, at_ms: int) -> Emitted:
-    event = TransactionEvent(schema_version=1, event_id=f"bounded-{n}", event_time_ms=at_ms, user_id=user,
-                             merchant_id=f"m{n % 10}", amount=float(n % 97), currency="EUR", merchant_category="grocery",
-                             channel="pos", country="DE")  # fmt: skip
+    event = TransactionEvent(
+        schema_version=1,
+        event_id=f"bounded-{n}",
+        event_time_ms=at_ms,
+        user_id=user,
+        merchant_id=f"m{n % 10}",
+        amount=float(n % 97),
+        currency="EUR",
+        merchant_category="grocery",
+        channel="pos",
+        country="DE",
+    )
     return Emitted(TRANSACTIONS.name, user, FRAUD.encode(TRANSACTIONS.name, event), at_ms, event)
 
 
@@ -66,7 +75,9 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
         log = tmp_path / "job.log"
         job = start_feature_job(settings, log, **JOB_ENV)
         try:
-            assert wait_until(lambda: job.poll() is not None or (reader.progress_ms(users.name) or 0) >= start + USERS - 1, 240, 0.5)
+            assert wait_until(
+                lambda: job.poll() is not None or (reader.progress_ms(users.name) or 0) >= start + USERS - 1, 240, 0.5
+            )
             assert job.poll() is None, log.read_text()[-3000:]
             # The rows held for the offline log (5 s) leave the checkpoints too: measure once they have.
             full_since = time.time() + 6
@@ -79,9 +90,12 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
         job = start_feature_job(settings, log, **JOB_ENV)
         try:
             restarted = time.time()
-            assert wait_until(lambda: job.poll() is not None or latest_checkpoint(settings.checkpoint_dir, restarted + 8), 120, 0.2)
+            assert wait_until(
+                lambda: job.poll() is not None or latest_checkpoint(settings.checkpoint_dir, restarted + 8), 120, 0.2
+            )
             assert job.poll() is None and checkpoint_bytes(latest_checkpoint(settings.checkpoint_dir)) > full * 0.9, (
-                "a restored job let entities go before their partitions moved")  # fmt: skip
+                "a restored job let entities go before their partitions moved"
+            )
 
             later = start + 2 * DAY_MS + 60_000
             returning = [f"once-{n}" for n in range(0, USERS, 400)]
@@ -104,8 +118,11 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
         events, _ = accepted_events(plan, TRANSACTIONS.name, read_topic(settings.kafka.bootstrap, TRANSACTIONS.name))
         at_ms = later + 1_000
         expected = features_at(users, events, pd.DataFrame({users.entity_key: returning, "at_ms": [at_ms] * len(returning)}))
-        got = reader.read_with_row_times([f"{users.name}:{name}" for name in users.feature_names],
-                                         [{users.entity_key: user} for user in returning], [at_ms] * len(returning)).values  # fmt: skip
+        got = reader.read_with_row_times(
+            [f"{users.name}:{name}" for name in users.feature_names],
+            [{users.entity_key: user} for user in returning],
+            [at_ms] * len(returning),
+        ).values
         for i, user in enumerate(returning):
             assert expected[(user, at_ms)]["secs_since_prev_txn"] is None
             for name in users.feature_names:

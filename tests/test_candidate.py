@@ -26,16 +26,42 @@ pytestmark = pytest.mark.skipif(
     reason="needs torch and deepspeed: pip install -e '.[train]' (make setup installs the train extra)",
 )
 
-FEATURES = ["user_transaction_features:txn_count_5m", "user_transaction_features:amount_sum_1h", "request:amount",
-            "request:is_new_device"]  # fmt: skip
+FEATURES = [
+    "user_transaction_features:txn_count_5m",
+    "user_transaction_features:amount_sum_1h",
+    "request:amount",
+    "request:is_new_device",
+]
 ROWS, HOLDOUT_FRACTION, MODEL = 3000, 0.2, "fraud-test"
 #: The crafted snapshot's input that the scorer defaulted (to 0) for every row.
 DEFAULTED = "user_transaction_features:distinct_countries_24h"
 #: Every field of a model card's JSON.
-CARD_FIELDS = {"model", "version", "registered", "decision", "owner", "snapshot", "training", "metrics", "evaluation",
-               "quantization", "known_defects", "defect_checks", "caveats", "created_at_ms"}  # fmt: skip
-CONFIG = {"hidden": [16, 8], "learning_rate": 0.01, "epochs": 2, "micro_batch_per_process": 32, "seed": 3,
-          "holdout_fraction": HOLDOUT_FRACTION, "checkpoint_every_steps": 1000, "keep_last": 1}  # fmt: skip
+CARD_FIELDS = {
+    "model",
+    "version",
+    "registered",
+    "decision",
+    "owner",
+    "snapshot",
+    "training",
+    "metrics",
+    "evaluation",
+    "quantization",
+    "known_defects",
+    "defect_checks",
+    "caveats",
+    "created_at_ms",
+}
+CONFIG = {
+    "hidden": [16, 8],
+    "learning_rate": 0.01,
+    "epochs": 2,
+    "micro_batch_per_process": 32,
+    "seed": 3,
+    "holdout_fraction": HOLDOUT_FRACTION,
+    "checkpoint_every_steps": 1000,
+    "keep_last": 1,
+}
 
 
 def examples(shuffle_training_labels: bool, seed: int = 0) -> pd.DataFrame:
@@ -52,13 +78,24 @@ def examples(shuffle_training_labels: bool, seed: int = 0) -> pd.DataFrame:
         training = labeled[: len(labeled) - int(round(len(labeled) * HOLDOUT_FRACTION))]
         label[training] = np.random.default_rng(seed + 1).permutation(label[training])
     predicted_at = 1_790_000_000_000 + np.arange(ROWS, dtype=np.int64) * 1000
-    return pd.DataFrame({
-        "event_id": [f"evt-{i:05d}" for i in range(ROWS)], "request_id": [f"req-{i:05d}" for i in range(ROWS)],
-        "model_name": MODEL, "model_version": "1", "score": 0.5, "label": label,
-        "label_source": np.where(np.isnan(label), None, "chargeback"), "predicted_at_ms": predicted_at,
-        "label_time_ms": pd.array(np.where(np.isnan(label), pd.NA, predicted_at + 86_400_000), dtype="Int64"), "defaulted": 0,
-        FEATURES[0]: count, FEATURES[1]: rng.gamma(2, 400, ROWS), FEATURES[2]: amount, FEATURES[3]: new_device.astype(float),
-    })  # fmt: skip
+    return pd.DataFrame(
+        {
+            "event_id": [f"evt-{i:05d}" for i in range(ROWS)],
+            "request_id": [f"req-{i:05d}" for i in range(ROWS)],
+            "model_name": MODEL,
+            "model_version": "1",
+            "score": 0.5,
+            "label": label,
+            "label_source": np.where(np.isnan(label), None, "chargeback"),
+            "predicted_at_ms": predicted_at,
+            "label_time_ms": pd.array(np.where(np.isnan(label), pd.NA, predicted_at + 86_400_000), dtype="Int64"),
+            "defaulted": 0,
+            FEATURES[0]: count,
+            FEATURES[1]: rng.gamma(2, 400, ROWS),
+            FEATURES[2]: amount,
+            FEATURES[3]: new_device.astype(float),
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -68,10 +105,13 @@ def settings(tmp_path_factory):
     home = tmp_path_factory.mktemp("retrain")
     (home / "config.yaml").write_text(json.dumps(CONFIG))  # JSON is YAML
     return Settings(
-        home=home, serving=ServingSettings(model_name=MODEL),
-        model_registry=ModelRegistrySettings(tracking_uri=f"sqlite:///{home}/mlflow.db", artifact_location=str(home / "artifacts")),
+        home=home,
+        serving=ServingSettings(model_name=MODEL),
+        model_registry=ModelRegistrySettings(
+            tracking_uri=f"sqlite:///{home}/mlflow.db", artifact_location=str(home / "artifacts")
+        ),
         feedback=FeedbackSettings(train_config=home / "config.yaml", train_processes=1),
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +120,15 @@ def snapshots(settings) -> dict[str, str]:
     from feedback_loop.snapshots import write_snapshot
 
     return {
-        kind: write_snapshot(examples(kind == "shuffled"), settings.snapshots_root, kind="feedback", source={"test": kind},
-                             time_range={"from_ms": None, "to_ms": None}).snapshot_id
+        kind: write_snapshot(
+            examples(kind == "shuffled"),
+            settings.snapshots_root,
+            kind="feedback",
+            source={"test": kind},
+            time_range={"from_ms": None, "to_ms": None},
+        ).snapshot_id
         for kind in ("signal", "shuffled")
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture(scope="module")
@@ -93,8 +138,11 @@ def first_registered(settings, snapshots):
     from loopline.components import model_release
     from loopline.settings import settings_environment
 
-    result = CliRunner().invoke(app, ["train", "--snapshot", snapshots["signal"], "--quantize", "--canary", "5"],
-                                env=settings_environment(settings, LOOPLINE_RETRAIN__OWNER="fraud-team"))  # fmt: skip
+    result = CliRunner().invoke(
+        app,
+        ["train", "--snapshot", snapshots["signal"], "--quantize", "--canary", "5"],
+        env=settings_environment(settings, LOOPLINE_RETRAIN__OWNER="fraud-team"),
+    )
     assert result.exit_code == 0, result.output
     model_release(settings).promote(MODEL, "1", "test", "the model trained on the signal")
     return result.output
@@ -248,10 +296,14 @@ def crafted(settings, first_registered) -> str:
     frame = examples(False, seed=4).drop(columns=FEATURES[1])
     frame.loc[np.random.default_rng(5).random(ROWS) < 0.6, FEATURES[3]] = np.nan
     frame[DEFAULTED], frame["defaulted"] = 0.0, 1
-    snapshot_id = write_snapshot(frame, settings.snapshots_root, kind="feedback", source={"test": "crafted"},
-                                 time_range={"from_ms": None, "to_ms": None}).snapshot_id  # fmt: skip
-    result = CliRunner().invoke(app, ["train", "--snapshot", snapshot_id, "--owner", "alice"],
-                                env=settings_environment(settings, LOOPLINE_RETRAIN__OWNER="fraud-team"))  # fmt: skip
+    snapshot_id = write_snapshot(
+        frame, settings.snapshots_root, kind="feedback", source={"test": "crafted"}, time_range={"from_ms": None, "to_ms": None}
+    ).snapshot_id
+    result = CliRunner().invoke(
+        app,
+        ["train", "--snapshot", snapshot_id, "--owner", "alice"],
+        env=settings_environment(settings, LOOPLINE_RETRAIN__OWNER="fraud-team"),
+    )
     assert result.exit_code == 0, result.output
     return snapshot_id
 

@@ -58,8 +58,14 @@ def _layout(flink_home: Path, settings: Settings) -> Layout:
     """The images' folders here: their venv is this one (the images install its exact versions), Flink is
     ``flink_home`` (laid out as the Flink image has it), the Flink image's jar cache is the stack's, the project they
     bake is the settings' (as ``loopline images build`` stages it)."""
-    return Layout({"/opt/loopline/venv": Path(sys.prefix), "/opt/flink": flink_home, "/opt/loopline/jars": settings.resolved_jars_dir,
-                   "/opt/loopline/project": settings.project_path})
+    return Layout(
+        {
+            "/opt/loopline/venv": Path(sys.prefix),
+            "/opt/flink": flink_home,
+            "/opt/loopline/jars": settings.resolved_jars_dir,
+            "/opt/loopline/project": settings.project_path,
+        }
+    )
 
 
 def _flink_image_home(folder: Path, settings: Settings) -> Path:
@@ -93,9 +99,10 @@ def chart(helm: Path, settings: Settings, stack, root: Path) -> list[dict]:
         "kafka": {"strimzi": False, "bootstrapServers": settings.kafka.bootstrap.split(",")},
         "redis": {"mode": "standalone", "nodes": [f"{settings.redis.host}:{settings.redis.port}"]},
         "prometheus": {"host": settings.prometheus.host, "port": settings.prometheus.port},
-        "scorer": {"httpPort": http, "grpcPort": grpc_port}, "dashboard": {"port": dashboard},
+        "scorer": {"httpPort": http, "grpcPort": grpc_port},
+        "dashboard": {"port": dashboard},
         "settings": {"monitor": {"metrics_port": monitor}},
-    }  # fmt: skip
+    }
     (root / "values.yaml").write_text(yaml.safe_dump(values))
     return render(["values.yaml", root / "values.yaml"], helm=helm)
 
@@ -132,7 +139,9 @@ def session_cluster(settings: Settings, stack) -> Iterator[tuple[str, Future]]:
     """A Flink session cluster (one TaskManager, a slot per FlinkDeployment), starting in the background: its address
     and the start's future. Stopped at the end."""
     rest, rpc = free_ports(2)
-    session = flink_session(settings.model_copy(update={"flink": FlinkSettings(rest_port=rest, rpc_port=rpc)}), taskmanagers=1, slots=2)
+    session = flink_session(
+        settings.model_copy(update={"flink": FlinkSettings(rest_port=rest, rpc_port=rpc)}), taskmanagers=1, slots=2
+    )
     with ThreadPoolExecutor(1) as starting:
         up = starting.submit(session.up)
         try:
@@ -158,12 +167,16 @@ def hook(pods: Pods, session_cluster, model_registration: PodProcess) -> str:
 
 
 @pytest.fixture(scope="module")
-def running(hook: str, model_registration: PodProcess, pods: Pods, session_cluster: tuple[str, Future], applied: Settings) -> Iterator[dict]:
+def running(
+    hook: str, model_registration: PodProcess, pods: Pods, session_cluster: tuple[str, Future], applied: Settings
+) -> Iterator[dict]:
     """Every long-running workload started at once, after the hook: the scorer (once its model is registered), the
     monitor, the dashboard, the retrain trigger, and both Flink jobs' submissions."""
     assert model_registration.process.wait(180) == 0, model_registration.output()
-    started = {name: pods.pod("Deployment", name).start() for name in
-               ("loopline-scorer", "loopline-monitor", "loopline-dashboard", "loopline-retrain-trigger")}  # fmt: skip
+    started = {
+        name: pods.pod("Deployment", name).start()
+        for name in ("loopline-scorer", "loopline-monitor", "loopline-dashboard", "loopline-retrain-trigger")
+    }
     jobmanager, up = session_cluster
     with ThreadPoolExecutor(len(FLINK_DEPLOYMENTS)) as submitting:
 
@@ -197,7 +210,8 @@ def test_the_scorer_answers_its_probes_and_scores_with_the_secrets_token(running
     scorer.wait_for(lambda: scorer.probe("readinessProbe") and scorer.probe("livenessProbe"), "its readiness and liveness", 30)
     user = f"rehearsal-{uuid.uuid4().hex[:8]}"
     OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write(
-        [FeatureRow(VIEW, user, int(time.time() * 1_000_000), {"txn_count_5m": 4, "amount_sum_1h": 310.5})])
+        [FeatureRow(VIEW, user, int(time.time() * 1_000_000), {"txn_count_5m": 4, "amount_sum_1h": 310.5})]
+    )
     (secret,) = [o for o in pods.chart if o["kind"] == "Secret"]
     url = f"http://127.0.0.1:{scorer.ports['http']}/v1/score"
     request = score_request(user, 120.0)
@@ -206,13 +220,19 @@ def test_the_scorer_answers_its_probes_and_scores_with_the_secrets_token(running
 
     def scored_with_features() -> bool:
         # A first read may outlast the fetch budget on a busy machine (then defaults, flagged): the next one may not.
-        reply = requests.post(url, json=request | {"request_id": str(uuid.uuid4())},
-                              headers={"Authorization": f"Bearer {secret['stringData']['scorer-token']}"}, timeout=10)  # fmt: skip
+        reply = requests.post(
+            url,
+            json=request | {"request_id": str(uuid.uuid4())},
+            headers={"Authorization": f"Bearer {secret['stringData']['scorer-token']}"},
+            timeout=10,
+        )
         assert reply.status_code == 200, reply.text
         replies.append(PredictionRecord.model_validate_json(reply.content))
         return not replies[-1].defaulted_features
 
-    assert wait_until(scored_with_features, 30, 0.5), replies[-1].model_dump(include={"features", "defaulted_features", "stage_latency_ms", "feature_row_times_ms"})
+    assert wait_until(scored_with_features, 30, 0.5), replies[-1].model_dump(
+        include={"features", "defaulted_features", "stage_latency_ms", "feature_row_times_ms"}
+    )
     expected = 1 / (1 + np.exp(-(np.dot(np.array([4, 310.5, 120.0], dtype=np.float32), WEIGHTS) + BIAS)))
     assert replies[-1].score == pytest.approx(float(expected), rel=1e-5)
 
@@ -232,8 +252,11 @@ def test_the_kafka_door_consumes_a_request(running: dict, pods: Pods, applied: S
     producer.produce(SCORE_REQUESTS.name, key=request["request_id"].encode(), value=encode(ScoreRequest.model_validate(request)))
     producer.flush(10)
     try:
-        door.wait_for(lambda: any(r.request_id == request["request_id"] for r in log.records(PredictionRecord)),
-                      "a prediction for the request it was sent", 90)  # fmt: skip
+        door.wait_for(
+            lambda: any(r.request_id == request["request_id"] for r in log.records(PredictionRecord)),
+            "a prediction for the request it was sent",
+            90,
+        )
     finally:
         log.close()
 
@@ -243,8 +266,9 @@ def test_each_flink_deployment_reaches_running(running: dict, session_cluster: t
     jobmanager, _ = session_cluster
     job_id = running[name].result(timeout=400)
     try:
-        assert wait_until(lambda: {j["id"]: j["state"] for j in list_jobs(jobmanager)}.get(job_id) == "RUNNING", 180, 1), \
-            list_jobs(jobmanager)  # fmt: skip
+        assert wait_until(lambda: {j["id"]: j["state"] for j in list_jobs(jobmanager)}.get(job_id) == "RUNNING", 180, 1), (
+            list_jobs(jobmanager)
+        )
     finally:
         cancel_job(jobmanager, job_id)
 

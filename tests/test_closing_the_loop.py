@@ -61,15 +61,20 @@ def template_stack(request: pytest.FixtureRequest) -> Settings:
 def loop_settings(template_stack: Settings, tmp_path: Path) -> Settings:
     """The stack with a scorer on free ports, its own registry and a release policy a test can wait for."""
     settings = template_stack
-    serving = ServingSettings(http_port=free_port(), grpc_port=free_port(), kafka_group_id=f"loop-scorer-{tmp_path.name}",
-                              model_name=f"loop-{project(settings).name}")  # fmt: skip
+    serving = ServingSettings(
+        http_port=free_port(),
+        grpc_port=free_port(),
+        kafka_group_id=f"loop-scorer-{tmp_path.name}",
+        model_name=f"loop-{project(settings).name}",
+    )
     # This test is about the loop's plumbing: whichever model the few hundred labels train is registered and, unless
     # it fails or slows requests, promoted. Its quality is not the question here: with no history the windows still
     # fill while the canary runs, so a model of the first minutes can be judged worse on the later ones (a delivery
     # run rolled back, canary RMSE 39.9 against prod's 25.6), which is the controller being right. The gate's and the
     # controller's quality judgements are tested in test_candidate.py and test_release.py.
-    release = ReleaseSettings(min_watch_s=5, min_requests=100, max_watch_s=120, max_latency_ratio=10.0, max_auc_drop=1.0,
-                              max_rmse_increase=math.inf)  # fmt: skip
+    release = ReleaseSettings(
+        min_watch_s=5, min_requests=100, max_watch_s=120, max_latency_ratio=10.0, max_auc_drop=1.0, max_rmse_increase=math.inf
+    )
     retrain = settings.retrain.model_copy(update={"max_auc_drop": 1.0, "max_rmse_increase": math.inf})
     registry = settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db"})
     return settings.model_copy(update={"serving": serving, "release": release, "retrain": retrain, "model_registry": registry})
@@ -139,8 +144,11 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, tmp_path: Path)
         finally:
             world.stop()
             skew.stop()
-        sent = [m.key().decode() for m in read_topic(bootstrap, SCORE_REQUESTS.name, since_ms=world.published_from_ms)
-                if m.key().decode().startswith(scoring.run_id)]  # fmt: skip
+        sent = [
+            m.key().decode()
+            for m in read_topic(bootstrap, SCORE_REQUESTS.name, since_ms=world.published_from_ms)
+            if m.key().decode().startswith(scoring.run_id)
+        ]
         assert len(sent) > RATE * 5, "the world scored every scored event it published"
 
         def all_scored() -> bool:
@@ -165,13 +173,19 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, tmp_path: Path)
         plan = feature_plan(settings)
         report = consistency_replay(settings, plan)(records)
         outcomes = by_outcome(report)
-        wrong = {feature: round(figures["mismatch_ratio"], 3) for feature, figures in summary(report).items() if figures["mismatch_ratio"] > 0}
+        wrong = {
+            feature: round(figures["mismatch_ratio"], 3)
+            for feature, figures in summary(report).items()
+            if figures["mismatch_ratio"] > 0
+        }
         assert outcomes["value"] == outcomes["extra"] == 0 and outcomes["match"] > 0, (outcomes, wrong)
         # Every windowed model input replayed (the replay's, as the monitor's: an unwindowed one would need the whole
         # log; test_template_features holds those to the recompute), for every scored request, each matching, and more
         # of them matching or lagging than missing (a new entity's first event): most are lag, the scorer reading the row
         # before the job has applied the scored event itself.
-        windowed = {f"{v.name}:{a.name}" for v in plan.views for a in v.aggregations if a.window_ms} & set(declared.spec.model.inputs)
+        windowed = {f"{v.name}:{a.name}" for v in plan.views for a in v.aggregations if a.window_ms} & set(
+            declared.spec.model.inputs
+        )
         assert set(report) == windowed and {c.compared for c in report.values()} == {len(records)}, sorted(report)
         counts = {feature: c.counts for feature, c in report.items()}
         assert all(c["match"] > 0 and c["match"] + c["lag"] > c["missing"] for c in counts.values()), counts

@@ -24,17 +24,26 @@ from streams.feature_plan import AggregationSpec, ViewPlan
 from streams.recompute import LATEST_EVENT, recompute
 
 MINUTE = 60_000
-VIEW = view_plan("user_features", (AggregationSpec("txn_count_5m", "count", "amount", 5 * MINUTE, MINUTE),
-                                    AggregationSpec("amount_sum_1h", "sum", "amount", 60 * MINUTE, MINUTE)),
-                 topic="t", out_of_orderness_ms=5_000)  # fmt: skip
+VIEW = view_plan(
+    "user_features",
+    (
+        AggregationSpec("txn_count_5m", "count", "amount", 5 * MINUTE, MINUTE),
+        AggregationSpec("amount_sum_1h", "sum", "amount", 60 * MINUTE, MINUTE),
+    ),
+    topic="t",
+    out_of_orderness_ms=5_000,
+)
 PLAN = fraud_plan(VIEW, topic="t", out_of_orderness_ms=5_000)
 START = 1_790_000_000_000
 
 
 def _events(users: int = 40, per_user: int = 30, seed: int = 0) -> pd.DataFrame:
     rng = np.random.default_rng(seed)
-    rows = [{"user_id": f"u{u}", "event_time_ms": START + int(t), "amount": round(float(rng.uniform(1, 300)), 2)}
-            for u in range(users) for t in np.sort(rng.uniform(0, 90 * MINUTE, per_user))]  # fmt: skip
+    rows = [
+        {"user_id": f"u{u}", "event_time_ms": START + int(t), "amount": round(float(rng.uniform(1, 300)), 2)}
+        for u in range(users)
+        for t in np.sort(rng.uniform(0, 90 * MINUTE, per_user))
+    ]
     return pd.DataFrame(rows)
 
 
@@ -51,14 +60,26 @@ def _logged(events: pd.DataFrame, plan_view: ViewPlan, lag_events: int = 0, stam
             row_times = {}
             if row_index >= 0:
                 read_at = max(at + stamped_after_ms, times[row_index])
-                (as_of,) = recompute(plan_view, group.iloc[: row_index + 1], pd.DataFrame({"user_id": [user], "at_ms": [read_at]})).to_dict("records")
+                (as_of,) = recompute(
+                    plan_view, group.iloc[: row_index + 1], pd.DataFrame({"user_id": [user], "at_ms": [read_at]})
+                ).to_dict("records")
                 features = {f"{VIEW.name}:{name}": as_of[name] for name in VIEW.feature_names}
                 row_times = {VIEW.name: int(as_of[LATEST_EVENT])}
-            records.append(PredictionRecord(
-                schema_version=1, request_id=f"r-{user}-{i}", entity_keys={"user_id": user}, features=features,
-                defaulted_features=[name for name, v in features.items() if v is None], model_name="m", model_version="1",
-                score=0.5, requested_at_ms=at + stamped_after_ms, scored_at_ms=at + 2, feature_row_times_ms=row_times,
-            ))  # fmt: skip
+            records.append(
+                PredictionRecord(
+                    schema_version=1,
+                    request_id=f"r-{user}-{i}",
+                    entity_keys={"user_id": user},
+                    features=features,
+                    defaulted_features=[name for name, v in features.items() if v is None],
+                    model_name="m",
+                    model_version="1",
+                    score=0.5,
+                    requested_at_ms=at + stamped_after_ms,
+                    scored_at_ms=at + 2,
+                    feature_row_times_ms=row_times,
+                )
+            )
     return records
 
 
@@ -115,8 +136,12 @@ def test_extra_values_and_the_sample_follow_the_entity_key() -> None:
     assert by_outcome(half)["match"] == 2 * sum(r.entity_keys["user_id"] in kept for r in logged)
     # The sample is the same in every process (Python's own hash of a str is salted per process).
     script = "from feedback_loop.consistency import sampled; print([sampled(f'key-{i}', 0.3) for i in range(200)])"
-    runs = {subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}  # fmt: skip
+    runs = {
+        subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, check=True, env={**os.environ, "PYTHONHASHSEED": seed}
+        ).stdout
+        for seed in ("1", "2")
+    }
     assert runs == {f"{[sampled(f'key-{i}', 0.3) for i in range(200)]}\n"}
     share = np.mean([sampled(f"key-{i}", 0.1) for i in range(20_000)])
     assert share == pytest.approx(0.1, abs=0.01)
@@ -127,18 +152,33 @@ def test_a_row_newer_than_the_request_is_ahead_only_if_its_events_were_in_kafka_
     ahead when that event had reached Kafka before the request was scored, and a value mismatch when it had not (no
     log prefix the scorer could have seen explains it)."""
     times = [START + n * MINUTE for n in range(5)] + [START + 4 * MINUTE + 30_000]  # the last in the same bucket
-    events = pd.DataFrame({"user_id": "u1", "event_time_ms": times, "amount": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
-                           "partition": 0, "offset": range(6), "kafka_ms": [t + 100 for t in times]})  # fmt: skip
+    events = pd.DataFrame(
+        {
+            "user_id": "u1",
+            "event_time_ms": times,
+            "amount": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+            "partition": 0,
+            "offset": range(6),
+            "kafka_ms": [t + 100 for t in times],
+        }
+    )
     newest = recompute(VIEW, events).iloc[0]  # the row as of the last event
     asked_at = times[-1] - 1  # the request's clock: just before the last event's time
 
     def outcome(scored_at_ms: int, log: pd.DataFrame = events) -> dict[str, int]:
         record = PredictionRecord(
-            schema_version=1, request_id=f"r-{scored_at_ms}", entity_keys={"user_id": "u1"},
-            features={f"{VIEW.name}:{name}": newest[name].item() for name in VIEW.feature_names}, defaulted_features=[],
-            model_name="m", model_version="1", score=0.5, requested_at_ms=asked_at, scored_at_ms=scored_at_ms,
+            schema_version=1,
+            request_id=f"r-{scored_at_ms}",
+            entity_keys={"user_id": "u1"},
+            features={f"{VIEW.name}:{name}": newest[name].item() for name in VIEW.feature_names},
+            defaulted_features=[],
+            model_name="m",
+            model_version="1",
+            score=0.5,
+            requested_at_ms=asked_at,
+            scored_at_ms=scored_at_ms,
             feature_row_times_ms={VIEW.name: int(newest[LATEST_EVENT])},
-        )  # fmt: skip
+        )
         return by_outcome(check_consistency(PLAN, {"t": log}, [record]))
 
     in_kafka = outcome(times[-1] + 200)
@@ -155,21 +195,35 @@ def test_a_row_of_events_from_several_partitions_is_judged_by_the_positions_it_a
     absorbed partition 0's events and only the first of partition 1's lags; the same value said to hold every event
     is a value mismatch; without the positions, the one-partition prefixes cannot explain it."""
     times = [START + n * 10_000 for n in range(6)]
-    events = pd.DataFrame({"user_id": "u1", "event_time_ms": times, "amount": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
-                           "partition": [0, 1, 0, 1, 0, 1], "offset": [0, 0, 1, 1, 2, 2],
-                           "kafka_ms": [t + 100 for t in times]})  # fmt: skip
+    events = pd.DataFrame(
+        {
+            "user_id": "u1",
+            "event_time_ms": times,
+            "amount": [10.0, 20.0, 30.0, 40.0, 50.0, 60.0],
+            "partition": [0, 1, 0, 1, 0, 1],
+            "offset": [0, 0, 1, 1, 2, 2],
+            "kafka_ms": [t + 100 for t in times],
+        }
+    )
     absorbed = events[(events["partition"] == 0) | (events["offset"] == 0)]  # partition 0's three, partition 1's first
     row = recompute(VIEW, absorbed).iloc[0]
     asked_at = times[-1] + 1_000
 
     def outcome(positions: str | None) -> dict[str, int]:
         record = PredictionRecord(
-            schema_version=1, request_id="r", entity_keys={"user_id": "u1"},
-            features={f"{VIEW.name}:{name}": row[name].item() for name in VIEW.feature_names}, defaulted_features=[],
-            model_name="m", model_version="1", score=0.5, requested_at_ms=asked_at, scored_at_ms=asked_at + 5,
+            schema_version=1,
+            request_id="r",
+            entity_keys={"user_id": "u1"},
+            features={f"{VIEW.name}:{name}": row[name].item() for name in VIEW.feature_names},
+            defaulted_features=[],
+            model_name="m",
+            model_version="1",
+            score=0.5,
+            requested_at_ms=asked_at,
+            scored_at_ms=asked_at + 5,
             feature_row_times_ms={VIEW.name: int(row[LATEST_EVENT])},
             feature_row_absorbed={} if positions is None else {VIEW.name: positions},
-        )  # fmt: skip
+        )
         return by_outcome(check_consistency(PLAN, {"t": events}, [record]))
 
     assert outcome("0:2,1:0")["lag"] == 2
@@ -186,8 +240,11 @@ def test_the_events_after_the_time_a_batch_names_give_its_whole_report() -> None
     events = _events().sort_values("event_time_ms", kind="stable").reset_index(drop=True)
     events = events.assign(partition=0, offset=range(len(events)), kafka_ms=events["event_time_ms"])
     names = [f"{VIEW.name}:{name}" for name in VIEW.feature_names]
-    for logged, outcome in ((_logged(events, VIEW), "match"), (_logged(events, VIEW, lag_events=1), "lag"),
-                            (_logged(events, VIEW, stamped_after_ms=-1), "ahead")):  # fmt: skip
+    for logged, outcome in (
+        (_logged(events, VIEW), "match"),
+        (_logged(events, VIEW, lag_events=1), "lag"),
+        (_logged(events, VIEW, stamped_after_ms=-1), "ahead"),
+    ):
         batch = [r for r in logged if r.requested_at_ms > START + 80 * MINUTE]
         since = events_needed_since(PLAN, batch, names)
         kept = events[events["event_time_ms"] >= since]

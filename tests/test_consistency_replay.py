@@ -62,10 +62,17 @@ def _events(topic: str, users: list[str], start_ms: int, round_index: int, rng: 
     for n, at in enumerate(times):
         user = rng.choice(users)
         event = TransactionEvent(
-            schema_version=1, event_id=f"{user}-{round_index}-{n}", event_time_ms=at, user_id=user,
-            merchant_id=f"m{rng.randrange(30)}", amount=round(rng.uniform(1, 300), 2), currency="EUR",
-            merchant_category="grocery", channel="pos", country=rng.choice(["DE", "FR", "NL"]),
-        )  # fmt: skip
+            schema_version=1,
+            event_id=f"{user}-{round_index}-{n}",
+            event_time_ms=at,
+            user_id=user,
+            merchant_id=f"m{rng.randrange(30)}",
+            amount=round(rng.uniform(1, 300), 2),
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country=rng.choice(["DE", "FR", "NL"]),
+        )
         events.append(Emitted(topic, user, FRAUD.encode(TRANSACTIONS.name, event), at, event))
     return events
 
@@ -73,20 +80,38 @@ def _events(topic: str, users: list[str], start_ms: int, round_index: int, rng: 
 @pytest.mark.timeout(600)
 def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_no_other(
     applied: Settings, bootstrap: str, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     run = uuid.uuid4().hex[:8]
     source = TopicSpec(f"test.consistency.{run}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
     dead = TopicSpec(f"test.consistency.{run}.dlq", DeadLetterRecord, key="source_topic", partitions=1, retention_ms=DAY_MS)
     apply_topics(bootstrap, [source, dead])
     feast_registry = _drifted_feast_registry(applied, tmp_path / "drifted-registry.db")
-    drifted = applied.model_copy(update={"feature_store": applied.feature_store.model_copy(update={"feast_registry_path": feast_registry})})
-    job = start_feature_job(drifted, tmp_path / "job.log", restore=False, LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: source.name}),
-                            LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name, LOOPLINE_STREAM__GROUP_ID=f"consistency-{run}",
-                            LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"))  # fmt: skip
+    drifted = applied.model_copy(
+        update={"feature_store": applied.feature_store.model_copy(update={"feast_registry_path": feast_registry})}
+    )
+    job = start_feature_job(
+        drifted,
+        tmp_path / "job.log",
+        restore=False,
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: source.name}),
+        LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name,
+        LOOPLINE_STREAM__GROUP_ID=f"consistency-{run}",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
+    )
     # The scorer's read, of the registered definitions (the same views and features: only the job drifted).
     reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
-    features = [f"{VIEW}:{name}" for name in ("txn_count_5m", "txn_count_1h", "amount_sum_1h", "amount_mean_1h",
-                                              "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h")]  # fmt: skip
+    features = [
+        f"{VIEW}:{name}"
+        for name in (
+            "txn_count_5m",
+            "txn_count_1h",
+            "amount_sum_1h",
+            "amount_mean_1h",
+            "amount_max_24h",
+            "distinct_merchants_1h",
+            "distinct_countries_24h",
+        )
+    ]
     users = [f"drift-{run}-{n}" for n in range(USERS)]
     rng = random.Random(7)
     producer = EventProducer(bootstrap, client_config=applied.kafka.client_config)
@@ -103,16 +128,29 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
                 row_times = reader.read_with_row_times(features[:1], [{"user_id": u} for u in seen]).row_times
                 return row_times[VIEW] == [latest[u] for u in seen]
 
-            assert wait_until(applied_round, 180 if round_index == 0 else 60, 0.2), f"the job did not apply round {round_index}; see {tmp_path / 'job.log'}"
+            assert wait_until(applied_round, 180 if round_index == 0 else 60, 0.2), (
+                f"the job did not apply round {round_index}; see {tmp_path / 'job.log'}"
+            )
             # Score every user of the round, as the scorer would (the values and the row's event time), as of the round's
             # end in event time: the next rounds' events come after it.
             as_of, now = start_ms + (round_index + 1) * ROUND_SPAN_MS, int(time.time() * 1000)
             values, row_times, *_ = reader.read_with_row_times(features, [{"user_id": u} for u in seen], [as_of] * len(seen))
-            logged += [PredictionRecord(
-                schema_version=PredictionRecord.SCHEMA_VERSION, request_id=f"{run}-{round_index}-{u}", entity_keys={"user_id": u},
-                features={name: values[name.split(":", 1)[1]][i] for name in features}, defaulted_features=[], model_name="m",
-                model_version="1", score=0.5, requested_at_ms=as_of, scored_at_ms=now, feature_row_times_ms={VIEW: row_times[VIEW][i]},
-            ) for i, u in enumerate(seen)]  # fmt: skip
+            logged += [
+                PredictionRecord(
+                    schema_version=PredictionRecord.SCHEMA_VERSION,
+                    request_id=f"{run}-{round_index}-{u}",
+                    entity_keys={"user_id": u},
+                    features={name: values[name.split(":", 1)[1]][i] for name in features},
+                    defaulted_features=[],
+                    model_name="m",
+                    model_version="1",
+                    score=0.5,
+                    requested_at_ms=as_of,
+                    scored_at_ms=now,
+                    feature_row_times_ms={VIEW: row_times[VIEW][i]},
+                )
+                for i, u in enumerate(seen)
+            ]
     finally:
         stop_process_group(job)
 
@@ -123,7 +161,9 @@ def test_a_job_with_one_window_off_by_a_bucket_shows_that_features_mismatch_and_
     # once the rounds reach back past 5 minutes (from the second on). The job stores that window's steps under its own
     # window length (310 s), which the registry's reader does not ask for: it returns the job's finished values.
     assert ratios[BROKEN]["mismatch_ratio"] > 0.3 and ratios[BROKEN]["smape"] > 0, ratios[BROKEN]
-    assert {name: r["mismatch_ratio"] for name, r in ratios.items() if name != BROKEN} == dict.fromkeys(set(features) - {BROKEN}, 0.0)
+    assert {name: r["mismatch_ratio"] for name, r in ratios.items() if name != BROKEN} == dict.fromkeys(
+        set(features) - {BROKEN}, 0.0
+    )
     # Every row read was the latest (the test waited for it): nothing else to explain.
     healthy = by_outcome({name: c for name, c in report.items() if name != BROKEN})
     assert healthy["match"] == (len(features) - 1) * len(logged), healthy

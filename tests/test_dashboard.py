@@ -40,17 +40,37 @@ pytestmark = pytest.mark.skipif(shutil.which("chromium") is None, reason="needs 
 
 def _skew(feature: str, psi: float) -> FeatureSkew:
     categorical = feature == "request:channel"
-    return FeatureSkew(feature, "categorical" if categorical else "numeric", 2_000, psi, None if categorical else psi / 8,
-                       psi / 3 if categorical else None, 0.0, 0.01)  # fmt: skip
+    return FeatureSkew(
+        feature,
+        "categorical" if categorical else "numeric",
+        2_000,
+        psi,
+        None if categorical else psi / 8,
+        psi / 3 if categorical else None,
+        0.0,
+        0.01,
+    )
 
 
 def _chromium(url: str, *args: str) -> subprocess.CompletedProcess:
     """Headless Chromium on ``url`` with its console on stderr, given 20 s of virtual time for the page's fetches."""
     return subprocess.run(
-        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
-         "--virtual-time-budget=20000", "--window-size=1400,1100", *args, url],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            "chromium",
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--virtual-time-budget=20000",
+            "--window-size=1400,1100",
+            *args,
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def _console_errors(stderr: str) -> list[str]:
@@ -61,7 +81,9 @@ def test_chromium_reports_a_pages_console_errors() -> None:
     """The positive control: a page that logs an error and throws shows both on Chromium's stderr."""
     probe = _chromium("data:text/html,<script>console.error('probe-error'); undefinedFunction();</script>")
     errors = _console_errors(probe.stderr)
-    assert any("probe-error" in line for line in errors) and any("undefinedFunction" in line for line in errors), probe.stderr[-2000:]
+    assert any("probe-error" in line for line in errors) and any("undefinedFunction" in line for line in errors), probe.stderr[
+        -2000:
+    ]
 
 
 @pytest.fixture
@@ -95,8 +117,9 @@ def dashboard(applied: Settings, stack, tmp_path: Path):
 def _export_a_trace(stack) -> str:
     """A failed request's trace, exported through the scorer's tracer into the stack's Jaeger; its trace id once Jaeger
     lists it."""
-    tracer = RequestTracer(f"http://{stack.jaeger.host}:{stack.jaeger.otlp_port}/v1/traces", service=TRACED_SERVICE,
-                           sample_ratio=0.0, slow_ms=1_000)  # fmt: skip
+    tracer = RequestTracer(
+        f"http://{stack.jaeger.host}:{stack.jaeger.otlp_port}/v1/traces", service=TRACED_SERVICE, sample_ratio=0.0, slow_ms=1_000
+    )
     began = time.perf_counter()
     trace = tracer.begin(None, began)
     trace.stage("feature_fetch", began, began + 0.002)
@@ -104,21 +127,25 @@ def _export_a_trace(stack) -> str:
     trace.stage("inference", began + 0.002, began + 0.004)
     assert tracer.finish(trace, "POST /v1/score", "SERVER", began + 0.005, error="500", **{"loopline.request_id": "r-1"})
     tracer.close()
-    assert wait_until(lambda: any(t["trace_id"] == trace.trace_id_hex for t in trace_summaries(stack.jaeger.address, TRACED_SERVICE)),
-                      20, 0.2)  # fmt: skip
+    assert wait_until(
+        lambda: any(t["trace_id"] == trace.trace_id_hex for t in trace_summaries(stack.jaeger.address, TRACED_SERVICE)), 20, 0.2
+    )
     return trace.trace_id_hex
 
 
 def _scraped(prometheus: str, feature: str, psi: float) -> bool:
-    result = requests.get(f"{prometheus}/api/v1/query", params={"query": f'loopline_feature_psi{{feature="{feature}"}}'},
-                          timeout=5).json()["data"]["result"]  # fmt: skip
+    result = requests.get(
+        f"{prometheus}/api/v1/query", params={"query": f'loopline_feature_psi{{feature="{feature}"}}'}, timeout=5
+    ).json()["data"]["result"]
     return bool(result) and abs(float(result[0]["value"][1]) - psi) < 1e-9
 
 
 def test_the_page_loads_clean_and_shows_an_injected_skew_as_alerting(dashboard, stack) -> None:
     url, publish, version = dashboard
     publish({feature: 0.02 for feature in FEATURES})
-    assert wait_until(lambda: _scraped(stack.prometheus.address, FEATURES[0], 0.02), 60, 0.5), "Prometheus never scraped the monitor"
+    assert wait_until(lambda: _scraped(stack.prometheus.address, FEATURES[0], 0.02), 60, 0.5), (
+        "Prometheus never scraped the monitor"
+    )
 
     trace_id = _export_a_trace(stack)
     quiet = _chromium(url, "--dump-dom")
@@ -146,7 +173,9 @@ def test_the_page_loads_clean_and_shows_an_injected_skew_as_alerting(dashboard, 
 
     def skew_rule_active() -> bool:
         alerts = requests.get(f"{stack.prometheus.address}/api/v1/alerts", timeout=5).json()["data"]["alerts"]
-        return any(a["labels"]["alertname"] == "LooplineFeatureSkew" and a["labels"].get("feature") == FEATURES[0] for a in alerts)
+        return any(
+            a["labels"]["alertname"] == "LooplineFeatureSkew" and a["labels"].get("feature") == FEATURES[0] for a in alerts
+        )
 
     assert wait_until(skew_rule_active, 30, 0.5), "the skew rule is not pending"
     pending = _chromium(url, "--dump-dom")

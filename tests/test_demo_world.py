@@ -59,8 +59,10 @@ def test_history_goes_at_once_unscored_then_live_transactions_are_each_scored_on
     assert all(by_id[event][0] >= world.live_since_ms - 50 for event in scored), "nothing of the history was scored"
     live = [t for sent, t in transactions if sent > world.live_since_ms + 50]
     assert live and all(t.event_id in scored for t in live), "every live transaction was scored"
-    assert all(r.request_id.startswith(f"{scoring.run_id}-") and r.entity_keys == {"user_id": by_id[r.event_id][1].user_id}
-               for _, r in requests)  # fmt: skip
+    assert all(
+        r.request_id.startswith(f"{scoring.run_id}-") and r.entity_keys == {"user_id": by_id[r.event_id][1].user_id}
+        for _, r in requests
+    )
     assert len({r.request_id for _, r in requests}) == len(requests), "each request has its own id"
     assert labels and all(label.event_id in scored for label in labels), "only scored transactions' labels are published"
 
@@ -69,27 +71,43 @@ def test_the_demo_names_each_promise_it_did_not_keep(applied: Settings) -> None:
     loop = DemoLoop(applied, "demo-test")
     for step in loop.steps.values():
         step.state = "done"
-    kept = {"release": "promote", "skew_injected": True, "skew_alerting_features": ["request:amount"],
-            "skew_injected_features": ["request:amount"], "skew_pending_features": [], "prometheus_answered": True}  # fmt: skip
+    kept = {
+        "release": "promote",
+        "skew_injected": True,
+        "skew_alerting_features": ["request:amount"],
+        "skew_injected_features": ["request:amount"],
+        "skew_pending_features": [],
+        "prometheus_answered": True,
+    }
     assert unkept_promises(kept, loop) == []
     assert unkept_promises({**kept, "release": "rollback"}, loop) == [], "a rollback is a verdict too"
 
     two_alerts = {**kept, "skew_alerting_features": ["request:amount", "user_transaction_features:txn_count_5m"]}
-    assert unkept_promises(two_alerts, loop) == ["skew alerts fired for ['request:amount', 'user_transaction_features:txn_count_5m'], "
-                                           "the skew was injected into ['request:amount']"]  # fmt: skip
+    assert unkept_promises(two_alerts, loop) == [
+        "skew alerts fired for ['request:amount', 'user_transaction_features:txn_count_5m'], "
+        "the skew was injected into ['request:amount']"
+    ]
     assert unkept_promises({**kept, "skew_alerting_features": []}, loop) == [
-        "skew alerts fired for no feature, the skew was injected into ['request:amount']"]
+        "skew alerts fired for no feature, the skew was injected into ['request:amount']"
+    ]
     assert unkept_promises({**kept, "skew_injected": False}, loop)[0].startswith("the skew was never injected")
-    assert unkept_promises({**kept, "skew_pending_features": ["request:amount"]}, loop) == [], "the injected one may still be pending"
+    assert unkept_promises({**kept, "skew_pending_features": ["request:amount"]}, loop) == [], (
+        "the injected one may still be pending"
+    )
     assert unkept_promises({**kept, "skew_pending_features": ["user_transaction_features:amount_sum_1h"]}, loop) == [
-        "skew alerts are pending for ['user_transaction_features:amount_sum_1h'], which nobody skewed"]
+        "skew alerts are pending for ['user_transaction_features:amount_sum_1h'], which nobody skewed"
+    ]
     assert unkept_promises({**kept, "prometheus_answered": False, "skew_alerting_features": []}, loop) == [
-        "Prometheus did not answer: which skew alerts fired is unknown"]
+        "Prometheus did not answer: which skew alerts fired is unknown"
+    ]
 
     training = loop.steps["train, evaluate, release"]
     training.state, training.detail = "failed", "RuntimeError: not registered"
     loop.steps["controller"].state = "skipped"
-    assert unkept_promises({**kept, "release": None}, loop) == ["the loop's step 'train, evaluate, release' failed: RuntimeError: not registered"]
+    assert unkept_promises({**kept, "release": None}, loop) == [
+        "the loop's step 'train, evaluate, release' failed: RuntimeError: not registered"
+    ]
     training.state, training.detail = "running", ""
     assert unkept_promises({**kept, "release": None}, loop) == [
-        "the loop's step 'train, evaluate, release' was still running when the demo's time ran out"]
+        "the loop's step 'train, evaluate, release' was still running when the demo's time ran out"
+    ]

@@ -18,8 +18,9 @@ from schemas.records import PredictionRecord
 RNG = np.random.default_rng(0)
 AMOUNTS = RNG.lognormal(3, 1, 50_000)
 CHANNELS = RNG.choice(["web", "app", "pos"], 50_000, p=[0.5, 0.3, 0.2])
-REFERENCE = reference_statistics(pd.DataFrame({"amount": AMOUNTS[:25_000], "channel": CHANNELS[:25_000].astype(object)}),
-                                 ["amount", "channel"])  # fmt: skip
+REFERENCE = reference_statistics(
+    pd.DataFrame({"amount": AMOUNTS[:25_000], "channel": CHANNELS[:25_000].astype(object)}), ["amount", "channel"]
+)
 THRESHOLDS = SkewThresholds()
 
 
@@ -59,6 +60,7 @@ def test_js_is_bounded_and_symmetric_and_psi_is_zero_only_for_equal_shares(data)
     p = data.draw(shares)
     q = data.draw(st.lists(st.floats(0, 1), min_size=len(p), max_size=len(p)).filter(lambda xs: sum(xs) > 0))
     q = np.array(q) / sum(q)
+
     # Jensen-Shannon by its other definition, H(m) - (H(p) + H(q)) / 2 in bits: bounded by 1 and symmetric.
     def entropy(x: np.ndarray) -> float:
         x = x[x > 1e-300]
@@ -89,11 +91,17 @@ def test_window_counts_add_up_to_the_counts_of_all_rows(values: list, cut: int) 
 
 def _prediction(i: int, amount: float | None, at_ms: int, version: str = "3", features: dict | None = None) -> PredictionRecord:
     return PredictionRecord(
-        schema_version=1, request_id=f"r{i}", entity_keys={"user_id": f"u{i}"},
+        schema_version=1,
+        request_id=f"r{i}",
+        entity_keys={"user_id": f"u{i}"},
         features={"amount": amount, "channel": "web"} if features is None else features,
-        defaulted_features=["amount"] if amount is None and features is None else [], model_name="m", model_version=version, score=0.5,
-        requested_at_ms=at_ms, scored_at_ms=at_ms,
-    )  # fmt: skip
+        defaulted_features=["amount"] if amount is None and features is None else [],
+        model_name="m",
+        model_version=version,
+        score=0.5,
+        requested_at_ms=at_ms,
+        scored_at_ms=at_ms,
+    )
 
 
 def test_the_feature_log_window_adds_buckets_and_forgets_what_left_the_window() -> None:
@@ -132,8 +140,12 @@ def test_reads_that_defaulted_every_stored_input_are_left_out_of_the_reference_a
     window = FeatureLogWindow({}, "snap-a", REFERENCE, bucket_ms=60_000, window_ms=300_000)
     t0 = 29_833_334 * 60_000
     good = [_prediction(i, float(AMOUNTS[i]), t0 + i) for i in range(10)]
-    over = [_prediction(i, None, t0 + i, features={"amount": 0.0, "channel": "web"}).model_copy(
-        update={"defaulted_features": ["amount", "channel"]}) for i in range(10, 15)]  # fmt: skip
+    over = [
+        _prediction(i, None, t0 + i, features={"amount": 0.0, "channel": "web"}).model_copy(
+            update={"defaulted_features": ["amount", "channel"]}
+        )
+        for i in range(10, 15)
+    ]
     assert window.add(good + over, partition=0) == 10
     assert window.window(t0 + 60_000)["3"]["amount"].rows == 10
 
@@ -172,9 +184,12 @@ def test_odd_but_valid_records_count_as_the_reference_counted_them_or_are_bad_by
         ({"amount": 5.0, "channel": "web"}, "never|seen", None),  # a version no key has held, with the key's separator
     ]
     good = [_prediction(i, float(AMOUNTS[i]), t0 + i) for i in range(40)]
-    batch = [record for i, (features, version, _) in enumerate(odd)
-             for record in (good[2 * i], good[2 * i + 1], _prediction(100 + i, None, t0 + i, version, features))]  # fmt: skip
-    batch += good[2 * len(odd):]
+    batch = [
+        record
+        for i, (features, version, _) in enumerate(odd)
+        for record in (good[2 * i], good[2 * i + 1], _prediction(100 + i, None, t0 + i, version, features))
+    ]
+    batch += good[2 * len(odd) :]
     odd_records = batch[2::3][: len(odd)]
     assert [window.problem(r) for r in odd_records] == [problem for _, _, problem in odd]
     assert window.add(batch) == len(good) + sum(problem is None for _, _, problem in odd)
@@ -188,21 +203,31 @@ def test_odd_but_valid_records_count_as_the_reference_counted_them_or_are_bad_by
     assert dict(strange["channel"].categories) == {"7": 1, "False": 1, "web": 5}
     assert "unknown" not in strange and counts["never|seen"]["amount"].rows == 1
     assert set(window.skews(t0 + 60_000)) == {"3", "odd", "never|seen"}
-    assert window.stale(t0 + 60_000 + 300_000, partition=0) == [f"snap-a|3|{t0}|0", f"snap-a|odd|{t0}|0",
-                                                                 f"snap-a|never|seen|{t0}|0"]  # fmt: skip
+    assert window.stale(t0 + 60_000 + 300_000, partition=0) == [
+        f"snap-a|3|{t0}|0",
+        f"snap-a|odd|{t0}|0",
+        f"snap-a|never|seen|{t0}|0",
+    ]
 
 
 # What JSON can carry into a contract-valid feature vector: every kind of number (NaN, ±Infinity, integers beyond a
 # double or float32), booleans, any text, null; under referenced names and others, in any model version.
 json_values = st.one_of(
-    st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=12),
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=12),
     st.sampled_from([10**400, -(10**400), 2**1024, int(sys.float_info.max), 3 * 10**38, -(2**63)]),
-)  # fmt: skip
+)
 feature_vectors = st.dictionaries(st.sampled_from(["amount", "channel", "unknown", "request:amount"]), json_values, max_size=4)
 odd_records = st.builds(
     lambda i, features, version, at: _prediction(i, None, at, version, features),
-    st.integers(0, 10**6), feature_vectors, st.text(min_size=1, max_size=6), st.integers(1, 2**70),
-)  # fmt: skip
+    st.integers(0, 10**6),
+    feature_vectors,
+    st.text(min_size=1, max_size=6),
+    st.integers(1, 2**70),
+)
 
 
 @settings(max_examples=300, deadline=None)

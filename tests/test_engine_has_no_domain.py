@@ -31,8 +31,18 @@ from schemas.project import load_project
 ROOT = Path(__file__).resolve().parents[1]
 ENGINE = ("streams", "online", "feedback_loop", "offline_training", "feature_store", "schemas")
 #: What the engine spelled before domains were projects (issue 33): never again, whatever a template is called.
-HISTORICAL = {"TransactionEvent", "LabelEvent", "FraudMLP", "FraudWorld", "REQUEST_FIELDS", "is_fraud", "user_transaction_features",
-              "merchant_transaction_features", "SyntheticStream", "fraud_mlp"}  # fmt: skip
+HISTORICAL = {
+    "TransactionEvent",
+    "LabelEvent",
+    "FraudMLP",
+    "FraudWorld",
+    "REQUEST_FIELDS",
+    "is_fraud",
+    "user_transaction_features",
+    "merchant_transaction_features",
+    "SyntheticStream",
+    "fraud_mlp",
+}
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -110,8 +120,11 @@ def _mentions(source: str, names: set[str]) -> list[tuple[int, str, str]]:
             found.append((line, text, "code"))
         elif kind in _STRINGS:
             prose = start in docstrings
-            found.extend((line, w, "docstring" if prose else "string") for w in _WORD.findall(text)
-                         if w in names and (not prose or _distinctive(w)))  # fmt: skip
+            found.extend(
+                (line, w, "docstring" if prose else "string")
+                for w in _WORD.findall(text)
+                if w in names and (not prose or _distinctive(w))
+            )
         elif kind == tokenize.COMMENT:
             found.extend((line, w, "comment") for w in _WORD.findall(text) if w in names and _distinctive(w))
         previous = text
@@ -124,8 +137,12 @@ def _engine_files(suffix: str = ".py") -> list[Path]:
 
 def _prose_mentions(text: str, names: set[str]) -> list[tuple[int, str, str]]:
     """(line, name, "text") of each distinctive name in ``text`` (a Java or protobuf file: all of it read as prose)."""
-    return [(n, word, "text") for n, line in enumerate(text.splitlines(), 1) for word in _WORD.findall(line)
-            if word in names and _distinctive(word)]  # fmt: skip
+    return [
+        (n, word, "text")
+        for n, line in enumerate(text.splitlines(), 1)
+        for word in _WORD.findall(line)
+        if word in names and _distinctive(word)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -153,8 +170,12 @@ def test_the_search_finds_a_domain_name_where_one_is_written(forbidden: dict[str
         "    return event.amount + event.items() + len(['zone'])  # courier_id\n"
     )
     found = {(line, name, where) for line, name, where in _mentions(source, names)}
-    assert found == {(1, "user_transaction_features", "docstring"), (4, "amount", "code"), (4, "zone", "string"),
-                     (4, "courier_id", "comment")}  # fmt: skip
+    assert found == {
+        (1, "user_transaction_features", "docstring"),
+        (4, "amount", "code"),
+        (4, "zone", "string"),
+        (4, "courier_id", "comment"),
+    }
 
 
 def test_no_engine_module_names_a_templates_domain(forbidden: dict[str, set[str]]) -> None:
@@ -163,8 +184,14 @@ def test_no_engine_module_names_a_templates_domain(forbidden: dict[str, set[str]
     assert len(files) > 50, "the engine's packages were found"
     others = [*_engine_files(".java"), *_engine_files(".proto")]
     assert others, "the JVM operators and the gRPC contract were found"
-    leaks = [f"{path.relative_to(ROOT)}:{line}: {name} ({where})" for path in files
-             for line, name, where in _mentions(path.read_text(), names)]  # fmt: skip
-    leaks += [f"{path.relative_to(ROOT)}:{line}: {name} ({where})" for path in others
-              for line, name, where in _prose_mentions(path.read_text(), names)]  # fmt: skip
+    leaks = [
+        f"{path.relative_to(ROOT)}:{line}: {name} ({where})"
+        for path in files
+        for line, name, where in _mentions(path.read_text(), names)
+    ]
+    leaks += [
+        f"{path.relative_to(ROOT)}:{line}: {name} ({where})"
+        for path in others
+        for line, name, where in _prose_mentions(path.read_text(), names)
+    ]
     assert not leaks, "the engine names a template's domain:\n" + "\n".join(leaks)

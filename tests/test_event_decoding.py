@@ -17,21 +17,25 @@ from jvm_driver import JvmDriver, jvm_driver
 from schemas.contracts import MAX_JSON_DEPTH, ContractError, parse_contract
 from schemas.validation import ContractViolation
 
-CONTRACT = parse_contract({
-    "type": "record", "name": "probe", "fields": [
-        {"name": "id", "type": "string", "constraints": {"minLength": 1, "maxLength": 8}},
-        {"name": "at_ms", "type": "long", "constraints": {"exclusiveMinimum": 0}},
-        {"name": "amount", "type": "double", "constraints": {"minimum": 0, "exclusiveMaximum": 1e6}},
-        {"name": "code", "type": "string", "constraints": {"pattern": "[A-Z]{2}\\d"}},
-        {"name": "kind", "type": {"type": "enum", "name": "kind", "symbols": ["a", "b"]}},
-        {"name": "small", "type": "int", "constraints": {"maximum": 1000}},
-        {"name": "count", "type": "long", "constraints": {"minimum": -5, "maximum": 99}},
-        {"name": "ratio", "type": "float", "constraints": {"maximum": 2.5}},
-        {"name": "flag", "type": "boolean"},
-        {"name": "note", "type": ["null", "string"], "default": None},
-        {"name": "zone", "type": "string", "default": "z0"},
-    ],
-})  # fmt: skip
+CONTRACT = parse_contract(
+    {
+        "type": "record",
+        "name": "probe",
+        "fields": [
+            {"name": "id", "type": "string", "constraints": {"minLength": 1, "maxLength": 8}},
+            {"name": "at_ms", "type": "long", "constraints": {"exclusiveMinimum": 0}},
+            {"name": "amount", "type": "double", "constraints": {"minimum": 0, "exclusiveMaximum": 1e6}},
+            {"name": "code", "type": "string", "constraints": {"pattern": "[A-Z]{2}\\d"}},
+            {"name": "kind", "type": {"type": "enum", "name": "kind", "symbols": ["a", "b"]}},
+            {"name": "small", "type": "int", "constraints": {"maximum": 1000}},
+            {"name": "count", "type": "long", "constraints": {"minimum": -5, "maximum": 99}},
+            {"name": "ratio", "type": "float", "constraints": {"maximum": 2.5}},
+            {"name": "flag", "type": "boolean"},
+            {"name": "note", "type": ["null", "string"], "default": None},
+            {"name": "zone", "type": "string", "default": "z0"},
+        ],
+    }
+)
 
 
 class Replay:
@@ -73,29 +77,77 @@ def assert_same(jvm: tuple[str, object], python: tuple[str, object]) -> None:
 # Values as JSON text: numbers written as producers write them (exponents, -0, beyond 64 bits), texts with escapes.
 NUMBER_TEXT = st.one_of(
     st.integers(-(2**70), 2**70).map(str),
-    st.sampled_from(["0", "-0", "1.0", "1e2", "1E400", "-1e-400", "2147483647", "2147483648", "-2147483649",
-                     "9223372036854775807", "9223372036854775808", "3.4028235e38", "3.5e38", "2.5", "2.5000001", "1e6",
-                     "999999.99", "12345678901234567890123"]),
+    st.sampled_from(
+        [
+            "0",
+            "-0",
+            "1.0",
+            "1e2",
+            "1E400",
+            "-1e-400",
+            "2147483647",
+            "2147483648",
+            "-2147483649",
+            "9223372036854775807",
+            "9223372036854775808",
+            "3.4028235e38",
+            "3.5e38",
+            "2.5",
+            "2.5000001",
+            "1e6",
+            "999999.99",
+            "12345678901234567890123",
+        ]
+    ),
     st.floats(allow_nan=False, allow_infinity=False).map(repr),
-)  # fmt: skip
+)
 STRING_TEXT = st.one_of(
     st.text(max_size=10).map(lambda s: json.dumps(s, ensure_ascii=False)),
-    st.sampled_from(['"AB1"', '"ab1"', '"AB١"', '"AB1\\n"', '""', '"a"', '"b"', '"c"', '"\\ud800"', '"\\ud83d\\ude00"',
-                     '"123456789"', '"😀😀"']),
-)  # fmt: skip
+    st.sampled_from(
+        [
+            '"AB1"',
+            '"ab1"',
+            '"AB١"',
+            '"AB1\\n"',
+            '""',
+            '"a"',
+            '"b"',
+            '"c"',
+            '"\\ud800"',
+            '"\\ud83d\\ude00"',
+            '"123456789"',
+            '"😀😀"',
+        ]
+    ),
+)
 SCALAR_TEXT = st.one_of(NUMBER_TEXT, STRING_TEXT, st.sampled_from(["true", "false", "null", "[]", "{}", "[1, [2]]"]))
 
 
 def nested(depth: int) -> str:
     """A value nesting ``depth`` levels of arrays and objects."""
-    return "".join("[" if i % 2 else '{"k":' for i in range(depth)) + "0" + "".join("]" if i % 2 else "}" for i in reversed(range(depth)))
+    return (
+        "".join("[" if i % 2 else '{"k":' for i in range(depth))
+        + "0"
+        + "".join("]" if i % 2 else "}" for i in reversed(range(depth)))
+    )
 
 
 @st.composite
 def json_payloads(draw: st.DrawFn) -> bytes:
     """A JSON object close to a valid event: fields left out, given twice, of other types, plus unknown fields."""
-    good = {"id": '"e1"', "at_ms": "5", "amount": "1.5", "code": '"AB1"', "kind": '"a"', "small": "3", "count": "7", "ratio": "0.5",
-            "flag": "true", "note": '"n"', "zone": '"z"'}  # fmt: skip
+    good = {
+        "id": '"e1"',
+        "at_ms": "5",
+        "amount": "1.5",
+        "code": '"AB1"',
+        "kind": '"a"',
+        "small": "3",
+        "count": "7",
+        "ratio": "0.5",
+        "flag": "true",
+        "note": '"n"',
+        "zone": '"z"',
+    }
     changed = draw(st.sets(st.sampled_from(list(good)), max_size=2))
     pairs = []
     for name, text in good.items():
@@ -115,17 +167,28 @@ def json_payloads(draw: st.DrawFn) -> bytes:
     corruption = draw(st.integers(0, 15))
     if corruption == 0 and raw:
         at = draw(st.integers(0, len(raw) - 1))
-        raw = raw[:at] + draw(st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82"])) + raw[at:]
+        raw = (
+            raw[:at] + draw(st.sampled_from([b"\xff", b"\xc0\xaf", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82"])) + raw[at:]
+        )
     return raw
 
 
 @st.composite
 def avro_payloads(draw: st.DrawFn) -> bytes:
     """An Avro record of the contract, maybe truncated, with bytes after it, or with a byte changed."""
-    event = {"id": draw(st.text(max_size=9)), "at_ms": draw(st.integers(-5, 2**40)), "amount": draw(st.floats(-1, 2e6, allow_nan=False)),
-             "code": draw(st.sampled_from(["AB1", "ab1", "AB12"])), "kind": draw(st.sampled_from(["a", "b"])),
-             "small": draw(st.integers(-(2**31), 2**31 - 1)), "count": draw(st.integers(-10, 120)), "ratio": draw(st.floats(-3, 3, width=32)), "flag": draw(st.booleans()),
-             "note": draw(st.none() | st.text(max_size=3)), "zone": draw(st.text(max_size=3))}  # fmt: skip
+    event = {
+        "id": draw(st.text(max_size=9)),
+        "at_ms": draw(st.integers(-5, 2**40)),
+        "amount": draw(st.floats(-1, 2e6, allow_nan=False)),
+        "code": draw(st.sampled_from(["AB1", "ab1", "AB12"])),
+        "kind": draw(st.sampled_from(["a", "b"])),
+        "small": draw(st.integers(-(2**31), 2**31 - 1)),
+        "count": draw(st.integers(-10, 120)),
+        "ratio": draw(st.floats(-3, 3, width=32)),
+        "flag": draw(st.booleans()),
+        "note": draw(st.none() | st.text(max_size=3)),
+        "zone": draw(st.text(max_size=3)),
+    }
     raw = CONTRACT.encode(event, "avro")
     change = draw(st.integers(0, 5))
     if change == 0:
@@ -156,22 +219,40 @@ def test_any_bytes_get_the_same_verdict(replay: Replay, payload: bytes, wire: st
     assert_same(replay.decode(payload, wire), python_verdict(payload, wire))
 
 
-BOUNDS = parse_contract({
-    "type": "record", "name": "bounds", "fields": [
-        {"name": "price", "type": "double", "constraints": {"minimum": 0.3, "maximum": 99.99}},
-        {"name": "units", "type": "long", "constraints": {"minimum": 1, "exclusiveMaximum": 1e3}},
-    ],
-})  # fmt: skip
+BOUNDS = parse_contract(
+    {
+        "type": "record",
+        "name": "bounds",
+        "fields": [
+            {"name": "price", "type": "double", "constraints": {"minimum": 0.3, "maximum": 99.99}},
+            {"name": "units", "type": "long", "constraints": {"minimum": 1, "exclusiveMaximum": 1e3}},
+        ],
+    }
+)
 
 
 def test_decimal_bounds_and_other_text_encodings_get_the_same_verdict(replay: Replay) -> None:
     """Bounds no double holds exactly (0.3, 99.99: each side takes the double nearest, as Python reads the contract),
     and JSON in another encoding than UTF-8, or behind a byte order mark, which JSON refuses."""
-    prices = ["0.3", "0.29999999999999998", "0.29999999999999993", "0.30000000000000004", "99.99", "99.990000000000009",
-              "99.99000000000002", "1e-400", "99.98999999999999"]  # fmt: skip
+    prices = [
+        "0.3",
+        "0.29999999999999998",
+        "0.29999999999999993",
+        "0.30000000000000004",
+        "99.99",
+        "99.990000000000009",
+        "99.99000000000002",
+        "1e-400",
+        "99.98999999999999",
+    ]
     payloads = [f'{{"price": {price}, "units": {units}}}'.encode() for price in prices for units in ("0", "1", "999", "1000")]
     good = b'{"price": 1.5, "units": 3}'
-    payloads += [b"\xef\xbb\xbf" + good, good.decode().encode("utf-16-le"), good.decode().encode("utf-16"), good.decode().encode("utf-32")]
+    payloads += [
+        b"\xef\xbb\xbf" + good,
+        good.decode().encode("utf-16-le"),
+        good.decode().encode("utf-16"),
+        good.decode().encode("utf-32"),
+    ]
     replay.driver.tell(f"contract {BOUNDS.jvm_spec()}")
     try:
         verdicts = {payload: replay.decode(payload, "json") for payload in payloads}
@@ -186,12 +267,25 @@ def test_decimal_bounds_and_other_text_encodings_get_the_same_verdict(replay: Re
             python = ("ok", [event.price, event.units])
         assert_same(jvm, python)
     assert verdicts[good.decode().encode("utf-16-le")][0] == verdicts[b"\xef\xbb\xbf" + good][0] == "invalid"
-    assert {verdicts[f'{{"price": {p}, "units": 1}}'.encode()][0] for p in ("0.3", "99.99")} == {"ok"}, "a bound takes its own value"
+    assert {verdicts[f'{{"price": {p}, "units": 1}}'.encode()][0] for p in ("0.3", "99.99")} == {"ok"}, (
+        "a bound takes its own value"
+    )
 
 
 def test_a_valid_event_reads_the_same_on_both_wires(replay: Replay) -> None:
-    event = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "b", "small": -3, "count": 99, "ratio": 0.5, "flag": False,
-             "note": None, "zone": "z"}  # fmt: skip
+    event = {
+        "id": "e1",
+        "at_ms": 5,
+        "amount": 1.5,
+        "code": "AB1",
+        "kind": "b",
+        "small": -3,
+        "count": 99,
+        "ratio": 0.5,
+        "flag": False,
+        "note": None,
+        "zone": "z",
+    }
     for wire in ("json", "avro"):
         verdict = replay.decode(CONTRACT.encode(event, wire), wire)  # type: ignore[arg-type]
         assert verdict == ("ok", list(event.values()))
@@ -200,10 +294,18 @@ def test_a_valid_event_reads_the_same_on_both_wires(replay: Replay) -> None:
 
 def test_what_the_decoder_refuses_names_the_field(replay: Replay) -> None:
     base = {"id": "e1", "at_ms": 5, "amount": 1.5, "code": "AB1", "kind": "a", "small": 3, "count": 0, "ratio": 0.5, "flag": True}
-    cases = [({**base, "at_ms": 0}, "at_ms"), ({**base, "code": "AB1 "}, "code"), ({**base, "kind": "c"}, "kind"),
-             ({**base, "small": 2**31}, "small"), ({**base, "small": 1001}, "small"), ({**base, "count": -6}, "count"),
-             ({**base, "ratio": 2.6}, "ratio"), ({**base, "amount": 1e6}, "amount"),
-             ({k: v for k, v in base.items() if k != "flag"}, "flag"), ({**base, "id": "123456789"}, "id")]  # fmt: skip
+    cases = [
+        ({**base, "at_ms": 0}, "at_ms"),
+        ({**base, "code": "AB1 "}, "code"),
+        ({**base, "kind": "c"}, "kind"),
+        ({**base, "small": 2**31}, "small"),
+        ({**base, "small": 1001}, "small"),
+        ({**base, "count": -6}, "count"),
+        ({**base, "ratio": 2.6}, "ratio"),
+        ({**base, "amount": 1e6}, "amount"),
+        ({k: v for k, v in base.items() if k != "flag"}, "flag"),
+        ({**base, "id": "123456789"}, "id"),
+    ]
     for event, field in cases:
         payload = json.dumps(event).encode()
         assert replay.decode(payload, "json") == ("invalid", field)
@@ -213,16 +315,27 @@ def test_what_the_decoder_refuses_names_the_field(replay: Replay) -> None:
 def test_a_contract_that_loopline_cannot_take_is_refused_naming_the_field() -> None:
     bad = [
         ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "bytes"}]}, "field 'a'"),
-        ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "long", "constraints": {"pattern": "x"}}]}, "do not apply"),
+        (
+            {"type": "record", "name": "x", "fields": [{"name": "a", "type": "long", "constraints": {"pattern": "x"}}]},
+            "do not apply",
+        ),
         ({"type": "record", "name": "x", "fields": [{"name": "a", "type": ["null", "string", "long"]}]}, "one type with null"),
-        ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "("}}]}, "not a regular"),
+        (
+            {"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "("}}]},
+            "not a regular",
+        ),
         ({"type": "enum", "name": "x", "symbols": ["a"]}, "record schema"),
-        ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "(?P<n>a)"}}]},
-         "read differently"),
+        (
+            {"type": "record", "name": "x", "fields": [{"name": "a", "type": "string", "constraints": {"pattern": "(?P<n>a)"}}]},
+            "read differently",
+        ),
         ({"type": "record", "name": "x", "fields": [{"name": "json", "type": "string"}]}, "use themselves"),
-        ({"type": "record", "name": "x", "fields": [{"name": "a", "type": "int", "constraints": {"minimum": 0.5}}]}, "whole number"),
+        (
+            {"type": "record", "name": "x", "fields": [{"name": "a", "type": "int", "constraints": {"minimum": 0.5}}]},
+            "whole number",
+        ),
         ({"type": "record", "name": "x", "fields": [{"name": "_a", "type": "string"}]}, "underscore"),
-    ]  # fmt: skip
+    ]
     for schema, words in bad:
         with pytest.raises(ContractError, match=words):
             parse_contract(schema, "probe.avsc")

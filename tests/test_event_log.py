@@ -31,16 +31,30 @@ OUT_OF_ORDERNESS_MS, ROUND_MS, PARTITIONS = 5_000, 60_000, 3
 
 
 def _plan(topic: str) -> FeaturePlan:
-    view = view_plan("user_features", (AggregationSpec("amount_sum_5m", "sum", "amount", 5 * ROUND_MS, 10_000),), topic=topic,
-                     out_of_orderness_ms=OUT_OF_ORDERNESS_MS)  # fmt: skip
+    view = view_plan(
+        "user_features",
+        (AggregationSpec("amount_sum_5m", "sum", "amount", 5 * ROUND_MS, 10_000),),
+        topic=topic,
+        out_of_orderness_ms=OUT_OF_ORDERNESS_MS,
+    )
     return fraud_plan(view, topic=topic, out_of_orderness_ms=OUT_OF_ORDERNESS_MS)
 
 
 def _event(n: int, at_ms: int, rng: random.Random) -> bytes:
-    return encode(TransactionEvent(
-        schema_version=1, event_id=f"e{n}", event_time_ms=at_ms, user_id=f"u{rng.randrange(20)}", merchant_id="m1",
-        amount=round(rng.uniform(1, 300), 2), currency="EUR", merchant_category="grocery", channel="pos", country="DE",
-    ))  # fmt: skip
+    return encode(
+        TransactionEvent(
+            schema_version=1,
+            event_id=f"e{n}",
+            event_time_ms=at_ms,
+            user_id=f"u{rng.randrange(20)}",
+            merchant_id="m1",
+            amount=round(rng.uniform(1, 300), 2),
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
+    )
 
 
 def _round(rng: random.Random, first_ms: int, count: int, numbered: int) -> list[tuple[int, int, bytes]]:
@@ -51,12 +65,21 @@ def _round(rng: random.Random, first_ms: int, count: int, numbered: int) -> list
     records = []
     for i in range(count):
         sent, partition = first_ms + i * ROUND_MS // count, rng.randrange(PARTITIONS)
-        delay = rng.choice([rng.randrange(0, 1_000)] * 6 + [rng.randrange(1_000, 4_000), rng.randrange(8_000, 40_000),
-                                                             rng.randrange(5 * ROUND_MS, 20 * ROUND_MS)])  # fmt: skip
+        delay = rng.choice(
+            [rng.randrange(0, 1_000)] * 6
+            + [rng.randrange(1_000, 4_000), rng.randrange(8_000, 40_000), rng.randrange(5 * ROUND_MS, 20 * ROUND_MS)]
+        )
         value = _event(numbered + i, sent - delay - (30_000 if partition == 2 else 0), rng)
         if i % 50 == 7:
-            value = rng.choice([b"not json", b'{"schema_version": 1}', b"[]", _event(numbered + i, MAX_EVENT_TIME_MS + 1, rng),
-                                json.dumps({**json.loads(value), "amount": 1e300}).encode()])  # fmt: skip
+            value = rng.choice(
+                [
+                    b"not json",
+                    b'{"schema_version": 1}',
+                    b"[]",
+                    _event(numbered + i, MAX_EVENT_TIME_MS + 1, rng),
+                    json.dumps({**json.loads(value), "amount": 1e300}).encode(),
+                ]
+            )
         records.append((partition, sent, value))
     return records
 
@@ -77,8 +100,9 @@ def _full_read(plan: FeaturePlan, bootstrap: str, started_ms: int) -> tuple[int,
 
 
 def test_the_incremental_reader_keeps_the_full_reads_verdicts_and_reads_each_record_once(bootstrap: str) -> None:
-    topic = TopicSpec(f"test.event-log.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=PARTITIONS,
-                      retention_ms=DAY_MS)  # fmt: skip
+    topic = TopicSpec(
+        f"test.event-log.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=PARTITIONS, retention_ms=DAY_MS
+    )
     apply_topics(bootstrap, [topic])
     plan, rng = _plan(topic.name), random.Random(5)
     producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"event-log-{topic.name}", "linger.ms": 5})
@@ -107,7 +131,9 @@ def test_the_incremental_reader_keeps_the_full_reads_verdicts_and_reads_each_rec
         pd.testing.assert_frame_equal(accepted.reset_index(drop=True), want_accepted, check_exact=True)
         pd.testing.assert_frame_equal(late.reset_index(drop=True), want_late, check_exact=True)
         assert len(want_accepted) > 50 and len(want_late) > 0, round_index
-        assert sum(len(frame) - len(events_since(frame, since, EVENT_TIME)) for frame in full) > 0, f"round {round_index}: nothing let go"
+        assert sum(len(frame) - len(events_since(frame, since, EVENT_TIME)) for frame in full) > 0, (
+            f"round {round_index}: nothing let go"
+        )
         # A first read reads from the floor by Kafka time; a later one only this round's committed records.
         assert log.records_read == (read if starts_again else len(records)), round_index
 
@@ -120,9 +146,10 @@ def test_the_incremental_reader_keeps_the_full_reads_verdicts_and_reads_each_rec
 )
 def test_letting_events_older_than_the_floor_go_changes_no_verdict_on_the_rest(
     events: list[tuple[int, int]], out_of_orderness_ms: int, floor_ms: int
-) -> None:  # fmt: skip
-    frame = pd.DataFrame({"partition": [p for p, _ in events], "offset": range(len(events)), EVENT_TIME: [t for _, t in events]},
-                         dtype="int64")  # fmt: skip
+) -> None:
+    frame = pd.DataFrame(
+        {"partition": [p for p, _ in events], "offset": range(len(events)), EVENT_TIME: [t for _, t in events]}, dtype="int64"
+    )
     kept_accepted, kept_late = split_late(events_since(frame, floor_ms, EVENT_TIME), out_of_orderness_ms, EVENT_TIME)
     all_accepted, all_late = split_late(frame, out_of_orderness_ms, EVENT_TIME)
     pd.testing.assert_frame_equal(kept_accepted, events_since(all_accepted, floor_ms, EVENT_TIME))

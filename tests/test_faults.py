@@ -64,9 +64,16 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
     port, group = free_port(), f"frozen-{uuid.uuid4().hex[:8]}"
     start_group_at_end(applied.kafka.bootstrap, group, SCORE_REQUESTS.name)
     log = tmp_path / "serve.log"
-    server = start_scorer(applied, ["--http", "--kafka"], log, LOOPLINE_SERVING__HTTP_PORT=str(port),
-                          LOOPLINE_SERVING__MODEL_PATH=str(model), LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-                          LOOPLINE_SERVING__STALL_AFTER_S="2", LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5")  # fmt: skip
+    server = start_scorer(
+        applied,
+        ["--http", "--kafka"],
+        log,
+        LOOPLINE_SERVING__HTTP_PORT=str(port),
+        LOOPLINE_SERVING__MODEL_PATH=str(model),
+        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+        LOOPLINE_SERVING__STALL_AFTER_S="2",
+        LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5",
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until(lambda: _status(f"{url}/v1/models/ready") == 200, 60, 0.1), "the scorer did not start"
@@ -99,7 +106,9 @@ def test_job_restarts_are_counted_in_the_jobs_log_and_every_rolled_mini_cluster_
     flink = tmp_path / "feature-job-flink"
     flink.mkdir()
     (flink / "flink-minicluster.log").write_text(f"RUNNING\n{restarting}")
-    (flink / "flink-minicluster.log.1").write_text(f"{restarting}{restarting}Job features switched from state CREATED to RUNNING.\n")
+    (flink / "flink-minicluster.log.1").write_text(
+        f"{restarting}{restarting}Job features switched from state CREATED to RUNNING.\n"
+    )
     (tmp_path / "joiner.log").write_text(restarting)  # another job's: not counted for the feature job
     assert job_restarts(tmp_path, "feature-job") == 4
     assert job_restarts(tmp_path, "missing-job") == 0

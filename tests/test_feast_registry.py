@@ -68,10 +68,14 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     # A Feast user adds a feature the Feast way: edit the definitions, `feast apply` in the folder.
     definitions = repo / "features.py"
     text = definitions.read_text()
-    text = text.replace('        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n',
-                        f'        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n        _agg("{NEW_FEATURE}", "min", "amount", HOUR, MINUTE),\n')  # fmt: skip
-    text = text.replace('        Field(name="amount_max_24h", dtype=Float64, tags={"default": "0.0"}),\n',
-                        f'        Field(name="amount_max_24h", dtype=Float64, tags={{"default": "0.0"}}),\n        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{"default": "0.0"}}),\n')  # fmt: skip
+    text = text.replace(
+        '        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n',
+        f'        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n        _agg("{NEW_FEATURE}", "min", "amount", HOUR, MINUTE),\n',
+    )
+    text = text.replace(
+        '        Field(name="amount_max_24h", dtype=Float64, tags={"default": "0.0"}),\n',
+        f'        Field(name="amount_max_24h", dtype=Float64, tags={{"default": "0.0"}}),\n        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{"default": "0.0"}}),\n',
+    )
     assert NEW_FEATURE in text
     definitions.write_text(text)
     _cli([feast, "apply"], repo, env)
@@ -81,15 +85,28 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     apply_topics(settings.kafka.bootstrap, [SOURCE])
     user, now = f"registry-{uuid.uuid4().hex[:8]}", int(time.time() * 1000)
     events = [
-        TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=now + i, user_id=user, merchant_id="m1",
-                         amount=amount, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        TransactionEvent(
+            schema_version=1,
+            event_id=str(uuid.uuid4()),
+            event_time_ms=now + i,
+            user_id=user,
+            merchant_id="m1",
+            amount=amount,
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
         for i, amount in enumerate((30.0, 12.5, 99.0))
     ]
     EventProducer(settings.kafka.bootstrap).publish([Emitted(SOURCE.name, user, encode(e), now, e) for e in events])
     job = start_feature_job(
-        settings, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
-        LOOPLINE_STREAM__GROUP_ID=f"registry-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
-    )  # fmt: skip
+        settings,
+        tmp_path / "job.log",
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
+        LOOPLINE_STREAM__GROUP_ID=f"registry-{uuid.uuid4().hex[:8]}",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
+    )
     try:
         reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, repo)
         minimum = lambda: reader.get_online_features([f"{VIEW}:{NEW_FEATURE}"], [{"user_id": user}])[NEW_FEATURE][0]  # noqa: E731

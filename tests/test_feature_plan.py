@@ -22,8 +22,15 @@ CONTRACT = FRAUD.contract(TRANSACTIONS.name)
 HOUR, MINUTE = timedelta(hours=1), timedelta(minutes=1)
 
 
-def view(*aggregations: Aggregation, topic: str = TRANSACTIONS.name, name: str = "probe", dtype=None, message_format=None,
-         entities=(USER,), timestamp_field: str = "event_time_ms") -> StreamFeatureView:  # fmt: skip
+def view(
+    *aggregations: Aggregation,
+    topic: str = TRANSACTIONS.name,
+    name: str = "probe",
+    dtype=None,
+    message_format=None,
+    entities=(USER,),
+    timestamp_field: str = "event_time_ms",
+) -> StreamFeatureView:
     """A stream feature view of ``aggregations``, each feature Int64 for a count, else Float64, or all of ``dtype``."""
     source = KafkaSource(
         name=f"{name}_source",
@@ -39,7 +46,10 @@ def view(*aggregations: Aggregation, topic: str = TRANSACTIONS.name, name: str =
         entities=list(entities),
         timestamp_field=timestamp_field,
         aggregations=list(aggregations),
-        schema=[Field(name=a.name, dtype=dtype or (Int64 if a.function in ("count", "count_distinct") else Float64)) for a in aggregations],
+        schema=[
+            Field(name=a.name, dtype=dtype or (Int64 if a.function in ("count", "count_distinct") else Float64))
+            for a in aggregations
+        ],
     )
     # What `feast apply` infers from the entities: the view's join key columns.
     feature_view.entity_columns = [Field(name=entity.join_key, dtype=String) for entity in entities]
@@ -59,17 +69,25 @@ def test_the_fraud_templates_views_compile() -> None:
 @pytest.mark.parametrize(
     ("aggregation", "message"),
     [
-        (Aggregation(name="p", function="percentile", column="amount", time_window=HOUR, slide_interval=MINUTE),
-         "unsupported function 'percentile'"),
-        (Aggregation(name="p", function="sum", column="currency", time_window=HOUR, slide_interval=MINUTE),
-         "'sum' needs a numeric column, 'currency' is a string"),
-        (Aggregation(name="p", function="count", column="nope", time_window=HOUR, slide_interval=MINUTE),
-         "column 'nope' is not a field of transaction"),
-        (Aggregation(name="p", function="count", column="amount", time_window=HOUR, slide_interval=timedelta(minutes=7)),
-         "slide_interval must be positive and divide"),
+        (
+            Aggregation(name="p", function="percentile", column="amount", time_window=HOUR, slide_interval=MINUTE),
+            "unsupported function 'percentile'",
+        ),
+        (
+            Aggregation(name="p", function="sum", column="currency", time_window=HOUR, slide_interval=MINUTE),
+            "'sum' needs a numeric column, 'currency' is a string",
+        ),
+        (
+            Aggregation(name="p", function="count", column="nope", time_window=HOUR, slide_interval=MINUTE),
+            "column 'nope' is not a field of transaction",
+        ),
+        (
+            Aggregation(name="p", function="count", column="amount", time_window=HOUR, slide_interval=timedelta(minutes=7)),
+            "slide_interval must be positive and divide",
+        ),
         (Aggregation(name="p", function="count", column="amount"), "needs a positive time_window"),
     ],
-)  # fmt: skip
+)
 def test_unsupported_aggregations_are_refused_naming_the_view(aggregation: Aggregation, message: str) -> None:
     with pytest.raises(PlanError, match=message) as caught:
         compile_view(view(aggregation), FRAUD)
@@ -88,9 +106,11 @@ def test_a_feature_declared_with_another_type_than_its_function_gives_is_refused
 
 
 def test_a_last_value_and_a_composite_entity_compile() -> None:
-    probe = view(Aggregation(name="last_country", function="last", column="country"),
-                 Aggregation(name="pair_count", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
-                 entities=(USER, MERCHANT))  # fmt: skip
+    probe = view(
+        Aggregation(name="last_country", function="last", column="country"),
+        Aggregation(name="pair_count", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
+        entities=(USER, MERCHANT),
+    )
     next(f for f in probe.features if f.name == "last_country").dtype = String  # by name: the schema's order is Feast's
     plan, _ = compile_view(probe, FRAUD)
     assert plan.entity_keys == ("user_id", "merchant_id") and plan.entity_key == "(user_id,merchant_id)"
@@ -99,12 +119,16 @@ def test_a_last_value_and_a_composite_entity_compile() -> None:
 
 
 def test_a_source_whose_schema_is_not_its_contracts_is_refused_with_the_fix() -> None:
-    stale = view(Aggregation(name="n", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
-                 message_format=JsonFormat(schema_json="user_id string, amount double"))  # fmt: skip
+    stale = view(
+        Aggregation(name="n", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
+        message_format=JsonFormat(schema_json="user_id string, amount double"),
+    )
     with pytest.raises(PlanError, match=r"JsonFormat\(schema_json=load_contract\(\.\.\.\)\.ddl\(\)\)"):
         compile_view(stale, FRAUD)
-    avro = view(Aggregation(name="n", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
-                message_format=AvroFormat(schema_json=CONTRACT.avro_schema_json()))  # fmt: skip
+    avro = view(
+        Aggregation(name="n", function="count", column="amount", time_window=HOUR, slide_interval=MINUTE),
+        message_format=AvroFormat(schema_json=CONTRACT.avro_schema_json()),
+    )
     with pytest.raises(PlanError, match="decodes events.transactions as avro, the project declares format json"):
         compile_view(avro, FRAUD)
 
@@ -119,7 +143,9 @@ def test_a_join_key_or_time_the_contract_lacks_is_refused() -> None:
     with pytest.raises(PlanError, match="join key 'nobody_id' must be a required string field of transaction"):
         compile_view(view(Aggregation(name="n", function="count", column="amount", time_window=HOUR), entities=(nobody,)), FRAUD)
     with pytest.raises(PlanError, match="timestamp_field 'amount' must be a required long field"):
-        compile_view(view(Aggregation(name="n", function="count", column="amount", time_window=HOUR), timestamp_field="amount"), FRAUD)
+        compile_view(
+            view(Aggregation(name="n", function="count", column="amount", time_window=HOUR), timestamp_field="amount"), FRAUD
+        )
 
 
 def test_an_empty_feast_registry_is_a_clear_error() -> None:

@@ -45,14 +45,28 @@ T0 = int(time.time() * 1000) - 600_000
 
 def _prediction(event: str, request: str, at_ms: int) -> PredictionRecord:
     return PredictionRecord(
-        schema_version=1, request_id=request, entity_keys={"user_id": f"u-{event}"}, features={"f:x": 1.5, "request:amount": 3.0},
-        model_name="fraud", model_version="1", score=0.25, requested_at_ms=at_ms - 5, scored_at_ms=at_ms, event_id=event,
-    )  # fmt: skip
+        schema_version=1,
+        request_id=request,
+        entity_keys={"user_id": f"u-{event}"},
+        features={"f:x": 1.5, "request:amount": 3.0},
+        model_name="fraud",
+        model_version="1",
+        score=0.25,
+        requested_at_ms=at_ms - 5,
+        scored_at_ms=at_ms,
+        event_id=event,
+    )
 
 
 def _label(event: str, fraud: bool, at_ms: int) -> LabelEvent:
-    return LabelEvent(schema_version=1, event_id=event, user_id=f"u-{event}", is_fraud=fraud, label_time_ms=at_ms,
-                      source="chargeback" if fraud else "manual_review")  # fmt: skip
+    return LabelEvent(
+        schema_version=1,
+        event_id=event,
+        user_id=f"u-{event}",
+        is_fraud=fraud,
+        label_time_ms=at_ms,
+        source="chargeback" if fraud else "manual_review",
+    )
 
 
 def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings, tmp_path: Path) -> None:
@@ -97,12 +111,15 @@ def test_every_scored_event_yields_one_example_through_a_crash(applied: Settings
     publish(range(0, 200), first_tail)
 
     env = {
-        "LOOPLINE_FEEDBACK__PREDICTIONS_TOPIC": PREDICTIONS.name, "LOOPLINE_FEEDBACK__LABELS_TOPIC": LABELS.name,
-        "LOOPLINE_FEEDBACK__EXAMPLES_TOPIC": EXAMPLES.name, "LOOPLINE_FEEDBACK__DEAD_LETTER_TOPIC": DEAD.name,
-        "LOOPLINE_FEEDBACK__GROUP_ID": f"fb-{RUN}", "LOOPLINE_FEEDBACK__HORIZON_S": str(HORIZON_S),
+        "LOOPLINE_FEEDBACK__PREDICTIONS_TOPIC": PREDICTIONS.name,
+        "LOOPLINE_FEEDBACK__LABELS_TOPIC": LABELS.name,
+        "LOOPLINE_FEEDBACK__EXAMPLES_TOPIC": EXAMPLES.name,
+        "LOOPLINE_FEEDBACK__DEAD_LETTER_TOPIC": DEAD.name,
+        "LOOPLINE_FEEDBACK__GROUP_ID": f"fb-{RUN}",
+        "LOOPLINE_FEEDBACK__HORIZON_S": str(HORIZON_S),
         "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": str(CHECKPOINT_MS),
         "LOOPLINE_FEEDBACK__OUT_OF_ORDERNESS_MS": str(OUT_OF_ORDER_S * 1000),
-    }  # fmt: skip
+    }
 
     def examples() -> list[TrainingExample]:
         return [decode(TrainingExample, m.value()) for m in read_topic(bootstrap, EXAMPLES.name)]

@@ -64,8 +64,14 @@ def _loopline(settings: Settings, *args: str, bare: bool = False, **extra: str) 
     env = settings_environment(settings, **extra)
     if bare:
         env = {k: v for k, v in env.items() if k.startswith("LOOPLINE_")} | {"PATH": BARE_PATH, "HOME": os.environ["HOME"]}
-    result = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", *args], env=env, cwd=REPO,
-                            capture_output=True, text=True, timeout=400)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-c", "from loopline.cli import main; main()", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert result.returncode == 0, f"loopline {' '.join(args)}: {result.stdout[-1500:]} {result.stderr[-3000:]}"
     return result
 
@@ -171,8 +177,10 @@ def _job(settings: Settings, job_id: str) -> dict:
 def _running(settings: Settings, job_id: str, parallelism: int) -> bool:
     job = _job(settings, job_id)
     vertices = job["vertices"]
-    return job["state"] == "RUNNING" and max(v["parallelism"] for v in vertices) == parallelism and all(
-        v["status"] == "RUNNING" for v in vertices
+    return (
+        job["state"] == "RUNNING"
+        and max(v["parallelism"] for v in vertices) == parallelism
+        and all(v["status"] == "RUNNING" for v in vertices)
     )
 
 
@@ -204,17 +212,27 @@ def plan(settings: Settings, topics: None) -> FeaturePlan:
 @pytest.mark.timeout(900)
 def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Settings, bootstrap: str, plan: FeaturePlan) -> None:
     group, shared = f"test-cluster-{RUN}", cluster.home.absolute() / f"shared-{RUN}"
-    env = {"LOOPLINE_STREAM__SOURCE_TOPICS": json.dumps({TRANSACTIONS.name: SOURCE.name}), "LOOPLINE_STREAM__DEAD_LETTER_TOPIC": DEAD.name,
-           "LOOPLINE_STREAM__GROUP_ID": group, "LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000",
-           "LOOPLINE_STREAM__OFFLINE_DIR": str(cluster.home / f"offline-{RUN}"),
-           # Checkpoints and savepoints on the cluster's shared volume, named as a Flink filesystem URI.
-           "LOOPLINE_STREAM__CHECKPOINT_DIR": (shared / "checkpoints").as_uri()}  # fmt: skip
+    env = {
+        "LOOPLINE_STREAM__SOURCE_TOPICS": json.dumps({TRANSACTIONS.name: SOURCE.name}),
+        "LOOPLINE_STREAM__DEAD_LETTER_TOPIC": DEAD.name,
+        "LOOPLINE_STREAM__GROUP_ID": group,
+        "LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000",
+        "LOOPLINE_STREAM__OFFLINE_DIR": str(cluster.home / f"offline-{RUN}"),
+        # Checkpoints and savepoints on the cluster's shared volume, named as a Flink filesystem URI.
+        "LOOPLINE_STREAM__CHECKPOINT_DIR": (shared / "checkpoints").as_uri(),
+    }
     address = _address(cluster)
     stream = iter(fraud_world(11, START_MS, **STREAM))
     producer = EventProducer(bootstrap)
 
     def publish() -> None:
-        producer.publish([dataclasses.replace(e, topic=SOURCE.name) for e in itertools.islice(stream, BATCH) if e.topic == "events.transactions"])
+        producer.publish(
+            [
+                dataclasses.replace(e, topic=SOURCE.name)
+                for e in itertools.islice(stream, BATCH)
+                if e.topic == "events.transactions"
+            ]
+        )
 
     store = feature_store(cluster.feast_registry_path, cluster.redis_connection, cluster.repo_path)
 
@@ -230,8 +248,11 @@ def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Setting
             return not problems
 
         assert wait_until(agrees, timeout_s, 1), f"{len(problems)} online values differ from the recompute: {problems[:5]}"
-        letters = [d for m in read_topic(bootstrap, DEAD.name) if m.offset() >= letters_from
-                   and (d := decode(DeadLetterRecord, m.value())).source_topic == SOURCE.name]  # fmt: skip
+        letters = [
+            d
+            for m in read_topic(bootstrap, DEAD.name)
+            if m.offset() >= letters_from and (d := decode(DeadLetterRecord, m.value())).source_topic == SOURCE.name
+        ]
         positions = Counter((d.source_partition, d.source_offset) for d in letters)
         assert max(positions.values()) == 1, "each dead letter committed once"
         late_positions = {(d.source_partition, d.source_offset) for d in letters if d.reason == "late"}
@@ -261,7 +282,9 @@ def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Setting
         doomed = _taskmanager_pids(cluster)[1]
         for pid in [doomed, *_descendants(doomed)]:
             os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: _running(cluster, job_id, 2) and _last_checkpoint_ms(cluster, job_id) > killed_at * 1000, 180, 0.5)
+        assert wait_until(
+            lambda: _running(cluster, job_id, 2) and _last_checkpoint_ms(cluster, job_id) > killed_at * 1000, 180, 0.5
+        )
         recovered_s = time.time() - killed_at
         print(f"\nkill -9 of a TaskManager: the job ran again, checkpointing, after {recovered_s:.1f} s")
         # Every view is exact with no event after the kill's: the merchant view's replay interleaves the partitions
@@ -276,7 +299,9 @@ def test_feature_job_through_a_taskmanager_kill_and_a_savepoint(cluster: Setting
         assert wait_until(lambda: _job(cluster, job_id)["state"] == "FINISHED", 60, 0.5)
 
         publish()
-        resumed = _loopline(cluster, "stream", "submit", "--jobmanager", address, "--parallelism", "1", "--from-savepoint", savepoint, **env)
+        resumed = _loopline(
+            cluster, "stream", "submit", "--jobmanager", address, "--parallelism", "1", "--from-savepoint", savepoint, **env
+        )
         resumed_id = _submitted_id(resumed.stdout)
         # A job `stream submit` started records the plan its windows are built under (a printed command's does not).
         assert recorded_plan(str(shared / "checkpoints" / resumed_id)) == plan.identities()
@@ -323,13 +348,27 @@ def test_joiner_at_parallelism_2(cluster: Settings, bootstrap: str, topics: None
     for n in range(events):
         event, at = f"ev-{n}", t0 + n * 50
         prediction = PredictionRecord(
-            schema_version=1, request_id=f"req-{n}", entity_keys={"user_id": f"u-{n}"}, features={"f:x": 1.5}, model_name="fraud",
-            model_version="1", score=0.25, requested_at_ms=at - 5, scored_at_ms=at, event_id=event,
-        )  # fmt: skip
+            schema_version=1,
+            request_id=f"req-{n}",
+            entity_keys={"user_id": f"u-{n}"},
+            features={"f:x": 1.5},
+            model_name="fraud",
+            model_version="1",
+            score=0.25,
+            requested_at_ms=at - 5,
+            scored_at_ms=at,
+            event_id=event,
+        )
         producer.produce(PREDICTIONS.name, encode(prediction), f"req-{n}", timestamp=at)
         if n % 2 == 0:  # labeled within the horizon; the odd ones never are
-            label = LabelEvent(schema_version=1, event_id=event, user_id=f"u-{n}", is_fraud=n % 4 == 0, label_time_ms=at + 3_000,
-                               source="chargeback")  # fmt: skip
+            label = LabelEvent(
+                schema_version=1,
+                event_id=event,
+                user_id=f"u-{n}",
+                is_fraud=n % 4 == 0,
+                label_time_ms=at + 3_000,
+                source="chargeback",
+            )
             producer.produce(LABELS.name, encode(label), event, timestamp=at + 3_000)
         expected[event] = n % 4 == 0 if n % 2 == 0 else None
     producer.produce(PREDICTIONS.name, b"{not json", "bad", timestamp=t0)
@@ -340,10 +379,15 @@ def test_joiner_at_parallelism_2(cluster: Settings, bootstrap: str, topics: None
             producer.produce(topic.name, b"{tail", "tail", timestamp=tail, partition=partition)
     assert producer.flush(30) == 0
 
-    env = {"LOOPLINE_FEEDBACK__PREDICTIONS_TOPIC": PREDICTIONS.name, "LOOPLINE_FEEDBACK__LABELS_TOPIC": LABELS.name,
-           "LOOPLINE_FEEDBACK__EXAMPLES_TOPIC": EXAMPLES.name, "LOOPLINE_FEEDBACK__DEAD_LETTER_TOPIC": DEAD.name,
-           "LOOPLINE_FEEDBACK__GROUP_ID": f"fb-cluster-{RUN}", "LOOPLINE_FEEDBACK__HORIZON_S": "20",
-           "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": "1000"}  # fmt: skip
+    env = {
+        "LOOPLINE_FEEDBACK__PREDICTIONS_TOPIC": PREDICTIONS.name,
+        "LOOPLINE_FEEDBACK__LABELS_TOPIC": LABELS.name,
+        "LOOPLINE_FEEDBACK__EXAMPLES_TOPIC": EXAMPLES.name,
+        "LOOPLINE_FEEDBACK__DEAD_LETTER_TOPIC": DEAD.name,
+        "LOOPLINE_FEEDBACK__GROUP_ID": f"fb-cluster-{RUN}",
+        "LOOPLINE_FEEDBACK__HORIZON_S": "20",
+        "LOOPLINE_FEEDBACK__CHECKPOINT_INTERVAL_MS": "1000",
+    }
     submitted = _loopline(cluster, "feedback", "join", "--jobmanager", _address(cluster), "--parallelism", "2", **env)
     job_id = _submitted_id(submitted.stdout)
     try:

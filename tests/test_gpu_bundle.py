@@ -160,8 +160,10 @@ def test_the_trainer_imports_offline_on_the_image_with_the_bundle(bundle: Path, 
     # As infra/gpu_check.sh installs it: no index, no dependencies resolved.
     install = run([python, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", *map(str, wheels.values())])
     assert install.returncode == 0, install.stdout + install.stderr
-    probe = run([python, "-c", f"{PROBE}; import deepspeed, pydantic, onnxscript; print(deepspeed.__file__, pydantic.__file__)"],
-                PYTHONPATH=str(REPO))  # fmt: skip
+    probe = run(
+        [python, "-c", f"{PROBE}; import deepspeed, pydantic, onnxscript; print(deepspeed.__file__, pydantic.__file__)"],
+        PYTHONPATH=str(REPO),
+    )
     assert probe.returncode == 0, probe.stderr[-3000:]
     assert all(path.startswith(str(purelib)) for path in probe.stdout.split()[-2:]), probe.stdout
     # Every requirement the installed distributions declare is met, by the bundle or the image.
@@ -178,4 +180,6 @@ def test_gpu_check_sh_installs_the_bundle_where_deepspeed_is_missing(bundle: Pat
     assert f"wheels from {bundle} installed in " in done.stderr, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     # The check ran over the bundle and said what this Python lacks; its status is the script's.
-    assert done.returncode == 2 and result["cuda"] is False and "torch is not installed" in result["reason"], done.stdout + done.stderr[-3000:]
+    assert done.returncode == 2 and result["cuda"] is False and "torch is not installed" in result["reason"], (
+        done.stdout + done.stderr[-3000:]
+    )

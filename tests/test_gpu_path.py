@@ -35,7 +35,9 @@ def _runtimes(lines: list[str]) -> list[Requirement]:
 
 def test_onnx_runtime_comes_with_exactly_one_extra_cpu_or_gpu() -> None:
     project = _project()
-    assert _runtimes(project["dependencies"]) == [], "both builds write the `onnxruntime` package: neither may be a core dependency"
+    assert _runtimes(project["dependencies"]) == [], (
+        "both builds write the `onnxruntime` package: neither may be a core dependency"
+    )
     extras = project["optional-dependencies"]
     cpu, gpu = _runtimes(extras["cpu"]), _runtimes(extras["gpu"])
     assert [r.name for r in cpu] == ["onnxruntime"] and [r.name for r in gpu] == ["onnxruntime-gpu"]
@@ -64,12 +66,18 @@ def _model(path: Path) -> Path:
 
     weights = numpy_helper.from_array(np.asarray([[0.5], [-0.25]], dtype=np.float32), "w")
     axes = numpy_helper.from_array(np.asarray([1], dtype=np.int64), "axes")
-    nodes = [helper.make_node("MatMul", [INPUT_NAME, "w"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"]),
-             helper.make_node("Squeeze", ["p", "axes"], [OUTPUT_NAME])]  # fmt: skip
+    nodes = [
+        helper.make_node("MatMul", [INPUT_NAME, "w"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Squeeze", ["p", "axes"], [OUTPUT_NAME]),
+    ]
     graph = helper.make_graph(
-        nodes, "tiny", [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 2])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])], initializer=[weights, axes],
-    )  # fmt: skip
+        nodes,
+        "tiny",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
+        initializer=[weights, axes],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="loopline-tests")
     model.ir_version = 8
     helper.set_model_props(model, features_metadata([ModelInput("request:amount"), ModelInput("txn:count_1h")]))
@@ -121,11 +129,13 @@ def _nvidia_smi(folder: Path, gpus: int) -> None:
     """An nvidia-smi that lists ``gpus`` GPUs for ``-L``, as the real one does."""
     script = folder / "nvidia-smi"
     lines = "".join(f"echo 'GPU {i}: NVIDIA H200 (UUID: GPU-{i:08d}-0000-0000-0000-000000000000)'\n" for i in range(gpus))
-    script.write_text(f"#!/bin/sh\n[ \"$1\" = -L ] || exit 2\n{lines}")
+    script.write_text(f'#!/bin/sh\n[ "$1" = -L ] || exit 2\n{lines}')
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
 
 
-@pytest.mark.parametrize(("visible", "processes"), [("0,1", 2), ("3", 1), ("GPU-0a1b,GPU-2c3d", 2), ("", 2), ("-1", 2), ("0,-1,1", 1)])
+@pytest.mark.parametrize(
+    ("visible", "processes"), [("0,1", 2), ("3", 1), ("GPU-0a1b,GPU-2c3d", 2), ("", 2), ("-1", 2), ("0,-1,1", 1)]
+)
 def test_one_training_process_per_gpu_cuda_visible_devices_lists(bin_dir, monkeypatch, visible: str, processes: int) -> None:
     _nvidia_smi(bin_dir, 8)  # CUDA_VISIBLE_DEVICES, when set, wins over what the driver lists
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)

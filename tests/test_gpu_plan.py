@@ -32,7 +32,9 @@ def test_zero_stages_match_the_zero_paper(stage: int, expected_gb: float) -> Non
 def test_deepspeeds_fp32_gradients_are_counted_as_its_own_estimate_does(stage: int) -> None:
     psi, gpus = 1e9, 8
     memory = training_memory(ModelShape("mlp", psi, widths=(1, 1)), "bf16", stage, gpus=gpus, batch_per_gpu=0)
-    paper = training_memory(ModelShape("mlp", psi, widths=(1, 1)), "bf16", stage, gpus=gpus, batch_per_gpu=0, master_gradients=False)
+    paper = training_memory(
+        ModelShape("mlp", psi, widths=(1, 1)), "bf16", stage, gpus=gpus, batch_per_gpu=0, master_gradients=False
+    )
     # The fp32 copy of the gradients, partitioned as the optimizer state is.
     assert memory.optimizer - paper.optimizer == pytest.approx(4 * psi / (gpus if stage >= 1 else 1))
     if stage == 2 and find_spec("deepspeed") is not None:
@@ -41,8 +43,9 @@ def test_deepspeeds_fp32_gradients_are_counted_as_its_own_estimate_does(stage: i
         # DeepSpeed's own ZeRO 2 estimator without offload (its figure for the GPU comes second).
         assert memory.total == pytest.approx(estimate_zero2_model_states_mem_needs(int(psi), gpus, 1, cpu_offload=False)[1])
     fp32 = training_memory(ModelShape("mlp", psi, widths=(1, 1)), "fp32", stage, gpus=gpus, batch_per_gpu=0)
-    assert fp32 == training_memory(ModelShape("mlp", psi, widths=(1, 1)), "fp32", stage, gpus=gpus, batch_per_gpu=0,
-                                   master_gradients=False), "fp32 training steps on its own gradients"  # fmt: skip
+    assert fp32 == training_memory(
+        ModelShape("mlp", psi, widths=(1, 1)), "fp32", stage, gpus=gpus, batch_per_gpu=0, master_gradients=False
+    ), "fp32 training steps on its own gradients"
 
 
 def test_transformer_parameters_and_kv_cache_match_known_models() -> None:
@@ -62,8 +65,10 @@ def test_an_mlp_counts_weights_and_biases_and_fits_one_small_gpu() -> None:
 
 def test_the_fewest_gpus_that_fit_grow_with_the_model_and_shrink_with_zero() -> None:
     llama_70b = ModelShape.transformer(layers=80, hidden=8192, heads=64, vocab=32000)
-    fit = {stage: smallest_training_fit(llama_70b, "bf16", stage, batch_per_gpu=1, seq_len=4096, gpu="H100-80GB", recompute=True)
-           for stage in (0, 3)}  # fmt: skip
+    fit = {
+        stage: smallest_training_fit(llama_70b, "bf16", stage, batch_per_gpu=1, seq_len=4096, gpu="H100-80GB", recompute=True)
+        for stage in (0, 3)
+    }
     assert fit[0] is None, "16 bytes per parameter of a 70 B model never fit one 80 GB GPU without sharding"
     # 64.7 B parameters by 12·L·h² + V·h: 20 bytes each with DeepSpeed's fp32 gradients = 1.29 TB; over 16 GPUs
     # 80.9 GB + 5.4 GB of checkpointed activations is over the 72 GB usable of an 80 GB GPU, over 32 it is 45.8 GB.

@@ -18,7 +18,10 @@ def test_the_checked_in_dashboard_is_what_the_code_generates() -> None:
 
 
 def test_every_panel_queries_metrics_that_exist_through_the_provisioned_datasource() -> None:
-    exported = generate_latest(ScorerMetrics().collector_registry).decode() + generate_latest(MonitorMetrics().collector_registry).decode()
+    exported = (
+        generate_latest(ScorerMetrics().collector_registry).decode()
+        + generate_latest(MonitorMetrics().collector_registry).decode()
+    )
     types = set(re.findall(r"^# TYPE (\S+) ", exported, re.M))
     panels = dashboard()["panels"]
     expressions = [target["expr"] for panel in panels for target in panel["targets"]]
@@ -26,10 +29,20 @@ def test_every_panel_queries_metrics_that_exist_through_the_provisioned_datasour
     assert used and used <= types, used - types
     assert {name for expr in expressions for name in re.findall(r"flink_\w+", expr)} <= FLINK_METRICS
     # Every monitor metric is on the dashboard (a new one is not forgotten).
-    monitor = {name for name in re.findall(r"^# TYPE (loopline_feature_\S+) ", generate_latest(MonitorMetrics().collector_registry).decode(), re.M)}
-    assert monitor - used <= {"loopline_feature_window_rows", "loopline_feature_missing_ratio", "loopline_feature_consistency_extra_ratio",
-                              "loopline_feature_consistency_missing_ratio", "loopline_feature_consistency_smape",
-                              "loopline_feature_consistency_comparisons_total"}  # fmt: skip
+    monitor = {
+        name
+        for name in re.findall(
+            r"^# TYPE (loopline_feature_\S+) ", generate_latest(MonitorMetrics().collector_registry).decode(), re.M
+        )
+    }
+    assert monitor - used <= {
+        "loopline_feature_window_rows",
+        "loopline_feature_missing_ratio",
+        "loopline_feature_consistency_extra_ratio",
+        "loopline_feature_consistency_missing_ratio",
+        "loopline_feature_consistency_smape",
+        "loopline_feature_consistency_comparisons_total",
+    }
     datasources = yaml.safe_load((GRAFANA_DIR / "provisioning" / "datasources" / "loopline.yml").read_text())["datasources"]
     assert {d["uid"] for d in datasources} == {DATASOURCE["uid"]}
     assert all(panel["datasource"] == DATASOURCE for panel in panels)

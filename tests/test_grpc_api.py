@@ -30,12 +30,17 @@ def _load(cache: Path) -> dict:
 
 def test_setup_generates_the_modules_once_and_the_door_loads_them(tmp_path: Path) -> None:
     compiled = _load(tmp_path)
-    assert compiled["file"] is None and compiled["loader"] == "ProtoLoader", "nothing generated yet: grpc_tools compiled it in memory"
+    assert compiled["file"] is None and compiled["loader"] == "ProtoLoader", (
+        "nothing generated yet: grpc_tools compiled it in memory"
+    )
 
     generate = "from schemas.grpc_api import generate_scoring_api; print(generate_scoring_api())"
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    folder = Path(subprocess.run([sys.executable, "-c", generate], cwd=REPO, env=env, capture_output=True, text=True,
-                                 check=True).stdout.strip())  # fmt: skip
+    folder = Path(
+        subprocess.run(
+            [sys.executable, "-c", generate], cwd=REPO, env=env, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    )
     assert folder.is_relative_to(tmp_path / "loopline" / "grpc")
     assert sorted(p.name for p in (folder / "schemas").iterdir()) == ["scoring_pb2.py", "scoring_pb2_grpc.py"]
 

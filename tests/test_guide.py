@@ -64,7 +64,9 @@ def test_the_guides_score_request_names_the_delivery_models_entities_and_fields(
 def _command_lines() -> list[str]:
     """Each `loopline ...` command the guide gives: its shell blocks' lines (without their comments), and the commands
     written inline in its text."""
-    in_blocks = {line.split("  #")[0].strip() for block in _blocks("bash") for line in block.splitlines() if line.startswith("loopline ")}
+    in_blocks = {
+        line.split("  #")[0].strip() for block in _blocks("bash") for line in block.splitlines() if line.startswith("loopline ")
+    }
     inline = set(re.findall(r"`(loopline [^`<]+)`", GUIDE.read_text()))
     return sorted(in_blocks | {command.strip() for command in inline})
 

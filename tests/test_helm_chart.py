@@ -40,11 +40,30 @@ REPO = Path(__file__).resolve().parents[1]
 VALUES = CHART_VALUES
 #: Every kind issue 17 names, which the production values must render.
 PRODUCTION_KINDS = {
-    "Kafka", "KafkaNodePool", "KafkaTopic", "FlinkDeployment", "Deployment", "Service", "HorizontalPodAutoscaler",
-    "ScaledObject", "PodDisruptionBudget", "Job", "ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap",
-    "TrainJob", "ClusterTrainingRuntime", "ResourceFlavor", "ClusterQueue", "LocalQueue", "ServiceAccount", "Role",
-    "RoleBinding", "Secret",
-}  # fmt: skip
+    "Kafka",
+    "KafkaNodePool",
+    "KafkaTopic",
+    "FlinkDeployment",
+    "Deployment",
+    "Service",
+    "HorizontalPodAutoscaler",
+    "ScaledObject",
+    "PodDisruptionBudget",
+    "Job",
+    "ServiceMonitor",
+    "PodMonitor",
+    "PrometheusRule",
+    "ConfigMap",
+    "TrainJob",
+    "ClusterTrainingRuntime",
+    "ResourceFlavor",
+    "ClusterQueue",
+    "LocalQueue",
+    "ServiceAccount",
+    "Role",
+    "RoleBinding",
+    "Secret",
+}
 WORKLOADS = {"Deployment", "StatefulSet"}
 
 
@@ -80,7 +99,9 @@ def _pod_specs(obj: dict) -> list[dict]:
 
 def _images(node: object) -> list[str]:
     if isinstance(node, dict):
-        return [v for k, v in node.items() if k == "image" and isinstance(v, str)] + [i for v in node.values() for i in _images(v)]
+        return [v for k, v in node.items() if k == "image" and isinstance(v, str)] + [
+            i for v in node.values() for i in _images(v)
+        ]
     if isinstance(node, list):
         return [i for v in node for i in _images(v)]
     return []
@@ -112,10 +133,20 @@ def test_core_objects_validate_strictly(rendered: dict[str, list[dict]], kuberne
 
 def test_custom_resources_validate_against_the_pinned_crds(rendered: dict[str, list[dict]], crds: CrdValidators) -> None:
     custom = [(values, obj) for values, obj in _all(rendered) if crds.knows(obj)]
-    faults = [f"{values}: {obj['kind']}/{obj['metadata']['name']}: {error}" for values, obj in custom for error in crds.errors(obj)]
+    faults = [
+        f"{values}: {obj['kind']}/{obj['metadata']['name']}: {error}" for values, obj in custom for error in crds.errors(obj)
+    ]
     assert not faults, "\n".join(faults)
-    assert {obj["kind"] for _, obj in custom} >= {"FlinkDeployment", "Kafka", "KafkaTopic", "ScaledObject", "TrainJob",
-                                                  "ClusterTrainingRuntime", "ClusterQueue", "PrometheusRule"}  # fmt: skip
+    assert {obj["kind"] for _, obj in custom} >= {
+        "FlinkDeployment",
+        "Kafka",
+        "KafkaTopic",
+        "ScaledObject",
+        "TrainJob",
+        "ClusterTrainingRuntime",
+        "ClusterQueue",
+        "PrometheusRule",
+    }
 
 
 def test_a_misspelled_field_is_caught(rendered: dict[str, list[dict]], crds: CrdValidators) -> None:
@@ -165,7 +196,9 @@ def test_every_pod_runs_as_its_images_user(rendered: dict[str, list[dict]]) -> N
             images = {c.get("image") or obj["spec"]["image"] for c in pod["containers"]}
             users = {_image_user(image) for image in images if "redis" not in image}
             where = f"{values}: {obj['kind']}/{obj['metadata']['name']}"
-            assert users <= {pod["securityContext"]["runAsUser"]}, f"{where} runs as {pod['securityContext']['runAsUser']}, its images as {users}"
+            assert users <= {pod["securityContext"]["runAsUser"]}, (
+                f"{where} runs as {pod['securityContext']['runAsUser']}, its images as {users}"
+            )
             checked |= users
     assert checked == {9999, 10001}
 
@@ -190,8 +223,13 @@ def test_images_are_pinned(rendered: dict[str, list[dict]]) -> None:
 
 def test_image_tags_are_the_catalogs() -> None:
     images = yaml.safe_load((CHART / "values.yaml").read_text())["images"]
-    keys = {"flink": "loopline-flink", "scorer": "loopline-scorer-cpu", "scorerGpu": "loopline-scorer-cuda",
-            "trainer": "loopline-trainer", "ops": "loopline-ops"}  # fmt: skip
+    keys = {
+        "flink": "loopline-flink",
+        "scorer": "loopline-scorer-cpu",
+        "scorerGpu": "loopline-scorer-cuda",
+        "trainer": "loopline-trainer",
+        "ops": "loopline-ops",
+    }
     assert {keys[k]: f"{images[k]['repository']}:{images[k]['tag']}" for k in keys} == {k: image_tags()[k] for k in keys.values()}
 
 
@@ -230,7 +268,10 @@ def test_every_topic_is_a_kafka_topic(rendered: dict[str, list[dict]]) -> None:
         for spec in wanted:
             topic = topics[spec.name]
             assert (topic["partitions"], topic["config"]["retention.ms"], topic["config"]["cleanup.policy"]) == (
-                spec.partitions, spec.retention_ms, spec.cleanup_policy)
+                spec.partitions,
+                spec.retention_ms,
+                spec.cleanup_policy,
+            )
     replicated = next(o for o in rendered["production"] if o["kind"] == "KafkaTopic")["spec"]
     assert (replicated["replicas"], replicated["config"]["min.insync.replicas"]) == (3, 2)
     keda = next(o for o in rendered["production"] if o["kind"] == "ScaledObject")["spec"]
@@ -246,8 +287,12 @@ def test_every_alert_rule_is_in_the_chart(rendered: dict[str, list[dict]]) -> No
 
 def _monitor_jobs(objects: list[dict]) -> set[str]:
     """The job label each rendered monitor's endpoints give their targets (a relabeling that sets it)."""
-    endpoints = [e for o in objects if o["kind"] in {"ServiceMonitor", "PodMonitor"}
-                 for e in o["spec"].get("endpoints", []) + o["spec"].get("podMetricsEndpoints", [])]  # fmt: skip
+    endpoints = [
+        e
+        for o in objects
+        if o["kind"] in {"ServiceMonitor", "PodMonitor"}
+        for e in o["spec"].get("endpoints", []) + o["spec"].get("podMetricsEndpoints", [])
+    ]
     return {r["replacement"] for e in endpoints for r in e.get("relabelings", []) if r.get("targetLabel") == "job"}
 
 
@@ -255,15 +300,20 @@ def test_every_job_a_rule_selects_is_a_monitors(rendered: dict[str, list[dict]])
     """An up{job="X"} alert with no target of job X can never fire."""
     for values, objects in rendered.items():
         (rule,) = [o for o in objects if o["kind"] == "PrometheusRule"]
-        selected = {job for group in rule["spec"]["groups"] for r in group["rules"] for job in re.findall(r'job="([^"]+)"', r["expr"])}
+        selected = {
+            job for group in rule["spec"]["groups"] for r in group["rules"] for job in re.findall(r'job="([^"]+)"', r["expr"])
+        }
         assert selected >= {"loopline-feature-job", "loopline-monitor"}
         assert selected <= _monitor_jobs(objects), f"{values}: no monitor scrapes {sorted(selected - _monitor_jobs(objects))}"
 
 
 def _replicas(objects: list[dict], deployment: str) -> int:
     """The fewest replicas a Deployment runs: its autoscaler's minimum, else its own count."""
-    scalers = [o["spec"] for o in objects if o["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"}
-               and o["spec"]["scaleTargetRef"]["name"] == deployment]  # fmt: skip
+    scalers = [
+        o["spec"]
+        for o in objects
+        if o["kind"] in {"HorizontalPodAutoscaler", "ScaledObject"} and o["spec"]["scaleTargetRef"]["name"] == deployment
+    ]
     if scalers:
         return scalers[0].get("minReplicas", scalers[0].get("minReplicaCount"))
     return next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == deployment)["spec"]["replicas"]
@@ -276,7 +326,9 @@ def test_no_disruption_budget_blocks_a_node_drain(rendered: dict[str, list[dict]
     for values, budget in budgets:
         spec, name = budget["spec"], budget["metadata"]["name"]
         assert ("minAvailable" in spec) != ("maxUnavailable" in spec), f"{values}: {name}"
-        assert spec.get("maxUnavailable", 1) >= 1 and spec.get("minAvailable", 0) < _replicas(rendered[values], name), f"{values}: {name}: {spec}"
+        assert spec.get("maxUnavailable", 1) >= 1 and spec.get("minAvailable", 0) < _replicas(rendered[values], name), (
+            f"{values}: {name}: {spec}"
+        )
     production = {o["metadata"]["name"]: o["spec"] for values, o in budgets if values == "production"}
     assert production["loopline-scorer"]["minAvailable"] == 2
 
@@ -289,7 +341,11 @@ def test_the_training_runtime_runs_on_the_training_nodes(rendered: dict[str, lis
 
 
 def test_the_settings_hooks_are_reapplied_at_rollback(rendered: dict[str, list[dict]]) -> None:
-    hooks = [o for o in rendered["default"] if o["kind"] in {"ConfigMap", "Secret"} and o["metadata"]["name"] in {"loopline-settings", "loopline-secrets"}]
+    hooks = [
+        o
+        for o in rendered["default"]
+        if o["kind"] in {"ConfigMap", "Secret"} and o["metadata"]["name"] in {"loopline-settings", "loopline-secrets"}
+    ]
     assert len(hooks) == 2
     for hook in hooks:
         assert set(hook["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade", "pre-rollback"}
@@ -303,7 +359,10 @@ def test_what_the_chart_repeats_is_the_settings_defaults(rendered: dict[str, lis
     (monitor,) = objects["Deployment", "loopline-monitor"]["spec"]["template"]["spec"]["containers"]
     assert monitor["ports"] == [{"name": "http", "containerPort": MonitorSettings().metrics_port}]
     for door in ("loopline-scorer", "loopline-scorer-kafka"):
-        assert objects["Deployment", door]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > ServingSettings().shutdown_timeout_s
+        assert (
+            objects["Deployment", door]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+            > ServingSettings().shutdown_timeout_s
+        )
     longer = render(overrides={"settings.serving.shutdown_timeout_s": 100}, helm=helm)
     scorer = next(o for o in longer if o["kind"] == "Deployment" and o["metadata"]["name"] == "loopline-scorer")
     assert scorer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 100
@@ -320,13 +379,26 @@ def test_flink_deployments_run_what_print_command_prints(rendered: dict[str, lis
     assert {d["metadata"]["name"] for d in deployments} == set(commands)
     for deployment in deployments:
         job = deployment["spec"]["job"]
-        printed = CliRunner().invoke(app, [*commands[deployment["metadata"]["name"]], "--jobmanager", "jobmanager:8081",
-                                           "--print-command", "--image", "--parallelism", str(job["parallelism"])])  # fmt: skip
+        printed = CliRunner().invoke(
+            app,
+            [
+                *commands[deployment["metadata"]["name"]],
+                "--jobmanager",
+                "jobmanager:8081",
+                "--print-command",
+                "--image",
+                "--parallelism",
+                str(job["parallelism"]),
+            ],
+        )
         assert printed.exit_code == 0, printed.output
         line = printed.output.split()
-        assert job["args"] == line[line.index("--pyModule"):]
+        assert job["args"] == line[line.index("--pyModule") :]
         assert (job["entryClass"], job["jarURI"]) == (PYTHON_DRIVER, FlinkImage().python_jar(version("apache-flink")))
-        assert (job["upgradeMode"], deployment["spec"]["flinkConfiguration"]["high-availability.type"]) == ("last-state", "kubernetes")
+        assert (job["upgradeMode"], deployment["spec"]["flinkConfiguration"]["high-availability.type"]) == (
+            "last-state",
+            "kubernetes",
+        )
 
 
 def _pod_settings(rendered: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -344,8 +416,9 @@ def _pod_settings(rendered: list[dict], tmp_path: Path, monkeypatch: pytest.Monk
 
 
 @pytest.mark.parametrize("values", VALUES)
-def test_the_settings_the_pods_read_are_valid(rendered: dict[str, list[dict]], values: str, tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_settings_the_pods_read_are_valid(
+    rendered: dict[str, list[dict]], values: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _pod_settings(rendered[values], tmp_path, monkeypatch)
     settings = Settings()
     assert settings.serving.host == "0.0.0.0" and settings.kafka.bootstrap.endswith(":9092")
@@ -356,13 +429,17 @@ def test_the_settings_the_pods_read_are_valid(rendered: dict[str, list[dict]], v
     assert settings.redis.nodes == yaml.safe_load((CHART / "values.yaml").read_text())["redis"]["nodes"]
 
 
-def test_the_image_entry_runs_the_job_with_the_pods_settings(rendered: dict[str, list[dict]], tmp_path: Path,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_image_entry_runs_the_job_with_the_pods_settings(
+    rendered: dict[str, list[dict]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """What a FlinkDeployment's args start (loopline/flink_image_job.py): the job module, given the settings of the pod's
     ConfigMap and Secret (a password from the environment, never from the args), at the args' parallelism, with the
     image's jars."""
-    jars = {"connector": flink_connector_jar(Settings().resolved_jars_dir), "features": feature_operators_jar(Settings()),
-            "joiner": joiner_operators_jar(Settings())}  # fmt: skip
+    jars = {
+        "connector": flink_connector_jar(Settings().resolved_jars_dir),
+        "features": feature_operators_jar(Settings()),
+        "joiner": joiner_operators_jar(Settings()),
+    }
     image = FlinkImage(flink_home=tmp_path / "flink")
     image.lib.mkdir(parents=True)
     for jar in jars.values():
@@ -375,6 +452,12 @@ def test_the_image_entry_runs_the_job_with_the_pods_settings(rendered: dict[str,
     assert (module, job.parallelism, job.metrics_port) == ("streams.feature_job", 6, None)
     assert job.project_path == template_path("fraud") and job.source_topics == {}, "the project's topics as it names them"
     assert (job.connector_jar, job.operators_jar) == (image.lib / jars["connector"].name, image.lib / jars["features"].name)
-    assert "password=from-the-secret" in job.redis_connection and job.checkpoint_dir == "file:///var/lib/loopline/flink/checkpoints/features"
+    assert (
+        "password=from-the-secret" in job.redis_connection
+        and job.checkpoint_dir == "file:///var/lib/loopline/flink/checkpoints/features"
+    )
     module, (joiner,) = job_arguments(JOINER, 2, image)
-    assert (module, JoinerSettings.from_json(joiner).operators_jar) == ("feedback_loop.joiner_job", image.lib / jars["joiner"].name)
+    assert (module, JoinerSettings.from_json(joiner).operators_jar) == (
+        "feedback_loop.joiner_job",
+        image.lib / jars["joiner"].name,
+    )

@@ -94,9 +94,14 @@ def test_the_scorer_image_scores_with_the_stacks_features(podman: Podman, applie
         path.chmod(0o755 if path.is_dir() else 0o644)
     http_port, grpc_port = free_ports(2)
     env = _loopline_environment(
-        applied, "LOOPLINE_HOME", "LOOPLINE_JARS_DIR", "LOOPLINE_PROJECT", LOOPLINE_SERVING__HTTP_PORT=str(http_port),
-        LOOPLINE_SERVING__GRPC_PORT=str(grpc_port), LOOPLINE_FEATURE_STORE__FEAST_REGISTRY_PATH=f"{FEAST_DIR}/registry.db",
-    )  # fmt: skip
+        applied,
+        "LOOPLINE_HOME",
+        "LOOPLINE_JARS_DIR",
+        "LOOPLINE_PROJECT",
+        LOOPLINE_SERVING__HTTP_PORT=str(http_port),
+        LOOPLINE_SERVING__GRPC_PORT=str(grpc_port),
+        LOOPLINE_FEATURE_STORE__FEAST_REGISTRY_PATH=f"{FEAST_DIR}/registry.db",
+    )
     mounts = [f"--volume={shared / 'model'}:{MODEL_DIR}:ro", f"--volume={shared / 'feast'}:{FEAST_DIR}:ro"]
     url = f"http://127.0.0.1:{http_port}"
     log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
@@ -108,7 +113,10 @@ def test_the_scorer_image_scores_with_the_stacks_features(podman: Podman, applie
             return False
 
     image = TAGS["loopline-scorer-cpu"]
-    with closing(log), container(podman, image, [*env, *mounts], ["serve", "--http", "--grpc", "--model", f"{MODEL_DIR}/fraud.onnx"]) as name:
+    with (
+        closing(log),
+        container(podman, image, [*env, *mounts], ["serve", "--http", "--grpc", "--model", f"{MODEL_DIR}/fraud.onnx"]) as name,
+    ):
         assert wait_until(ready, 120, 0.5), podman.run("logs", name).stdout[-3000:]
         request = score_request(user, 120.0)
         reply = requests.post(f"{url}/v1/score", json=request, timeout=5)
@@ -147,11 +155,15 @@ def _flink_properties(spec: dict, **options: object) -> str:
     ``_`` for ``.``: addresses and ports)."""
     jar = spec["job"]["jarURI"]
     conf = {k: v for k, v in spec["flinkConfiguration"].items() if not k.startswith("high-availability.")}
-    conf |= {"jobmanager.memory.process.size": spec["jobManager"]["resource"]["memory"],
-             "taskmanager.memory.process.size": spec["taskManager"]["resource"]["memory"],
-             "parallelism.default": spec["job"]["parallelism"], "execution.target": "remote", "pipeline.jars": jar,
-             "pipeline.classpaths": "file://" + jar.removeprefix("local://"),
-             **{k.replace("_", "."): v for k, v in options.items()}}  # fmt: skip
+    conf |= {
+        "jobmanager.memory.process.size": spec["jobManager"]["resource"]["memory"],
+        "taskmanager.memory.process.size": spec["taskManager"]["resource"]["memory"],
+        "parallelism.default": spec["job"]["parallelism"],
+        "execution.target": "remote",
+        "pipeline.jars": jar,
+        "pipeline.classpaths": "file://" + jar.removeprefix("local://"),
+        **{k.replace("_", "."): v for k, v in options.items()},
+    }
     return "".join(f"{key}: {value}\n" for key, value in conf.items())
 
 
@@ -168,19 +180,26 @@ def _job_runs_on(address: str, taskmanagers: int) -> bool:
     return all(v["status"] == "RUNNING" for v in vertices) and len(used) == taskmanagers
 
 
-def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does(podman: Podman, applied: Settings, helm: Path,
-                                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does(
+    podman: Podman, applied: Settings, helm: Path, tmp_path: Path
+) -> None:
     """The chart's features FlinkDeployment, run from the image as the Flink operator runs an application cluster in
     standalone mode (``standalone-job --job-classname <entryClass> <job.args>`` and ``taskmanager``, each container
     with the pod template's env and mounts), on this host's network against the session's Kafka and Redis: the job
     reaches RUNNING on the image's own TaskManager and writes the features of the events published to Redis."""
     run = uuid.uuid4().hex[:8]
     source = TopicSpec(f"test.images.events.{run}", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
-    objects = render(overrides={
-        "kafka.strimzi": "false", "kafka.bootstrapServers": f"{{{applied.kafka.bootstrap}}}", "redis.mode": "standalone",
-        "redis.nodes": f"{{{','.join(applied.redis.addresses)}}}", "settings.stream.source_topics.events\\.transactions": source.name,
-        "settings.stream.group_id": f"images-{run}",
-    }, helm=helm)  # fmt: skip
+    objects = render(
+        overrides={
+            "kafka.strimzi": "false",
+            "kafka.bootstrapServers": f"{{{applied.kafka.bootstrap}}}",
+            "redis.mode": "standalone",
+            "redis.nodes": f"{{{','.join(applied.redis.addresses)}}}",
+            "settings.stream.source_topics.events\\.transactions": source.name,
+            "settings.stream.group_id": f"images-{run}",
+        },
+        helm=helm,
+    )
     (deployment,) = [o for o in objects if o["kind"] == "FlinkDeployment" and o["metadata"]["name"] == "loopline-feature-job"]
     spec, job = deployment["spec"], deployment["spec"]["job"]
     pod = spec["podTemplate"]["spec"]
@@ -195,23 +214,44 @@ def test_the_flink_image_runs_the_charts_feature_deployment_as_the_operator_does
 
     user, amounts = f"image-{run}", [20.0, 35.5, 4.5]
     apply_topics(applied.kafka.bootstrap, [source])
-    events = [TransactionEvent(schema_version=1, event_id=str(uuid.uuid4()), event_time_ms=int(time.time() * 1000) + i,
-                               user_id=user, merchant_id=f"m{i}", amount=amount, currency="EUR", merchant_category="grocery",
-                               channel="pos", country="DE") for i, amount in enumerate(amounts)]  # fmt: skip
+    events = [
+        TransactionEvent(
+            schema_version=1,
+            event_id=str(uuid.uuid4()),
+            event_time_ms=int(time.time() * 1000) + i,
+            user_id=user,
+            merchant_id=f"m{i}",
+            amount=amount,
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
+        for i, amount in enumerate(amounts)
+    ]
     EventProducer(applied.kafka.bootstrap).publish([Emitted(source.name, user, encode(e), e.event_time_ms, e) for e in events])
 
     rpc, rest, blob, tm_rpc, tm_data, jm_metrics, tm_metrics = free_ports(7)
     address = f"127.0.0.1:{rest}"
     cluster = {"jobmanager_rpc_address": "127.0.0.1", "jobmanager_rpc_port": rpc}
-    jobmanager = _flink_properties(spec, **cluster, rest_address="127.0.0.1", rest_port=rest, blob_server_port=blob,
-                                   metrics_reporter_prom_port=jm_metrics)  # fmt: skip
-    taskmanager = _flink_properties(spec, **cluster, taskmanager_host="127.0.0.1", taskmanager_rpc_port=tm_rpc,
-                                    taskmanager_data_port=tm_data, metrics_reporter_prom_port=tm_metrics)  # fmt: skip
+    jobmanager = _flink_properties(
+        spec, **cluster, rest_address="127.0.0.1", rest_port=rest, blob_server_port=blob, metrics_reporter_prom_port=jm_metrics
+    )
+    taskmanager = _flink_properties(
+        spec,
+        **cluster,
+        taskmanager_host="127.0.0.1",
+        taskmanager_rpc_port=tm_rpc,
+        taskmanager_data_port=tm_data,
+        metrics_reporter_prom_port=tm_metrics,
+    )
     image = TAGS["loopline-flink"]
     assert spec["image"].endswith(image), "the chart runs the catalog's Flink image"
     application = ["standalone-job", "--job-classname", job["entryClass"], *job["args"]]
-    with (container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={jobmanager}"], application) as jm,
-          container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={taskmanager}"], ["taskmanager"]) as tm):
+    with (
+        container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={jobmanager}"], application) as jm,
+        container(podman, image, [*pod_options, f"--env=FLINK_PROPERTIES={taskmanager}"], ["taskmanager"]) as tm,
+    ):
         logs = lambda: _logs(podman, jm, tm)  # noqa: E731
         assert wait_until(lambda: _job_runs_on(address, 1) or _exited(podman, jm), 300, 1) and not _exited(podman, jm), logs()
         reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
@@ -228,8 +268,10 @@ def _logs(podman: Podman, *names: str) -> str:
     """The end of each container's output less Java's stack frames (a failed job's Python traceback stays in view),
     for a failure's message."""
     outputs = {name: podman.run("logs", name) for name in names}
-    kept = {name: "\n".join(line for line in (out.stdout + out.stderr).splitlines() if not line.lstrip().startswith(("at ", "... ")))
-            for name, out in outputs.items()}  # fmt: skip
+    kept = {
+        name: "\n".join(line for line in (out.stdout + out.stderr).splitlines() if not line.lstrip().startswith(("at ", "... ")))
+        for name, out in outputs.items()
+    }
     return "\n".join(f"--- {name}:\n{text[-5000:]}" for name, text in kept.items())
 
 

@@ -30,6 +30,11 @@ def test_the_taskmanagers_python_must_be_this_version(tmp_path) -> None:
 def test_code_archive_holds_the_jobs_packages(tmp_path) -> None:
     archive = code_archive(tmp_path)
     names = zipfile.ZipFile(archive).namelist()
-    assert {"streams/feature_job.py", "feedback_loop/joiner_job.py", "schemas/records.py", "feature_store/online_write.py"} <= set(names)
+    assert {
+        "streams/feature_job.py",
+        "feedback_loop/joiner_job.py",
+        "schemas/records.py",
+        "feature_store/online_write.py",
+    } <= set(names)
     assert {name.split("/")[0] for name in names} == set(CODE_PACKAGES)
     assert code_archive(tmp_path) == archive, "the same sources, the same archive"

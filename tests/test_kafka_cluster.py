@@ -32,11 +32,23 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings
     home = tmp_path_factory.mktemp("kafka-cluster")
     local = stack_settings(home)
     with NetworkNamespaces(BROKERS) as network:
-        kafka = KafkaCluster(BROKERS, network.addresses, 9092, 9093, local.resolved_data_dir, JARS_DIR, local.run_dir,
-                             local.resolved_logs_dir, local.kafka.heap_mb, local.kafka.start_timeout_s,
-                             launchers=[network.command(i, []) for i in range(BROKERS)])  # fmt: skip
+        kafka = KafkaCluster(
+            BROKERS,
+            network.addresses,
+            9092,
+            9093,
+            local.resolved_data_dir,
+            JARS_DIR,
+            local.run_dir,
+            local.resolved_logs_dir,
+            local.kafka.heap_mb,
+            local.kafka.start_timeout_s,
+            launchers=[network.command(i, []) for i in range(BROKERS)],
+        )
         cluster_kafka = {"bootstrap_servers": kafka.bootstrap.split(","), "replication_factor": 3, "min_insync_replicas": 2}
-        settings = local.model_copy(update={"kafka": type(local.kafka).model_validate({**local.kafka.model_dump(), **cluster_kafka})})
+        settings = local.model_copy(
+            update={"kafka": type(local.kafka).model_validate({**local.kafka.model_dump(), **cluster_kafka})}
+        )
         redis = build_stack(settings).redis
         try:
             kafka.start()
@@ -74,7 +86,9 @@ def test_a_node_killed_or_cut_off_under_load_loses_nothing(
     assert_the_drill_lost_nothing(report, BROKER_FAULTS)
     answered = sum(a.status == 200 for a in report.http_answers)
     assert answered > 100 and (report.http_predictions_lost, report.http_predictions_duplicated) == (0, 0), figures
-    assert (report.examples_lost, report.examples_duplicated) == (0, 0), f"every labeled request has exactly one example: {figures}"
+    assert (report.examples_lost, report.examples_duplicated) == (0, 0), (
+        f"every labeled request has exactly one example: {figures}"
+    )
     assert report.open_transactions == [], "no transaction left open"
     assert kafka.hanging_transactions() == []
     assert all(f.full_isr_s is not None for f in report.faults), f"every replica back in sync after each fault: {report.faults}"

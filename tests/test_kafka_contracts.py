@@ -46,9 +46,7 @@ def test_topics_apply_is_idempotent_and_repairs_drift(bootstrap: str) -> None:
     admin.incremental_alter_configs([drifted])[drifted].result()
     # The broker applies config changes from the metadata log asynchronously: wait until it shows the drift.
     described = ConfigResource(ConfigResource.Type.TOPIC, TRANSACTIONS.name)
-    assert wait_until(
-        lambda: admin.describe_configs([described])[described].result()["retention.ms"].value == "1000", 10.0
-    )
+    assert wait_until(lambda: admin.describe_configs([described])[described].result()["retention.ms"].value == "1000", 10.0)
     changes = {change.topic: change for change in apply_topics(bootstrap, topics)}
     assert changes[TRANSACTIONS.name].action == "updated"
     assert f"retention.ms={TRANSACTIONS.retention_ms}" in changes[TRANSACTIONS.name].detail
@@ -93,8 +91,13 @@ def test_kcat_events_are_validated_and_bad_ones_dead_lettered(bootstrap: str) ->
     assert counts[TRANSACTIONS.name].dead_lettered >= 2
 
     letters: list[DeadLetterRecord] = []
-    reader = ValidatingConsumer(bootstrap, f"test-{uuid.uuid4()}", {DEAD_LETTERS.name: lambda b: decode(DeadLetterRecord, b)},
-                                DEAD_LETTERS.name, "test-reader")  # fmt: skip
+    reader = ValidatingConsumer(
+        bootstrap,
+        f"test-{uuid.uuid4()}",
+        {DEAD_LETTERS.name: lambda b: decode(DeadLetterRecord, b)},
+        DEAD_LETTERS.name,
+        "test-reader",
+    )
     try:
         reader.run_until_caught_up(timeout_s=60, on_valid=lambda _t, record: letters.append(record))
     finally:

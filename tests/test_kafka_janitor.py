@@ -11,12 +11,14 @@ from infra.kafka import parse_hanging_transactions
 _HEADER = (
     "Topic              \tPartition\tProducerId\tProducerEpoch\tCoordinatorEpoch\tStartOffset\tLastTimestamp\tDuration(min)\t"
 )
-_FOUND = "\n".join([
-    "[2026-12-01 21:24:56,101] INFO Kafka version: 4.4.0 (org.apache.kafka.common.utils.internals.AppInfoParser)",
-    _HEADER,
-    "scoring.predictions\t5        \t2         \t6            \t2               \t1724       \t1796160175135\t1            \t",
-    "__consumer_offsets \t0        \t2         \t6            \t2               \t1028       \t1796160175283\t1            \t",
-])  # fmt: skip
+_FOUND = "\n".join(
+    [
+        "[2026-12-01 21:24:56,101] INFO Kafka version: 4.4.0 (org.apache.kafka.common.utils.internals.AppInfoParser)",
+        _HEADER,
+        "scoring.predictions\t5        \t2         \t6            \t2               \t1724       \t1796160175135\t1            \t",
+        "__consumer_offsets \t0        \t2         \t6            \t2               \t1028       \t1796160175283\t1            \t",
+    ]
+)
 
 
 def test_each_row_of_the_padded_table_is_a_hanging_transaction() -> None:

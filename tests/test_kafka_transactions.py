@@ -47,8 +47,14 @@ class Writer:
         self.raise_after_commit = False
         self.stopping = threading.Event()
         config = transactional_producer_config({"bootstrap.servers": bootstrap}, f"test-{uuid.uuid4()}")
-        self.writer = TransactionWriter(config, interval_s=interval_s, max_records=max_records, broker_timeout_s=10,
-                                        committed=self._committed, stopping=self.stopping)  # fmt: skip
+        self.writer = TransactionWriter(
+            config,
+            interval_s=interval_s,
+            max_records=max_records,
+            broker_timeout_s=10,
+            committed=self._committed,
+            stopping=self.stopping,
+        )
         assert self.writer.start()
 
     def _committed(self, outputs: list[Output], at: float) -> None:
@@ -68,7 +74,9 @@ class Writer:
 @pytest.fixture(scope="module", autouse=True)
 def topics(bootstrap: str) -> Iterator[str]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for created in admin.create_topics([NewTopic(topic, num_partitions=1, replication_factor=1) for topic in (OUTPUT, INPUT)]).values():
+    for created in admin.create_topics(
+        [NewTopic(topic, num_partitions=1, replication_factor=1) for topic in (OUTPUT, INPUT)]
+    ).values():
         created.result(30)
     yield OUTPUT
     for deleted in admin.delete_topics([OUTPUT, INPUT]).values():
@@ -87,7 +95,10 @@ def _ids(n: int) -> list[str]:
 
 
 def test_the_producer_lowers_the_retry_backoff_unless_the_client_config_sets_it() -> None:
-    assert transactional_producer_config({"bootstrap.servers": "b"}, "t")["retry.backoff.ms"] == TRANSACTION_RETRY_BACKOFF["retry.backoff.ms"]
+    assert (
+        transactional_producer_config({"bootstrap.servers": "b"}, "t")["retry.backoff.ms"]
+        == TRANSACTION_RETRY_BACKOFF["retry.backoff.ms"]
+    )
     assert transactional_producer_config({"retry.backoff.ms": 250}, "t")["retry.backoff.ms"] == 250
     assert transactional_producer_config({"transactional.id": "theirs"}, "ours")["transactional.id"] == "ours"
 
@@ -101,7 +112,7 @@ def test_chunks_handed_within_an_interval_commit_together_once_it_has_passed(boo
         time.sleep(0.6)  # the second chunk is scored later, within the first's interval
         writer.hand(member, second, 15)
         assert wait_until(lambda: writer.commits, 30), "a commit"
-        (keys, at), = writer.commits  # fmt: skip
+        ((keys, at),) = writer.commits
         assert keys == first + second
         assert at - handed >= 1.0, "committed before its interval was over"
         # The interval runs from the first chunk: counted from the second, the commit would come after 1.6 s.

@@ -23,7 +23,9 @@ VOCABULARIES = {"courier_features:last_zone": ["z00", "z01", "z02"], "request:cu
 def _model() -> TabularMLP:
     inputs = typed_inputs(DELIVERY.feature_repo, DELIVERY.spec.model.inputs)
     numbers = sum(i.kind == "number" for i in inputs)
-    model = TabularMLP(inputs, [16], np.zeros(numbers), np.ones(numbers), vocabularies=VOCABULARIES, kind="numeric", target=(30.0, 8.0))
+    model = TabularMLP(
+        inputs, [16], np.zeros(numbers), np.ones(numbers), vocabularies=VOCABULARIES, kind="numeric", target=(30.0, 8.0)
+    )
     with torch.no_grad():  # embeddings apart enough that a word's code shows in the score
         for embedding in model.embeddings:
             embedding.weight.mul_(10)

@@ -45,37 +45,67 @@ def _values(rng: np.random.Generator, n: int, shift: float = 1.0) -> list[dict]:
 
 def _reference(settings: Settings) -> str:
     rng = np.random.default_rng(0)
-    examples = [TrainingExample(
-        schema_version=1, event_id=f"ref-{i}", request_id=f"ref-{i}", entity_keys={"user_id": f"u{i}"}, features=features,
-        model_name="fraud", model_version="1", score=0.5, label=float(i % 9 == 0), requested_at_ms=1_790_000_000_000 + i,
-        predicted_at_ms=1_790_000_000_000 + i, label_time_ms=1_790_000_100_000, joined_at_ms=1_790_000_100_000,
-    ) for i, features in enumerate(_values(rng, 5_000))]  # fmt: skip
-    manifest = write_snapshot(examples_frame(examples), settings.snapshots_root, kind="feedback", source={"test": "monitor"},
-                              time_range={"from_ms": None, "to_ms": None})  # fmt: skip
+    examples = [
+        TrainingExample(
+            schema_version=1,
+            event_id=f"ref-{i}",
+            request_id=f"ref-{i}",
+            entity_keys={"user_id": f"u{i}"},
+            features=features,
+            model_name="fraud",
+            model_version="1",
+            score=0.5,
+            label=float(i % 9 == 0),
+            requested_at_ms=1_790_000_000_000 + i,
+            predicted_at_ms=1_790_000_000_000 + i,
+            label_time_ms=1_790_000_100_000,
+            joined_at_ms=1_790_000_100_000,
+        )
+        for i, features in enumerate(_values(rng, 5_000))
+    ]
+    manifest = write_snapshot(
+        examples_frame(examples),
+        settings.snapshots_root,
+        kind="feedback",
+        source={"test": "monitor"},
+        time_range={"from_ms": None, "to_ms": None},
+    )
     return manifest.snapshot_id
 
 
 def _prediction(version: str, features: dict, i: int) -> PredictionRecord:
     now = int(time.time() * 1000)
     return PredictionRecord(
-        schema_version=1, request_id=f"{version}-{uuid.uuid4().hex[:10]}", entity_keys={"user_id": f"u{i % 500}"},
-        features=features, model_name="fraud", model_version=version, score=0.5, requested_at_ms=now - 3, scored_at_ms=now,
-    )  # fmt: skip
+        schema_version=1,
+        request_id=f"{version}-{uuid.uuid4().hex[:10]}",
+        entity_keys={"user_id": f"u{i % 500}"},
+        features=features,
+        model_name="fraud",
+        model_version=version,
+        score=0.5,
+        requested_at_ms=now - 3,
+        scored_at_ms=now,
+    )
 
 
 def _odd(version: str, odd_version: str, good: dict) -> list[tuple[bytes, str | None]]:
     """Contract-valid records a careless writer could log, as JSON Python writes it (NaN, Infinity, integers of any
     length), each with the bad-record reason it must get (None: counted, under ``odd_version``)."""
     cases = [
-        ({**good, AMOUNT: "abc"}, version, "wrong_type"), ({**good, AMOUNT: 10**400}, version, "not_finite"),
-        ({**good, AMOUNT: float("inf")}, version, "not_finite"), ({**good, COUNT: float("-inf")}, version, "not_finite"),
+        ({**good, AMOUNT: "abc"}, version, "wrong_type"),
+        ({**good, AMOUNT: 10**400}, version, "not_finite"),
+        ({**good, AMOUNT: float("inf")}, version, "not_finite"),
+        ({**good, COUNT: float("-inf")}, version, "not_finite"),
         ({}, version, "no_features"),
-        ({**good, AMOUNT: True}, odd_version, None), ({**good, AMOUNT: 3 * 10**39}, odd_version, None),  # beyond float32
-        ({**good, AMOUNT: float("nan")}, odd_version, None), ({**good, CHANNEL: 7}, odd_version, None),
+        ({**good, AMOUNT: True}, odd_version, None),
+        ({**good, AMOUNT: 3 * 10**39}, odd_version, None),  # beyond float32
+        ({**good, AMOUNT: float("nan")}, odd_version, None),
+        ({**good, CHANNEL: 7}, odd_version, None),
         ({**good, "request:unknown": "abc"}, odd_version, None),
-    ]  # fmt: skip
-    return [(json.dumps(_prediction(v, features, i).model_dump()).encode(), reason)
-            for i, (features, v, reason) in enumerate(cases)]  # fmt: skip
+    ]
+    return [
+        (json.dumps(_prediction(v, features, i).model_dump()).encode(), reason) for i, (features, v, reason) in enumerate(cases)
+    ]
 
 
 def _produce(producer: Producer, version: str, values: list[dict], abort: bool = False) -> None:
@@ -94,8 +124,12 @@ def _bad_records(url: str) -> dict[str, float]:
         text = requests.get(url, timeout=2).text
     except requests.ConnectionError:
         return {}
-    return {s.labels["reason"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
-            if s.name == "loopline_monitor_bad_records_total"}  # fmt: skip
+    return {
+        s.labels["reason"]: s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "loopline_monitor_bad_records_total"
+    }
 
 
 def _duplicates(url: str) -> float | None:
@@ -104,8 +138,12 @@ def _duplicates(url: str) -> float | None:
         text = requests.get(url, timeout=2).text
     except requests.ConnectionError:
         return None
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == "loopline_monitor_duplicate_records_total")  # fmt: skip
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == "loopline_monitor_duplicate_records_total"
+    )
 
 
 def _metrics(url: str, version: str) -> dict[str, dict[str, float]]:
@@ -129,9 +167,14 @@ def monitor(applied: Settings, tmp_path: Path):
     again, its log)."""
     port, app_id = free_port(), f"monitor-{uuid.uuid4().hex[:8]}"
     start_group_at_end(applied.kafka.bootstrap, app_id, PREDICTIONS.name)
-    env = {"LOOPLINE_MONITOR__APP_ID": app_id, "LOOPLINE_MONITOR__METRICS_PORT": str(port), "LOOPLINE_MONITOR__MIN_ROWS": "500",
-           "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": _reference(applied), "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "0.5",
-           "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "3600"}  # fmt: skip
+    env = {
+        "LOOPLINE_MONITOR__APP_ID": app_id,
+        "LOOPLINE_MONITOR__METRICS_PORT": str(port),
+        "LOOPLINE_MONITOR__MIN_ROWS": "500",
+        "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": _reference(applied),
+        "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "0.5",
+        "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "3600",
+    }
     log = tmp_path / "monitor.log"
     processes = [start_loopline(applied, ["monitor"], log, **env)]
 
@@ -149,8 +192,9 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     url, restart, log = monitor
     version = f"mon-{uuid.uuid4().hex[:6]}"
     # lz4, as the scorer's prediction log compresses (faust's aiokafka needs the lz4 package to read it).
-    producer = Producer({"bootstrap.servers": applied.kafka.bootstrap, "transactional.id": f"test-{version}",
-                         "compression.type": "lz4"})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": applied.kafka.bootstrap, "transactional.id": f"test-{version}", "compression.type": "lz4"}
+    )
     producer.init_transactions()
     rng = np.random.default_rng(1)
 
@@ -165,8 +209,10 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     # JSON of the wrong shape, a huge value, and records the contract takes but the window cannot count, or counts
     # only as what they are (under a version never seen, with the table key's separator in its name).
     odd_version = f"{version}|odd"
-    junk = [(raw, "contract_violation") for raw in (b"\x00\xff\xfe garbage", b'{"schema_version": 1}', b"[" * 100_000,
-                                                     b'{"score": 1e999}')]  # fmt: skip
+    junk = [
+        (raw, "contract_violation")
+        for raw in (b"\x00\xff\xfe garbage", b'{"schema_version": 1}', b"[" * 100_000, b'{"score": 1e999}')
+    ]
     junk += _odd(version, odd_version, _values(rng, 1)[0])
     goods = [_prediction(version, features, i) for i, features in enumerate(_values(rng, 40))]
     producer.begin_transaction()
@@ -177,7 +223,9 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     # An at-least-once scorer that crashed logs some requests twice: a second record of the same request id, later.
     repeated = goods[:5]
     for record in repeated:
-        producer.produce(PREDICTIONS.name, encode(record.model_copy(update={"scored_at_ms": record.scored_at_ms + 7})), record.request_id)
+        producer.produce(
+            PREDICTIONS.name, encode(record.model_copy(update={"scored_at_ms": record.scored_at_ms + 7})), record.request_id
+        )
     assert producer.flush(30) == 0
     producer.commit_transaction()
     healthy_rows = 12 * BATCH + len(goods)
@@ -185,11 +233,17 @@ def test_a_shifted_feature_alerts_within_bounded_data_and_the_window_survives_a_
     want_odd = float(sum(r is None for _, r in junk))
 
     def settled() -> bool:
-        return (rows() == healthy_rows and rows(odd_version) == want_odd and _bad_records(url) == want_bad
-                and _duplicates(url) == len(repeated))  # fmt: skip
+        return (
+            rows() == healthy_rows
+            and rows(odd_version) == want_odd
+            and _bad_records(url) == want_bad
+            and _duplicates(url) == len(repeated)
+        )
 
-    assert wait_until(settled, 120, 0.2), (f"window rows {rows()}, odd {rows(odd_version)}, bad {_bad_records(url)}; "
-                                           f"duplicates {_duplicates(url)}; log:\n{log.read_text()[-3000:]}")  # fmt: skip
+    assert wait_until(settled, 120, 0.2), (
+        f"window rows {rows()}, odd {rows(odd_version)}, bad {_bad_records(url)}; "
+        f"duplicates {_duplicates(url)}; log:\n{log.read_text()[-3000:]}"
+    )
     # Nothing the agent met crashed it: faust would restart it, losing what of the batch it held, and log the crash.
     assert "Crashed" not in log.read_text() and "Traceback" not in log.read_text(), log.read_text()[-3000:]
     healthy = _metrics(url, version)

@@ -26,17 +26,34 @@ def written(settings: Settings, stack) -> list[str]:
     rows = []
     for i in range(40):
         features = {
-            "txn_count_5m": i, "txn_count_1h": i + 1, "txn_count_24h": i + 2, "amount_sum_1h": i * 1.25,
-            "amount_sum_24h": i * 2.5, "amount_mean_1h": i / 3, "amount_mean_24h": i / 7, "amount_max_24h": float(i),
-            "distinct_merchants_1h": i % 5, "distinct_countries_24h": i % 3,
+            "txn_count_5m": i,
+            "txn_count_1h": i + 1,
+            "txn_count_24h": i + 2,
+            "amount_sum_1h": i * 1.25,
+            "amount_sum_24h": i * 2.5,
+            "amount_mean_1h": i / 3,
+            "amount_mean_24h": i / 7,
+            "amount_max_24h": float(i),
+            "distinct_merchants_1h": i % 5,
+            "distinct_countries_24h": i % 3,
             "secs_since_prev_txn": None if i % 4 == 0 else i * 0.5,
-        }  # fmt: skip
+        }
         rows.append(FeatureRow(USER_VIEW, f"read-u{i}", now_us - i, features))
     stale = dict(rows[0].features)
     rows.append(FeatureRow(USER_VIEW, "read-stale", now_us - 3 * 86_400 * 10**6, stale))  # past the 2-day TTL: still read
-    rows.append(FeatureRow(MERCHANT_VIEW, "read-m1", now_us, {"merchant_txn_count_5m": 3, "merchant_txn_count_1h": 9,
-                                                              "merchant_amount_mean_1h": 12.5,
-                                                              "merchant_distinct_users_1h": 2}))  # fmt: skip
+    rows.append(
+        FeatureRow(
+            MERCHANT_VIEW,
+            "read-m1",
+            now_us,
+            {
+                "merchant_txn_count_5m": 3,
+                "merchant_txn_count_1h": 9,
+                "merchant_amount_mean_1h": 12.5,
+                "merchant_distinct_users_1h": 2,
+            },
+        )
+    )
     assert writer.write(rows) == len(rows)
     return [f"read-u{i}" for i in range(40)]
 
@@ -67,7 +84,10 @@ def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, writte
     store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
-    features, rows = [f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"], [{"user_id": written[1], "merchant_id": "read-m1"}]
+    features, rows = (
+        [f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"],
+        [{"user_id": written[1], "merchant_id": "read-m1"}],
+    )
     assert reader.get_online_features(features, rows)["txn_count_5m"] == [1]
     older = FeatureRow(USER_VIEW, written[1], int(time.time() * 1e6) - 3_600 * 10**6, {"txn_count_5m": 99})
     writer.write([older])
@@ -94,8 +114,15 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
     layout = writer.layout.views[USER_VIEW]
     start = (int(time.time() * 1000) - 7_200_000) // 900_000 * 900_000
     offsets_s = [0, 4, 30, 70, 75, 600, 3_000, 3_660, 3_700, 5_400, 5_430, 5_431]
-    events = [{"event_time_ms": start + s * 1000, "amount": round(1.5 + (i * 7.3) % 40, 2), "merchant_id": f"m{i % 3}",
-               "country": "DE" if i % 4 else "FR"} for i, s in enumerate(offsets_s)]  # fmt: skip
+    events = [
+        {
+            "event_time_ms": start + s * 1000,
+            "amount": round(1.5 + (i * 7.3) % 40, 2),
+            "merchant_id": f"m{i % 3}",
+            "country": "DE" if i % 4 else "FR",
+        }
+        for i, s in enumerate(offsets_s)
+    ]
     rows = []
     for n in range(1, len(events) + 1):
         at = events[n - 1]["event_time_ms"]
@@ -114,8 +141,19 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
     without_time = reader.get_online_features(features, [{"user_id": "read-steps"}])  # the first step of each window
     assert without_time == store.get_online_features(features, [{"user_id": "read-steps"}]).to_dict()
     latest = events[-1]["event_time_ms"]
-    reads = [latest - 60_000, latest, latest + 9_000, latest + 270_000, latest + 290_000, latest + 310_000, latest + 1_900_000,
-             latest + 3_700_000, latest + 6_000_000, latest + 80_000_000, latest + 90_000_000]  # fmt: skip
+    reads = [
+        latest - 60_000,
+        latest,
+        latest + 9_000,
+        latest + 270_000,
+        latest + 290_000,
+        latest + 310_000,
+        latest + 1_900_000,
+        latest + 3_700_000,
+        latest + 6_000_000,
+        latest + 80_000_000,
+        latest + 90_000_000,
+    ]
     for at in reads:
         got = reader.read_with_row_times(features, [{"user_id": "read-steps"}], [at])[0]
         expected = {name: [window_by_definition(a, events, at)] for name, a in layout.aggregations.items()}
@@ -125,14 +163,19 @@ def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Set
     day_later = [latest + 86_400_000]
     by_hand = dataclasses.replace(rows[-1], events=rows[-1].events + 1, windows={})
     writer.write([by_hand])
-    assert all(client.hget(key, steps_field) is None for steps_field, _ in layout.windows.values()), "a row without steps deletes them"
+    assert all(client.hget(key, steps_field) is None for steps_field, _ in layout.windows.values()), (
+        "a row without steps deletes them"
+    )
     got = reader.read_with_row_times(features, [{"user_id": "read-steps"}], day_later)[0]
-    assert {name: got[name] for name in layout.aggregations} == {name: [value] for name, value in by_hand.features.items() if name in got}
+    assert {name: got[name] for name in layout.aggregations} == {
+        name: [value] for name, value in by_hand.features.items() if name in got
+    }
 
     (steps_field, ten_s), *_ = layout.windows.values()
     client.hset(key, steps_field, steps_by_definition(ten_s, events[:-1]))  # steps of the row before: another event time
-    assert reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m"], [{"user_id": "read-steps"}], day_later)[0]["txn_count_5m"] == [
-        by_hand.features["txn_count_5m"]]  # fmt: skip
+    assert reader.read_with_row_times([f"{USER_VIEW}:txn_count_5m"], [{"user_id": "read-steps"}], day_later)[0][
+        "txn_count_5m"
+    ] == [by_hand.features["txn_count_5m"]]
 
 
 def test_bad_reads_and_writes_say_what_is_wrong(settings: Settings, written: list[str]) -> None:
@@ -141,7 +184,9 @@ def test_bad_reads_and_writes_say_what_is_wrong(settings: Settings, written: lis
     a feature its view does not compute is refused naming it."""
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     with pytest.raises(ValueError, match=f"no 'merchant_id', a join key of the view {MERCHANT_VIEW}"):
-        reader.get_online_features([f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"], [{"user_id": written[0]}])
+        reader.get_online_features(
+            [f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_txn_count_5m"], [{"user_id": written[0]}]
+        )
     # The session's stack is shared: another module's feature job may have published progress in this database.
     blank_connection = f"{settings.redis_connection},db=9"
     blank = redis_client(blank_connection)

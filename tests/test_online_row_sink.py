@@ -81,8 +81,20 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
         windows = list(reader.layout.views[view.name].windows)
         for entity, _, latest, events, absorbed, *values in rows:  # one write each: Python's writer keeps a batch's newest too
             steps, features = values[: len(windows)], values[len(windows) :]
-            writer.write([FeatureRow(view.name, f"py-{entity}", latest * 1000, dict(zip(view.feature_names, features, strict=True)),
-                                     events, dict(zip(windows, steps, strict=True)), absorbed, generations[view.name][0].identity)])  # fmt: skip
+            writer.write(
+                [
+                    FeatureRow(
+                        view.name,
+                        f"py-{entity}",
+                        latest * 1000,
+                        dict(zip(view.feature_names, features, strict=True)),
+                        events,
+                        dict(zip(windows, steps, strict=True)),
+                        absorbed,
+                        generations[view.name][0].identity,
+                    )
+                ]
+            )
         entities = sorted({row[0] for row in rows})
         for entity in entities:
             jvm_key, python_key = (reader.layout.redis_key(view.entity_keys, (e,)) for e in (entity, f"py-{entity}"))
@@ -93,5 +105,5 @@ def test_the_jvm_writer_writes_what_the_python_writer_writes(applied: Settings, 
         by_feast = store.get_online_features(names, [{view.entity_key: e} for e in entities]).to_dict()
         newest = {entity: max((r for r in rows if r[0] == entity), key=lambda r: (r[2], r[3])) for entity in entities}
         for i, entity in enumerate(entities):
-            expected = dict(zip(view.feature_names, newest[entity][5 + len(windows):], strict=True))
+            expected = dict(zip(view.feature_names, newest[entity][5 + len(windows) :], strict=True))
             assert {n: by_feast[n][i] for n in view.feature_names} == expected, entity

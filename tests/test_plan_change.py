@@ -43,18 +43,33 @@ pytestmark = pytest.mark.timeout(900)
 FAST_CHECKPOINTS = {"LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS": "1000"}
 #: The four kinds of change, as edits of the fraud project's features.py: (what, text before, text after).
 CHANGES = (
-    ("a new slide", '_agg("txn_count_5m", "count", "amount", FIVE_MIN, TEN_S)',
-     '_agg("txn_count_5m", "count", "amount", FIVE_MIN, timedelta(seconds=30))'),
-    ("a widened window", '_agg("merchant_txn_count_5m", "count", "amount", FIVE_MIN, TEN_S)',
-     '_agg("merchant_txn_count_5m", "count", "amount", timedelta(minutes=10), TEN_S)'),
-    ("a replaced column", '_agg("merchant_distinct_users_1h", "count_distinct", "user_id", HOUR, MINUTE)',
-     '_agg("merchant_distinct_users_1h", "count_distinct", "country", HOUR, MINUTE)'),
-    ("an added aggregation", '_agg("merchant_amount_mean_1h", "mean", "amount", HOUR, MINUTE),',
-     '_agg("merchant_amount_mean_1h", "mean", "amount", HOUR, MINUTE),\n'
-     '        _agg("merchant_amount_max_1h", "max", "amount", HOUR, MINUTE),'),
-    ("the added feature's field", 'Field(name="merchant_amount_mean_1h", dtype=Float64, tags={"default": "0.0"}),',
-     'Field(name="merchant_amount_mean_1h", dtype=Float64, tags={"default": "0.0"}),\n'
-     '        Field(name="merchant_amount_max_1h", dtype=Float64, tags={"default": "0.0"}),'),
+    (
+        "a new slide",
+        '_agg("txn_count_5m", "count", "amount", FIVE_MIN, TEN_S)',
+        '_agg("txn_count_5m", "count", "amount", FIVE_MIN, timedelta(seconds=30))',
+    ),
+    (
+        "a widened window",
+        '_agg("merchant_txn_count_5m", "count", "amount", FIVE_MIN, TEN_S)',
+        '_agg("merchant_txn_count_5m", "count", "amount", timedelta(minutes=10), TEN_S)',
+    ),
+    (
+        "a replaced column",
+        '_agg("merchant_distinct_users_1h", "count_distinct", "user_id", HOUR, MINUTE)',
+        '_agg("merchant_distinct_users_1h", "count_distinct", "country", HOUR, MINUTE)',
+    ),
+    (
+        "an added aggregation",
+        '_agg("merchant_amount_mean_1h", "mean", "amount", HOUR, MINUTE),',
+        '_agg("merchant_amount_mean_1h", "mean", "amount", HOUR, MINUTE),\n'
+        '        _agg("merchant_amount_max_1h", "max", "amount", HOUR, MINUTE),',
+    ),
+    (
+        "the added feature's field",
+        'Field(name="merchant_amount_mean_1h", dtype=Float64, tags={"default": "0.0"}),',
+        'Field(name="merchant_amount_mean_1h", dtype=Float64, tags={"default": "0.0"}),\n'
+        '        Field(name="merchant_amount_max_1h", dtype=Float64, tags={"default": "0.0"}),',
+    ),
 )
 ADDED = "merchant_transaction_features:merchant_amount_max_1h"
 
@@ -82,8 +97,16 @@ def changed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Changed]:
         apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         # Ten minutes of transactions, the last a minute ago: windows of 5 and 10 minutes, tiles of 10 and 30 s, tell
         # the plans apart.
-        world = fraud_world(11, int(time.time() * 1000) - 660_000, rate_per_s=2, users=40, merchants=12, late_rate=0.0,
-                            malformed_rate=0.0, out_of_order_rate=0.05)  # fmt: skip
+        world = fraud_world(
+            11,
+            int(time.time() * 1000) - 660_000,
+            rate_per_s=2,
+            users=40,
+            merchants=12,
+            late_rate=0.0,
+            malformed_rate=0.0,
+            out_of_order_rate=0.05,
+        )
         sent = _transactions(world, 1_200)
         EventProducer(settings.kafka.bootstrap).publish(sent)
         before = feature_plan(settings)
@@ -110,9 +133,18 @@ def _steady_transactions(bootstrap: str, stop: threading.Event, rate_per_s: floa
 
     producer, n = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0}), 0
     while not stop.wait(1 / rate_per_s):
-        event = TransactionEvent(schema_version=1, event_id=f"steady-{n}", event_time_ms=int(time.time() * 1000),
-                                 user_id=f"steady-u{n % 4}", merchant_id=f"steady-m{n % 4}", amount=10.0, currency="EUR",
-                                 merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        event = TransactionEvent(
+            schema_version=1,
+            event_id=f"steady-{n}",
+            event_time_ms=int(time.time() * 1000),
+            user_id=f"steady-u{n % 4}",
+            merchant_id=f"steady-m{n % 4}",
+            amount=10.0,
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
         producer.produce(TRANSACTIONS.name, FRAUD.encode(TRANSACTIONS.name, event), event.user_id)
         producer.poll(0)
         n += 1
@@ -139,8 +171,10 @@ def _switched(settings: Settings, plan: FeaturePlan, at_ms: int, log: Path) -> N
 
     def complete() -> bool:
         serving = reader.view_states().serving
-        return all(getattr(serving.get(v.name), "identity", None) == plan.rows_identity(v) and (reader.progress_ms(v.name) or 0) >= at_ms
-                   for v in plan.views)  # fmt: skip
+        return all(
+            getattr(serving.get(v.name), "identity", None) == plan.rows_identity(v) and (reader.progress_ms(v.name) or 0) >= at_ms
+            for v in plan.views
+        )
 
     if complete():
         return
@@ -177,17 +211,22 @@ def test_a_changed_plan_rebuilds_and_readers_switch_once_complete(changed: Chang
 
     def reads(plan: FeaturePlan, view: ViewPlan) -> tuple[dict[str, list], list[str]]:
         keys = sorted(before[view.name])
-        found = reader.read_with_row_times([f"{view.name}:{n}" for n in _view(plan, view.name).feature_names],
-                                           [{view.entity_key: k} for k in keys], [at_ms] * len(keys))  # fmt: skip
+        found = reader.read_with_row_times(
+            [f"{view.name}:{n}" for n in _view(plan, view.name).feature_names],
+            [{view.entity_key: k} for k in keys],
+            [at_ms] * len(keys),
+        )
         if found.read_as_of:
             stale.append(found.read_as_of)
         return found.values, keys
 
     job = start_feature_job(settings, changed.logs / "first.log", **FAST_CHECKPOINTS)
     try:
+
         def first_plan_complete() -> bool:
-            return job.poll() is not None or all(_agrees(before[v.name], *reads(changed.before, v), list(v.feature_names))
-                                                 for v in changed.before.views)  # fmt: skip
+            return job.poll() is not None or all(
+                _agrees(before[v.name], *reads(changed.before, v), list(v.feature_names)) for v in changed.before.views
+            )
 
         assert wait_until(first_plan_complete, 240, 0.5) and job.poll() is None, f"see {changed.logs / 'first.log'}"
         done = latest_checkpoint(settings.checkpoint_dir)
@@ -204,9 +243,10 @@ def test_a_changed_plan_rebuilds_and_readers_switch_once_complete(changed: Chang
     merchants = _view(after, "merchant_transaction_features")
     # (The user view's new slide changes its state, not its values: windows are exact at the read time either way.)
     for name in ("merchant_txn_count_5m", "merchant_distinct_users_1h"):
-        assert any(not same_feature_value(name, wanted[merchants.name][k][name], before[merchants.name][k][name]) for k in before[merchants.name]), (
-            f"{name}: the plans must give other values for the switch to be seen"
-        )  # fmt: skip
+        assert any(
+            not same_feature_value(name, wanted[merchants.name][k][name], before[merchants.name][k][name])
+            for k in before[merchants.name]
+        ), f"{name}: the plans must give other values for the switch to be seen"
 
     # Readers under load while the job rebuilds: each read is one plan's exact values, and the plans follow once.
     seen: dict[str, list[str]] = {view.name: [] for view in after.views}
@@ -239,6 +279,7 @@ def test_a_changed_plan_rebuilds_and_readers_switch_once_complete(changed: Chang
     log = changed.logs / "second.log"
     job = start_feature_job(settings, log, **FAST_CHECKPOINTS)
     try:
+
         def switched() -> bool:
             serving = reader.view_states().serving
             return job.poll() is not None or all(serving[v.name].identity == after.rows_identity(v) for v in after.views)
@@ -253,7 +294,10 @@ def test_a_changed_plan_rebuilds_and_readers_switch_once_complete(changed: Chang
         stop.set()
         stop_process_group(job)
     text = log.read_text()
-    assert "the views changed since the newest checkpoint" in text and "changed: merchant_transaction_features, user_transaction_features" in text, text[-3000:]
+    assert (
+        "the views changed since the newest checkpoint" in text
+        and "changed: merchant_transaction_features, user_transaction_features" in text
+    ), text[-3000:]
     assert not problems, problems[:3]
     assert not stale, f"a read at a time the serving rows have passed is never stale: {stale[:1]}"
     assert seen["merchant_transaction_features"] == ["old", "new"], seen
@@ -261,9 +305,9 @@ def test_a_changed_plan_rebuilds_and_readers_switch_once_complete(changed: Chang
     assert seen["user_transaction_features"][-1] == "new" and len(seen["user_transaction_features"]) <= 2, seen
     store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     by_feast = store.get_online_features([ADDED], [{"merchant_id": k} for k in sorted(wanted[merchants.name])]).to_dict()
-    assert by_feast["merchant_amount_max_1h"] == [wanted[merchants.name][k]["merchant_amount_max_1h"] for k in sorted(wanted[merchants.name])], (
-        "Feast's own read follows the switch too"
-    )  # fmt: skip
+    assert by_feast["merchant_amount_max_1h"] == [
+        wanted[merchants.name][k]["merchant_amount_max_1h"] for k in sorted(wanted[merchants.name])
+    ], "Feast's own read follows the switch too"
     states = reader.view_states()
     assert {v: g.number for v, g in states.serving.items()} == {v.name: 1 for v in after.views} and not states.pending
 
@@ -279,8 +323,9 @@ def test_a_stopped_jobs_reads_are_read_as_of_its_progress_and_flagged_stale(chan
     from online.features import FeatureFetcher
 
     settings, events = changed.settings, changed.events
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, stale_after_s=2.0,
-                          states_refresh_s=0.1)  # fmt: skip
+    reader = OnlineReader(
+        settings.feast_registry_path, settings.redis_connection, settings.repo_path, stale_after_s=2.0, states_refresh_s=0.1
+    )
     plan = feature_plan(settings)
     view = _view(plan, "merchant_transaction_features")
     if reader.progress_ms(view.name) is None:  # run alone: the job of the test above has not published any
@@ -293,8 +338,9 @@ def test_a_stopped_jobs_reads_are_read_as_of_its_progress_and_flagged_stale(chan
     progress = reader.progress_ms(view.name)
     keys = sorted(events[view.entity_key].unique())
     later = int(time.time() * 1000) + 600_000
-    found = reader.read_with_row_times([f"{view.name}:{n}" for n in view.feature_names], [{view.entity_key: k} for k in keys],
-                                       [later] * len(keys))  # fmt: skip
+    found = reader.read_with_row_times(
+        [f"{view.name}:{n}" for n in view.feature_names], [{view.entity_key: k} for k in keys], [later] * len(keys)
+    )
     assert found.read_as_of == {view.name: [progress] * len(keys)}
     assert _agrees(_expected(view, events, progress), found.values, keys, list(view.feature_names))
     assert any(found.values["merchant_txn_count_5m"]), "read as of the progress, the windows still count events"
@@ -331,13 +377,27 @@ def test_a_feature_added_today_is_backfilled_into_a_snapshot_as_the_job_serves_i
     # Requests from the last event on: a read before an entity's latest event reads as of it, as the scorer does.
     requests = [(k, at_ms + offset) for k in merchants for offset in (0, 3_000_000, 3_300_000, 4_000_000)]
     now = int(time.time() * 1000)
-    logged = [TrainingExample(
-        schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"backfill-{i}", request_id=f"request-{i}",
-        entity_keys={"merchant_id": k, "user_id": "u000001"}, features={"merchant_transaction_features:merchant_txn_count_5m": 1.0},
-        model_name="fraud", model_version="1", score=0.5, label=float(i % 2), requested_at_ms=t, predicted_at_ms=t + 3,
-        label_time_ms=t + 10, joined_at_ms=now) for i, (k, t) in enumerate(requests)]  # fmt: skip
+    logged = [
+        TrainingExample(
+            schema_version=TrainingExample.SCHEMA_VERSION,
+            event_id=f"backfill-{i}",
+            request_id=f"request-{i}",
+            entity_keys={"merchant_id": k, "user_id": "u000001"},
+            features={"merchant_transaction_features:merchant_txn_count_5m": 1.0},
+            model_name="fraud",
+            model_version="1",
+            score=0.5,
+            label=float(i % 2),
+            requested_at_ms=t,
+            predicted_at_ms=t + 3,
+            label_time_ms=t + 10,
+            joined_at_ms=now,
+        )
+        for i, (k, t) in enumerate(requests)
+    ]
     EventProducer(settings.kafka.bootstrap).publish(
-        [Emitted(settings.feedback.examples_topic, e.event_id, e.model_dump_json().encode(), now, e) for e in logged])
+        [Emitted(settings.feedback.examples_topic, e.event_id, e.model_dump_json().encode(), now, e) for e in logged]
+    )
     taken = create_snapshot(settings, None, None)
     assert ADDED not in taken.features and taken.rows == len(requests)
 
@@ -350,8 +410,9 @@ def test_a_feature_added_today_is_backfilled_into_a_snapshot_as_the_job_serves_i
     name, default = ADDED.split(":", 1)[1], reader.defaults[ADDED]
     # Where the rows give no value (an emptied window) the scorer would have used the declared default: so does the backfill.
     scored = [default if value is None else value for value in served[name]]
-    assert default is not None and all(same_feature_value(name, by_request[e.request_id], value) for e, value in zip(logged, scored, strict=True)), (
-        f"backfilled as the scorer reads the job's rows: {[by_request[e.request_id] for e in logged]} != {scored}")  # fmt: skip
+    assert default is not None and all(
+        same_feature_value(name, by_request[e.request_id], value) for e, value in zip(logged, scored, strict=True)
+    ), f"backfilled as the scorer reads the job's rows: {[by_request[e.request_id] for e in logged]} != {scored}"
     defaulted = dict(zip(frame["request_id"], frame["defaulted"], strict=True))
     assert [defaulted[e.request_id] for e in logged] == [int(value is None) for value in served[name]], "each default counted"
 

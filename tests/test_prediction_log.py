@@ -83,10 +83,20 @@ def test_ack_mode_answers_only_once_kafka_has_the_record(applied: Settings, stac
 
 def test_a_full_queue_pushes_back_instead_of_dropping(applied: Settings, stack: LocalStack) -> None:
     failures = MetricCounter("test_prediction_log_failures", "unused", registry=None)
-    log = PredictionLog(bootstrap_servers=applied.kafka.bootstrap, topic=PREDICTIONS.name, failures=failures,
-                        mode="async", max_queued=10)  # fmt: skip
-    record = PredictionRecord(schema_version=1, request_id="queue-0", entity_keys={"user_id": "u"}, features={}, model_name="m",
-                              model_version="1", score=0.5, requested_at_ms=1, scored_at_ms=1)  # fmt: skip
+    log = PredictionLog(
+        bootstrap_servers=applied.kafka.bootstrap, topic=PREDICTIONS.name, failures=failures, mode="async", max_queued=10
+    )
+    record = PredictionRecord(
+        schema_version=1,
+        request_id="queue-0",
+        entity_keys={"user_id": "u"},
+        features={},
+        model_name="m",
+        model_version="1",
+        score=0.5,
+        requested_at_ms=1,
+        scored_at_ms=1,
+    )
 
     async def append_until_refused() -> int:
         for n in range(100):
@@ -104,8 +114,14 @@ def test_a_full_queue_pushes_back_instead_of_dropping(applied: Settings, stack: 
 
 def test_sigterm_delivers_every_queued_prediction(applied: Settings, model_path: Path, tmp_path: Path) -> None:
     port = free_port()
-    server = start_scorer(applied, ["--http"], tmp_path / "serve.log", LOOPLINE_SERVING__HTTP_PORT=str(port),
-                          LOOPLINE_SERVING__PREDICTION_LOG="async", LOOPLINE_SERVING__MODEL_PATH=str(model_path))  # fmt: skip
+    server = start_scorer(
+        applied,
+        ["--http"],
+        tmp_path / "serve.log",
+        LOOPLINE_SERVING__HTTP_PORT=str(port),
+        LOOPLINE_SERVING__PREDICTION_LOG="async",
+        LOOPLINE_SERVING__MODEL_PATH=str(model_path),
+    )
     url = f"http://127.0.0.1:{port}"
     log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
     try:

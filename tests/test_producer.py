@@ -85,7 +85,11 @@ def test_stream_has_the_planted_patterns() -> None:
     typical = defaultdict(list)
     for t in transactions:
         typical[t.user_id].append(t.amount)
-    spikes = [t for t in transactions if t.event_id in fraud_ids and t.amount > 8 * sorted(typical[t.user_id])[len(typical[t.user_id]) // 2]]
+    spikes = [
+        t
+        for t in transactions
+        if t.event_id in fraud_ids and t.amount > 8 * sorted(typical[t.user_id])[len(typical[t.user_id]) // 2]
+    ]
     assert spikes, "some fraud should be an amount spike"
 
     assert 0.005 < len(malformed) / len(stream) < 0.02
@@ -145,7 +149,10 @@ def _create_times(bootstrap: str, topic: str, keys: set[str]) -> dict[str, int]:
     """The Kafka create time of the records of ``topic`` keyed ``keys`` (read from the last minute's records)."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"test-{uuid.uuid4()}"})
     try:
-        partitions = [TopicPartition(topic, p, int(time.time() * 1000) - 60_000) for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions]
+        partitions = [
+            TopicPartition(topic, p, int(time.time() * 1000) - 60_000)
+            for p in consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        ]
         consumer.assign(consumer.offsets_for_times(partitions, timeout=10))
         found: dict[str, int] = {}
         deadline = time.monotonic() + 30

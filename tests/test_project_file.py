@@ -35,22 +35,35 @@ def _edit_contract(name: str, field: str, change: Callable[[dict], None]) -> Cal
 
 
 CASES = {
-    "labels from a topic it does not declare": (_edit_file(lambda s: s["labels"].update(topic="events.returns")), "labels.topic names 'events.returns'"),
-    "a numeric label that is text": (_edit_file(lambda s: s["labels"].update(value="courier_id")), "is a string, not a int or long or float or double"),
+    "labels from a topic it does not declare": (
+        _edit_file(lambda s: s["labels"].update(topic="events.returns")),
+        "labels.topic names 'events.returns'",
+    ),
+    "a numeric label that is text": (
+        _edit_file(lambda s: s["labels"].update(value="courier_id")),
+        "is a string, not a int or long or float or double",
+    ),
     "a binary label over a number": (_edit_file(lambda s: s["labels"].update(kind="binary")), "not a boolean"),
     "a label joined on a field that may be null": (
-        _edit_contract("delivery.avsc", "order_id", lambda f: f.update(type=["null", "string"], default=None)), "labels.joins_on: field 'order_id'"),
+        _edit_contract("delivery.avsc", "order_id", lambda f: f.update(type=["null", "string"], default=None)),
+        "labels.joins_on: field 'order_id'",
+    ),
     "a message key that may be null": (
-        _edit_contract("order.avsc", "restaurant_id", lambda f: f.update(type=["null", "string"], default=None)), "may be null"),
+        _edit_contract("order.avsc", "restaurant_id", lambda f: f.update(type=["null", "string"], default=None)),
+        "may be null",
+    ),
     "a duration without a unit": (_edit_file(lambda s: s["labels"].update(horizon="3 weeks")), "is not a duration"),
     "a request input the scored event cannot backfill": (
-        _edit_file(lambda s: s["scored_event"]["request_fields"].pop("cuisine")), "['request:cuisine'] are request fields"),
+        _edit_file(lambda s: s["scored_event"]["request_fields"].pop("cuisine")),
+        "['request:cuisine'] are request fields",
+    ),
     "a key the contract lacks": (_edit_file(lambda s: s["topics"]["events.orders"].update(key="shop_id")), "key names 'shop_id'"),
     "skew thresholds for a feature the model does not take": (
         _edit_file(lambda s: s["monitoring"]["skew_thresholds"].update({"zone_features:zone_orders_1h": {"psi_alert": 1.0}})),
-        "monitoring.skew_thresholds names zone_features:zone_orders_1h"),
+        "monitoring.skew_thresholds names zone_features:zone_orders_1h",
+    ),
     "an unknown entry": (_edit_file(lambda s: s.update(modle={})), "modle"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))

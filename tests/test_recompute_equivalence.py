@@ -50,10 +50,12 @@ def _cases(draw: st.DrawFn) -> tuple[ViewPlan, pd.DataFrame, pd.DataFrame]:
     points = draw(st.lists(st.tuples(st.sampled_from("abcz"), st.integers(-5, 50)), max_size=15))
     return (
         plan,
-        pd.DataFrame([{"user": u, EVENT_TIME: START + t * unit, "amount": a, "country": c} for u, t, a, c in events],
-                     columns=["user", EVENT_TIME, "amount", "country"]),
+        pd.DataFrame(
+            [{"user": u, EVENT_TIME: START + t * unit, "amount": a, "country": c} for u, t, a, c in events],
+            columns=["user", EVENT_TIME, "amount", "country"],
+        ),
         pd.DataFrame([{"user": u, "at_ms": START + t * unit} for u, t in points], columns=["user", "at_ms"]),
-    )  # fmt: skip
+    )
 
 
 def _reference_row(plan: ViewPlan, history: list[dict], at_ms: int) -> dict | None:
@@ -107,9 +109,18 @@ def _same(a: object, b: object) -> bool:
 @given(_cases())
 def test_the_recompute_equals_the_window_semantics_point_by_point(case: tuple[ViewPlan, pd.DataFrame, pd.DataFrame]) -> None:
     plan, events, at = case
-    for points, expected in ((at, _reference(plan, events, at, True)),
-                             (None, _reference(plan, events, events.groupby("user", as_index=False)[EVENT_TIME].max()
-                                                             .rename(columns={EVENT_TIME: "at_ms"}), False))):  # fmt: skip
+    for points, expected in (
+        (at, _reference(plan, events, at, True)),
+        (
+            None,
+            _reference(
+                plan,
+                events,
+                events.groupby("user", as_index=False)[EVENT_TIME].max().rename(columns={EVENT_TIME: "at_ms"}),
+                False,
+            ),
+        ),
+    ):
         got = recompute(plan, events, points)
         assert_frame_equal(got, expected, check_exact=True)
         for column in got.columns[got.dtypes == np.float64]:  # bit for bit: the sign of a zero maximum too

@@ -65,10 +65,16 @@ def cluster_settings(settings: Settings, stack) -> Iterator[Settings]:
     """The session's Kafka, with a Redis Cluster (3 masters, 3 replicas) of this module on free ports and a Feast
     registry of its own, the definitions applied."""
     home = settings.home / f"redis-cluster-{uuid.uuid4().hex[:6]}"
-    redis_settings = RedisSettings(mode="cluster", port=free_port_block(6), cluster_bus_port=free_port_block(6),
-                                   cluster_node_timeout_ms=NODE_TIMEOUT_MS)  # fmt: skip
-    ours = settings.model_copy(update={"home": home, "redis": redis_settings,
-                                       "feature_store": FeatureStoreSettings(feast_registry_path=home / "feast" / "registry.db")})  # fmt: skip
+    redis_settings = RedisSettings(
+        mode="cluster", port=free_port_block(6), cluster_bus_port=free_port_block(6), cluster_node_timeout_ms=NODE_TIMEOUT_MS
+    )
+    ours = settings.model_copy(
+        update={
+            "home": home,
+            "redis": redis_settings,
+            "feature_store": FeatureStoreSettings(feast_registry_path=home / "feast" / "registry.db"),
+        }
+    )
     cluster = build_stack(ours).redis
     assert isinstance(cluster, RedisCluster)
     try:
@@ -89,10 +95,19 @@ def _client(settings: Settings) -> redis.RedisCluster:
 
 
 def _user_row(user: str, version_us: int, count: int) -> FeatureRow:
-    features = {"txn_count_5m": count, "txn_count_1h": count + 1, "txn_count_24h": count + 2, "amount_sum_1h": count * 1.25,
-                "amount_sum_24h": count * 2.5, "amount_mean_1h": count / 3, "amount_mean_24h": count / 7,
-                "amount_max_24h": float(count), "distinct_merchants_1h": count % 5, "distinct_countries_24h": count % 3,
-                "secs_since_prev_txn": None if count % 4 == 0 else count * 0.5}  # fmt: skip
+    features = {
+        "txn_count_5m": count,
+        "txn_count_1h": count + 1,
+        "txn_count_24h": count + 2,
+        "amount_sum_1h": count * 1.25,
+        "amount_sum_24h": count * 2.5,
+        "amount_mean_1h": count / 3,
+        "amount_mean_24h": count / 7,
+        "amount_max_24h": float(count),
+        "distinct_merchants_1h": count % 5,
+        "distinct_countries_24h": count % 3,
+        "secs_since_prev_txn": None if count % 4 == 0 else count * 0.5,
+    }
     return FeatureRow(USER_VIEW, user, version_us, features)
 
 
@@ -103,33 +118,56 @@ def _masters_of(client: redis.RedisCluster, keys: list[bytes]) -> set[str]:
 def test_settings_name_every_node_and_the_stack_runs_three_masters_with_a_replica_each(cluster_settings: Settings) -> None:
     ports = cluster_settings.redis.node_ports
     assert len(ports) == 6 and cluster_settings.redis_connection == ",".join(f"127.0.0.1:{p}" for p in ports)
-    config = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True).config
+    config = feature_store(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    ).config
     assert config.online_store.redis_type == "redis_cluster"
     statuses = [s for s in build_stack(cluster_settings).status() if s.name.startswith("redis")]
-    assert [(s.name, s.state) for s in statuses] == [(f"redis-{i}", "ready") for i in range(1, 7)], "stack status covers every node"
+    assert [(s.name, s.state) for s in statuses] == [(f"redis-{i}", "ready") for i in range(1, 7)], (
+        "stack status covers every node"
+    )
     nodes = _client(cluster_settings).cluster_nodes()
     masters = [n for n in nodes.values() if "master" in n["flags"]]
     assert len(masters) == 3 and sum("slave" in n["flags"] for n in nodes.values()) == 3
-    assert {n["node_id"] for n in masters} == {n["master_id"] for n in nodes.values() if "slave" in n["flags"]}, "one replica each"
+    assert {n["node_id"] for n in masters} == {n["master_id"] for n in nodes.values() if "slave" in n["flags"]}, (
+        "one replica each"
+    )
 
 
 @pytest.fixture(scope="module")
 def written(cluster_settings: Settings) -> list[str]:
     """64 users' rows (and a merchant's) written by Feast's store through its cluster client."""
-    writer = OnlineWriter(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    writer = OnlineWriter(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
     now_us = int(time.time() * 1e6)
     users = [f"cluster-u{i}" for i in range(64)]
     rows = [_user_row(user, now_us - i, i) for i, user in enumerate(users)]
-    rows.append(FeatureRow(MERCHANT_VIEW, "cluster-m1", now_us, {"merchant_txn_count_5m": 3, "merchant_txn_count_1h": 9,
-                                                                "merchant_amount_mean_1h": 12.5, "merchant_distinct_users_1h": 2}))  # fmt: skip
+    rows.append(
+        FeatureRow(
+            MERCHANT_VIEW,
+            "cluster-m1",
+            now_us,
+            {
+                "merchant_txn_count_5m": 3,
+                "merchant_txn_count_1h": 9,
+                "merchant_amount_mean_1h": 12.5,
+                "merchant_distinct_users_1h": 2,
+            },
+        )
+    )
     assert writer.write(rows) == len(rows)
     return users
 
 
 @pytest.mark.parametrize("count", [1, 64])
 def test_fast_read_equals_feast_on_the_cluster(cluster_settings: Settings, written: list[str], count: int) -> None:
-    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
-    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    store = feature_store(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
+    reader = OnlineReader(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
     users = (written + ["cluster-missing"])[-count:]
     features = [f"{USER_VIEW}:{f.name}" for f in feature_fields(store.get_stream_feature_view(USER_VIEW))]
     rows = [{"user_id": u} for u in users]
@@ -142,8 +180,12 @@ def test_fast_read_equals_feast_on_the_cluster(cluster_settings: Settings, writt
 
 
 def test_fast_read_across_views_equals_feast_on_the_cluster(cluster_settings: Settings, written: list[str]) -> None:
-    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
-    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    store = feature_store(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
+    reader = OnlineReader(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
     features = [f"{USER_VIEW}:txn_count_5m", f"{MERCHANT_VIEW}:merchant_amount_mean_1h"]
     rows = [{"user_id": written[3], "merchant_id": "cluster-m1"}, {"user_id": written[5], "merchant_id": "nope"}]
     got = reader.get_online_features(features, rows)
@@ -154,8 +196,13 @@ def test_fast_read_across_views_equals_feast_on_the_cluster(cluster_settings: Se
 def test_an_external_cluster_named_by_one_of_its_nodes_is_read_whole(cluster_settings: Settings, written: list[str]) -> None:
     """redis.nodes as a chart gives it (one address in front of the cluster; here a replica's): the clients learn every
     master from it, and the stack's host and port (a port nothing listens on) are not used."""
-    external = cluster_settings.model_copy(update={"redis": cluster_settings.redis.model_copy(update={
-        "nodes": [f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"], "port": 1})})  # fmt: skip
+    external = cluster_settings.model_copy(
+        update={
+            "redis": cluster_settings.redis.model_copy(
+                update={"nodes": [f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"], "port": 1}
+            )
+        }
+    )
     assert external.redis_connection == f"127.0.0.1:{cluster_settings.redis.node_ports[-1]}"
     store = feature_store(external.feast_registry_path, external.redis_connection, external.repo_path, redis_cluster=True)
     reader = OnlineReader(external.feast_registry_path, external.redis_connection, external.repo_path, redis_cluster=True)
@@ -187,23 +234,36 @@ def test_the_feature_job_writes_into_the_cluster_what_feast_and_the_scorer_read(
     apply_topics(bootstrap, [SOURCE, DEAD])
     start_ms = int(time.time() * 1000) - 300_000
     config = {"users": 150, "merchants": 20, "rate_per_s": 200, "out_of_order_rate": 0.1, "late_rate": 0.0, "malformed_rate": 0.0}
-    events = [replace(e, topic=SOURCE.name) for e in itertools.islice(fraud_world(16, start_ms, **config), 1_200)
-              if e.topic == "events.transactions"]  # fmt: skip
+    events = [
+        replace(e, topic=SOURCE.name)
+        for e in itertools.islice(fraud_world(16, start_ms, **config), 1_200)
+        if e.topic == "events.transactions"
+    ]
     EventProducer(bootstrap).publish(events)
-    store = feature_store(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    store = feature_store(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
     plan = compile_plan(store.list_stream_feature_views(), FRAUD).reading({TRANSACTIONS.name: SOURCE.name})
     accepted, _ = accepted_events(plan, SOURCE.name, read_topic(bootstrap, SOURCE.name))
     expected = {view.name: recompute(view, accepted) for view in plan.views}
-    reader = OnlineReader(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True)
+    reader = OnlineReader(
+        cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path, redis_cluster=True
+    )
 
     def read(view, offline: pd.DataFrame) -> pd.DataFrame:
         rows = [{view.entity_key: key} for key in offline[view.entity_key]]
         return pd.DataFrame(reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names], rows))
 
     home = cluster_settings.home
-    job = start_feature_job(cluster_settings, home / "job.log", LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
-                            LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name, LOOPLINE_STREAM__GROUP_ID=f"cluster-{uuid.uuid4()}",
-                            LOOPLINE_STREAM__OFFLINE_DIR=str(home / "offline"), LOOPLINE_STREAM__METRICS_PORT="0")  # fmt: skip
+    job = start_feature_job(
+        cluster_settings,
+        home / "job.log",
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
+        LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
+        LOOPLINE_STREAM__GROUP_ID=f"cluster-{uuid.uuid4()}",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(home / "offline"),
+        LOOPLINE_STREAM__METRICS_PORT="0",
+    )
     problems: list[str] = []
 
     def agrees_or_job_gone() -> bool:
@@ -227,11 +287,19 @@ def test_a_write_counts_only_once_a_replica_has_it(cluster_settings: Settings) -
     """``replica_acks``: a master whose replica is frozen (SIGSTOP) takes the rows, but the write is refused, naming
     the node; thawed, the same write goes through."""
     cluster, client = _cluster(cluster_settings), _client(cluster_settings)
-    writer = OnlineWriter(cluster_settings.feast_registry_path, cluster_settings.redis_connection, cluster_settings.repo_path,
-                          redis_cluster=True, replica_acks=1, replica_ack_timeout_ms=300)  # fmt: skip
+    writer = OnlineWriter(
+        cluster_settings.feast_registry_path,
+        cluster_settings.redis_connection,
+        cluster_settings.repo_path,
+        redis_cluster=True,
+        replica_acks=1,
+        replica_ack_timeout_ms=300,
+    )
     users = [f"acks-u{i}" for i in range(30)]
     master = client.get_node_from_key(writer.layout.redis_key(("user_id",), (users[0],)))
-    replica = next(node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == master.port)
+    replica = next(
+        node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == master.port
+    )
     now_us = int(time.time() * 1e6)
     os.kill(replica.pid(), signal.SIGSTOP)
     try:
@@ -282,8 +350,18 @@ def _events(users: list[str], at_ms: int, batch: str) -> list[Emitted]:
     """One transaction per user at ``at_ms``, on the failover drill's topic."""
     events = []
     for user in users:
-        event = TransactionEvent(schema_version=1, event_id=f"{user}-{batch}", event_time_ms=at_ms, user_id=user, merchant_id="m1",
-                                 amount=10.0, currency="EUR", merchant_category="grocery", channel="pos", country="DE")  # fmt: skip
+        event = TransactionEvent(
+            schema_version=1,
+            event_id=f"{user}-{batch}",
+            event_time_ms=at_ms,
+            user_id=user,
+            merchant_id="m1",
+            amount=10.0,
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
         events.append(Emitted(FAILOVER.name, user, FRAUD.encode(TRANSACTIONS.name, event), at_ms, event))
     return events
 
@@ -303,17 +381,28 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
     connection, home = cluster_settings.redis_connection, cluster_settings.home
     bootstrap = cluster_settings.kafka.bootstrap
     apply_topics(bootstrap, [FAILOVER, DEAD])
-    reader = OnlineReader(cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, timeout_s=BUDGET_S, redis_cluster=True)
+    reader = OnlineReader(
+        cluster_settings.feast_registry_path, connection, cluster_settings.repo_path, timeout_s=BUDGET_S, redis_cluster=True
+    )
     users = [f"failover-u{i}" for i in range(300)]
     victim_key = reader.layout.redis_key(("user_id",), (users[0],))
     victim = next(node for node in cluster.nodes if node.port == client.get_node_from_key(victim_key).port)
-    replica = next(node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == victim.port)
+    replica = next(
+        node for node in cluster.nodes if node.query("ROLE")[0] == b"slave" and int(node.query("ROLE")[2]) == victim.port
+    )
     on_victim = [u for u in users if client.get_node_from_key(reader.layout.redis_key(("user_id",), (u,))).port == victim.port]
     checkpoints, log = home / "failover-checkpoints", home / "failover-job.log"
-    job = start_feature_job(cluster_settings, log, LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: FAILOVER.name}),
-                            LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name, LOOPLINE_STREAM__GROUP_ID=f"failover-{uuid.uuid4()}",
-                            LOOPLINE_STREAM__OFFLINE_DIR=str(home / "failover-offline"), LOOPLINE_STREAM__METRICS_PORT="0",
-                            LOOPLINE_STREAM__CHECKPOINT_DIR=str(checkpoints), LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000")  # fmt: skip
+    job = start_feature_job(
+        cluster_settings,
+        log,
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: FAILOVER.name}),
+        LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
+        LOOPLINE_STREAM__GROUP_ID=f"failover-{uuid.uuid4()}",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(home / "failover-offline"),
+        LOOPLINE_STREAM__METRICS_PORT="0",
+        LOOPLINE_STREAM__CHECKPOINT_DIR=str(checkpoints),
+        LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
+    )
     counts = lambda: reader.get_online_features([f"{USER_VIEW}:txn_count_5m"], [{"user_id": u} for u in users])["txn_count_5m"]  # noqa: E731
 
     def every_user_reads(count: int) -> bool:
@@ -415,7 +504,9 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
     rows = [{"user_id": u} for u in users]
     got = reader.get_online_features([f"{USER_VIEW}:txn_count_5m"], rows)
     assert got == store.get_online_features([f"{USER_VIEW}:txn_count_5m"], rows).to_dict()
-    print(f"\nfailover {promoted - killed:.2f} s (node timeout {NODE_TIMEOUT_MS} ms); Redis unavailable for "
-          f"{last_default - killed:.2f} s: {sum(a.fallback is not None for a in during)}/{len(during)} reads meanwhile, p99 "
-          f"{_p99([a.latency_s for a in during]) * 1000:.1f} ms, max {max(a.latency_s for a in during) * 1000:.1f} ms; "
-          f"{len(on_victim)}/{len(users)} users on the killed master; every row back {recovered - killed:.1f} s after the kill")  # fmt: skip
+    print(
+        f"\nfailover {promoted - killed:.2f} s (node timeout {NODE_TIMEOUT_MS} ms); Redis unavailable for "
+        f"{last_default - killed:.2f} s: {sum(a.fallback is not None for a in during)}/{len(during)} reads meanwhile, p99 "
+        f"{_p99([a.latency_s for a in during]) * 1000:.1f} ms, max {max(a.latency_s for a in during) * 1000:.1f} ms; "
+        f"{len(on_victim)}/{len(users)} users on the killed master; every row back {recovered - killed:.1f} s after the kill"
+    )

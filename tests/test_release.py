@@ -51,12 +51,25 @@ USER = "release-nobody"
 
 # --- the policy on its own -----------------------------------------------------------------------------------
 
-POLICY = ReleasePolicy(min_watch_s=60, max_watch_s=600, min_requests=100, max_error_rate_increase=0.01,
-                       max_latency_ratio=1.5, min_labels=50, max_auc_drop=0.02)  # fmt: skip
+POLICY = ReleasePolicy(
+    min_watch_s=60,
+    max_watch_s=600,
+    min_requests=100,
+    max_error_rate_increase=0.01,
+    max_latency_ratio=1.5,
+    min_labels=50,
+    max_auc_drop=0.02,
+)
 
 
-def _arm(version: str = "2", requests: int = 1_000, errors: int = 0, p99_s: float | None = 0.004, labeled: int = 0,
-         quality: float | None = None) -> ArmStats:  # fmt: skip
+def _arm(
+    version: str = "2",
+    requests: int = 1_000,
+    errors: int = 0,
+    p99_s: float | None = 0.004,
+    labeled: int = 0,
+    quality: float | None = None,
+) -> ArmStats:
     return ArmStats(version, requests, errors, p99_s, labeled, quality)
 
 
@@ -135,10 +148,15 @@ def _arms(draw: st.DrawFn, version: str) -> ArmStats:
 def _policies(draw: st.DrawFn) -> ReleasePolicy:
     min_watch = draw(st.floats(0, 1_000))
     return ReleasePolicy(
-        min_watch_s=min_watch, max_watch_s=min_watch + draw(st.floats(1, 10_000)), min_requests=draw(st.integers(0, 1_000)),
-        max_error_rate_increase=draw(st.floats(0, 0.5)), max_latency_ratio=draw(st.floats(1, 5)),
-        min_labels=draw(st.integers(1, 500)), max_auc_drop=draw(st.floats(0, 0.5)), require_quality=draw(st.booleans()),
-    )  # fmt: skip
+        min_watch_s=min_watch,
+        max_watch_s=min_watch + draw(st.floats(1, 10_000)),
+        min_requests=draw(st.integers(0, 1_000)),
+        max_error_rate_increase=draw(st.floats(0, 0.5)),
+        max_latency_ratio=draw(st.floats(1, 5)),
+        min_labels=draw(st.integers(1, 500)),
+        max_auc_drop=draw(st.floats(0, 0.5)),
+        require_quality=draw(st.booleans()),
+    )
 
 
 @hypothesis_settings(max_examples=400, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -200,11 +218,18 @@ def test_scrape_sums_the_scorers_and_interpolates_the_p99() -> None:
 def model_registry(tmp_path_factory: pytest.TempPathFactory) -> tuple[ModelRelease, dict[str, str], list[Path]]:
     """A registry of its own (MLflow on SQLite); the settings that name it; two model files."""
     folder = tmp_path_factory.mktemp("registry")
-    env = {"LOOPLINE_MODEL_REGISTRY__TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
-           "LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION": str(folder / "artifacts"), "LOOPLINE_HOME": str(folder / "home"),
-           "LOOPLINE_PROJECT": str(template_path("fraud"))}  # fmt: skip
+    env = {
+        "LOOPLINE_MODEL_REGISTRY__TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}",
+        "LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION": str(folder / "artifacts"),
+        "LOOPLINE_HOME": str(folder / "home"),
+        "LOOPLINE_PROJECT": str(template_path("fraud")),
+    }
     files = [write_linear_model(folder / f"m{i}.onnx", INPUTS, np.full(4, 0.01 * i), 0.0) for i in range(2)]
-    return ModelRelease(env["LOOPLINE_MODEL_REGISTRY__TRACKING_URI"], env["LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION"]), env, files
+    return (
+        ModelRelease(env["LOOPLINE_MODEL_REGISTRY__TRACKING_URI"], env["LOOPLINE_MODEL_REGISTRY__ARTIFACT_LOCATION"]),
+        env,
+        files,
+    )
 
 
 def _fresh_model(release: ModelRelease, files: list[Path], versions: int) -> tuple[str, list[str]]:
@@ -311,8 +336,13 @@ def test_cli_release_history_and_rollback(model_registry, run_cli) -> None:
     code, output, _ = run_cli(["models", "history"], env)
     assert code == 0
     rows = [line for line in output.splitlines() if "(loopline CLI)" in line]
-    expected = [("prod", "—", "v1", "registered with --alias"), ("canary", "—", "v2", "released as a canary on 5 % of requests"),
-                ("prod", "v1", "v2", "looked fine"), ("canary", "v2", "—", "v2 promoted"), ("prod", "v2", "v1", "alerts fired")]  # fmt: skip
+    expected = [
+        ("prod", "—", "v1", "registered with --alias"),
+        ("canary", "—", "v2", "released as a canary on 5 % of requests"),
+        ("prod", "v1", "v2", "looked fine"),
+        ("canary", "v2", "—", "v2 promoted"),
+        ("prod", "v2", "v1", "alerts fired"),
+    ]
     assert len(rows) == len(expected), output
     for row, (alias, before, after, why) in zip(rows, expected, strict=True):
         cells = [cell.strip() for cell in row.split("│")]
@@ -334,18 +364,27 @@ def _write_slow_model(path: Path, inputs: list[str], width: int = 1024, repeats:
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    weights = {"w_in": rng.normal(0, 0.01, (len(inputs), width)), "w": rng.normal(0, 1, (width, width)) / np.sqrt(width),
-               "w_out": np.full((width, 1), 0.01)}  # fmt: skip
+    weights = {
+        "w_in": rng.normal(0, 0.01, (len(inputs), width)),
+        "w": rng.normal(0, 1, (width, width)) / np.sqrt(width),
+        "w_out": np.full((width, 1), 0.01),
+    }
     initializers = [numpy_helper.from_array(w.astype(np.float32), key) for key, w in weights.items()]
     initializers.append(numpy_helper.from_array(np.asarray([1], dtype=np.int64), "axes"))
     nodes = [helper.make_node("MatMul", [INPUT_NAME, "w_in"], ["h0"])]
     nodes += [helper.make_node("MatMul", [f"h{i}", "w"], [f"h{i + 1}"]) for i in range(repeats)]
-    nodes += [helper.make_node("MatMul", [f"h{repeats}", "w_out"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"]),
-              helper.make_node("Squeeze", ["p", "axes"], [OUTPUT_NAME])]  # fmt: skip
+    nodes += [
+        helper.make_node("MatMul", [f"h{repeats}", "w_out"], ["z"]),
+        helper.make_node("Sigmoid", ["z"], ["p"]),
+        helper.make_node("Squeeze", ["p", "axes"], [OUTPUT_NAME]),
+    ]
     graph = helper.make_graph(
-        nodes, "slow_scorer", [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", len(inputs)])],
-        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])], initializer=initializers,
-    )  # fmt: skip
+        nodes,
+        "slow_scorer",
+        [helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", len(inputs)])],
+        [helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch"])],
+        initializer=initializers,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="loopline-tests")
     model.ir_version = 8
     helper.set_model_props(model, features_metadata([ModelInput(name) for name in inputs]))
@@ -463,8 +502,15 @@ def test_a_healthy_canary_is_promoted_by_release_watch(served, models, run_cli, 
         # Latency decides nothing here (the slow canary above is judged by it): both arms run a model of the same cost
         # on one scorer, but on a shared machine a stall of tens of ms lands on either arm by chance, and a p99 over
         # 100 requests is their second slowest.
-        watch = settings.release.model_copy(update={"metrics_urls": [f"{url}/metrics"], "poll_s": 0.2, "min_watch_s": 2.0,
-                                                    "min_requests": 100, "max_latency_ratio": 100.0})  # fmt: skip
+        watch = settings.release.model_copy(
+            update={
+                "metrics_urls": [f"{url}/metrics"],
+                "poll_s": 0.2,
+                "min_watch_s": 2.0,
+                "min_requests": 100,
+                "max_latency_ratio": 100.0,
+            }
+        )
         monkeypatch.setattr(cli, "settings", lambda: settings.model_copy(update={"release": watch}))
         code, output, error = run_cli(["release", "watch"], {})
         assert code == 0, error
@@ -505,21 +551,38 @@ def test_a_canary_worse_on_labeled_feedback_is_rolled_back(served, models) -> No
         scores = {"good": 0.6 * labels + 0.4 * noise, "bad": 0.6 * ~labels + 0.4 * noise}[auc]
         return [
             TrainingExample(
-                schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"e-{uuid.uuid4()}", request_id=f"r-{uuid.uuid4()}",
-                entity_keys={"user_id": USER}, features={}, model_name=model, model_version=version, score=float(score),
-                label=float(label), requested_at_ms=at_ms, predicted_at_ms=at_ms, label_time_ms=at_ms + 1, joined_at_ms=at_ms + 2,
-            )  # fmt: skip
+                schema_version=TrainingExample.SCHEMA_VERSION,
+                event_id=f"e-{uuid.uuid4()}",
+                request_id=f"r-{uuid.uuid4()}",
+                entity_keys={"user_id": USER},
+                features={},
+                model_name=model,
+                model_version=version,
+                score=float(score),
+                label=float(label),
+                requested_at_ms=at_ms,
+                predicted_at_ms=at_ms,
+                label_time_ms=at_ms + 1,
+                joined_at_ms=at_ms + 2,
+            )
             for score, label in zip(scores, labels, strict=True)
         ]
 
-    logged = (examples(name, prod, since + 10, 60, "good") + examples(name, canary, since + 10, 60, "bad")
-              + examples("another-model", canary, since + 10, 200, "good") + examples(name, prod, before, 200, "bad"))  # fmt: skip
+    logged = (
+        examples(name, prod, since + 10, 60, "good")
+        + examples(name, canary, since + 10, 60, "bad")
+        + examples("another-model", canary, since + 10, 200, "good")
+        + examples(name, prod, before, 200, "bad")
+    )
     EventProducer(bootstrap).publish(Emitted(topic.name, e.event_id, encode(e), e.predicted_at_ms, e) for e in logged)
 
     # Nothing listens on the metrics URL: a scorer that does not answer adds nothing, and quality still decides.
-    policy = settings.release.model_copy(update={"metrics_urls": [f"http://127.0.0.1:{free_port()}/metrics"], "min_watch_s": 0,
-                                                 "min_labels": 50})  # fmt: skip
-    configured = settings.model_copy(update={"release": policy, "feedback": settings.feedback.model_copy(update={"examples_topic": topic.name})})
+    policy = settings.release.model_copy(
+        update={"metrics_urls": [f"http://127.0.0.1:{free_port()}/metrics"], "min_watch_s": 0, "min_labels": 50}
+    )
+    configured = settings.model_copy(
+        update={"release": policy, "feedback": settings.feedback.model_copy(update={"examples_topic": topic.name})}
+    )
     decision, canary_stats, prod_stats = release_controller(configured).step()
     assert (canary_stats.labeled, prod_stats.labeled) == (60, 60)
     assert canary_stats.quality < 0.2 < 0.8 < prod_stats.quality and canary_stats.requests == prod_stats.requests == 0
@@ -555,17 +618,29 @@ def _trained_elsewhere(path: Path, inputs: list[str], flaw: str | None = None) -
             z = net((features if flaw == "nan" else torch.nan_to_num(features)) / scale).squeeze(1)
             return z if flaw == "logits" else torch.sigmoid(z)
 
-    torch.onnx.export(Scorer().eval(), (rows[:2],), str(path), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                      dynamic_shapes=({0: torch.export.Dim("batch")},), dynamo=True, external_data=False, verbose=False)  # fmt: skip
+    torch.onnx.export(
+        Scorer().eval(),
+        (rows[:2],),
+        str(path),
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: torch.export.Dim("batch")},),
+        dynamo=True,
+        external_data=False,
+        verbose=False,
+    )
     model = onnx.load(str(path))
     kinds = ["number"] * (len(inputs) - 1) + ["text" if flaw == "text" else "number"]
-    onnx.helper.set_model_props(model, features_metadata([ModelInput(name, kind) for name, kind in zip(inputs, kinds, strict=True)]))
+    onnx.helper.set_model_props(
+        model, features_metadata([ModelInput(name, kind) for name, kind in zip(inputs, kinds, strict=True)])
+    )
     onnx.save(model, str(path))
     return path
 
 
 def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_promoted_and_rolled_back_like_a_trained_one(
-        served, models, run_cli, tmp_path: Path) -> None:  # fmt: skip
+    served, models, run_cli, tmp_path: Path
+) -> None:
     settings, release = served
     name = settings.serving.model_name
     env = {k: v for k, v in settings_environment(settings).items() if k.startswith("LOOPLINE_")}  # the CLI on these settings
@@ -579,10 +654,14 @@ def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_promoted_and_
         assert code == 2, output
         return " ".join(output.replace("│", " ").split())  # the error's words, out of its box
 
-    assert "declares no request:amount_eur" in refused(_trained_elsewhere(tmp_path / "misnamed.onnx", [*INPUTS[:3], "request:amount_eur"]))
+    assert "declares no request:amount_eur" in refused(
+        _trained_elsewhere(tmp_path / "misnamed.onnx", [*INPUTS[:3], "request:amount_eur"])
+    )
     assert "scores are not probabilities" in refused(_trained_elsewhere(tmp_path / "logits.onnx", INPUTS, flaw="logits"))
     assert "must handle NaN inputs" in refused(_trained_elsewhere(tmp_path / "nan.onnx", INPUTS, flaw="nan"))
-    assert "its 'features' input must be float32 [batch, 3]" in refused(_trained_elsewhere(tmp_path / "text.onnx", INPUTS, flaw="text"))
+    assert "its 'features' input must be float32 [batch, 3]" in refused(
+        _trained_elsewhere(tmp_path / "text.onnx", INPUTS, flaw="text")
+    )
     assert [str(v.version) for v in release.client.search_model_versions(f"name='{name}'")] == [prod], "nothing registered"
 
     code, output, error = run_cli(["models", "register", str(_trained_elsewhere(tmp_path / "elsewhere.onnx", INPUTS))], env)
@@ -595,10 +674,13 @@ def test_a_model_trained_elsewhere_is_checked_then_canaried_logged_promoted_and_
             assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod}, 30, 0.05), "prod never served"
             code, output, error = run_cli(["release", canary, "--canary", "50"], env)  # as the guide releases it
             assert code == 0 and f"v{canary} is the canary on 50 % of requests" in output, (output, error)
-            assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod, CANARY_ALIAS: canary}, 60, 0.05), "the canary never served"
+            assert wait_until(lambda: _serving(url) == {PROD_ALIAS: prod, CANARY_ALIAS: canary}, 60, 0.05), (
+                "the canary never served"
+            )
             sent: list[tuple[int, str | None]] = []
             assert _until_both_arms_served(url, canary, prod, 20, sent)
             assert {status for status, _ in sent} == {200}
+
             # Logged as a trained model's predictions are: the version, and the exact features it was given.
             def logged() -> list[PredictionRecord]:
                 return [r for r in predictions.records(PredictionRecord) if r.model_name == name and r.model_version == canary]

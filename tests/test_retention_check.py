@@ -25,7 +25,9 @@ def _plan(topic: str, window_ms: int, slide_ms: int):
 
 
 def test_a_rebuild_is_refused_where_the_topic_lost_a_windows_worth(bootstrap: str) -> None:
-    topic = TopicSpec(f"test.retention.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS)
+    topic = TopicSpec(
+        f"test.retention.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=2, retention_ms=DAY_MS
+    )
     apply_topics(bootstrap, [topic])
     now = int(time.time() * 1000)
     producer = Producer({"bootstrap.servers": bootstrap})
@@ -46,7 +48,9 @@ def test_a_rebuild_is_refused_where_the_topic_lost_a_windows_worth(bootstrap: st
     with pytest.raises(RetentionError) as refused:
         check_retention(_plan(topic.name, 3 * HOUR_MS, MINUTE_MS), bootstrap, {}, now)
     line = str(refused.value)
-    assert "\n" not in line and topic.name in line and "user_stats" in line and "LOOPLINE_STREAM__ALLOW_PARTIAL_REBUILD" in line, line
+    assert (
+        "\n" not in line and topic.name in line and "user_stats" in line and "LOOPLINE_STREAM__ALLOW_PARTIAL_REBUILD" in line
+    ), line
 
     for future in admin.delete_records([TopicPartition(topic.name, 1, 2)]).values():
         future.result(30)
@@ -54,7 +58,9 @@ def test_a_rebuild_is_refused_where_the_topic_lost_a_windows_worth(bootstrap: st
 
 
 def test_an_emptied_partition_may_have_lost_records_up_to_retention_ago(bootstrap: str) -> None:
-    topic = TopicSpec(f"test.retention.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS)
+    topic = TopicSpec(
+        f"test.retention.{uuid.uuid4().hex[:8]}", TransactionEvent, key="user_id", partitions=1, retention_ms=DAY_MS
+    )
     apply_topics(bootstrap, [topic])
     producer = Producer({"bootstrap.servers": bootstrap})
     for _ in range(2):

@@ -46,7 +46,9 @@ from streams.topics import apply_topics
 NAMESPACE = "ml-prod"
 TOKEN = "sa-token-1"
 FIRED_MS = 1_790_000_000_000
-_COLLECTION = re.compile(r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/?]+)(?P<item>/[^?]+)?")
+_COLLECTION = re.compile(
+    r"^/apis/(?P<group>[^/]+)/(?P<version>[^/]+)/namespaces/(?P<ns>[^/]+)/(?P<plural>[^/?]+)(?P<item>/[^?]+)?"
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +91,28 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
     folder = tmp_path_factory.mktemp("pki")
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     for ca in ("ca", "other-ca"):
-        _openssl("req", "-x509", *ec, "-keyout", folder / f"{ca}.key", "-out", folder / f"{ca}.crt", "-days", "2", "-subj", f"/CN={ca}")
+        _openssl(
+            "req", "-x509", *ec, "-keyout", folder / f"{ca}.key", "-out", folder / f"{ca}.crt", "-days", "2", "-subj", f"/CN={ca}"
+        )
     _openssl("req", *ec, "-keyout", folder / "server.key", "-out", folder / "server.csr", "-subj", "/CN=kube-apiserver")
     (folder / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n")
-    _openssl("x509", "-req", "-in", folder / "server.csr", "-CA", folder / "ca.crt", "-CAkey", folder / "ca.key",
-             "-CAcreateserial", "-out", folder / "server.crt", "-days", "2", "-extfile", folder / "ext.cnf")  # fmt: skip
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        folder / "server.csr",
+        "-CA",
+        folder / "ca.crt",
+        "-CAkey",
+        folder / "ca.key",
+        "-CAcreateserial",
+        "-out",
+        folder / "server.crt",
+        "-days",
+        "2",
+        "-extfile",
+        folder / "ext.cnf",
+    )
     return Certificates(folder / "ca.crt", folder / "server.crt", folder / "server.key", folder / "other-ca.crt")
 
 
@@ -124,8 +143,10 @@ def _handler(api: StandInApiServer) -> type[BaseHTTPRequestHandler]:
             self.wfile.write(data)
 
         def _status(self, code: int, reason: str, message: str) -> None:
-            self._answer(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message,
-                                "code": code})  # fmt: skip
+            self._answer(
+                code,
+                {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message, "code": code},
+            )
 
         def _any(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -192,7 +213,7 @@ def _trigger_settings(rendered: dict[str, list[dict]], tmp_path: Path, **retrain
 
 def test_the_triggers_trainjob_is_the_charts_own_on_the_snapshot_with_the_retrain_priority(
     rendered: dict[str, list[dict]], crds: CrdValidators, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # fmt: skip
+) -> None:
     from offline_training.trainjob import retrain_trainjob
 
     production = rendered["production"]
@@ -204,7 +225,10 @@ def test_the_triggers_trainjob_is_the_charts_own_on_the_snapshot_with_the_retrai
     assert labels["kueue.x-k8s.io/queue-name"] == _one(production, "LocalQueue")["metadata"]["name"]
     scheduled = copy.deepcopy(_one(production, "TrainJob"))  # the session's render: changed below
     priorities = {o["metadata"]["name"]: o["value"] for o in production if o["kind"] == "WorkloadPriorityClass"}
-    assert priorities[labels["kueue.x-k8s.io/priority-class"]] > priorities[scheduled["metadata"]["labels"]["kueue.x-k8s.io/priority-class"]]
+    assert (
+        priorities[labels["kueue.x-k8s.io/priority-class"]]
+        > priorities[scheduled["metadata"]["labels"]["kueue.x-k8s.io/priority-class"]]
+    )
     # One definition: the scheduled TrainJob's image, nodes, processes and GPUs; only what the firing decides differs.
     decided = {SNAPSHOT_ENV, CANARY_ENV}
     for spec in (job["spec"], scheduled["spec"]):
@@ -212,27 +236,37 @@ def test_the_triggers_trainjob_is_the_charts_own_on_the_snapshot_with_the_retrai
     assert job["spec"] == scheduled["spec"] and job["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     # The runtime's command reads the firing's variables, and every LOOPLINE_* one the trainer gets is a setting.
     (runtime,) = [o for o in production if o["kind"] == "ClusterTrainingRuntime"]
-    command = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    command = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ][-1]
     assert f'--snapshot "${SNAPSHOT_ENV}"' in command and f'--canary "${CANARY_ENV}"' in command
     for name in [n for n in os.environ if n.startswith("LOOPLINE_")]:
         monkeypatch.delenv(name)
-    for name, value in _env(retrain_trainjob(_template(production), snapshot_id="s", fired_ms=1, canary_percent=0, reason="")).items():
+    for name, value in _env(
+        retrain_trainjob(_template(production), snapshot_id="s", fired_ms=1, canary_percent=0, reason="")
+    ).items():
         monkeypatch.setenv(name, value)
     assert Settings().feedback.train_processes == 8
 
 
 def test_created_over_verified_tls_as_the_pods_service_account_once_per_firing(
     rendered: dict[str, list[dict]], api_server: StandInApiServer, certificates: Certificates, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     settings = _trigger_settings(rendered, tmp_path)
     account = _service_account(tmp_path / "serviceaccount", certificates.ca)
     api = _in_cluster(api_server, account)
     first = start_retrain_trainjob(settings, "9f3a7c", FIRED_MS, "prod v3: AUC 0.61 below 0.75", api)
-    assert (first.trainjob.name, first.trainjob.namespace, first.trainjob.created) == (f"loopline-retrain-{FIRED_MS}", NAMESPACE, True)
-    (method, path, authorization), = api_server.requests
+    assert (first.trainjob.name, first.trainjob.namespace, first.trainjob.created) == (
+        f"loopline-retrain-{FIRED_MS}",
+        NAMESPACE,
+        True,
+    )
+    ((method, path, authorization),) = api_server.requests
     assert (method, path, authorization) == ("POST", TRAINJOBS.collection(NAMESPACE), f"Bearer {TOKEN}")
     (stored,) = api_server.objects.values()
-    assert _env(stored)[SNAPSHOT_ENV] == "9f3a7c" and stored["metadata"]["annotations"]["loopline/retrain-reason"].startswith("prod v3")
+    assert _env(stored)[SNAPSHOT_ENV] == "9f3a7c" and stored["metadata"]["annotations"]["loopline/retrain-reason"].startswith(
+        "prod v3"
+    )
     # The kubelet rotates the token in place: the retry of the same firing sends the new one, and finds its TrainJob.
     api_server.token = "sa-token-2"
     (account / "token").write_text("sa-token-2")
@@ -240,12 +274,14 @@ def test_created_over_verified_tls_as_the_pods_service_account_once_per_firing(
     assert again.trainjob.created is False and len(api_server.objects) == 1
     assert api_server.requests[-1][2] == "Bearer sa-token-2"
     # Another firing is another TrainJob.
-    assert start_retrain_trainjob(settings, "0b1c2d", FIRED_MS + 1, "again", api).trainjob.created and len(api_server.objects) == 2
+    assert (
+        start_retrain_trainjob(settings, "0b1c2d", FIRED_MS + 1, "again", api).trainjob.created and len(api_server.objects) == 2
+    )
 
 
 def test_a_lost_answer_is_retried_and_its_409_reports_the_trainjob_created(
     rendered: dict[str, list[dict]], api_server: StandInApiServer, certificates: Certificates, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     api_server.drop_answers = 1
     api = _in_cluster(api_server, _service_account(tmp_path / "serviceaccount", certificates.ca))
     started = start_retrain_trainjob(_trigger_settings(rendered, tmp_path), "9f3a7c", FIRED_MS, "reason", api)
@@ -255,7 +291,7 @@ def test_a_lost_answer_is_retried_and_its_409_reports_the_trainjob_created(
 
 def test_refused_without_the_token_or_by_a_server_the_accounts_ca_did_not_sign(
     rendered: dict[str, list[dict]], api_server: StandInApiServer, certificates: Certificates, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     settings = _trigger_settings(rendered, tmp_path)
     stranger = _in_cluster(api_server, _service_account(tmp_path / "other", certificates.other_ca))
     with pytest.raises(KubernetesError, match="vouches for"):
@@ -274,14 +310,19 @@ def _verb(method: str, path: str) -> tuple[str, str, str]:
     match = _COLLECTION.match(path)
     assert match is not None, path
     item = bool(match["item"])
-    verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete" if item else "deletecollection",
-            "GET": "get" if item else ("watch" if "watch=" in path else "list")}[method]  # fmt: skip
+    verb = {
+        "POST": "create",
+        "PUT": "update",
+        "PATCH": "patch",
+        "DELETE": "delete" if item else "deletecollection",
+        "GET": "get" if item else ("watch" if "watch=" in path else "list"),
+    }[method]
     return match["group"], match["plural"], verb
 
 
 def test_the_role_grants_exactly_the_requests_the_client_makes(
     rendered: dict[str, list[dict]], api_server: StandInApiServer, certificates: Certificates, tmp_path: Path
-) -> None:  # fmt: skip
+) -> None:
     api_server.drop_answers = 1  # the retry path too
     api = _in_cluster(api_server, _service_account(tmp_path / "serviceaccount", certificates.ca))
     start_retrain_trainjob(_trigger_settings(rendered, tmp_path), "9f3a7c", FIRED_MS, "reason", api)
@@ -289,18 +330,23 @@ def test_the_role_grants_exactly_the_requests_the_client_makes(
     assert made == {(TRAINJOBS.group, TRAINJOBS.plural, "create")}
     for values, objects in rendered.items():
         role = _one(objects, "Role", "loopline-retrain-trigger")
-        granted = {(g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+        granted = {
+            (g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+        }
         assert granted == made, values
 
 
-def test_the_trigger_pod_mounts_what_the_code_reads(rendered: dict[str, list[dict]], tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_the_trigger_pod_mounts_what_the_code_reads(
+    rendered: dict[str, list[dict]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from offline_training.trainjob import load_template
 
     objects = rendered["production"]
     pod = _one(objects, "Deployment", "loopline-retrain-trigger")["spec"]["template"]["spec"]
     binding = _one(objects, "RoleBinding", "loopline-retrain-trigger")
-    assert [s["name"] for s in binding["subjects"]] == [pod["serviceAccountName"]] and binding["roleRef"]["name"] == "loopline-retrain-trigger"
+    assert [s["name"] for s in binding["subjects"]] == [pod["serviceAccountName"]] and binding["roleRef"][
+        "name"
+    ] == "loopline-retrain-trigger"
     assert pod["automountServiceAccountToken"] is True
     assert _one(objects, "ServiceAccount", pod["serviceAccountName"]).get("automountServiceAccountToken", True) is not False
     config = tmp_path / "loopline.yaml"
@@ -327,33 +373,51 @@ def _bad_examples(count: int, model: str, version: str, now_ms: int) -> list[Tra
     rng = np.random.default_rng(3)
     return [
         TrainingExample(
-            schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"tj-{i}", request_id=f"tj-req-{i}",
-            entity_keys={"user_id": f"u{i}"}, features={"request:amount": float(rng.lognormal(3, 1))}, model_name=model,
-            model_version=version, score=float(rng.random()), label=float(i % 2 == 0), requested_at_ms=now_ms - 3_600_000 + i,
-            predicted_at_ms=now_ms - 3_600_000 + i + 3, label_time_ms=now_ms, joined_at_ms=now_ms,
-        )  # fmt: skip
+            schema_version=TrainingExample.SCHEMA_VERSION,
+            event_id=f"tj-{i}",
+            request_id=f"tj-req-{i}",
+            entity_keys={"user_id": f"u{i}"},
+            features={"request:amount": float(rng.lognormal(3, 1))},
+            model_name=model,
+            model_version=version,
+            score=float(rng.random()),
+            label=float(i % 2 == 0),
+            requested_at_ms=now_ms - 3_600_000 + i,
+            predicted_at_ms=now_ms - 3_600_000 + i + 3,
+            label_time_ms=now_ms,
+            joined_at_ms=now_ms,
+        )
         for i in range(count)
     ]
 
 
 @pytest.mark.stack
 def test_a_look_that_fires_snapshots_the_models_examples_and_creates_their_trainjob(
-    settings: Settings, bootstrap: str, rendered: dict[str, list[dict]], api_server: StandInApiServer,
-    certificates: Certificates, tmp_path: Path,
-) -> None:  # fmt: skip
+    settings: Settings,
+    bootstrap: str,
+    rendered: dict[str, list[dict]],
+    api_server: StandInApiServer,
+    certificates: Certificates,
+    tmp_path: Path,
+) -> None:
     from feedback_loop.snapshots import find_snapshot
 
     name, topic = f"k8s-{uuid.uuid4().hex[:8]}", f"test.examples.{uuid.uuid4().hex[:8]}"
     apply_topics(bootstrap, [TopicSpec(topic, TrainingExample, key="event_id", partitions=1, retention_ms=86_400_000)])
     template = _trigger_settings(rendered, tmp_path).retrain.trainjob_template
-    watched = settings.model_copy(update={
-        "home": tmp_path / "home",
-        "serving": ServingSettings(model_name=name),
-        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-                                                                     "artifact_location": str(tmp_path / "artifacts")}),
-        "feedback": settings.feedback.model_copy(update={"examples_topic": topic}),
-        "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=10.0, launcher="trainjob", trainjob_template=template),
-    })  # fmt: skip
+    watched = settings.model_copy(
+        update={
+            "home": tmp_path / "home",
+            "serving": ServingSettings(model_name=name),
+            "model_registry": settings.model_registry.model_copy(
+                update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "artifacts")}
+            ),
+            "feedback": settings.feedback.model_copy(update={"examples_topic": topic}),
+            "retrain": RetrainSettings(
+                mode="retrain", min_labels=200, canary_percent=10.0, launcher="trainjob", trainjob_template=template
+            ),
+        }
+    )
     release = model_release(watched)
     prod = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.array([0.01]), 0.0))
     release.promote(name, prod, "test", "the model the trigger judges")

@@ -38,8 +38,16 @@ MODEL = "fraud"
 POLICY = TriggerPolicy(window_s=86_400, min_auc=0.75, min_labels=200, cooldown_s=6 * 3600)
 
 
-def examples(count: int, *, quality: str, version: str = "2", model: str = MODEL, age_ms: int = HOUR_MS, seed: int = 0,
-             labeled: bool = True) -> list[TrainingExample]:  # fmt: skip
+def examples(
+    count: int,
+    *,
+    quality: str,
+    version: str = "2",
+    model: str = MODEL,
+    age_ms: int = HOUR_MS,
+    seed: int = 0,
+    labeled: bool = True,
+) -> list[TrainingExample]:
     """``count`` examples scored ``age_ms`` before NOW_MS, half fraud: ``good`` scores rank them nearly perfectly,
     ``bad`` scores are noise, ``overconfident`` rank well but sit in [0.9, 1] (badly calibrated)."""
     rng = np.random.default_rng(seed)
@@ -48,19 +56,45 @@ def examples(count: int, *, quality: str, version: str = "2", model: str = MODEL
     score = {"good": 0.8 * labels + 0.2 * noise, "bad": noise, "overconfident": 0.9 + 0.08 * labels + 0.02 * noise}[quality]
     return [
         TrainingExample(
-            schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"evt-{seed}-{i}", request_id=f"req-{seed}-{i}",
-            entity_keys={"user_id": f"u{i}"}, features={"request:amount": 1.0}, model_name=model, model_version=version,
-            score=float(score[i]), label=float(labels[i]) if labeled else None, requested_at_ms=NOW_MS - age_ms,
-            predicted_at_ms=NOW_MS - age_ms, label_time_ms=NOW_MS if labeled else None, joined_at_ms=NOW_MS,
-        )  # fmt: skip
+            schema_version=TrainingExample.SCHEMA_VERSION,
+            event_id=f"evt-{seed}-{i}",
+            request_id=f"req-{seed}-{i}",
+            entity_keys={"user_id": f"u{i}"},
+            features={"request:amount": 1.0},
+            model_name=model,
+            model_version=version,
+            score=float(score[i]),
+            label=float(labels[i]) if labeled else None,
+            requested_at_ms=NOW_MS - age_ms,
+            predicted_at_ms=NOW_MS - age_ms,
+            label_time_ms=NOW_MS if labeled else None,
+            joined_at_ms=NOW_MS,
+        )
         for i in range(count)
     ]
 
 
-def judge(batch: list[TrainingExample], policy: TriggerPolicy = POLICY, *, prod: str | None = "2", canary: str | None = None,
-          last_fired_ms: int | None = None, alerts: tuple[FiringAlert, ...] = (), quality=classification_metrics):  # fmt: skip
-    return decide(policy, batch, model_name=MODEL, prod_version=prod, canary_version=canary, now_ms=NOW_MS,
-                  last_fired_ms=last_fired_ms, quality=quality, alerts=alerts)  # fmt: skip
+def judge(
+    batch: list[TrainingExample],
+    policy: TriggerPolicy = POLICY,
+    *,
+    prod: str | None = "2",
+    canary: str | None = None,
+    last_fired_ms: int | None = None,
+    alerts: tuple[FiringAlert, ...] = (),
+    quality=classification_metrics,
+):
+    return decide(
+        policy,
+        batch,
+        model_name=MODEL,
+        prod_version=prod,
+        canary_version=canary,
+        now_ms=NOW_MS,
+        last_fired_ms=last_fired_ms,
+        quality=quality,
+        alerts=alerts,
+    )
 
 
 SKEW = FiringAlert("LooplineFeatureSkew", {"feature": "request:amount", "model_version": "2"}, "2026-12-01T02:00:00Z")
@@ -100,8 +134,16 @@ def test_only_prods_own_examples_within_the_window_count():
     assert decision.labeled == 300
     # Each bad group does count where it belongs: as prod's (or that model's) examples, or inside a wider window.
     assert judge(other_version, prod="1").fire
-    assert decide(POLICY, other_model, model_name="churn", prod_version="2", canary_version=None, now_ms=NOW_MS,
-                  last_fired_ms=None, quality=classification_metrics).fire  # fmt: skip
+    assert decide(
+        POLICY,
+        other_model,
+        model_name="churn",
+        prod_version="2",
+        canary_version=None,
+        now_ms=NOW_MS,
+        last_fired_ms=None,
+        quality=classification_metrics,
+    ).fire
     assert judge(too_old, TriggerPolicy(window_s=48 * 3600)).fire
 
 
@@ -167,8 +209,11 @@ def test_each_cause_has_its_own_mode_the_strongest_acts_and_the_default_alerts_a
     options = RetrainSettings(mode="notify", alert_mode="retrain")
     assert [options.mode_for(c) for c in ({"alert"}, {"quality"}, {"quality", "alert"})] == ["retrain", "notify", "retrain"]
     assert RetrainSettings(mode="off", alert_mode="notify").mode_for({"quality", "alert"}) == "notify"
-    rules = {rule["alert"]: rule for group in yaml.safe_load((RULES_DIR / "monitoring.rules.yml").read_text())["groups"]
-             for rule in group["rules"]}  # fmt: skip
+    rules = {
+        rule["alert"]: rule
+        for group in yaml.safe_load((RULES_DIR / "monitoring.rules.yml").read_text())["groups"]
+        for rule in group["rules"]
+    }
     assert set(RetrainSettings().alerts) == set(RETRAIN_ALERTS) <= set(rules)
     assert {rules[name]["labels"]["severity"] for name in RETRAIN_ALERTS} == {"page"}
 
@@ -178,19 +223,38 @@ def test_watch_once_fires_on_an_alert_firing_in_a_real_prometheus(settings: Sett
     name = f"alerted-{uuid.uuid4().hex[:8]}"
     rules = tmp_path / "alerts.rules.yml"
     # The monitor's skew alert, held for no time: one for the prod version below and one for a version not served.
-    rules.write_text(yaml.safe_dump({"groups": [{"name": "test", "rules": [
-        {"alert": "LooplineFeatureSkew", "expr": 'vector(1)', "labels": {"severity": "page", "feature": "request:amount",
-                                                                         "model_version": version}}
-        for version in ("1", "99")]}]}))  # fmt: skip
-    prometheus = PrometheusServer("127.0.0.1", free_port(), {}, 1.0, tmp_path / "data", tmp_path / "run", tmp_path / "logs",
-                                  rule_files=[rules])  # fmt: skip
-    watched = settings.model_copy(update={
-        "serving": ServingSettings(model_name=name),
-        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-                                                         "artifact_location": str(tmp_path / "artifacts")}),
-        "retrain": RetrainSettings(mode="off", alert_mode="notify"),
-        "prometheus": PrometheusSettings(port=prometheus.port),
-    })  # fmt: skip
+    rules.write_text(
+        yaml.safe_dump(
+            {
+                "groups": [
+                    {
+                        "name": "test",
+                        "rules": [
+                            {
+                                "alert": "LooplineFeatureSkew",
+                                "expr": "vector(1)",
+                                "labels": {"severity": "page", "feature": "request:amount", "model_version": version},
+                            }
+                            for version in ("1", "99")
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    prometheus = PrometheusServer(
+        "127.0.0.1", free_port(), {}, 1.0, tmp_path / "data", tmp_path / "run", tmp_path / "logs", rule_files=[rules]
+    )
+    watched = settings.model_copy(
+        update={
+            "serving": ServingSettings(model_name=name),
+            "model_registry": settings.model_registry.model_copy(
+                update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "artifacts")}
+            ),
+            "retrain": RetrainSettings(mode="off", alert_mode="notify"),
+            "prometheus": PrometheusSettings(port=prometheus.port),
+        }
+    )
     release = model_release(watched)
     version = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.ones(1), 0.0))
     release.promote(name, version, "test", "the model the trigger judges")
@@ -219,12 +283,15 @@ def test_watch_once_fires_on_an_alert_firing_in_a_real_prometheus(settings: Sett
 @pytest.mark.stack
 def test_watch_once_reads_the_examples_topic_fires_and_then_cools_down(settings: Settings, bootstrap: str, tmp_path: Path):
     name = f"watched-{uuid.uuid4().hex[:8]}"
-    watched = settings.model_copy(update={
-        "serving": ServingSettings(model_name=name),
-        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-                                                         "artifact_location": str(tmp_path / "artifacts")}),
-        "retrain": RetrainSettings(mode="notify", min_labels=200, window_s=10 * 365 * 86_400),
-    })  # fmt: skip
+    watched = settings.model_copy(
+        update={
+            "serving": ServingSettings(model_name=name),
+            "model_registry": settings.model_registry.model_copy(
+                update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "artifacts")}
+            ),
+            "retrain": RetrainSettings(mode="notify", min_labels=200, window_s=10 * 365 * 86_400),
+        }
+    )
     release = model_release(watched)
     version = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.ones(1), 0.0))
     release.promote(name, version, "test", "the model the trigger judges")
@@ -255,18 +322,28 @@ def _signal_examples(count: int, model: str, version: str, now_ms: int) -> list[
     amounts = np.where(labels, rng.lognormal(5, 0.5, count), rng.lognormal(3, 0.5, count))
     return [
         TrainingExample(
-            schema_version=TrainingExample.SCHEMA_VERSION, event_id=f"sig-{i}", request_id=f"sig-req-{i}",
-            entity_keys={"user_id": f"u{i}"}, features={"request:amount": float(amounts[i])}, model_name=model,
-            model_version=version, score=float(1 / (1 + np.exp(0.01 * amounts[i]))), label=float(labels[i]),
-            requested_at_ms=now_ms - HOUR_MS + i * 1_000, predicted_at_ms=now_ms - HOUR_MS + i * 1_000 + 3,
-            label_time_ms=now_ms, joined_at_ms=now_ms,
-        )  # fmt: skip
+            schema_version=TrainingExample.SCHEMA_VERSION,
+            event_id=f"sig-{i}",
+            request_id=f"sig-req-{i}",
+            entity_keys={"user_id": f"u{i}"},
+            features={"request:amount": float(amounts[i])},
+            model_name=model,
+            model_version=version,
+            score=float(1 / (1 + np.exp(0.01 * amounts[i]))),
+            label=float(labels[i]),
+            requested_at_ms=now_ms - HOUR_MS + i * 1_000,
+            predicted_at_ms=now_ms - HOUR_MS + i * 1_000 + 3,
+            label_time_ms=now_ms,
+            joined_at_ms=now_ms,
+        )
         for i in range(count)
     ]
 
 
 @pytest.mark.stack
-def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary(settings: Settings, bootstrap: str, tmp_path: Path):
+def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary(
+    settings: Settings, bootstrap: str, tmp_path: Path
+):
     from feedback_loop.snapshots import find_snapshot
     from loopline.retraining import trigger_step
     from schemas.topics import TopicSpec
@@ -274,14 +351,17 @@ def test_retrain_mode_snapshots_trains_and_releases_the_better_model_as_a_canary
 
     name, topic = f"retrained-{uuid.uuid4().hex[:8]}", f"test.examples.{uuid.uuid4().hex[:8]}"
     apply_topics(bootstrap, [TopicSpec(topic, TrainingExample, key="event_id", partitions=2, retention_ms=7 * 24 * HOUR_MS)])
-    watched = settings.model_copy(update={
-        "home": tmp_path / "home",
-        "serving": ServingSettings(model_name=name),
-        "model_registry": settings.model_registry.model_copy(update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db",
-                                                         "artifact_location": str(tmp_path / "artifacts")}),
-        "feedback": settings.feedback.model_copy(update={"examples_topic": topic, "train_processes": 1}),
-        "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=50.0, owner="fraud-oncall"),
-    })  # fmt: skip
+    watched = settings.model_copy(
+        update={
+            "home": tmp_path / "home",
+            "serving": ServingSettings(model_name=name),
+            "model_registry": settings.model_registry.model_copy(
+                update={"tracking_uri": f"sqlite:///{tmp_path}/mlflow.db", "artifact_location": str(tmp_path / "artifacts")}
+            ),
+            "feedback": settings.feedback.model_copy(update={"examples_topic": topic, "train_processes": 1}),
+            "retrain": RetrainSettings(mode="retrain", min_labels=200, canary_percent=50.0, owner="fraud-oncall"),
+        }
+    )
     release = model_release(watched)
     prod = release.register(name, write_linear_model(tmp_path / "prod.onnx", ["request:amount"], np.array([-0.01]), 0.0))
     release.promote(name, prod, "test", "the model the trigger judges")

@@ -56,10 +56,14 @@ def _deliveries(draw: st.DrawFn, entity_key: str) -> Delivery:
     # Units that keep events in one window bucket, or spread them across the 5 min, 1 h and 24 h windows.
     unit = draw(st.sampled_from([1, 7_000, 240_000, 3_600_000]))
     other = "merchant_id" if entity_key == "user_id" else "user_id"
-    event = st.fixed_dictionaries({
-        "event_time_ms": st.integers(0, 40).map(lambda t: START_MS + t * unit), other: st.sampled_from(["x", "y", "z"]),
-        "amount": st.sampled_from([0.1, 0.2, 12.5, 999.99]), "country": st.sampled_from(["DE", "FR"]),
-    })  # fmt: skip
+    event = st.fixed_dictionaries(
+        {
+            "event_time_ms": st.integers(0, 40).map(lambda t: START_MS + t * unit),
+            other: st.sampled_from(["x", "y", "z"]),
+            "amount": st.sampled_from([0.1, 0.2, 12.5, 999.99]),
+            "country": st.sampled_from(["DE", "FR"]),
+        }
+    )
     events = draw(st.lists(event, min_size=1, max_size=30))
     a = draw(st.permutations(events))
     checkpoint = draw(st.integers(0, len(a)))
@@ -71,14 +75,25 @@ def _deliveries(draw: st.DrawFn, entity_key: str) -> Delivery:
 
 
 def _event(entity_key: str, entity: str, number: int, fields: dict) -> tuple:
-    event = {"schema_version": 1, "event_id": f"e{number}", "user_id": "u", "merchant_id": "m", "currency": "EUR",
-             "merchant_category": "grocery", "channel": "pos", **fields, entity_key: entity}  # fmt: skip
+    event = {
+        "schema_version": 1,
+        "event_id": f"e{number}",
+        "user_id": "u",
+        "merchant_id": "m",
+        "currency": "EUR",
+        "merchant_category": "grocery",
+        "channel": "pos",
+        **fields,
+        entity_key: entity,
+    }
     return tuple(event[name] for name in COLUMNS)
 
 
 @pytest.fixture(scope="module")
 def plan(applied: Settings) -> FeaturePlan:
-    return compile_plan(feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views(), FRAUD)
+    return compile_plan(
+        feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views(), FRAUD
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +116,9 @@ def windows(applied: Settings, plan: FeaturePlan, tmp_path_factory: pytest.TempP
         # Each event as the decoder hands it on: its contract's fields, then its log position (its number, in one partition).
         positioned = [Row(*event, 0, offset) for offset, event in enumerate(events)]
         source = env.from_collection(positioned, type_info=row_type({**COLUMNS, **EVENT_POSITION}))
-        rows = DataStream(windowed_rows(source._j_data_stream, plan_of(view), view, plan.rows_identity(view), settings.state_check_ms)[0])
+        rows = DataStream(
+            windowed_rows(source._j_data_stream, plan_of(view), view, plan.rows_identity(view), settings.state_check_ms)[0]
+        )
         by_entity: dict[str, list[dict]] = {}
         names = list(feature_columns(view))
         with rows.execute_and_collect() as collected:
@@ -115,7 +132,7 @@ def windows(applied: Settings, plan: FeaturePlan, tmp_path_factory: pytest.TempP
 @pytest.mark.parametrize("view_name", ["user_transaction_features", "merchant_transaction_features"])
 def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
     applied: Settings, plan: FeaturePlan, windows, view_name: str
-) -> None:  # fmt: skip
+) -> None:
     from feast.infra.online_stores.helpers import get_online_store_from_config
 
     view = next(v for v in plan.views if v.name == view_name)
@@ -133,13 +150,20 @@ def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
     def check(deliveries: list[Delivery]) -> None:
         example = next(examples)
         entities = [f"order-{RUN}-{view_name}-{example}-{i}" for i in range(len(deliveries))]
-        events = [_event(view.entity_key, f"{entity}-{order}", n, fields)
-                  for entity, delivery in zip(entities, deliveries, strict=True)
-                  for order, ordered in (("a", delivery.a), ("b", delivery.b)) for n, fields in enumerate(ordered)]  # fmt: skip
+        events = [
+            _event(view.entity_key, f"{entity}-{order}", n, fields)
+            for entity, delivery in zip(entities, deliveries, strict=True)
+            for order, ordered in (("a", delivery.a), ("b", delivery.b))
+            for n, fields in enumerate(ordered)
+        ]
         rows = windows(view, events)
         twins = [f"{entity}-feast" for entity in entities]
-        feast_store.online_write_batch(store.config, feast_view, [_feast_row(view, feast_view, twin, rows[f"{entity}-b"][-1])
-                                                                  for entity, twin in zip(entities, twins, strict=True)], None)  # fmt: skip
+        feast_store.online_write_batch(
+            store.config,
+            feast_view,
+            [_feast_row(view, feast_view, twin, rows[f"{entity}-b"][-1]) for entity, twin in zip(entities, twins, strict=True)],
+            None,
+        )
         for entity, twin, delivery in zip(entities, twins, deliveries, strict=True):
             a, b = rows[f"{entity}-a"], rows[f"{entity}-b"]
             assert [r["events"] for r in a] == [r["events"] for r in b] == list(range(1, len(delivery.a) + 1))
@@ -161,9 +185,13 @@ def test_a_replay_in_another_order_ends_with_the_row_of_every_event(
         online = store.get_online_features(names, [{view.entity_key: e} for e in entities + twins]).to_dict()
         for i, (entity, final) in enumerate(zip(entities + twins, finals, strict=True)):
             assert {name: online[name][i] for name in view.feature_names} == _features(view, final), entity
-        assert reader.row_timestamps_us(view.name, [{view.entity_key: e} for e in entities + twins]) == [final["latest_ms"] * 1000 for final in finals]
+        assert reader.row_timestamps_us(view.name, [{view.entity_key: e} for e in entities + twins]) == [
+            final["latest_ms"] * 1000 for final in finals
+        ]
         orders = [client.hget(reader.layout.redis_key(view.entity_keys, (e,)), layout.order_field) for e in entities + twins]
-        assert orders == [f"{f['latest_ms'] * 1000}:{f['events']}".encode() for f in finals[: len(entities)]] + [None] * len(twins)
+        assert orders == [f"{f['latest_ms'] * 1000}:{f['events']}".encode() for f in finals[: len(entities)]] + [None] * len(
+            twins
+        )
 
     check()
 
@@ -197,15 +225,21 @@ def test_the_hash_is_feasts_own_plus_the_order_and_absorbed_fields(applied: Sett
     store = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     view = store.get_stream_feature_view("user_transaction_features")
     features = {"txn_count_5m": 3, "amount_sum_1h": 12.5, "secs_since_prev_txn": None, "distinct_merchants_1h": 2}
-    values = {"txn_count_5m": Value(int64_val=3), "amount_sum_1h": Value(double_val=12.5), "secs_since_prev_txn": Value(),
-              "distinct_merchants_1h": Value(int64_val=2)}  # fmt: skip
+    values = {
+        "txn_count_5m": Value(int64_val=3),
+        "amount_sum_1h": Value(double_val=12.5),
+        "secs_since_prev_txn": Value(),
+        "distinct_merchants_1h": Value(int64_val=2),
+    }
     at_us = START_MS * 1000 + 123
     ours, feasts = f"hash-{RUN}-ours", f"hash-{RUN}-feast"
     row = FeatureRow(view.name, ours, at_us, features, 7, absorbed="0:41,3:7")
     OnlineWriter(applied.feast_registry_path, applied.redis_connection, applied.repo_path).write([row])
     key = EntityKey(join_keys=["user_id"], entity_values=[Value(string_val=feasts)])
     at = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=at_us)
-    get_online_store_from_config(store.config.online_store).online_write_batch(store.config, view, [(key, values, at, None)], None)
+    get_online_store_from_config(store.config.online_store).online_write_batch(
+        store.config, view, [(key, values, at, None)], None
+    )
 
     reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
     client = redis.Redis(host=applied.redis.host, port=applied.redis.port)

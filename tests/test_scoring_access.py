@@ -34,16 +34,23 @@ def _grpc_score(address: str, metadata: tuple = ()) -> grpc.StatusCode:
     with grpc.insecure_channel(address) as channel:
         try:
             services.ScorerStub(channel).Score(
-                messages.ScoreRequest(request_id="access-1", entity_keys={"user_id": "u"}, requested_at_ms=1,
-                                      request_fields={"amount": struct_pb2.Value(number_value=3.0)}),  # fmt: skip
-                metadata=metadata, timeout=5,
+                messages.ScoreRequest(
+                    request_id="access-1",
+                    entity_keys={"user_id": "u"},
+                    requested_at_ms=1,
+                    request_fields={"amount": struct_pb2.Value(number_value=3.0)},
+                ),
+                metadata=metadata,
+                timeout=5,
             )
             return grpc.StatusCode.OK
         except grpc.RpcError as err:
             return err.code()
 
 
-def test_a_bearer_token_guards_scoring_and_model_status_but_not_probes(applied: Settings, model_path: Path, tmp_path: Path) -> None:
+def test_a_bearer_token_guards_scoring_and_model_status_but_not_probes(
+    applied: Settings, model_path: Path, tmp_path: Path
+) -> None:
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     settings = applied.model_copy(update={"serving": applied.serving.model_copy(update={"auth_token_file": token_file})})

@@ -43,7 +43,12 @@ from schemas.topics import DAY_MS, DEAD_LETTERS, PREDICTIONS, SCORE_REQUESTS
 
 INPUTS = ["user_transaction_features:txn_count_5m", "request:amount"]
 HTTP_ANSWERS = {200, 404, 413, 422}
-GRPC_ANSWERS = {grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND, grpc.StatusCode.RESOURCE_EXHAUSTED}
+GRPC_ANSWERS = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
 
 
 @dataclass
@@ -74,10 +79,16 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory, request:
     http_port, grpc_port = free_port(), free_port()
     log = folder / "serve.log"
     process = start_scorer(
-        applied, ["--http", "--grpc", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-        LOOPLINE_SERVING__HTTP_PORT=str(http_port), LOOPLINE_SERVING__GRPC_PORT=str(grpc_port), LOOPLINE_SERVING__INSTANCE=group,
-        LOOPLINE_SERVING__WORKERS=workers, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery,
-    )  # fmt: skip
+        applied,
+        ["--http", "--grpc", "--kafka", "--model", str(model)],
+        log,
+        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+        LOOPLINE_SERVING__HTTP_PORT=str(http_port),
+        LOOPLINE_SERVING__GRPC_PORT=str(grpc_port),
+        LOOPLINE_SERVING__INSTANCE=group,
+        LOOPLINE_SERVING__WORKERS=workers,
+        LOOPLINE_SERVING__KAFKA_DELIVERY=delivery,
+    )
     served = Served(process, f"http://127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", log)
 
     def ready() -> bool:
@@ -100,15 +111,26 @@ def _post(served: Served, body: bytes) -> requests.Response:
     return requests.post(f"{served.url}/v1/score", data=body, headers={"content-type": "application/json"}, timeout=10)
 
 
-def _grpc(served: Served, request_id: str, entity_keys: dict, fields: dict[str, struct_pb2.Value], model_name: str = "",
-          requested_at_ms: int = 1):
+def _grpc(
+    served: Served,
+    request_id: str,
+    entity_keys: dict,
+    fields: dict[str, struct_pb2.Value],
+    model_name: str = "",
+    requested_at_ms: int = 1,
+):
     """(status code, details) of a gRPC Score call."""
     messages, services = scoring_api()
     with grpc.insecure_channel(served.grpc_address) as channel:
         try:
             services.ScorerStub(channel).Score(
-                messages.ScoreRequest(request_id=request_id, entity_keys=entity_keys, request_fields=fields,
-                                      requested_at_ms=requested_at_ms, model_name=model_name),  # fmt: skip
+                messages.ScoreRequest(
+                    request_id=request_id,
+                    entity_keys=entity_keys,
+                    request_fields=fields,
+                    requested_at_ms=requested_at_ms,
+                    model_name=model_name,
+                ),
                 timeout=10,
             )
             return grpc.StatusCode.OK, ""
@@ -133,7 +155,12 @@ BAD_REQUESTS = [
     ("an integer beyond a double", _json("1" + "0" * 400), 422, "request_fields.amount"),
     ("beyond 32-bit floats", _json("1e39"), 422, "request_fields.amount"),
     ("a list amount", _json("[1, 2]"), 422, "request_fields.amount"),
-    ("no amount", json.dumps({**score_request("bad-input-user", 1.0), "request_fields": {}}).encode(), 422, "request_fields.amount"),
+    (
+        "no amount",
+        json.dumps({**score_request("bad-input-user", 1.0), "request_fields": {}}).encode(),
+        422,
+        "request_fields.amount",
+    ),
     ("not JSON", b"{this is not json", 422, "<payload>"),
     ("deep nesting", _json("[" * 5_000 + "]" * 5_000), 422, "<payload>"),
     ("too many entity keys", _json("1", entity_keys={f"k{i}": "v" for i in range(20)}), 422, "entity_keys"),
@@ -169,15 +196,25 @@ def test_bad_requests_get_clear_answers_on_every_door(served: Served, applied: S
     for value in (number, text, listed, struct_pb2.Value(number_value=1e39), struct_pb2.Value(bool_value=True)):
         code, details = _grpc(served, "g-1", {"user_id": "u"}, {"amount": value})
         assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("request_fields.amount"), (value, code, details)
-    assert _grpc(served, "g-2", {"user_id": "u"}, {"amount": struct_pb2.Value(number_value=1)}, "not-served")[0] == grpc.StatusCode.NOT_FOUND
+    assert (
+        _grpc(served, "g-2", {"user_id": "u"}, {"amount": struct_pb2.Value(number_value=1)}, "not-served")[0]
+        == grpc.StatusCode.NOT_FOUND
+    )
     assert _grpc(served, "g-3", {"user_id": "u" * 70_000}, {})[0] == grpc.StatusCode.RESOURCE_EXHAUSTED
-    ahead = _grpc(served, "g-4", {"user_id": "u"}, {"amount": struct_pb2.Value(number_value=1)}, requested_at_ms=int(time.time() * 1000) + DAY_MS)
+    ahead = _grpc(
+        served,
+        "g-4",
+        {"user_id": "u"},
+        {"amount": struct_pb2.Value(number_value=1)},
+        requested_at_ms=int(time.time() * 1000) + DAY_MS,
+    )
     assert ahead[0] == grpc.StatusCode.INVALID_ARGUMENT and ahead[1].startswith("requested_at_ms"), ahead
 
     # And over Kafka: each one is dead-lettered with its reason and field, and the door goes on.
     dead = LogReader(applied.kafka.bootstrap, DEAD_LETTERS.name)
     sent = _publish(applied, [body for _, body, _, _ in BAD_REQUESTS])
     try:
+
         def letters() -> dict[tuple[int, int], DeadLetterRecord]:
             records = dead.records(DeadLetterRecord)
             return {(r.source_partition, r.source_offset): r for r in records if (r.source_partition, r.source_offset) in sent}
@@ -197,8 +234,12 @@ def _publish(settings: Settings, payloads: list[bytes]) -> list[tuple[int, int]]
     producer = Producer({"bootstrap.servers": settings.kafka.bootstrap, "enable.idempotence": True})
     positions: dict[int, tuple[int, int]] = {}
     for index, payload in enumerate(payloads):
-        producer.produce(SCORE_REQUESTS.name, payload, f"fuzz-{index}",
-                         on_delivery=lambda err, msg, i=index: positions.__setitem__(i, (msg.partition(), msg.offset())))  # fmt: skip
+        producer.produce(
+            SCORE_REQUESTS.name,
+            payload,
+            f"fuzz-{index}",
+            on_delivery=lambda err, msg, i=index: positions.__setitem__(i, (msg.partition(), msg.offset())),
+        )
     assert producer.flush(30) == 0
     return [positions[i] for i in range(len(payloads))]
 
@@ -222,15 +263,23 @@ _text = st.text(max_size=12)
 #: Stamped within the last day: requests the scorer takes (most of those further ahead are refused before scoring).
 _recent_ms = st.integers(min_value=int(time.time() * 1000) - DAY_MS, max_value=int(time.time() * 1000))
 _value = st.one_of(
-    st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(10**400), max_value=10**400), _text, st.booleans(),
-    st.none(), st.lists(st.integers(), max_size=3), st.dictionaries(_text, st.integers(), max_size=2),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**400), max_value=10**400),
+    _text,
+    st.booleans(),
+    st.none(),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(_text, st.integers(), max_size=2),
 )
 _structured = st.fixed_dictionaries(
-    {"schema_version": st.sampled_from([1, 1, 1, 2, "1"]), "entity_keys": st.dictionaries(_text, st.one_of(_text, st.integers()), max_size=10),
-     "request_fields": st.dictionaries(st.sampled_from(["amount", "other", ""]), _value, max_size=3),
-     "requested_at_ms": st.one_of(_recent_ms, _recent_ms, st.integers(min_value=-5, max_value=2**70), _text)},
+    {
+        "schema_version": st.sampled_from([1, 1, 1, 2, "1"]),
+        "entity_keys": st.dictionaries(_text, st.one_of(_text, st.integers()), max_size=10),
+        "request_fields": st.dictionaries(st.sampled_from(["amount", "other", ""]), _value, max_size=3),
+        "requested_at_ms": st.one_of(_recent_ms, _recent_ms, st.integers(min_value=-5, max_value=2**70), _text),
+    },
     optional={"model_name": st.one_of(st.none(), _text, st.just("fraud")), "extra": _value},
-)  # fmt: skip
+)
 
 
 def test_fuzzed_requests_never_stop_a_door(served: Served, applied: Settings) -> None:
@@ -260,12 +309,15 @@ def test_fuzzed_requests_never_stop_a_door(served: Served, applied: Settings) ->
     positions = _publish(applied, kafka_payloads)
     sent = set(positions)
     try:
+
         def outcomes() -> Counter:
             """Kafka's outcome for each fuzzed record: a prediction (by request id) or a dead letter (by position)."""
             records = predictions.records(PredictionRecord)
             scored = Counter(r.request_id for r in records if r.request_id.startswith(run) and r.request_id.endswith("-kafka"))
             letters = dead.records(DeadLetterRecord)
-            return scored + Counter((r.source_partition, r.source_offset) for r in letters if (r.source_partition, r.source_offset) in sent)
+            return scored + Counter(
+                (r.source_partition, r.source_offset) for r in letters if (r.source_partition, r.source_offset) in sent
+            )
 
         assert wait_until(lambda: sum(outcomes().values()) >= len(sent), 90, 0.2), f"{sum(outcomes().values())} of {len(sent)}"
         assert sum(outcomes().values()) == len(sent) and max(outcomes().values()) == 1, "exactly one outcome per record"

@@ -49,9 +49,22 @@ def _expected_score(values: list[float]) -> float:
 def _write_user(settings: Settings, redis_connection: str, user: str, features: dict) -> None:
     writer = OnlineWriter(settings.feast_registry_path, redis_connection, settings.repo_path)
     row = {name.split(":", 1)[1]: value for name, value in features.items()}
-    full = {f: row.get(f) for f in ("txn_count_5m", "txn_count_1h", "txn_count_24h", "amount_sum_1h", "amount_sum_24h",
-            "amount_mean_1h", "amount_mean_24h", "amount_max_24h", "distinct_merchants_1h", "distinct_countries_24h",
-            "secs_since_prev_txn")}  # fmt: skip
+    full = {
+        f: row.get(f)
+        for f in (
+            "txn_count_5m",
+            "txn_count_1h",
+            "txn_count_24h",
+            "amount_sum_1h",
+            "amount_sum_24h",
+            "amount_mean_1h",
+            "amount_mean_24h",
+            "amount_max_24h",
+            "distinct_merchants_1h",
+            "distinct_countries_24h",
+            "secs_since_prev_txn",
+        )
+    }
     writer.write([FeatureRow(VIEW, user, int(time.time() * 1_000_000), full)])
 
 
@@ -61,10 +74,11 @@ def _grpc_score(address: str, request: dict) -> PredictionRecord:
     with grpc.insecure_channel(address) as channel:
         reply = services.ScorerStub(channel).Score(
             messages.ScoreRequest(
-                request_id=request["request_id"], entity_keys=request["entity_keys"],
+                request_id=request["request_id"],
+                entity_keys=request["entity_keys"],
                 request_fields={k: struct_pb2.Value(number_value=v) for k, v in request["request_fields"].items()},
                 requested_at_ms=request["requested_at_ms"],
-            ),  # fmt: skip
+            ),
             timeout=5,
         )
     data = json_format.MessageToDict(reply, preserving_proto_field_name=True)
@@ -92,7 +106,11 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         request = score_request(user, 120.0)
         known = PredictionRecord.model_validate_json(requests.post(f"{url}/v1/score", json=request, timeout=5).content)
         over_grpc = _grpc_score(grpc_address, request)
-        assert (over_grpc.score, over_grpc.features, over_grpc.model_version) == (known.score, known.features, known.model_version)
+        assert (over_grpc.score, over_grpc.features, over_grpc.model_version) == (
+            known.score,
+            known.features,
+            known.model_version,
+        )
         # The same request through the Kafka door: its one prediction record is the third for this id.
         kafka_request = ScoreRequest.model_validate(request)
         EventProducer(applied.kafka.bootstrap).publish(

@@ -40,8 +40,15 @@ REQUESTS = 20_000  # several seconds of scoring, so the kill lands mid-stream
 def _serve(
     settings: Settings, model: Path, group: str, log: Path, instance: str = "0", delivery: str = "exactly_once", **env: str
 ) -> subprocess.Popen:
-    return start_scorer(settings, ["--no-http", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-                        LOOPLINE_SERVING__INSTANCE=instance, LOOPLINE_SERVING__KAFKA_DELIVERY=delivery, **env)  # fmt: skip
+    return start_scorer(
+        settings,
+        ["--no-http", "--kafka", "--model", str(model)],
+        log,
+        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+        LOOPLINE_SERVING__INSTANCE=instance,
+        LOOPLINE_SERVING__KAFKA_DELIVERY=delivery,
+        **env,
+    )
 
 
 # Its waits add up to about 480 s: more than pytest's 300 s default, which would cut a slow but passing run.
@@ -51,7 +58,9 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
     batch, rate = uuid.uuid4().hex[:8], 1_000
     # Requests keep coming until the members have changed: however long a member takes to start on a loaded machine.
     changed = threading.Event()
-    stream = itertools.takewhile(lambda _: not changed.is_set(), score_requests([f"kafka-nobody-{i}" for i in range(50)], rate, batch))
+    stream = itertools.takewhile(
+        lambda _: not changed.is_set(), score_requests([f"kafka-nobody-{i}" for i in range(50)], rate, batch)
+    )
     sent: list[int] = []
     producing = threading.Thread(target=lambda: sent.append(EventProducer(bootstrap).publish(stream, rate_per_s=rate).total))
     # From the end: this test's predictions come only once its scorers start; earlier tests' need not be read.
@@ -64,14 +73,18 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
     producing.start()
     try:
         # The first member scoring (its log says so; its predictions become readable a transaction later) is enough.
-        assert wait_until(lambda: b"request " in logs["a"].read_bytes() or first.poll() is not None, 120, 0.1), "no request scored"
+        assert wait_until(lambda: b"request " in logs["a"].read_bytes() or first.poll() is not None, 120, 0.1), (
+            "no request scored"
+        )
         second = _serve(applied, model, group, logs["b"], instance="b")  # joins: partitions move under load
         assert wait_until(lambda: b"request " in logs["b"].read_bytes(), 120, 0.1), "the second member never scored"
         first.send_signal(signal.SIGTERM)  # leaves: its partitions move to the second member
         assert first.wait(30) == 0
         # The second member scores on, alone, before the requests stop.
         scored_by_b = logs["b"].read_bytes().count(b"request ")
-        assert wait_until(lambda: logs["b"].read_bytes().count(b"request ") > scored_by_b + 100, 60, 0.1), "the second member stopped"
+        assert wait_until(lambda: logs["b"].read_bytes().count(b"request ") > scored_by_b + 100, 60, 0.1), (
+            "the second member stopped"
+        )
         changed.set()
         producing.join()
         assert wait_until(lambda: len(ours()) >= sent[0], 120, 0.2), f"only {len(ours())} of {sent[0]} predictions"
@@ -93,8 +106,13 @@ def test_each_request_is_scored_once_as_members_join_and_leave(applied: Settings
 def _requests(batch: str, count: int) -> list[ScoreRequest]:
     now = int(time.time() * 1000)
     return [
-        ScoreRequest(schema_version=1, request_id=f"{batch}-{i}", entity_keys={"user_id": f"kafka-nobody-{i % 50}"},
-                     request_fields={"amount": float(i % 100)}, requested_at_ms=now)  # fmt: skip
+        ScoreRequest(
+            schema_version=1,
+            request_id=f"{batch}-{i}",
+            entity_keys={"user_id": f"kafka-nobody-{i % 50}"},
+            request_fields={"amount": float(i % 100)},
+            requested_at_ms=now,
+        )
         for i in range(count)
     ]
 
@@ -132,7 +150,9 @@ def _through_a_crash(
 
     scorer = _serve(applied, model, group, tmp_path / "scorer.log", delivery=delivery)
     try:
-        assert wait_until(lambda: len({p.request_id for p in ours()}) >= REQUESTS, 120, 0.2), f"only {len(ours())} of {REQUESTS} predictions"
+        assert wait_until(lambda: len({p.request_id for p in ours()}) >= REQUESTS, 120, 0.2), (
+            f"only {len(ours())} of {REQUESTS} predictions"
+        )
         time.sleep(1)  # let a stray duplicate, if the design allowed one, show up
         logged = ours()
     finally:
@@ -194,12 +214,22 @@ def test_at_least_once_waits_off_the_loop_for_room_in_a_full_producer_and_loses_
     requests = _requests(batch, 3_000)
     predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
     start_group_at_end(bootstrap, f"scorer-{batch}", SCORE_REQUESTS.name)
-    scorer = _serve(applied, model, f"scorer-{batch}", tmp_path / "scorer.log", delivery="at_least_once",
-                    LOOPLINE_KAFKA__CLIENT_CONFIG='{"queue.buffering.max.messages": "3"}')  # fmt: skip
+    scorer = _serve(
+        applied,
+        model,
+        f"scorer-{batch}",
+        tmp_path / "scorer.log",
+        delivery="at_least_once",
+        LOOPLINE_KAFKA__CLIENT_CONFIG='{"queue.buffering.max.messages": "3"}',
+    )
     try:
-        EventProducer(bootstrap).publish([Emitted(SCORE_REQUESTS.name, r.request_id, encode(r), r.requested_at_ms, r) for r in requests])
+        EventProducer(bootstrap).publish(
+            [Emitted(SCORE_REQUESTS.name, r.request_id, encode(r), r.requested_at_ms, r) for r in requests]
+        )
         ours = lambda: [p.request_id for p in predictions.records(PredictionRecord) if p.request_id.startswith(batch)]  # noqa: E731
-        assert wait_until(lambda: len(set(ours())) >= len(requests) or scorer.poll() is not None, 120, 0.2), f"{len(ours())} logged"
+        assert wait_until(lambda: len(set(ours())) >= len(requests) or scorer.poll() is not None, 120, 0.2), (
+            f"{len(ours())} logged"
+        )
         time.sleep(1)  # a duplicate, if a send were repeated, would show now
         counts = Counter(ours())
     finally:

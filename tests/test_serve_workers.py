@@ -40,8 +40,9 @@ WORKERS = 2
 class Served:
     """A running `loopline serve --workers 2`: its supervisor, URL, registry handle and model versions."""
 
-    def __init__(self, process: subprocess.Popen, port: int, release: ModelRelease, name: str, versions: dict[str, str],
-                 log: Path) -> None:  # fmt: skip
+    def __init__(
+        self, process: subprocess.Popen, port: int, release: ModelRelease, name: str, versions: dict[str, str], log: Path
+    ) -> None:
         self.process, self.port, self.release, self.name, self.versions, self.log = process, port, release, name, versions, log
         self.url = f"http://127.0.0.1:{port}"
 
@@ -85,11 +86,19 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
     serving = applied.serving.model_copy(update={"model_name": name, "model_registry_poll_s": 0.1})
     settings = applied.model_copy(update={"serving": serving})
     release = model_release(settings)
-    versions = {kind: release.register(name, write_linear_model(folder / f"{kind}.onnx", INPUTS, *WEIGHTS[kind])) for kind in WEIGHTS}
+    versions = {
+        kind: release.register(name, write_linear_model(folder / f"{kind}.onnx", INPUTS, *WEIGHTS[kind])) for kind in WEIGHTS
+    }
     release.set_alias(name, PROD_ALIAS, versions["a"])
     port = free_port()
-    process = start_scorer(settings, ["--http", "--grpc"], folder / "serve.log", LOOPLINE_SERVING__WORKERS=str(WORKERS),
-                           LOOPLINE_SERVING__HTTP_PORT=str(port), LOOPLINE_SERVING__GRPC_PORT=str(free_port()))  # fmt: skip
+    process = start_scorer(
+        settings,
+        ["--http", "--grpc"],
+        folder / "serve.log",
+        LOOPLINE_SERVING__WORKERS=str(WORKERS),
+        LOOPLINE_SERVING__HTTP_PORT=str(port),
+        LOOPLINE_SERVING__GRPC_PORT=str(free_port()),
+    )
     served = Served(process, port, release, name, versions, folder / "serve.log")
     try:
         assert wait_until(lambda: served.ready() == 200 or process.poll() is not None, 180, 0.2), "the workers never got ready"
@@ -103,7 +112,10 @@ def served(applied: Settings, tmp_path_factory: pytest.TempPathFactory) -> Itera
 def test_both_workers_serve_and_one_scrape_counts_them_all(served: Served) -> None:
     for n in range(200):
         score(served.url, float(n))
-    own = [metric(served.ask(i, "metrics").decode(), "loopline_scoring_requests_total", '{door="http",status="200"}') for i in range(WORKERS)]
+    own = [
+        metric(served.ask(i, "metrics").decode(), "loopline_scoring_requests_total", '{door="http",status="200"}')
+        for i in range(WORKERS)
+    ]
     assert min(own) > 0, f"each worker answered some of the requests: {own}"
     merged = requests.get(f"{served.url}/metrics", timeout=5).text
     assert metric(merged, "loopline_scoring_requests_total", '{door="http",status="200"}') == sum(own) >= 200
@@ -115,14 +127,20 @@ def test_hot_swap_and_canary_reach_every_worker(served: Served) -> None:
 
     def serving(alias: str, version: str | None) -> bool:
         """Every worker serves ``version`` under ``alias`` (None: nothing)."""
-        infos = [re.findall(rf'loopline_scoring_model_info{{alias="{alias}",.*version="([^"]+)"}} 1.0', served.ask(i, "metrics").decode())
-                 for i in range(WORKERS)]  # fmt: skip
+        infos = [
+            re.findall(
+                rf'loopline_scoring_model_info{{alias="{alias}",.*version="([^"]+)"}} 1.0', served.ask(i, "metrics").decode()
+            )
+            for i in range(WORKERS)
+        ]
         return all(found == ([] if version is None else [version]) for found in infos)
 
     release.set_alias(name, PROD_ALIAS, versions["b"])
     assert wait_until(lambda: serving(PROD_ALIAS, versions["b"]), 30, 0.1), "a worker never swapped to the new version"
     merged = requests.get(f"{served.url}/metrics", timeout=5).text
-    assert metric(merged, "loopline_scoring_model_swaps_total", f'{{alias="{PROD_ALIAS}"}}') == WORKERS, "each worker swapped once"
+    assert metric(merged, "loopline_scoring_model_swaps_total", f'{{alias="{PROD_ALIAS}"}}') == WORKERS, (
+        "each worker swapped once"
+    )
     for n in range(50):
         reply = score(served.url, float(n))
         assert (reply["model_version"], reply["score"]) == (versions["b"], pytest.approx(expected_score("b", float(n)), rel=1e-5))
@@ -167,9 +185,16 @@ def test_sigterm_stops_every_worker_after_answering_what_it_took(served: Served)
                 # them to; it cannot see a request dropped mid-score (logged only when answered), but uvicorn's shutdown
                 # waits for every request under way.
                 text = str(err).lower()
-                outcomes.append(next((kind for kind, sign in (("refused", "refused"), ("reset", "reset"),
-                                                              ("closed", "without response")) if sign in text),
-                                     f"broken: {err}"))  # fmt: skip
+                outcomes.append(
+                    next(
+                        (
+                            kind
+                            for kind, sign in (("refused", "refused"), ("reset", "reset"), ("closed", "without response"))
+                            if sign in text
+                        ),
+                        f"broken: {err}",
+                    )
+                )
                 if outcomes[-1] in ("reset", "closed"):
                     unread.append(request["request_id"])
 
@@ -185,7 +210,9 @@ def test_sigterm_stops_every_worker_after_answering_what_it_took(served: Served)
         for client in clients:
             client.join(15)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "a worker outlived its supervisor"
-    assert {o for o in outcomes if o not in ("refused", "reset", "closed")} == {200}, "every request a worker took was answered 200"
+    assert {o for o in outcomes if o not in ("refused", "reset", "closed")} == {200}, (
+        "every request a worker took was answered 200"
+    )
     log = served.log.read_text()
     assert not [request_id for request_id in unread if request_id in log], "a request a worker took was cut off"
 
@@ -195,8 +222,13 @@ def test_kafka_workers_share_the_group_and_score_each_request_once(applied: Sett
     batch, log, bootstrap = uuid.uuid4().hex[:8], tmp_path / "serve.log", applied.kafka.bootstrap
     group = f"workers-{batch}"
     start_group_at_end(bootstrap, group, SCORE_REQUESTS.name)
-    process = start_scorer(applied, ["--no-http", "--kafka", "--model", str(model)], log, LOOPLINE_SERVING__WORKERS=str(WORKERS),
-                           LOOPLINE_SERVING__KAFKA_GROUP_ID=group)  # fmt: skip
+    process = start_scorer(
+        applied,
+        ["--no-http", "--kafka", "--model", str(model)],
+        log,
+        LOOPLINE_SERVING__WORKERS=str(WORKERS),
+        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+    )
     predictions = LogReader(bootstrap, PREDICTIONS.name, from_end=True)
     admin = AdminClient({"bootstrap.servers": bootstrap})
 
@@ -205,7 +237,9 @@ def test_kafka_workers_share_the_group_and_score_each_request_once(applied: Sett
         return sum(bool(m.assignment.topic_partitions) for m in description.members)
 
     try:
-        assert wait_until(lambda: members_with_partitions() == WORKERS or process.poll() is not None, 180, 0.5), "the workers never joined"
+        assert wait_until(lambda: members_with_partitions() == WORKERS or process.poll() is not None, 180, 0.5), (
+            "the workers never joined"
+        )
         sent = EventProducer(bootstrap).publish(score_requests([USER], 1000, batch), rate_per_s=1000, duration_s=5).total
 
         def ours() -> list[str]:
@@ -222,7 +256,9 @@ def test_kafka_workers_share_the_group_and_score_each_request_once(applied: Sett
     assert len(logged) == sent == len(set(logged)), f"{len(set(logged))} of {sent} requests, {len(logged)} records"
     text = log.read_text()
     for index in range(WORKERS):
-        assert re.search(rf"worker {index} online.kafka_scoring request {batch}-\d+ [\d.]+ ms ok", text), f"worker {index} scored none"
+        assert re.search(rf"worker {index} online.kafka_scoring request {batch}-\d+ [\d.]+ ms ok", text), (
+            f"worker {index} scored none"
+        )
 
 
 def test_workers_that_cannot_start_stop_everything(applied: Settings, tmp_path: Path) -> None:
@@ -230,8 +266,13 @@ def test_workers_that_cannot_start_stop_everything(applied: Settings, tmp_path: 
     with socket.socket() as taken:  # a port someone else holds, without SO_REUSEPORT
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        process = start_scorer(applied, ["--http", "--model", str(model)], log, LOOPLINE_SERVING__WORKERS=str(WORKERS),
-                               LOOPLINE_SERVING__HTTP_PORT=str(taken.getsockname()[1]))  # fmt: skip
+        process = start_scorer(
+            applied,
+            ["--http", "--model", str(model)],
+            log,
+            LOOPLINE_SERVING__WORKERS=str(WORKERS),
+            LOOPLINE_SERVING__HTTP_PORT=str(taken.getsockname()[1]),
+        )
         try:
             status = process.wait(120)
         finally:

@@ -53,17 +53,24 @@ def test_invalid_value_names_the_setting(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.parametrize(
     ("name", "suggested"),
-    [("LOOPLINE_REGISTRY__TRACKING_URI", "LOOPLINE_MODEL_REGISTRY__TRACKING_URI"),  # renamed: it would fall back silently
-     ("LOOPLINE_SERVING__HTTP_PROT", "LOOPLINE_SERVING__HTTP_PORT"), ("LOOPLINE_STREEM__GROUP_ID", "LOOPLINE_STREAM__GROUP_ID"),
-     ("LOOPLINE_KAFKA__PORT__X", "LOOPLINE_KAFKA__PORT")],
+    [
+        ("LOOPLINE_REGISTRY__TRACKING_URI", "LOOPLINE_MODEL_REGISTRY__TRACKING_URI"),  # renamed: it would fall back silently
+        ("LOOPLINE_SERVING__HTTP_PROT", "LOOPLINE_SERVING__HTTP_PORT"),
+        ("LOOPLINE_STREEM__GROUP_ID", "LOOPLINE_STREAM__GROUP_ID"),
+        ("LOOPLINE_KAFKA__PORT__X", "LOOPLINE_KAFKA__PORT"),
+    ],
 )
-def test_a_variable_naming_no_setting_is_refused_with_the_closest_names(monkeypatch: pytest.MonkeyPatch, name: str, suggested: str) -> None:
+def test_a_variable_naming_no_setting_is_refused_with_the_closest_names(
+    monkeypatch: pytest.MonkeyPatch, name: str, suggested: str
+) -> None:
     monkeypatch.setenv(name, "1")
     with pytest.raises(UnknownSettingError, match=f"{name} names no setting .*did you mean {suggested}"):
         Settings()
 
 
-def test_a_mapping_setting_takes_any_key_and_the_config_file_variable_is_not_a_setting(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_mapping_setting_takes_any_key_and_the_config_file_variable_is_not_a_setting(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     monkeypatch.setenv("LOOPLINE_KAFKA__CLIENT_CONFIG__SECURITY_PROTOCOL", "SSL")
     monkeypatch.setenv("LOOPLINE_MONITOR__THRESHOLDS__PSI_ALERT", "0.3")
     config = tmp_path / "loopline.yaml"
@@ -110,7 +117,9 @@ def test_the_project_is_found_where_the_command_runs_and_its_declarations_are_th
     assert Settings().serving.model_name == "fraud-v2"
 
 
-def test_a_projects_skew_thresholds_are_the_monitors_settings_beneath_the_operators(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def test_a_projects_skew_thresholds_are_the_monitors_settings_beneath_the_operators(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     project = init_project(tmp_path / "city", "delivery")
     monkeypatch.chdir(project)
     declared = load_project(project).spec.monitoring.skew_thresholds
@@ -234,8 +243,13 @@ def test_loopline_config_masks_the_secrets_in_the_kafka_client_config(monkeypatc
     shown = json.loads(result.output)
     masked = "**********"
     assert shown["kafka"]["client_config"] == {
-        "security.protocol": "SASL_SSL", "sasl.username": "loopline", "sasl.password": masked, "ssl.key.password": masked,
-        "sasl.oauthbearer.client.secret": masked, "sasl.jaas.config": masked, "sasl_oauthbearer_token": masked,
-    }  # fmt: skip
+        "security.protocol": "SASL_SSL",
+        "sasl.username": "loopline",
+        "sasl.password": masked,
+        "ssl.key.password": masked,
+        "sasl.oauthbearer.client.secret": masked,
+        "sasl.jaas.config": masked,
+        "sasl_oauthbearer_token": masked,
+    }
     assert shown["redis"]["password"] == masked
     assert Settings().kafka.client_config["sasl.password"] == "s3cret-pw", "only the printout is masked"

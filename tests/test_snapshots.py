@@ -35,12 +35,20 @@ def _examples(n: int, seed: int, shift: float = 0.0) -> list[TrainingExample]:
     start = int(time.time() * 1000) - 2 * DAY_MS
     return [
         TrainingExample(
-            schema_version=1, event_id=f"e{seed}-{i}", request_id=f"r{seed}-{i}", entity_keys={"user_id": f"u{i % 40}"},
-            features={INPUTS[0]: int(rng.poisson(3)), INPUTS[1]: float(rng.lognormal(3 + shift, 1))}, model_name="fraud",
-            model_version="1", score=float(rng.random()), label=None if i % 7 == 0 else float(i % 11 == 0), requested_at_ms=start + i * 60_000,
-            predicted_at_ms=start + i * 60_000 + 5, label_time_ms=None if i % 7 == 0 else start + i * 60_000 + 9_000,
+            schema_version=1,
+            event_id=f"e{seed}-{i}",
+            request_id=f"r{seed}-{i}",
+            entity_keys={"user_id": f"u{i % 40}"},
+            features={INPUTS[0]: int(rng.poisson(3)), INPUTS[1]: float(rng.lognormal(3 + shift, 1))},
+            model_name="fraud",
+            model_version="1",
+            score=float(rng.random()),
+            label=None if i % 7 == 0 else float(i % 11 == 0),
+            requested_at_ms=start + i * 60_000,
+            predicted_at_ms=start + i * 60_000 + 5,
+            label_time_ms=None if i % 7 == 0 else start + i * 60_000 + 9_000,
             joined_at_ms=start + i * 60_000 + 9_100,
-        )  # fmt: skip
+        )
         for i in range(n)
     ]
 
@@ -55,13 +63,19 @@ def test_snapshot_ids_follow_the_content(applied: Settings, tmp_path: Path) -> N
     logged, source = logged_examples(bootstrap, topic.name, None, None)
     assert len(logged) == 3_000 and sum(last - first + 1 for first, last in source["offsets"].values()) == 3_000
     root = str(tmp_path / "snapshots")
-    first = write_snapshot(examples_frame(logged), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None})
+    first = write_snapshot(
+        examples_frame(logged), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None}
+    )
     # The same examples in another order, read again: the same snapshot, written once.
-    again = write_snapshot(examples_frame(list(reversed(logged))), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None})
+    again = write_snapshot(
+        examples_frame(list(reversed(logged))), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None}
+    )
     assert again.snapshot_id == first.snapshot_id and len(list_snapshots(root)) == 1
     # One label changed: another snapshot.
     changed = [e.model_copy(update={"label": 1.0 - e.label}) if i == 5 else e for i, e in enumerate(logged)]
-    other = write_snapshot(examples_frame(changed), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None})
+    other = write_snapshot(
+        examples_frame(changed), root, kind="feedback", source=source, time_range={"from_ms": None, "to_ms": None}
+    )
     assert other.snapshot_id != first.snapshot_id and len(list_snapshots(root)) == 2
 
     assert first.rows == 3_000 and first.features == INPUTS
@@ -79,8 +93,13 @@ def test_snapshot_ids_follow_the_content(applied: Settings, tmp_path: Path) -> N
     cut = examples[1_000].predicted_at_ms
     assert len(logged_examples(bootstrap, topic.name, cut, None)[0]) == 2_000
 
-    shifted = write_snapshot(examples_frame(_examples(3_000, seed=2, shift=1.0)), root, kind="feedback", source={},
-                             time_range={"from_ms": None, "to_ms": None})  # fmt: skip
+    shifted = write_snapshot(
+        examples_frame(_examples(3_000, seed=2, shift=1.0)),
+        root,
+        kind="feedback",
+        source={},
+        time_range={"from_ms": None, "to_ms": None},
+    )
     diff = diff_snapshots(root, first.snapshot_id, shifted.snapshot_id)
     assert diff["features"][INPUTS[1]]["psi"] > 0.25, "a shifted amount distribution shows as drift"
     assert diff["features"][INPUTS[0]]["psi"] < 0.1, "an unchanged count distribution does not"
@@ -91,14 +110,21 @@ def test_snapshot_ids_follow_the_content(applied: Settings, tmp_path: Path) -> N
 def test_a_snapshot_keeps_categories_and_one_example_per_event_whatever_the_order(tmp_path: Path) -> None:
     examples = _examples(200, seed=3)
     channel, flagged = "request:channel", "request:flagged"
-    examples = [e.model_copy(update={"features": e.features | {channel: ["web", "app", None][i % 3], flagged: i % 2 == 0}})
-                for i, e in enumerate(examples)]  # fmt: skip
+    examples = [
+        e.model_copy(update={"features": e.features | {channel: ["web", "app", None][i % 3], flagged: i % 2 == 0}})
+        for i, e in enumerate(examples)
+    ]
     # A prediction scored twice (a retried request): the earlier scoring is the example, in any order.
-    retried = examples[7].model_copy(update={"request_id": "r-retry", "predicted_at_ms": examples[7].predicted_at_ms + 50, "score": 0.5})
+    retried = examples[7].model_copy(
+        update={"request_id": "r-retry", "predicted_at_ms": examples[7].predicted_at_ms + 50, "score": 0.5}
+    )
     time_range = {"from_ms": None, "to_ms": None}
-    one = write_snapshot(examples_frame([*examples, retried]), str(tmp_path / "a"), kind="feedback", source={}, time_range=time_range)
-    two = write_snapshot(examples_frame([retried, *reversed(examples)]), str(tmp_path / "b"), kind="feedback", source={},
-                         time_range=time_range)  # fmt: skip
+    one = write_snapshot(
+        examples_frame([*examples, retried]), str(tmp_path / "a"), kind="feedback", source={}, time_range=time_range
+    )
+    two = write_snapshot(
+        examples_frame([retried, *reversed(examples)]), str(tmp_path / "b"), kind="feedback", source={}, time_range=time_range
+    )
     assert one.snapshot_id == two.snapshot_id and one.rows == 200
 
     _, frame = read_snapshot(str(tmp_path / "a"), one.snapshot_id)
@@ -117,16 +143,31 @@ def test_backfill_builds_labeled_examples_point_in_time_from_the_event_log(appli
     transactions = TopicSpec(f"test.bf.tx.{run}", TRANSACTIONS.record_type, key="user_id", partitions=2, retention_ms=DAY_MS)
     labels = TopicSpec(f"test.bf.labels.{run}", LABELS.record_type, key="event_id", partitions=1, retention_ms=DAY_MS)
     apply_topics(bootstrap, [transactions, labels])
-    stream = fraud_world(3, int(time.time() * 1000) - 3_600_000, users=50, merchants=20, rate_per_s=100, late_rate=0.0,
-                         out_of_order_rate=0.0, legit_label_rate=0.3)  # fmt: skip
+    stream = fraud_world(
+        3,
+        int(time.time() * 1000) - 3_600_000,
+        users=50,
+        merchants=20,
+        rate_per_s=100,
+        late_rate=0.0,
+        out_of_order_rate=0.0,
+        legit_label_rate=0.3,
+    )
     emitted = list(itertools.islice(stream, 3_000))
     routed = {TRANSACTIONS.name: transactions.name, LABELS.name: labels.name}
-    EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in emitted if e.topic in routed)
+    EventProducer(bootstrap).publish(
+        Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in emitted if e.topic in routed
+    )
 
     plan = feature_plan(applied)
-    frame = backfill_examples(plan.reading({TRANSACTIONS.name: transactions.name}), FRAUD,
-                              {transactions.name: read_topic(bootstrap, transactions.name)}, read_topic(bootstrap, labels.name), INPUTS,
-                              scored_topic=transactions.name)  # fmt: skip
+    frame = backfill_examples(
+        plan.reading({TRANSACTIONS.name: transactions.name}),
+        FRAUD,
+        {transactions.name: read_topic(bootstrap, transactions.name)},
+        read_topic(bootstrap, labels.name),
+        INPUTS,
+        scored_topic=transactions.name,
+    )
     labeled = {e.record.event_id: e.record for e in emitted if e.topic == LABELS.name}
     assert len(frame) == len({e for e in labeled}) and frame["label"].notna().all()
     one = frame.iloc[len(frame) // 2]
@@ -136,5 +177,7 @@ def test_backfill_builds_labeled_examples_point_in_time_from_the_event_log(appli
     mine = [e.record.event_time_ms for e in emitted if e.topic == TRANSACTIONS.name and e.record.user_id == event.user_id]
     bucket = event.event_time_ms // 10_000
     assert one[INPUTS[0]] == sum(1 for t in mine if bucket - 30 < t // 10_000 <= bucket and t <= event.event_time_ms)
-    manifest = write_snapshot(frame, str(tmp_path), kind="backfill", source={"backfill": True}, time_range={"from_ms": None, "to_ms": None})
+    manifest = write_snapshot(
+        frame, str(tmp_path), kind="backfill", source={"backfill": True}, time_range={"from_ms": None, "to_ms": None}
+    )
     assert manifest.kind == "backfill" and json.loads(manifest.to_json())["rows"] == len(frame)

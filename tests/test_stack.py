@@ -164,12 +164,23 @@ def test_flink_connector_must_match_pyflink() -> None:
 def test_stack_up_starts_a_kafka_cluster_that_later_commands_see(tmp_path: Path) -> None:
     settings = stack_settings(tmp_path)
     base = free_port_block(6)
-    env = settings_environment(settings, LOOPLINE_KAFKA__PORT=str(base), LOOPLINE_KAFKA__CONTROLLER_PORT=str(base + 1),
-                               LOOPLINE_KAFKA__REPLICATION_FACTOR="3", LOOPLINE_KAFKA__MIN_INSYNC_REPLICAS="2")  # fmt: skip
+    env = settings_environment(
+        settings,
+        LOOPLINE_KAFKA__PORT=str(base),
+        LOOPLINE_KAFKA__CONTROLLER_PORT=str(base + 1),
+        LOOPLINE_KAFKA__REPLICATION_FACTOR="3",
+        LOOPLINE_KAFKA__MIN_INSYNC_REPLICAS="2",
+    )
 
     def loopline(*args: str) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", *args],
-                                capture_output=True, text=True, env=env, cwd=REPO, timeout=300)  # fmt: skip
+        result = subprocess.run(
+            [sys.executable, "-c", "from loopline.cli import main; main()", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+            timeout=300,
+        )
         assert result.returncode == 0, result.stderr
         return result
 
@@ -183,13 +194,25 @@ def test_stack_up_starts_a_kafka_cluster_that_later_commands_see(tmp_path: Path)
         topics = AdminClient({"bootstrap.servers": f"127.0.0.1:{base + 2}"}).list_topics(timeout=10).topics
         assert all(len(p.replicas) == 3 for p in topics["events.transactions"].partitions.values())
         one_node = {**env, "LOOPLINE_KAFKA__REPLICATION_FACTOR": "1", "LOOPLINE_KAFKA__MIN_INSYNC_REPLICAS": "1"}
-        refused = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", "stack", "up", "--kafka-brokers",
-                                  "1"], capture_output=True, text=True, env=one_node, cwd=REPO, timeout=120)  # fmt: skip
+        refused = subprocess.run(
+            [sys.executable, "-c", "from loopline.cli import main; main()", "stack", "up", "--kafka-brokers", "1"],
+            capture_output=True,
+            text=True,
+            env=one_node,
+            cwd=REPO,
+            timeout=120,
+        )
         # Typer boxes and wraps the message: compare its words.
         words = " ".join(refused.stderr.replace("│", " ").split())
         assert refused.returncode != 0 and "holds the data of 3 node(s)" in words and "stack down --wipe" in words, words
-        too_many = subprocess.run([sys.executable, "-c", "from loopline.cli import main; main()", "config"], capture_output=True,
-                                  text=True, env={**env, "LOOPLINE_KAFKA__BROKERS": "2"}, cwd=REPO, timeout=120)  # fmt: skip
+        too_many = subprocess.run(
+            [sys.executable, "-c", "from loopline.cli import main; main()", "config"],
+            capture_output=True,
+            text=True,
+            env={**env, "LOOPLINE_KAFKA__BROKERS": "2"},
+            cwd=REPO,
+            timeout=120,
+        )
         assert too_many.returncode == 1 and "Traceback" not in too_many.stderr, too_many.stderr
         assert "replication_factor 3 needs as many brokers" in too_many.stderr and len(too_many.stderr.strip().splitlines()) == 1
     finally:

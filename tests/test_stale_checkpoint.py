@@ -64,9 +64,17 @@ def _publish_scored_event(producer: Producer) -> str:
     """A prediction and its label a millisecond later, for a new event; its id."""
     event, now = f"ev-{uuid.uuid4().hex[:12]}", int(time.time() * 1000)
     prediction = PredictionRecord(
-        schema_version=1, request_id=f"req-{event}", entity_keys={"user_id": "u-1"}, features={"f:x": 1.0},
-        model_name="fraud", model_version="1", score=0.5, requested_at_ms=now - 5, scored_at_ms=now, event_id=event,
-    )  # fmt: skip
+        schema_version=1,
+        request_id=f"req-{event}",
+        entity_keys={"user_id": "u-1"},
+        features={"f:x": 1.0},
+        model_name="fraud",
+        model_version="1",
+        score=0.5,
+        requested_at_ms=now - 5,
+        scored_at_ms=now,
+        event_id=event,
+    )
     label = LabelEvent(schema_version=1, event_id=event, user_id="u-1", is_fraud=True, label_time_ms=now + 1, source="chargeback")
     producer.produce(PREDICTIONS.name, encode(prediction), prediction.request_id, timestamp=now)
     producer.produce(LABELS.name, FRAUD.encode(LABELS.name, label), event, timestamp=now + 1)
@@ -149,7 +157,9 @@ def test_wipe_takes_the_jobs_checkpoints(wiped: Wiped) -> None:
     for folder in (settings.checkpoint_dir, settings.feedback_checkpoint_dir):
         before = wiped.aside / Path(folder).name
         newest = latest_checkpoint(before)
-        assert newest is not None and recorded_origin(newest) == wiped.old_cluster, f"{Path(folder).name} checkpointed before the wipe"
+        assert newest is not None and recorded_origin(newest) == wiped.old_cluster, (
+            f"{Path(folder).name} checkpointed before the wipe"
+        )
     assert wiped.left_by_wipe == []
 
 
@@ -169,8 +179,10 @@ def test_a_checkpoint_of_the_wiped_cluster_is_refused_in_one_line_and_no_restore
 
     began = time.monotonic()
     logs = {"stream submit": tmp_path / "features-refused.log", "feedback join": tmp_path / "joiner-refused.log"}
-    refused = {"stream submit": start_feature_job(settings, logs["stream submit"]),
-               "feedback join": start_joiner(settings, logs["feedback join"])}  # fmt: skip
+    refused = {
+        "stream submit": start_feature_job(settings, logs["stream submit"]),
+        "feedback join": start_joiner(settings, logs["feedback join"]),
+    }
     for command, process in refused.items():
         line = _refusal(process, logs[command], 120)
         assert wiped.old_cluster in line and new_cluster in line, line
@@ -186,9 +198,9 @@ def test_a_checkpoint_of_the_wiped_cluster_is_refused_in_one_line_and_no_restore
         producer = Producer({"bootstrap.servers": bootstrap})
         event = _publish_scored_event(producer)
         assert producer.flush(30) == 0
-        assert wait_until(lambda: any(e.event_id == event for e in _examples(bootstrap)) or joiner.poll() is not None, 240, 1.0), (
-            f"no example; see {tmp_path / 'joiner.log'}"
-        )
+        assert wait_until(
+            lambda: any(e.event_id == event for e in _examples(bootstrap)) or joiner.poll() is not None, 240, 1.0
+        ), f"no example; see {tmp_path / 'joiner.log'}"
         assert [e.label for e in _examples(bootstrap) if e.event_id == event] == [1.0]
         reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
         wait_until_serving(features, settings, reader, feature_plan(settings), timeout_s=240)
@@ -211,18 +223,27 @@ def test_a_stale_restore_never_wedges_the_joiner(wiped: Wiped, tmp_path: Path) -
     log, flink_logs = tmp_path / "joiner.log", tmp_path / "joiner-flink"
     flink_logs.mkdir()
     # The joiner as `loopline feedback join` runs it, with a watchdog of 20 s instead of minutes.
-    program = ("from loopline.components import joiner_settings; from loopline.settings import Settings; "
-               "from feedback_loop.joiner_job import run_embedded; run_embedded(joiner_settings(Settings()), stall_after_s=20)")  # fmt: skip
+    program = (
+        "from loopline.components import joiner_settings; from loopline.settings import Settings; "
+        "from feedback_loop.joiner_job import run_embedded; run_embedded(joiner_settings(Settings()), stall_after_s=20)"
+    )
     with log.open("ab") as out:
-        joiner = subprocess.Popen([sys.executable, "-c", program], stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                  env=settings_environment(wiped.settings, FLINK_LOG_DIR=str(flink_logs), **FAST_CHECKPOINTS))  # fmt: skip
+        joiner = subprocess.Popen(
+            [sys.executable, "-c", program],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=settings_environment(wiped.settings, FLINK_LOG_DIR=str(flink_logs), **FAST_CHECKPOINTS),
+        )
 
     def checkpointed_again() -> bool:
         newest = latest_checkpoint(wiped.settings.feedback_checkpoint_dir)
         return newest not in (None, restored) and Path(newest).parent.name != Path(restored).parent.name
 
     try:
-        assert wait_until(lambda: joiner.poll() is not None or checkpointed_again(), 400, 1.0), "wedged: neither ended nor checkpointed"
+        assert wait_until(lambda: joiner.poll() is not None or checkpointed_again(), 400, 1.0), (
+            "wedged: neither ended nor checkpointed"
+        )
     finally:
         code = joiner.poll()
         stop_process_group(joiner)
@@ -230,8 +251,11 @@ def test_a_stale_restore_never_wedges_the_joiner(wiped: Wiped, tmp_path: Path) -
     if code is None:  # it checkpoints again: the restore was harmless
         return
     assert code != 0 and "running it again from its newest checkpoint" in text, text[-3000:]
-    assert re.search(r"JobStateError: restored from \S+, the job completed no checkpoint in two runs of 20 s: the checkpoint "
-                     r"cannot be restored — fix: start the job without it: `loopline feedback join --no-restore`", text), text[-3000:]  # fmt: skip
+    assert re.search(
+        r"JobStateError: restored from \S+, the job completed no checkpoint in two runs of 20 s: the checkpoint "
+        r"cannot be restored — fix: start the job without it: `loopline feedback join --no-restore`",
+        text,
+    ), text[-3000:]
 
 
 def test_a_broker_that_does_not_answer_is_one_line_with_the_fix() -> None:

@@ -63,8 +63,10 @@ def _bad_records(newest_ms: int) -> list[Emitted]:
     bad = [Emitted(SOURCE.name, f"bad-{name}", value, START_MS, None) for name, value in cases.items()]
     # Valid, each within range, but twelve in one tile of one user total past what its 24-hour window sums exactly.
     big = {**good, "user_id": OVERFLOW_USER, "merchant_id": "overflow-merchant", "amount": 9e9, "event_time_ms": newest_ms}
-    return bad + [Emitted(SOURCE.name, OVERFLOW_USER, json.dumps({**big, "event_id": f"big-{i}"}).encode(), newest_ms, None)
-                  for i in range(12)]  # fmt: skip
+    return bad + [
+        Emitted(SOURCE.name, OVERFLOW_USER, json.dumps({**big, "event_id": f"big-{i}"}).encode(), newest_ms, None)
+        for i in range(12)
+    ]
 
 
 OVERFLOW_USER = "overflow-user"
@@ -81,9 +83,17 @@ def _hot_entity(numbers: range, ms_per_event: float) -> list[Emitted]:
     for n in numbers:
         at = START_MS + int((n // 5) * 5 * ms_per_event)
         event = TransactionEvent(
-            schema_version=1, event_id=f"hot-{n}", event_time_ms=at, user_id=HOT_USER, merchant_id=HOT_MERCHANT,
-            amount=round(rng.uniform(1, 500), 2), currency="EUR", merchant_category="grocery", channel="pos", country="DE",
-        )  # fmt: skip
+            schema_version=1,
+            event_id=f"hot-{n}",
+            event_time_ms=at,
+            user_id=HOT_USER,
+            merchant_id=HOT_MERCHANT,
+            amount=round(rng.uniform(1, 500), 2),
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
         events.append(Emitted(SOURCE.name, HOT_USER, encode(event), at, event))
     for start in range(0, len(events), 50):
         group = events[start : start + 50]
@@ -172,12 +182,16 @@ def _request_time_differences(plan: FeaturePlan, accepted: pd.DataFrame, reader:
         windowed = [a for a in view.aggregations if a.window_ms is not None]
         for after in READ_AFTER_MS:
             at = [max(e[EVENT_TIME] for e in events) + after for events in history.values()]
-            values, *_ = reader.read_with_row_times([f"{view.name}:{a.name}" for a in windowed], [{view.entity_key: k} for k in history], at)
+            values, *_ = reader.read_with_row_times(
+                [f"{view.name}:{a.name}" for a in windowed], [{view.entity_key: k} for k in history], at
+            )
             for aggregation in windowed:
                 for entity, events, at_ms, got in zip(history, history.values(), at, values[aggregation.name], strict=True):
                     want = window_by_definition(aggregation, events, at_ms)
                     if not same_feature_value(aggregation.name, want, got):
-                        problems.append(f"{view.name}[{entity}].{aggregation.name} at +{after} ms: online {got}, by definition {want}")
+                        problems.append(
+                            f"{view.name}[{entity}].{aggregation.name} at +{after} ms: online {got}, by definition {want}"
+                        )
     return problems
 
 
@@ -266,7 +280,11 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
             pytest.fail(f"{len(problems)} request-time values differ from the definition, e.g. {problems[:5]}")
 
         # The restarted job's counter starts at zero, and the events sent after the crash hold late ones.
-        _wait(lambda: _counted(settings.stream.metrics_port, "late_events") > 0, 30, "late events counted on the job's Prometheus endpoint")
+        _wait(
+            lambda: _counted(settings.stream.metrics_port, "late_events") > 0,
+            30,
+            "late events counted on the job's Prometheus endpoint",
+        )
         # The JVM writer counts the rows it has written on the same endpoint.
         assert _counted(settings.stream.metrics_port, "feature_rows_written") > 0
         # The alert rules' freshness and lag metrics (tests/test_alert_rules.py) are what the job's reporter exports.
@@ -315,4 +333,6 @@ def test_stream_equals_recompute_through_a_crash(settings: Settings, bootstrap: 
     assert all((d.key, d.error_field) == (OVERFLOW_USER, "amount") for d in by_position.values() if d.reason == "overflow")
     refusals = {view.name: accepted[overflowing(view, view.with_entity(accepted))] for view in plan.views}
     assert overflowed == {(p, o) for frame in refusals.values() for p, o in zip(frame["partition"], frame["offset"], strict=True)}
-    assert len(refusals["user_transaction_features"]) == 2 and refusals["merchant_transaction_features"].empty, "10 fit a 96-tile window"
+    assert len(refusals["user_transaction_features"]) == 2 and refusals["merchant_transaction_features"].empty, (
+        "10 fit a 96-tile window"
+    )

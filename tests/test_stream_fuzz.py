@@ -46,25 +46,31 @@ def _mostly(good: st.SearchStrategy, hostile: st.SearchStrategy) -> st.SearchStr
     return st.integers(0, 9).flatmap(lambda n: hostile if n == 0 else good)
 
 
-_event = st.fixed_dictionaries({
-    "schema_version": _mostly(st.just(1), st.sampled_from([0, 2, "1", None])),
-    "event_id": _text,
-    "event_time_ms": _mostly(st.integers(NOW_MS - 3_000, NOW_MS), st.integers(-(2**63), 2**70)),
-    "user_id": _mostly(st.sampled_from(["fz-a", "fz-b", "fz-c"]), st.one_of(_text, st.text(min_size=300, max_size=400))),
-    "merchant_id": _mostly(st.sampled_from(["fm-1", "fm-2"]), _text),
-    "amount": _mostly(st.floats(0, 10_000), st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**20))),
-    "currency": _mostly(st.just("EUR"), st.sampled_from(["eur", "", "EURO"])),
-    "merchant_category": _mostly(st.just("grocery"), _text),
-    "channel": _mostly(st.sampled_from(["online", "pos", "atm"]), st.just("fax")),
-    "country": _mostly(st.sampled_from(["DE", "FR"]), st.sampled_from(["D", "123", ""])),
-})  # fmt: skip
+_event = st.fixed_dictionaries(
+    {
+        "schema_version": _mostly(st.just(1), st.sampled_from([0, 2, "1", None])),
+        "event_id": _text,
+        "event_time_ms": _mostly(st.integers(NOW_MS - 3_000, NOW_MS), st.integers(-(2**63), 2**70)),
+        "user_id": _mostly(st.sampled_from(["fz-a", "fz-b", "fz-c"]), st.one_of(_text, st.text(min_size=300, max_size=400))),
+        "merchant_id": _mostly(st.sampled_from(["fm-1", "fm-2"]), _text),
+        "amount": _mostly(
+            st.floats(0, 10_000), st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10**20))
+        ),
+        "currency": _mostly(st.just("EUR"), st.sampled_from(["eur", "", "EURO"])),
+        "merchant_category": _mostly(st.just("grocery"), _text),
+        "channel": _mostly(st.sampled_from(["online", "pos", "atm"]), st.just("fax")),
+        "country": _mostly(st.sampled_from(["DE", "FR"]), st.sampled_from(["D", "123", ""])),
+    }
+)
 
 
 def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: Path) -> None:
     payloads: list[bytes] = []
 
     # Derandomized: the same records every run, so the share of valid ones (asserted below) is the same too.
-    @hypothesis_settings(max_examples=400, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @hypothesis_settings(
+        max_examples=400, deadline=None, database=None, derandomize=True, suppress_health_check=list(HealthCheck)
+    )
     @given(event=_event, raw=st.binary(max_size=100), as_raw=st.integers(0, 9))
     def collect(event: dict, raw: bytes, as_raw: int) -> None:
         payloads.append(raw if as_raw == 0 else json.dumps(event).encode())
@@ -75,21 +81,38 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
     EventProducer(applied.kafka.bootstrap).publish(emitted)
 
     job = start_feature_job(
-        applied, tmp_path / "job.log", LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}), LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
-        LOOPLINE_STREAM__GROUP_ID=f"fuzz-{uuid.uuid4().hex[:8]}", LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
+        applied,
+        tmp_path / "job.log",
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps({TRANSACTIONS.name: SOURCE.name}),
+        LOOPLINE_STREAM__DEAD_LETTER_TOPIC=DEAD.name,
+        LOOPLINE_STREAM__GROUP_ID=f"fuzz-{uuid.uuid4().hex[:8]}",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(tmp_path / "offline"),
         LOOPLINE_STREAM__CHECKPOINT_INTERVAL_MS="1000",
-    )  # fmt: skip
+    )
     try:
-        views = feature_store(applied.feast_registry_path, applied.redis_connection, applied.repo_path).list_stream_feature_views()
+        views = feature_store(
+            applied.feast_registry_path, applied.redis_connection, applied.repo_path
+        ).list_stream_feature_views()
         plan = compile_plan(views, FRAUD).reading({TRANSACTIONS.name: SOURCE.name})
         # A valid event sent after all of them is still aggregated: the job survived.
-        probe = TransactionEvent(schema_version=1, event_id="probe", event_time_ms=int(time.time() * 1000), user_id="fz-probe",
-                                 merchant_id="fm-1", amount=1.0, currency="EUR", merchant_category="grocery", channel="pos",
-                                 country="DE")  # fmt: skip
+        probe = TransactionEvent(
+            schema_version=1,
+            event_id="probe",
+            event_time_ms=int(time.time() * 1000),
+            user_id="fz-probe",
+            merchant_id="fm-1",
+            amount=1.0,
+            currency="EUR",
+            merchant_category="grocery",
+            channel="pos",
+            country="DE",
+        )
         EventProducer(applied.kafka.bootstrap).publish([Emitted(SOURCE.name, "fz-probe", encode(probe), NOW_MS, probe)])
         reader = OnlineReader(applied.feast_registry_path, applied.redis_connection, applied.repo_path)
         seen = lambda: reader.row_timestamps_us("user_transaction_features", [{"user_id": "fz-probe"}])[0] is not None  # noqa: E731
-        assert wait_until(lambda: seen() or job.poll() is not None, 180, 0.5) and job.poll() is None, f"see {tmp_path / 'job.log'}"
+        assert wait_until(lambda: seen() or job.poll() is not None, 180, 0.5) and job.poll() is None, (
+            f"see {tmp_path / 'job.log'}"
+        )
         messages = read_topic(applied.kafka.bootstrap, SOURCE.name)
         accepted, late = accepted_events(plan, SOURCE.name, messages)
         assert 50 < len(accepted) < len(messages) * 0.9, "a mix of good and bad records"
@@ -97,8 +120,9 @@ def test_fuzzed_events_never_stop_the_feature_job(applied: Settings, tmp_path: P
         expected = {view.name: recompute(view, accepted) for view in plan.views}
 
         def read(view, offline: pd.DataFrame) -> pd.DataFrame:
-            values = reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names],
-                                                [{view.entity_key: k} for k in offline[view.entity_key]])  # fmt: skip
+            values = reader.get_online_features(
+                [f"{view.name}:{f}" for f in view.feature_names], [{view.entity_key: k} for k in offline[view.entity_key]]
+            )
             return pd.DataFrame({view.entity_key: offline[view.entity_key], **{f: values[f] for f in view.feature_names}})
 
         problems: list[str] = []

@@ -45,8 +45,18 @@ RECORDS, SEED = 100_000, 1
 #: features carry nothing (a broken recompute, every value defaulted: the gain is then ~0).
 MIN_AUC_GAIN = 0.05
 #: The inputs the gain above was measured with: a user's velocity, spend and novelty, and the amount asked about.
-INPUTS = [f"user_transaction_features:{name}" for name in ("txn_count_5m", "txn_count_1h", "amount_sum_1h", "amount_max_24h",
-                                                            "distinct_merchants_1h", "distinct_countries_24h", "secs_since_prev_txn")]
+INPUTS = [
+    f"user_transaction_features:{name}"
+    for name in (
+        "txn_count_5m",
+        "txn_count_1h",
+        "amount_sum_1h",
+        "amount_max_24h",
+        "distinct_merchants_1h",
+        "distinct_countries_24h",
+        "secs_since_prev_txn",
+    )
+]
 INPUTS.append("request:amount")
 REQUEST_INPUTS = [name for name in INPUTS if name.startswith("request:")]
 
@@ -66,9 +76,14 @@ def test_a_model_with_streaming_features_beats_one_on_request_fields_alone(appli
     emitted = itertools.islice(fraud_world(SEED, start_ms, **STREAM), RECORDS)
     EventProducer(bootstrap).publish(Emitted(routed[e.topic], e.key, e.value, e.emit_at_ms, e.record) for e in emitted)
 
-    frame = backfill_examples(feature_plan(applied).reading({TRANSACTIONS.name: transactions.name}), FRAUD,
-                              {transactions.name: read_topic(bootstrap, transactions.name)}, read_topic(bootstrap, labels.name), INPUTS,
-                              scored_topic=transactions.name)  # fmt: skip
+    frame = backfill_examples(
+        feature_plan(applied).reading({TRANSACTIONS.name: transactions.name}),
+        FRAUD,
+        {transactions.name: read_topic(bootstrap, transactions.name)},
+        read_topic(bootstrap, labels.name),
+        INPUTS,
+        scored_topic=transactions.name,
+    )
     assert frame["label"].sum() >= 500, "the stream should plant enough fraud for a holdout AUC to mean something"
 
     arms = train_arms(frame, {"streaming": INPUTS, "request_only": REQUEST_INPUTS}, tmp_path, DEFAULT_TRAIN_CONFIG)

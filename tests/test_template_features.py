@@ -50,7 +50,9 @@ def test_every_delivery_view_equals_the_recompute(delivery_applied: Settings) ->
     apply_topics(settings.kafka.bootstrap, [*specs, dead])
     world = world_of(declared, 11, START_MS, rate_per_s=400.0, malformed_rate=0.01, late_rate=0.01, label_delay_s=(1.0, 5.0))
     sent = [replace(e, topic=routed[e.topic]) for e in itertools.islice(world, RECORDS) if e.topic in routed]
-    assert {e.topic for e in sent} == set(routed.values()) and sum(e.record is None for e in sent) > 20, "both topics, broken records too"
+    assert {e.topic for e in sent} == set(routed.values()) and sum(e.record is None for e in sent) > 20, (
+        "both topics, broken records too"
+    )
     EventProducer(settings.kafka.bootstrap).publish(sent)
 
     replayed = plan.reading(routed)
@@ -65,13 +67,22 @@ def test_every_delivery_view_equals_the_recompute(delivery_applied: Settings) ->
     store = feature_store(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
 
     def online(view, offline):
-        rows = [dict(zip(view.entity_keys, key if isinstance(key, tuple) else (key,), strict=True)) for key in offline[view.entity_key]]
+        rows = [
+            dict(zip(view.entity_keys, key if isinstance(key, tuple) else (key,), strict=True))
+            for key in offline[view.entity_key]
+        ]
         read = store.get_online_features(features=[f"{view.name}:{f}" for f in view.feature_names], entity_rows=rows).to_df()
         return read.assign(**{view.entity_key: list(offline[view.entity_key])})
 
-    job = start_feature_job(settings, settings.home / f"job-{run}.log", restore=False,
-                            LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps(routed), LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name,
-                            LOOPLINE_STREAM__GROUP_ID=f"template-features-{run}", LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / run))  # fmt: skip
+    job = start_feature_job(
+        settings,
+        settings.home / f"job-{run}.log",
+        restore=False,
+        LOOPLINE_STREAM__SOURCE_TOPICS=json.dumps(routed),
+        LOOPLINE_STREAM__DEAD_LETTER_TOPIC=dead.name,
+        LOOPLINE_STREAM__GROUP_ID=f"template-features-{run}",
+        LOOPLINE_STREAM__OFFLINE_DIR=str(settings.home / run),
+    )
     problems: list[str] = []
     try:
 
@@ -86,13 +97,18 @@ def test_every_delivery_view_equals_the_recompute(delivery_applied: Settings) ->
         # What the job refused, by topic and reason (committed with its checkpoints): the broken records and the late
         # events of both topics, nothing else.
         broken = Counter(e.topic for e in sent if e.record is None)
-        wanted = Counter({**{(t, "invalid"): broken[t] for t in routed.values()}, **{(t, "late"): late_by_topic[t] for t in routed.values()}})
+        wanted = Counter(
+            {**{(t, "invalid"): broken[t] for t in routed.values()}, **{(t, "late"): late_by_topic[t] for t in routed.values()}}
+        )
         assert all(count > 0 for count in wanted.values()), wanted
         letters: Counter = Counter()
 
         def all_refused() -> bool:
             letters.clear()
-            letters.update((d.source_topic, d.reason) for d in (decode(DeadLetterRecord, m.value()) for m in read_topic(settings.kafka.bootstrap, dead.name)))
+            letters.update(
+                (d.source_topic, d.reason)
+                for d in (decode(DeadLetterRecord, m.value()) for m in read_topic(settings.kafka.bootstrap, dead.name))
+            )
             return letters == wanted
 
         assert wait_until(all_refused, 60, 1.0), (letters, wanted)

@@ -66,7 +66,9 @@ def _spans_of(settings: Settings, trace_id: str, at_least: int) -> dict[str, dic
         found[:] = trace_spans(settings.jaeger.query_url, trace_id)
         return len(found) >= at_least
 
-    assert wait_until(arrived, 20, 0.2), f"trace {trace_id} has {len(found)} spans in Jaeger: {[s['operationName'] for s in found]}"
+    assert wait_until(arrived, 20, 0.2), (
+        f"trace {trace_id} has {len(found)} spans in Jaeger: {[s['operationName'] for s in found]}"
+    )
     return {span["operationName"]: span for span in found}
 
 
@@ -114,8 +116,14 @@ def test_a_sampled_http_request_is_traced_stage_by_stage_and_its_prediction_name
 
 def _prediction_headers(settings: Settings, request_id: str) -> str:
     """The ``traceparent`` header of the prediction record logged for ``request_id``."""
-    consumer = Consumer({"bootstrap.servers": settings.kafka.bootstrap, "group.id": f"t-{uuid.uuid4()}",
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap,
+            "group.id": f"t-{uuid.uuid4()}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
     consumer.subscribe([PREDICTIONS.name])
     found: list[str] = []
 
@@ -151,11 +159,15 @@ def test_grpc_and_kafka_requests_continue_their_callers_traces(traced) -> None:
     header, trace_id, caller = _traceparent(sampled=True)
     with grpc.insecure_channel(grpc_address) as channel:
         reply = services.ScorerStub(channel).Score(
-            messages.ScoreRequest(request_id=str(uuid.uuid4()), entity_keys={"user_id": "trace-user"},
-                                  request_fields={"amount": struct_pb2.Value(number_value=3.0)},
-                                  requested_at_ms=int(time.time() * 1000)),  # fmt: skip
-            metadata=[("traceparent", header)], timeout=10,
-        )  # fmt: skip
+            messages.ScoreRequest(
+                request_id=str(uuid.uuid4()),
+                entity_keys={"user_id": "trace-user"},
+                request_fields={"amount": struct_pb2.Value(number_value=3.0)},
+                requested_at_ms=int(time.time() * 1000),
+            ),
+            metadata=[("traceparent", header)],
+            timeout=10,
+        )
     assert reply.trace_id == trace_id
     spans = _spans_of(settings, trace_id, len(SCORER_STAGES) + 2)
     _assert_stages(spans, "loopline.scoring.v1.Scorer/Score", caller, SCORER_STAGES | {"respond"})
@@ -163,8 +175,12 @@ def test_grpc_and_kafka_requests_continue_their_callers_traces(traced) -> None:
     header, trace_id, caller = _traceparent(sampled=True)
     request = score_request("trace-user", 4.0)
     producer = Producer({"bootstrap.servers": settings.kafka.bootstrap})
-    producer.produce(SCORE_REQUESTS.name, encode(ScoreRequest.model_validate(request)), request["request_id"],
-                     headers=[("traceparent", header)])  # fmt: skip
+    producer.produce(
+        SCORE_REQUESTS.name,
+        encode(ScoreRequest.model_validate(request)),
+        request["request_id"],
+        headers=[("traceparent", header)],
+    )
     assert producer.flush(10) == 0
     spans = _spans_of(settings, trace_id, len(SCORER_STAGES) + 1)
     _assert_stages(spans, f"score {SCORE_REQUESTS.name}", caller, SCORER_STAGES)
@@ -211,13 +227,16 @@ def test_a_well_formed_traceparent_gives_its_ids_back(trace_id: int, span_id: in
     assert parent is not None and (parent.trace_id, parent.span_id, parent.sampled) == (trace_id, span_id, sampled)
 
 
-@pytest.mark.parametrize("value", [
-    "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # an all-zero trace id
-    "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # an all-zero span id
-    "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # the forbidden version
-    "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",  # version 00 has no more fields
-    "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",  # upper case
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "value",
+    [
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",  # an all-zero trace id
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",  # an all-zero span id
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",  # the forbidden version
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",  # version 00 has no more fields
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",  # upper case
+    ],
+)
 def test_a_malformed_traceparent_starts_a_trace_of_its_own(value: str) -> None:
     assert parse_traceparent(value) is None
 
@@ -228,6 +247,9 @@ def test_a_later_version_s_traceparent_is_read_for_the_fields_it_shares() -> Non
 
 
 def test_decoded_records_still_read_without_a_trace_id() -> None:
-    record = decode(PredictionRecord, b'{"schema_version":1,"request_id":"r","entity_keys":{"u":"1"},"features":{},'
-                                      b'"model_name":"m","model_version":"1","score":0.5,"requested_at_ms":1,"scored_at_ms":2}')  # fmt: skip
+    record = decode(
+        PredictionRecord,
+        b'{"schema_version":1,"request_id":"r","entity_keys":{"u":"1"},"features":{},'
+        b'"model_name":"m","model_version":"1","score":0.5,"requested_at_ms":1,"scored_at_ms":2}',
+    )
     assert record.trace_id is None

@@ -46,10 +46,17 @@ ROWS, HOLDOUT_FRACTION = 3000, 0.2
 # 2 processes x 32 rows make 36 optimizer steps an epoch, 108 in all: the stopped run dies at step 50,
 # 10 steps after its newest checkpoint (step 40, mid-epoch 2), so resuming replays steps 41-50.
 CONFIG = {
-    "hidden": [16, 8], "learning_rate": 0.01, "weight_decay": 0.0001, "epochs": 3, "micro_batch_per_process": 32,
-    "seed": 3, "holdout_fraction": HOLDOUT_FRACTION, "checkpoint_every_steps": 20, "keep_last": 2,
+    "hidden": [16, 8],
+    "learning_rate": 0.01,
+    "weight_decay": 0.0001,
+    "epochs": 3,
+    "micro_batch_per_process": 32,
+    "seed": 3,
+    "holdout_fraction": HOLDOUT_FRACTION,
+    "checkpoint_every_steps": 20,
+    "keep_last": 2,
     "ds_config": "infra/deepspeed/zero2.json",
-}  # fmt: skip
+}
 STOP_AFTER, LAST_CHECKPOINT_BEFORE_STOP, TOTAL_STEPS = 50, 40, 108
 
 
@@ -66,17 +73,19 @@ def write_snapshot(folder: Path, rows: int = ROWS, seed: int = 0) -> Path:
     logit = 1.2 * (count - 3) + 2.0 * new_device + 1.8 * (np.log(amount) - 4) - 1.5
     label = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(float)
     label[rng.random(rows) < 0.05] = np.nan
-    frame = pd.DataFrame({
-        "event_id": [f"evt-{i:05d}" for i in range(rows)],
-        "label": label,
-        "predicted_at_ms": 1_790_000_000_000 + np.arange(rows, dtype=np.int64) * 1000,
-        FEATURES[0]: count,
-        FEATURES[1]: np.where(rng.random(rows) < 0.03, np.nan, rng.gamma(2, 400, rows)),
-        FEATURES[2]: rng.integers(1, 12, rows).astype(float),
-        FEATURES[3]: amount,
-        FEATURES[4]: rng.integers(0, 24, rows).astype(float),
-        FEATURES[5]: new_device,
-    })  # fmt: skip
+    frame = pd.DataFrame(
+        {
+            "event_id": [f"evt-{i:05d}" for i in range(rows)],
+            "label": label,
+            "predicted_at_ms": 1_790_000_000_000 + np.arange(rows, dtype=np.int64) * 1000,
+            FEATURES[0]: count,
+            FEATURES[1]: np.where(rng.random(rows) < 0.03, np.nan, rng.gamma(2, 400, rows)),
+            FEATURES[2]: rng.integers(1, 12, rows).astype(float),
+            FEATURES[3]: amount,
+            FEATURES[4]: rng.integers(0, 24, rows).astype(float),
+            FEATURES[5]: new_device,
+        }
+    )
     shuffled = frame.sample(frac=1.0, random_state=seed)
     for part, chunk in enumerate((shuffled.iloc[: rows // 2], shuffled.iloc[rows // 2 :])):
         path = folder / "data" / f"day=2026-11-{29 + part}" / f"part-{part}.parquet"
@@ -223,9 +232,15 @@ class Node(threading.Thread):
 
         try:
             # The snapshot as a URL, as every node of a cluster reads it (here file://; s3:// and the like at scale).
-            self.result = launch_training((self.workspace / "snapshot").as_uri(), self.workspace / "config.yaml", self.out,
-                                          processes=1, resume=self.resume, nodes=self.nodes,
-                                          on_start=lambda process: setattr(self, "launcher", process))  # fmt: skip
+            self.result = launch_training(
+                (self.workspace / "snapshot").as_uri(),
+                self.workspace / "config.yaml",
+                self.out,
+                processes=1,
+                resume=self.resume,
+                nodes=self.nodes,
+                on_start=lambda process: setattr(self, "launcher", process),
+            )
         except Exception as err:  # a node that fails is what a test may expect: it reads this
             self.error = err
 
@@ -298,8 +313,10 @@ def test_a_killed_node_rejoins_and_the_run_resumes_from_its_last_checkpoint(work
     assert f"resumed from checkpoint {tag} (written by 2 processes)" in survivor.result.stdout + rejoined.result.stdout
     _assert_same_weights(full_run, out)
     assert json.loads((out / "metrics.json").read_text())["global_steps"] == TOTAL_STEPS
-    print(f"node 1 killed after checkpoint {tag}; the run resumed from it {resumed_after_s:.1f} s later (node 1 relaunched "
-          f"at once) and finished {time.monotonic() - killed:.1f} s after the kill")
+    print(
+        f"node 1 killed after checkpoint {tag}; the run resumed from it {resumed_after_s:.1f} s later (node 1 relaunched "
+        f"at once) and finished {time.monotonic() - killed:.1f} s after the kill"
+    )
 
 
 def test_two_nodes_of_a_deepspeed_hostfile_train_the_same_weights(workspace, full_run, tmp_path):
@@ -311,11 +328,32 @@ def test_two_nodes_of_a_deepspeed_hostfile_train_the_same_weights(workspace, ful
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     nodes = [
         subprocess.Popen(
-            [str(Path(sys.executable).with_name("deepspeed")), "--hostfile", str(hostfile), "--no_ssh", "--node_rank", str(rank),
-             "--master_addr", "127.0.0.1", "--master_port", str(port), "--no_local_rank", "--module", "offline_training.train",
-             "--snapshot", str(workspace / "snapshot"), "--config", str(workspace / "config.yaml"), "--out", str(out)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            [
+                str(Path(sys.executable).with_name("deepspeed")),
+                "--hostfile",
+                str(hostfile),
+                "--no_ssh",
+                "--node_rank",
+                str(rank),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                "--no_local_rank",
+                "--module",
+                "offline_training.train",
+                "--snapshot",
+                str(workspace / "snapshot"),
+                "--config",
+                str(workspace / "config.yaml"),
+                "--out",
+                str(out),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rank in (0, 1)
     ]
     outputs = [node.communicate(timeout=240)[0] for node in nodes]
@@ -332,8 +370,11 @@ def test_node_groups_are_described_or_refused():
     assert ONE_NODE.torchrun_arguments(2) == ["--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=0"]
     node1 = NodeGroup(nnodes=3, node_rank=1, rdzv="node0:29400", max_restarts=2).torchrun_arguments(4)
     assert "--rdzv-endpoint=node0:29400" in node1 and "--rdzv-conf=is_host=false" in node1 and "--nnodes=3" in node1
-    for wrong, fix in [({"nnodes": 2}, "--rdzv HOST:PORT"), ({"nnodes": 2, "node_rank": 2, "rdzv": "h:1"}, "--node-rank 0..N-1"),
-                       ({"nnodes": 2, "rdzv": "node0"}, "is not HOST:PORT")]:  # fmt: skip
+    for wrong, fix in [
+        ({"nnodes": 2}, "--rdzv HOST:PORT"),
+        ({"nnodes": 2, "node_rank": 2, "rdzv": "h:1"}, "--node-rank 0..N-1"),
+        ({"nnodes": 2, "rdzv": "node0"}, "is not HOST:PORT"),
+    ]:
         with pytest.raises(NodeGroupError, match=re.escape(fix)):
             NodeGroup(**wrong)
     with pytest.raises(ValidationError, match="give the mount's path"):

@@ -49,7 +49,9 @@ def test_llm_scores_through_the_scorer_within_its_concurrency_limit(applied: Set
             assert (status["provider"], status["version"]) == ("vllm", "tiny-1")
             amounts = [round(3.7 * i, 2) for i in range(40)]
             with ThreadPoolExecutor(20) as pool:
-                replies = list(pool.map(lambda a: requests.post(f"{url}/v1/score", json=score_request(USER, a), timeout=10), amounts))
+                replies = list(
+                    pool.map(lambda a: requests.post(f"{url}/v1/score", json=score_request(USER, a), timeout=10), amounts)
+                )
     assert [r.status_code for r in replies] == [200] * len(amounts)
     for amount, reply in zip(amounts, replies, strict=True):
         body = reply.json()
@@ -84,12 +86,24 @@ def _gpu() -> bool:
 def test_real_vllm_serves_the_tiny_model(tmp_path: Path) -> None:
     port = free_port()
     log = (tmp_path / "vllm.log").open("w")
-    server = subprocess.Popen([str(REPO / "infra" / "vllm" / "serve.sh"), str(port), "loopline-tiny"], stdout=log,
-                              stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    server = subprocess.Popen(
+        [str(REPO / "infra" / "vllm" / "serve.sh"), str(port), "loopline-tiny"],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
     async def score() -> list[float]:
-        model = VllmModel(f"http://127.0.0.1:{port}/v1", "loopline-tiny", "tiny", "1", INPUTS, "{0:.0f} {1:.2f} ?",
-                          max_concurrency=8, timeout_s=5.0)  # fmt: skip
+        model = VllmModel(
+            f"http://127.0.0.1:{port}/v1",
+            "loopline-tiny",
+            "tiny",
+            "1",
+            INPUTS,
+            "{0:.0f} {1:.2f} ?",
+            max_concurrency=8,
+            timeout_s=5.0,
+        )
         try:
             await model.warm_up()
             return [score for score, _ in await asyncio.gather(*(model.infer([i, 2.5 * i]) for i in range(32)))]

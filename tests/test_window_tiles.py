@@ -41,8 +41,9 @@ class Replay:
     def run(self, aggregations: list[AggregationSpec], events: list[dict], ttl_ms: int = 0) -> tuple[list[bytes], list]:
         """Each window's steps and each aggregation's finished value after absorbing ``events`` in their order, the
         features without a window looking back ``ttl_ms`` (0: for ever)."""
-        answer = self.driver.ask(_plan(aggregations, ttl_ms), *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events),
-                                 "read")  # fmt: skip
+        answer = self.driver.ask(
+            _plan(aggregations, ttl_ms), *(f"event {e[EVENT_TIME]} {e['amount']!r} {e['merchant']}" for e in events), "read"
+        )
         return _parsed(answer)
 
     def offer(self, aggregations: list[AggregationSpec], events: list[dict]) -> tuple[list[str], list[bytes], list]:
@@ -55,7 +56,9 @@ class Replay:
 
 def _plan(aggregations: list[AggregationSpec], ttl_ms: int = 0) -> str:
     """The driver's ``plan`` line: columns 1 amount, 2 merchant; then the ttl."""
-    spec = ";".join(f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms or 0},{a.slide_ms or 0}" for a in aggregations)
+    spec = ";".join(
+        f"{a.name},{a.function},{1 if a.column == 'amount' else 2},{a.window_ms or 0},{a.slide_ms or 0}" for a in aggregations
+    )
     return f"plan {spec} {ttl_ms}"
 
 
@@ -101,8 +104,11 @@ def _histories(draw: st.DrawFn) -> tuple[list[AggregationSpec], list[dict], list
 
 def _read(windows: dict[tuple[int, int], Window], steps: list[bytes], at_ms: int) -> dict[str, object]:
     """Every windowed aggregation's value read at ``at_ms`` from the job's ``steps``, through the reader's code."""
-    return {a.name: value for window, raw in zip(windows.values(), steps, strict=True)
-            for a, value in zip(window.aggregations, window.values_at(raw, at_ms), strict=True)}  # fmt: skip
+    return {
+        a.name: value
+        for window, raw in zip(windows.values(), steps, strict=True)
+        for a, value in zip(window.aggregations, window.values_at(raw, at_ms), strict=True)
+    }
 
 
 @settings(max_examples=300, deadline=None)
@@ -135,19 +141,26 @@ def test_the_steps_equal_the_recompute_at_request_times_and_every_window_empties
         for a in aggregations:
             expected = row[a.name]
             assert same_feature_value(a.name, expected, read[a.name]), (a, row["at_ms"])
-    assert _read(windows, steps, quiet) == {a.name: 0 if a.function in ("count", "count_distinct") else None for a in aggregations}
+    assert _read(windows, steps, quiet) == {
+        a.name: 0 if a.function in ("count", "count_distinct") else None for a in aggregations
+    }
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.permutations([START + t for t in (0, 7, 7, 40, 41, 300, 1_000, 1_004)]).flatmap(
-    lambda times: st.tuples(st.just(times), st.integers(1, len(times)), st.sampled_from([0, 1, 4, 33, 299, 700, 5_000]))))
+@given(
+    st.permutations([START + t for t in (0, 7, 7, 40, 41, 300, 1_000, 1_004)]).flatmap(
+        lambda times: st.tuples(st.just(times), st.integers(1, len(times)), st.sampled_from([0, 1, 4, 33, 299, 700, 5_000]))
+    )
+)
 def test_features_without_a_window_look_back_the_ttl_alike_in_the_job_and_the_recompute(replay: Replay, case) -> None:
     """``time_since_previous`` and ``last`` of events arriving in any order, under any ttl: the job's values (as of
     the entity's latest event) are the recompute's, and none where the previous event is more than the ttl back."""
     times, count, ttl_ms = case
     events = [{EVENT_TIME: t, "amount": 1.0, "merchant": f"m{i}"} for i, t in enumerate(times[:count])]
-    aggregations = [AggregationSpec("gap", "time_since_previous", EVENT_TIME, None, None),
-                    AggregationSpec("last", "last", "merchant", None, None)]  # fmt: skip
+    aggregations = [
+        AggregationSpec("gap", "time_since_previous", EVENT_TIME, None, None),
+        AggregationSpec("last", "last", "merchant", None, None),
+    ]
     _, finished = replay.run(aggregations, events, ttl_ms)
     latest = max(e[EVENT_TIME] for e in events)
     frame = pd.DataFrame([{"user": "u", **e} for e in events])
@@ -182,11 +195,16 @@ def test_an_event_that_would_take_a_tile_past_an_exact_total_is_refused_and_chan
     the window's sum of its tiles never wraps a long. Events of the largest value the decoder takes fill a tile until
     the next would pass that: it is refused, naming its column, and the windows hold the absorbed events only; a
     negative event still goes in, and a tile of its own takes the refused value."""
-    total, mean = AggregationSpec("s", "sum", "amount", 3_600_000, 10_000), AggregationSpec("m", "mean", "amount", 3_600_000, 10_000)
+    total, mean = (
+        AggregationSpec("s", "sum", "amount", 3_600_000, 10_000),
+        AggregationSpec("m", "mean", "amount", 3_600_000, 10_000),
+    )
     fit = (2**63 - 1) // 360 // round(MAX_EXACT_VALUE * SCALE)
     offered = [{EVENT_TIME: START + i, "amount": MAX_EXACT_VALUE, "merchant": "m1"} for i in range(fit + 2)]
-    offered += [{EVENT_TIME: START + 50, "amount": -MAX_EXACT_VALUE, "merchant": "m1"},
-                {EVENT_TIME: START + 10_000, "amount": MAX_EXACT_VALUE, "merchant": "m1"}]  # fmt: skip
+    offered += [
+        {EVENT_TIME: START + 50, "amount": -MAX_EXACT_VALUE, "merchant": "m1"},
+        {EVENT_TIME: START + 10_000, "amount": MAX_EXACT_VALUE, "merchant": "m1"},
+    ]
     answers, steps, finished = replay.offer([total, mean], offered)
     assert fit == 2 and answers[:fit] == ["absorbed"] * fit and answers[-2:] == ["absorbed"] * 2
     for refused in answers[fit : fit + 2]:
@@ -195,7 +213,9 @@ def test_an_event_that_would_take_a_tile_past_an_exact_total_is_refused_and_chan
     assert finished == [window_by_definition(a, absorbed, START + 10_000) for a in (total, mean)]
     assert steps == [steps_by_definition(window, absorbed) for window in view_windows([total, mean]).values()]
     frame = pd.DataFrame([{"user": "u", **e} for e in offered])
-    assert list(overflowing(view_plan("v", [total, mean], keys=("user",), topic="t"), frame)) == [a != "absorbed" for a in answers]
+    assert list(overflowing(view_plan("v", [total, mean], keys=("user",), topic="t"), frame)) == [
+        a != "absorbed" for a in answers
+    ]
 
 
 @settings(max_examples=100, deadline=None)
@@ -204,13 +224,27 @@ def test_the_recompute_refuses_the_events_the_jobs_windows_refuse(replay: Replay
     """Windows of up to 4,096 tiles over values near the largest the decoder takes, in a shuffled arrival order: the
     offline recompute's ``overflowing`` names exactly the events the job's ``WindowPlan`` refuses, and the job's
     values are the window definition's over the others."""
-    aggregations = [AggregationSpec(f"{function}_{i}", function, "amount", span * slide, slide)
-                    for i, (function, slide, span) in enumerate(data.draw(st.lists(st.tuples(
-                        st.sampled_from(["sum", "mean", "max", "count"]), st.sampled_from([1, 1000]), st.sampled_from([1, 3, 2048, 4096])),
-                        min_size=1, max_size=3)))]  # fmt: skip
+    aggregations = [
+        AggregationSpec(f"{function}_{i}", function, "amount", span * slide, slide)
+        for i, (function, slide, span) in enumerate(
+            data.draw(
+                st.lists(
+                    st.tuples(
+                        st.sampled_from(["sum", "mean", "max", "count"]),
+                        st.sampled_from([1, 1000]),
+                        st.sampled_from([1, 3, 2048, 4096]),
+                    ),
+                    min_size=1,
+                    max_size=3,
+                )
+            )
+        )
+    ]
     amounts = st.integers(2**50, 2**53).map(lambda i: i / SCALE) | st.integers(-(2**53), -(2**50)).map(lambda i: i / SCALE)
-    events = [{EVENT_TIME: START + t, "amount": a, "merchant": "m1"}
-              for t, a in data.draw(st.lists(st.tuples(st.integers(0, 3000), amounts), min_size=1, max_size=30))]  # fmt: skip
+    events = [
+        {EVENT_TIME: START + t, "amount": a, "merchant": "m1"}
+        for t, a in data.draw(st.lists(st.tuples(st.integers(0, 3000), amounts), min_size=1, max_size=30))
+    ]
     answers, _, finished = replay.offer(aggregations, events)
     frame = pd.DataFrame([{"user": "u", **e} for e in events])
     assert list(overflowing(view_plan("v", aggregations, keys=("user",), topic="t"), frame)) == [a != "absorbed" for a in answers]

@@ -15,7 +15,11 @@ from online.worker_peers import WorkerPeers, decode_stalled, encode_stalled
 
 
 def _samples(text: bytes) -> dict[tuple[str, tuple], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text.decode()) for s in f.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text.decode())
+        for s in f.samples
+    }
 
 
 def test_counts_add_up_created_is_the_earliest_and_info_stays_one() -> None:
@@ -61,8 +65,11 @@ def test_siblings_answer_and_a_missing_one_is_none() -> None:
 
             await peer.start({"metrics": metrics, "ready": ready, "stalled": stalled})
         try:
-            return (await peers[0].ask_siblings("metrics"), await peers[1].ask_siblings("ready"),
-                    await peers[2].ask_siblings("stalled"))  # fmt: skip
+            return (
+                await peers[0].ask_siblings("metrics"),
+                await peers[1].ask_siblings("ready"),
+                await peers[2].ask_siblings("stalled"),
+            )
         finally:
             for peer in peers:
                 await peer.close()

@@ -38,5 +38,10 @@ def steps_by_definition(window: Window, events: Sequence[Mapping]) -> bytes:
     latest = max(e[EVENT_TIME] for e in events)
     span, head = window.window_ms // window.slide_ms, latest // window.slide_ms
     tiles = sorted({e[EVENT_TIME] // window.slide_ms for e in events} & set(range(head - span + 1, head + 1)))
-    return window.encode(latest, [(k + span, tuple(window_by_definition(a, events, (k + span - 1) * window.slide_ms)
-                                                   for a in window.aggregations)) for k in tiles])  # fmt: skip
+    return window.encode(
+        latest,
+        [
+            (k + span, tuple(window_by_definition(a, events, (k + span - 1) * window.slide_ms) for a in window.aggregations))
+            for k in tiles
+        ],
+    )

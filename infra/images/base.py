@@ -31,8 +31,9 @@ def base_tag(suite: str = SUITE, mirror: str = MIRROR, packages: tuple[str, ...]
     return f"loopline-base:{suite}-{digest}"
 
 
-def ensure_base(podman: Podman, work_dir: Path, suite: str = SUITE, mirror: str = MIRROR,
-                packages: tuple[str, ...] = PACKAGES) -> tuple[str, float | None]:  # fmt: skip
+def ensure_base(
+    podman: Podman, work_dir: Path, suite: str = SUITE, mirror: str = MIRROR, packages: tuple[str, ...] = PACKAGES
+) -> tuple[str, float | None]:
     """The base image's tag, made unless it exists, and the seconds making it took (None when it existed)."""
     tag = base_tag(suite, mirror, packages)
     if podman.exists(tag):
@@ -51,9 +52,16 @@ def ensure_base(podman: Podman, work_dir: Path, suite: str = SUITE, mirror: str 
             shutil.rmtree(root / leftover, ignore_errors=True)
             (root / leftover).mkdir(parents=True)
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
-        imported = subprocess.run(["podman", "import", "--change", "CMD=/bin/bash", "-", tag], stdin=tar.stdout,
-                                  env=podman.environment, capture_output=True, text=True)  # fmt: skip
+        imported = subprocess.run(
+            ["podman", "import", "--change", "CMD=/bin/bash", "-", tag],
+            stdin=tar.stdout,
+            env=podman.environment,
+            capture_output=True,
+            text=True,
+        )
         tar.wait()
         if tar.returncode != 0 or imported.returncode != 0:
-            raise StackError(f"podman import of the {suite} base failed: {imported.stderr.strip()[-300:]}", "`podman info` checks the engine")
+            raise StackError(
+                f"podman import of the {suite} base failed: {imported.stderr.strip()[-300:]}", "`podman info` checks the engine"
+            )
     return tag, time.monotonic() - started

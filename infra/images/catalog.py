@@ -72,11 +72,26 @@ def catalog() -> dict[str, Image]:
     images = [
         Image("loopline-flink", "loopline-flink", f"{v}-flink{flink}-{py}", "flink.Dockerfile", "flink"),
         Image("loopline-scorer-cpu", "loopline-scorer", f"{v}-{py}-cpu", "loopline.Dockerfile", "python", "scorer"),
-        Image("loopline-scorer-cuda", "loopline-scorer", f"{v}-{py}-cuda{CUDA_MAJOR}", "loopline.Dockerfile", "python",
-              "scorer", gpu),  # fmt: skip
+        Image(
+            "loopline-scorer-cuda",
+            "loopline-scorer",
+            f"{v}-{py}-cuda{CUDA_MAJOR}",
+            "loopline.Dockerfile",
+            "python",
+            "scorer",
+            gpu,
+        ),
         Image("loopline-ops", "loopline-ops", f"{v}-{py}", "loopline.Dockerfile", "python", "ops"),
-        Image("loopline-trainer", "loopline-trainer", f"{v}-torch{torch}-cuda{CUDA_MAJOR}-{py}", "loopline.Dockerfile",
-              "python", "trainer", (("REQUIREMENTS", "train"),), on_request=True),  # fmt: skip
+        Image(
+            "loopline-trainer",
+            "loopline-trainer",
+            f"{v}-torch{torch}-cuda{CUDA_MAJOR}-{py}",
+            "loopline.Dockerfile",
+            "python",
+            "trainer",
+            (("REQUIREMENTS", "train"),),
+            on_request=True,
+        ),
     ]
     return {image.key: image for image in images}
 

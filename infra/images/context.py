@@ -43,16 +43,19 @@ def build_wheel(repo: Path, out_dir: Path) -> Path:
         shutil.copytree(repo, source, ignore=shutil.ignore_patterns(*_NOT_PACKAGED), symlinks=True)
         result = subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out_dir), str(source)],
-            capture_output=True, text=True, env={**os.environ, "SOURCE_DATE_EPOCH": _SOURCE_DATE_EPOCH},
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            env={**os.environ, "SOURCE_DATE_EPOCH": _SOURCE_DATE_EPOCH},
+        )
     wheels = sorted(out_dir.glob("*.whl"))
     if result.returncode != 0 or len(wheels) != 1:
         raise StackError(f"building Loopline's wheel failed: {result.stderr.strip()[-500:]}", "fix the packaging error above")
     return wheels[0]
 
 
-def stage_context(context: Path, *, repo: Path, flink_home: Path, jars: Sequence[Path],
-                  requirements: Mapping[str, Sequence[str]], project: Path) -> Path:  # fmt: skip
+def stage_context(
+    context: Path, *, repo: Path, flink_home: Path, jars: Sequence[Path], requirements: Mapping[str, Sequence[str]], project: Path
+) -> Path:
     """Fill ``context`` for the Dockerfiles of ``infra/images``: ``wheel/``, ``requirements/<set>.txt`` (one pinned
     requirement a line), ``jars/``, ``flink-dist/`` (linked, not copied, from ``flink_home``), ``project/`` (the
     project's folder, without the data and caches its use here left in it), the Flink base's entry point and the

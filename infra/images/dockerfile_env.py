@@ -22,7 +22,9 @@ _VARIABLE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
 def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
     """(instruction, rest) per instruction, continuation lines joined, comments left out."""
-    joined = re.sub(r"\\\n", " ", "\n".join(line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#")))
+    joined = re.sub(
+        r"\\\n", " ", "\n".join(line for line in dockerfile.read_text().splitlines() if not line.lstrip().startswith("#"))
+    )
     return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in joined.splitlines() if line.strip()]
 
 

@@ -56,7 +56,9 @@ class Podman:
         result = subprocess.run(["podman", *args], env=self.environment, capture_output=capture, text=True, timeout=timeout_s)
         if result.returncode != 0:
             tail = " | ".join(((result.stdout or "") + (result.stderr or "")).strip().splitlines()[-4:])
-            raise StackError(f"`podman {' '.join(args[:2])} …` failed: {tail}", "read the output above; `podman info` checks the engine")
+            raise StackError(
+                f"`podman {' '.join(args[:2])} …` failed: {tail}", "read the output above; `podman info` checks the engine"
+            )
         return result
 
     def exists(self, reference: str) -> bool:
@@ -67,8 +69,16 @@ class Podman:
         """The image's size as podman counts it (every layer, uncompressed)."""
         return int(json.loads(self.run("image", "inspect", reference).stdout)[0]["Size"])
 
-    def build(self, dockerfile: Path, context: Path, tag: str, build_args: dict[str, str], *, target: str | None = None,
-              secrets: Sequence[tuple[str, Path]] = ()) -> None:  # fmt: skip
+    def build(
+        self,
+        dockerfile: Path,
+        context: Path,
+        tag: str,
+        build_args: dict[str, str],
+        *,
+        target: str | None = None,
+        secrets: Sequence[tuple[str, Path]] = (),
+    ) -> None:
         """``podman build`` of ``dockerfile`` over ``context`` as ``tag``, reusing cached layers, on the host's network
         (builds reach package indexes through it); each ``(id, file)`` of ``secrets`` is mounted for ``RUN
         --mount=type=secret`` only, never written into a layer. Its output streams to this process's."""

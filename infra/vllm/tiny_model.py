@@ -29,10 +29,18 @@ def build(folder: Path) -> None:
     )
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=len(vocab), hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=vocab["<s>"], eos_token_id=vocab["</s>"],
-        pad_token_id=vocab["[PAD]"], torch_dtype="float16",
-    )  # fmt: skip
+        vocab_size=len(vocab),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        bos_token_id=vocab["<s>"],
+        eos_token_id=vocab["</s>"],
+        pad_token_id=vocab["[PAD]"],
+        torch_dtype="float16",
+    )
     LlamaForCausalLM(config).to(torch.float16).save_pretrained(folder, safe_serialization=True)
     tokenizer.save_pretrained(folder)
 

@@ -93,7 +93,9 @@ def _features_table(reader: OnlineReader, watched: _Watched, title: str) -> Tabl
     for index, entity in enumerate(watched.entities):
         cells = [values[f][index] for f in watched.features]
         age = "—" if stamps[index] is None else f"{(now_us - stamps[index]) / 1e6:.1f} s"
-        table.add_row(watched.label(entity), *("—" if v is None else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells), age)
+        table.add_row(
+            watched.label(entity), *("—" if v is None else f"{v:,.2f}" if isinstance(v, float) else str(v) for v in cells), age
+        )
     return table
 
 
@@ -110,7 +112,9 @@ def _absorb_history(world: DemoWorld, job, reader: OnlineReader, watched: _Watch
     with Live(console=console, refresh_per_second=2, transient=True) as live:
         while True:
             if job.poll() is not None:
-                raise RuntimeError("the feature job stopped while reading the history; see feature-job.log under the stack's logs")
+                raise RuntimeError(
+                    "the feature job stopped while reading the history; see feature-job.log under the stack's logs"
+                )
             if not world.running:
                 world.stop()  # raises what stopped it
             newest = _newest_row_ms(reader, watched)
@@ -120,14 +124,20 @@ def _absorb_history(world: DemoWorld, job, reader: OnlineReader, watched: _Watch
                 f"history: {world.history_published:,} events of the world's last "
                 f"{(world.published_from_ms - world.history_from_ms) / 60_000:.0f} min published"
                 f"{' (all of it)' if history_out else ''}; the feature job is "
-                + ("starting (a mini-cluster takes ~20 s)" if behind_s is None else f"{max(behind_s, 0):,.0f} s of stream time behind")
+                + (
+                    "starting (a mini-cluster takes ~20 s)"
+                    if behind_s is None
+                    else f"{max(behind_s, 0):,.0f} s of stream time behind"
+                )
                 + f" — {time.monotonic() - began:.0f} s"
             )
             if history_out and newest is not None and world.stream_time_ms - newest <= _CAUGHT_UP_MS:
                 return time.monotonic() - began
             if time.monotonic() - began > _HISTORY_TIMEOUT_S:
-                raise TimeoutError(f"the feature job had not read the history after {_HISTORY_TIMEOUT_S:.0f} s"
-                                   f" ({behind_s} s behind); see feature-job.log under the stack's logs")  # fmt: skip
+                raise TimeoutError(
+                    f"the feature job had not read the history after {_HISTORY_TIMEOUT_S:.0f} s"
+                    f" ({behind_s} s behind); see feature-job.log under the stack's logs"
+                )
             time.sleep(0.5)
 
 
@@ -152,13 +162,25 @@ def _run_live(run: _Run, budget_end: float, console: Console) -> None:
         now = time.monotonic()
         recent, whole = run.scoring.stats()
         versions = " → ".join(f"v{v}" for v in (whole.versions if whole else {}))
-        over = f" — budget spent {now - budget_end:.0f} s ago: going on (at most {OVERTIME_S:.0f} s) for " + " and ".join(
-            what for what, done in (("the loop's verdict", run.loop.settled()), ("the skew alert", run.skew.settled())) if not done
-        ) if now > budget_end else ""  # fmt: skip
+        over = (
+            f" — budget spent {now - budget_end:.0f} s ago: going on (at most {OVERTIME_S:.0f} s) for "
+            + " and ".join(
+                what
+                for what, done in (("the loop's verdict", run.loop.settled()), ("the skew alert", run.skew.settled()))
+                if not done
+            )
+            if now > budget_end
+            else ""
+        )
         title = f"live features in Redis — {run.world.published:,} records published, live for {now - started:.0f} s{over}"
-        return Group(_features_table(run.reader, run.watched, title),
-                     scoring_table(recent, whole, title=f"scoring every scored event over Kafka, p50/p99 — model versions {versions or '—'}"),
-                     run.loop.table(), run.skew.table())  # fmt: skip
+        return Group(
+            _features_table(run.reader, run.watched, title),
+            scoring_table(
+                recent, whole, title=f"scoring every scored event over Kafka, p50/p99 — model versions {versions or '—'}"
+            ),
+            run.loop.table(),
+            run.skew.table(),
+        )
 
     with Live(console=console, refresh_per_second=1) as live:
         while True:
@@ -190,6 +212,7 @@ def _stop_all(stops: Sequence[Callable[[], object]], quiet: bool = False) -> Non
 def _over_budget_split(final: tuple[float, float] | None, around_training: dict[str, tuple[float, float] | None]) -> dict:
     """The share of reads over budget while the model trained, and in the steady state (the rest of the run); None
     where the scorer's counters were not read (then the split is unknown, not guessed)."""
+
     def share(over: float, answered: float) -> float | None:
         return round(over / answered, 3) if answered > 0 else None
 
@@ -202,8 +225,10 @@ def _over_budget_split(final: tuple[float, float] | None, around_training: dict[
     if start is None or end is None:
         return unknown
     training = (end[0] - start[0], end[1] - start[1])
-    return {"over_feature_budget_rate_steady": share(final[0] - training[0], final[1] - training[1]),
-            "over_feature_budget_rate_while_training": share(*training)}  # fmt: skip
+    return {
+        "over_feature_budget_rate_steady": share(final[0] - training[0], final[1] - training[1]),
+        "over_feature_budget_rate_while_training": share(*training),
+    }
 
 
 def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLetterRecord]]:
@@ -227,8 +252,11 @@ def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLett
     except TimeoutError as err:
         # Seen on a second demo over the same stack: a dead-letter transaction a stopped job left open holds
         # read_committed readers back until the broker times it out. The records above are counted; say so and go on.
-        console.print(f"[yellow]events.dlq not read to its end ({err}): a transaction a stopped job left open holds"
-                      " read_committed readers back until it times out[/yellow]", highlight=False)  # fmt: skip
+        console.print(
+            f"[yellow]events.dlq not read to its end ({err}): a transaction a stopped job left open holds"
+            " read_committed readers back until it times out[/yellow]",
+            highlight=False,
+        )
     finally:
         dlq.close()
     return counts, dead_letters
@@ -237,8 +265,11 @@ def _validate(settings: Settings, console: Console) -> tuple[dict, list[DeadLett
 def unkept_promises(summary: dict, loop: DemoLoop) -> list[str]:
     """What the demo promised and did not happen, one line each (empty when everything did)."""
     unfinished = {"failed": "failed", "running": "was still running when the demo's time ran out", "waiting": "never started"}
-    failures = [f"the loop's step '{step.name}' {unfinished[step.state]}" + (f": {step.detail}" if step.detail else "")
-                for step in loop.steps.values() if step.state in unfinished]  # fmt: skip
+    failures = [
+        f"the loop's step '{step.name}' {unfinished[step.state]}" + (f": {step.detail}" if step.detail else "")
+        for step in loop.steps.values()
+        if step.state in unfinished
+    ]
     if summary["release"] not in ("promote", "rollback") and not failures:
         failures.append(f"the release controller gave no verdict on the trained model ({summary['release']})")
     if not summary["skew_injected"]:
@@ -246,8 +277,10 @@ def unkept_promises(summary: dict, loop: DemoLoop) -> list[str]:
     elif not summary["prometheus_answered"]:
         failures.append("Prometheus did not answer: which skew alerts fired is unknown")
     elif summary["skew_alerting_features"] != summary["skew_injected_features"]:
-        failures.append(f"skew alerts fired for {summary['skew_alerting_features'] or 'no feature'}, the skew was injected into "
-                        f"{summary['skew_injected_features']}")  # fmt: skip
+        failures.append(
+            f"skew alerts fired for {summary['skew_alerting_features'] or 'no feature'}, the skew was injected into "
+            f"{summary['skew_injected_features']}"
+        )
     others_pending = sorted(set(summary["skew_pending_features"]) - set(summary["skew_injected_features"]))
     if summary["skew_injected"] and others_pending:
         failures.append(f"skew alerts are pending for {others_pending}, which nobody skewed")
@@ -268,17 +301,22 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     console.rule("2. feature definitions and topics")
     bootstrap = settings.kafka.bootstrap
-    views = apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
+    views = apply_definitions(
+        settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster
+    )
     console.print(f"feast apply: {', '.join(views)}")
     # This run's world is a new one: an earlier run's rows must not stand in for its quiet users' features.
-    cleared = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path,
-                           redis_cluster=settings.redis_cluster).delete_rows()  # fmt: skip
+    cleared = OnlineWriter(
+        settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster
+    ).delete_rows()
     console.print(f"online rows of an earlier run deleted: {', '.join(cleared)}")
     console.print(topics_table(apply_loopline_topics(settings)))
     history_s = feature_plan(settings).history_ms(project(settings).spec.model.inputs) / 1000
     watched = _Watched.of(settings)
 
-    console.rule(f"3. the world's last {history_s / 60:.0f} min at once: every window the model reads is full before anything is scored")
+    console.rule(
+        f"3. the world's last {history_s / 60:.0f} min at once: every window the model reads is full before anything is scored"
+    )
     # The demo watches its canary for seconds, not the policy's default minute: the verdict comes while you watch. Each
     # arm's p99 is judged over 500 requests (~10 s at half the rate each): over 100 it was their slowest one or two,
     # which on two busy cores is the scheduler's doing, not the model's.
@@ -288,8 +326,11 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
     # The scorer's counts as training starts and ends: the steady state's over-budget share is the rest of the run.
     around_training: dict[str, tuple[float, float] | None] = {}
     skew = DemoSkew(settings, scoring, settings.resolved_logs_dir)
-    console.print(f"the skew alert dashboard: {skew.dashboard_url} (Prometheus: http://{settings.prometheus.host}:"
-                  f"{settings.prometheus.port}/alerts)", highlight=False)  # fmt: skip
+    console.print(
+        f"the skew alert dashboard: {skew.dashboard_url} (Prometheus: http://{settings.prometheus.host}:"
+        f"{settings.prometheus.port}/alerts)",
+        highlight=False,
+    )
 
     def note_step(step: Step) -> None:
         if step.name == TRAINING_STEP:
@@ -298,15 +339,26 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
             skew.start_monitor(loop.outcome.snapshot_id)
 
     loop = DemoLoop(scoring.settings, scoring.run_id, on_step=note_step)
-    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster)
+    reader = OnlineReader(
+        settings.feast_registry_path, settings.redis_connection, settings.repo_path, redis_cluster=settings.redis_cluster
+    )
     jobs: list = []
     published: list[PublishStats] = []
     # In this order: the world first (the scorer commits what it scored of it), the feature job last.
-    stops = (lambda: published.append(world.stop()), loop.stop, skew.stop, scoring.stop, lambda: [stop_process_group(job) for job in jobs])
+    stops = (
+        lambda: published.append(world.stop()),
+        loop.stop,
+        skew.stop,
+        scoring.stop,
+        lambda: [stop_process_group(job) for job in jobs],
+    )
     try:
         # The job builds its state from this run's world alone: no checkpoint, no earlier demo's events.
-        jobs.append(start_feature_job(settings, settings.resolved_logs_dir / "feature-job.log", restore=False,
-                                      from_ms=world.published_from_ms))  # fmt: skip
+        jobs.append(
+            start_feature_job(
+                settings, settings.resolved_logs_dir / "feature-job.log", restore=False, from_ms=world.published_from_ms
+            )
+        )
         skew.start_dashboard()
         # While the job starts and reads the history: the scorer (its own process, as in production) loads its
         # model and warms up, and the joiner starts.
@@ -314,8 +366,11 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         loop.start(settings.resolved_logs_dir / "joiner.log")
         world.start()
         history_took_s = _absorb_history(world, jobs[0], reader, watched, console)
-        console.print(f"the feature job read {world.history_published:,} events of history in {history_took_s:.0f} s"
-                      " and follows the world live", highlight=False)  # fmt: skip
+        console.print(
+            f"the feature job read {world.history_published:,} events of history in {history_took_s:.0f} s"
+            " and follows the world live",
+            highlight=False,
+        )
         scoring.wait_ready()
 
         console.rule("4. live: every scored event scored over Kafka, the loop closing, a skew injected")
@@ -334,7 +389,9 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
 
     console.rule("5. validating (bad records go to the dead-letter topic)")
     counts, dead_letters = _validate(settings, console)
-    console.print(counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS], settings.kafka.client_config)))
+    console.print(
+        counts_table(stats.delivered, counts, topic_sizes(bootstrap, [t.name for t in TOPICS], settings.kafka.client_config))
+    )
     for record in dead_letters[:3]:
         console.print(
             f"  dead letter ({record.reason}, by {record.consumer}) from "
@@ -351,7 +408,9 @@ def run_demo(settings: Settings, seconds: float, rate: float, console: Console) 
         "events_per_s": round(stats.total / max(stats.seconds, 1e-9)),
         "valid": sum(c.valid for t, c in counts.items() if t != DEAD_LETTERS.name),
         "dead_lettered": sum(c.dead_lettered for c in counts.values()),
-        "watched_entities_with_features": sum(s is not None for s in reader.row_timestamps_us(watched.view, list(watched.entities))),
+        "watched_entities_with_features": sum(
+            s is not None for s in reader.row_timestamps_us(watched.view, list(watched.entities))
+        ),
         "scored": sum(scored.versions.values()) if scored else 0,
         "scored_by_version": scored.versions if scored else {},
         "scorer_p99_ms": round(scored.scorer_p99_ms, 2) if scored else None,
@@ -379,9 +438,15 @@ def _report(summary: dict, settings: Settings, console: Console) -> None:
     trained = summary["trained_version"]
     measured = ", ".join(f"{k} {v:.4g}" for k, v in summary["holdout_quality"].items()) or "none"
     metric = summary["holdout_metric"].upper()
-    console.print(f"The loop: {summary['labeled_examples']:,} labeled examples → snapshot {summary['snapshot_id']} → "
-                  + (f"v{trained} trained (holdout {metric} {measured}) → the release controller: {summary['release'] or 'no verdict'}."
-                     if trained else f"no model registered (holdout {metric} {measured})."), highlight=False)  # fmt: skip
+    console.print(
+        f"The loop: {summary['labeled_examples']:,} labeled examples → snapshot {summary['snapshot_id']} → "
+        + (
+            f"v{trained} trained (holdout {metric} {measured}) → the release controller: {summary['release'] or 'no verdict'}."
+            if trained
+            else f"no model registered (holdout {metric} {measured})."
+        ),
+        highlight=False,
+    )
     steady = summary["over_feature_budget_rate_steady"]
     if steady is not None:
         verdict = "met" if steady < _STEADY_OVER_BUDGET_GOAL else "NOT met"
@@ -400,13 +465,22 @@ def _report(summary: dict, settings: Settings, console: Console) -> None:
             f" demo.skew says): the monitor measured PSI {summary['skew_psi']} for {summary['skew_feature']} against snapshot"
             f" {summary['skew_reference_snapshot']};"
             f" Prometheus' {SKEW_ALERT}: {summary['skew_alert']}. Features alerting now: {alerting}"
-            + (" — the injected one, and only it." if summary["skew_alerting_features"] == summary["skew_injected_features"] else "."),
+            + (
+                " — the injected one, and only it."
+                if summary["skew_alerting_features"] == summary["skew_injected_features"]
+                else "."
+            ),
             highlight=False,
         )
     causes = summary["retrain_trigger_causes"]
-    verdict = f"fire ({settings.retrain.mode_for(causes)}, on {' and '.join(causes)})" if summary["retrain_trigger_fires"] else "quiet"
-    console.print(f"The retrain trigger, looking now (`loopline retrain watch` looks every {settings.retrain.poll_s:g} s): {verdict}:"
-                  f" {summary['retrain_trigger_reason']}", highlight=False)  # fmt: skip
+    verdict = (
+        f"fire ({settings.retrain.mode_for(causes)}, on {' and '.join(causes)})" if summary["retrain_trigger_fires"] else "quiet"
+    )
+    console.print(
+        f"The retrain trigger, looking now (`loopline retrain watch` looks every {settings.retrain.poll_s:g} s): {verdict}:"
+        f" {summary['retrain_trigger_reason']}",
+        highlight=False,
+    )
     for failure in summary["failures"]:
         console.print(f"[red]not as promised:[/red] {failure}", highlight=False)
     console.print(

@@ -77,9 +77,13 @@ class DemoLoop:
     """The joiner, a reader of its examples, and the thread that closes the loop once."""
 
     def __init__(
-        self, settings: Settings, run_id: str, min_labeled: int = MIN_LABELED, min_positive: int = MIN_POSITIVE,
+        self,
+        settings: Settings,
+        run_id: str,
+        min_labeled: int = MIN_LABELED,
+        min_positive: int = MIN_POSITIVE,
         on_step: Callable[[Step], None] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The loop over ``settings``' stack, for the score requests whose ids start with ``run_id``; it trains once
         ``min_labeled`` of them have their labels (of a binary label, ``min_positive`` positives among them). ``on_step``
         is called as each step starts and ends."""
@@ -103,9 +107,13 @@ class DemoLoop:
         self._joiner = start_joiner(self.settings, log_file, restore=False, niceness=BACKGROUND_NICENESS)
         kafka = self.settings.kafka
         self._follower = TopicFollower(
-            kafka.bootstrap, self.settings.feedback.examples_topic, TrainingExample, self._keep_example,
-            keep=lambda message, example: example.request_id.startswith(self.run_id), client_config=kafka.client_config,
-        ).start()  # fmt: skip
+            kafka.bootstrap,
+            self.settings.feedback.examples_topic,
+            TrainingExample,
+            self._keep_example,
+            keep=lambda message, example: example.request_id.startswith(self.run_id),
+            client_config=kafka.client_config,
+        ).start()
 
     def close_once(self, deadline: float) -> None:
         """Close the loop in the background, giving up on steps that cannot finish before ``deadline`` (monotonic)."""
@@ -152,8 +160,11 @@ class DemoLoop:
                 labeled = self.labeled()
                 positives = sum(bool(e.label) for e in labeled) if self.quality.kind == "binary" else 0
                 need = f"need {self.min_labeled}" + (f", {self.min_positive} positive" if self.min_positive else "")
-                self.steps["labels"].detail = (f"{len(labeled):,} labeled examples joined"
-                                               + (f", {positives} positive" if self.min_positive else "") + f" ({need})")  # fmt: skip
+                self.steps["labels"].detail = (
+                    f"{len(labeled):,} labeled examples joined"
+                    + (f", {positives} positive" if self.min_positive else "")
+                    + f" ({need})"
+                )
                 if len(labeled) >= self.min_labeled and positives >= self.min_positive:
                     return self.steps["labels"].detail
                 if time.monotonic() > deadline:
@@ -171,9 +182,16 @@ class DemoLoop:
                 f"DeepSpeed on the CPU ({TRAIN_PROCESSES} process, {DEMO_EPOCHS} epochs), ONNX export, evaluation against"
                 " prod, registration"
             )
-            outcome = retrain(self._small_data_settings(), self.outcome.snapshot_id, processes=TRAIN_PROCESSES,
-                              canary_percent=CANARY_PERCENT, actor=ACTOR, reason="trained on this run's feedback", echo=None,
-                              on_start=lambda process: setattr(self, "_training", process))  # fmt: skip
+            outcome = retrain(
+                self._small_data_settings(),
+                self.outcome.snapshot_id,
+                processes=TRAIN_PROCESSES,
+                canary_percent=CANARY_PERCENT,
+                actor=ACTOR,
+                reason="trained on this run's feedback",
+                echo=None,
+                on_start=lambda process: setattr(self, "_training", process),
+            )
             report = outcome.report
             comparison, headline = report.comparison, self.quality.headline
             measured = {"candidate": comparison.candidate[headline]}
@@ -181,7 +199,8 @@ class DemoLoop:
                 measured[f"prod v{comparison.prod_version}"] = comparison.prod[headline]
             self.outcome.candidate_version, self.outcome.holdout_quality = report.version, measured
             on_holdout = f"holdout ({comparison.holdout_rows:,} latest rows): " + ", ".join(
-                f"{k} {self.quality.describe(v)}" for k, v in measured.items())
+                f"{k} {self.quality.describe(v)}" for k, v in measured.items()
+            )
             if report.version is None:
                 raise RuntimeError(f"not registered ({report.verdict.reason}); {on_holdout}")
             return f"v{report.version} registered and released as the canary on {CANARY_PERCENT:g} % of requests; {on_holdout}"
@@ -202,8 +221,12 @@ class DemoLoop:
                 time.sleep(_CONTROLLER_POLL_S)
             raise InterruptedError("stopped")
 
-        for step_name, action in (("labels", enough_labels), ("snapshot", snapshot), (TRAINING_STEP, train_and_release),
-                                  ("controller", control)):  # fmt: skip
+        for step_name, action in (
+            ("labels", enough_labels),
+            ("snapshot", snapshot),
+            (TRAINING_STEP, train_and_release),
+            ("controller", control),
+        ):
             if not self._run(step_name, action):
                 for later in list(self.steps.values())[list(self.steps).index(step_name) + 1 :]:
                     later.state = "skipped"
@@ -215,10 +238,14 @@ class DemoLoop:
         from loopline.retraining import DEFAULT_TRAIN_CONFIG
         from offline_training.train_config import load_train_config
 
-        config = load_train_config(self.settings.feedback.train_config or DEFAULT_TRAIN_CONFIG).model_copy(update={"epochs": DEMO_EPOCHS})
+        config = load_train_config(self.settings.feedback.train_config or DEFAULT_TRAIN_CONFIG).model_copy(
+            update={"epochs": DEMO_EPOCHS}
+        )
         path = self.settings.home / "demo-train-config.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-        feedback = self.settings.feedback.model_copy(update={"train_config": path.absolute(), "train_niceness": BACKGROUND_NICENESS})
+        feedback = self.settings.feedback.model_copy(
+            update={"train_config": path.absolute(), "train_niceness": BACKGROUND_NICENESS}
+        )
         return self.settings.model_copy(update={"feedback": feedback})
 
     def quality_by_version(self) -> dict[str, tuple[int, float | None]]:

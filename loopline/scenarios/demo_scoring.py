@@ -75,13 +75,15 @@ class ScoringStats:
         scorer, end_to_end = np.array([r.scorer_ms for r in rows]), np.array([r.end_to_end_ms for r in rows])
         return cls(
             requests_per_s=len(rows) / max(seconds, 1e-9),
-            scorer_p50_ms=float(np.percentile(scorer, 50)), scorer_p99_ms=float(np.percentile(scorer, 99)),
-            end_to_end_p50_ms=float(np.percentile(end_to_end, 50)), end_to_end_p99_ms=float(np.percentile(end_to_end, 99)),
+            scorer_p50_ms=float(np.percentile(scorer, 50)),
+            scorer_p99_ms=float(np.percentile(scorer, 99)),
+            end_to_end_p50_ms=float(np.percentile(end_to_end, 50)),
+            end_to_end_p99_ms=float(np.percentile(end_to_end, 99)),
             versions=dict(sorted(Counter(r.version for r in rows).items(), key=lambda kv: int(kv[0]))),
             defaulted_rate=sum(r.defaulted for r in rows) / max(sum(r.features for r in rows), 1),
             mean_batch=_ratio(counted[0], counted[1]),
             over_budget_rate=_ratio(counted[2], counted[3]),
-        )  # fmt: skip
+        )
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,14 @@ class _Logged:
 
     @classmethod
     def of(cls, record: PredictionRecord) -> _Logged:
-        return cls(time.monotonic(), record.stage_latency_ms["total"], record.scored_at_ms - record.requested_at_ms,
-                   record.model_version, len(record.defaulted_features), len(record.features))  # fmt: skip
+        return cls(
+            time.monotonic(),
+            record.stage_latency_ms["total"],
+            record.scored_at_ms - record.requested_at_ms,
+            record.model_version,
+            len(record.defaulted_features),
+            len(record.features),
+        )
 
 
 def _samples(metrics_text: str, wanted: Sequence[tuple[str, dict[str, str]]]) -> list[float]:
@@ -146,10 +154,13 @@ class DemoScoring:
         # From the start of the topic, keys filtered by this run's prefix: a reader that joined late would miss the first.
         kafka = self.settings.kafka
         self._follower = TopicFollower(
-            kafka.bootstrap, PREDICTIONS.name, PredictionRecord, lambda message, record: self._logged.append(_Logged.of(record)),
+            kafka.bootstrap,
+            PREDICTIONS.name,
+            PredictionRecord,
+            lambda message, record: self._logged.append(_Logged.of(record)),
             wanted=lambda message: (message.key() or b"").startswith(self.run_id.encode()),
             client_config=kafka.client_config,
-        ).start()  # fmt: skip
+        ).start()
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Wait until the scorer serves a model (StackError, naming its log, if it does not)."""

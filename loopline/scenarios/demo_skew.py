@@ -27,9 +27,15 @@ SKEW_ALERT = "LooplineFeatureSkew"
 #: of them fires for it.
 SKEW_ALERTS = frozenset({SKEW_ALERT, "LooplineFeatureDistributionShift", "LooplineCategoryShift"})
 #: The monitor measures a short window in the demo, so the skew shows within seconds of the injection.
-_MONITOR_ENV = {"LOOPLINE_MONITOR__WINDOW_S": "60", "LOOPLINE_MONITOR__BUCKET_S": "5", "LOOPLINE_MONITOR__MIN_ROWS": "200",
-                "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "2", "LOOPLINE_MONITOR__SAMPLE_RATE": "0.05",
-                "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "45", "LOOPLINE_MONITOR__SETTLE_S": "5"}  # fmt: skip
+_MONITOR_ENV = {
+    "LOOPLINE_MONITOR__WINDOW_S": "60",
+    "LOOPLINE_MONITOR__BUCKET_S": "5",
+    "LOOPLINE_MONITOR__MIN_ROWS": "200",
+    "LOOPLINE_MONITOR__CHECK_INTERVAL_S": "2",
+    "LOOPLINE_MONITOR__SAMPLE_RATE": "0.05",
+    "LOOPLINE_MONITOR__CONSISTENCY_INTERVAL_S": "45",
+    "LOOPLINE_MONITOR__SETTLE_S": "5",
+}
 #: After the injection: the PSI crossing (seconds), a scrape (5 s), the rule's 1 min hold, and slack for a loaded machine.
 #: The demo goes on producing past its budget up to this long for the alert to fire (`DemoSkew.settled`).
 TIME_TO_FIRE_S = 120.0
@@ -68,8 +74,11 @@ class DemoSkew:
         self.reference = snapshot_id
         # A consumer group of this run's own: it starts at the topic's end, not at where an earlier demo's monitor
         # stopped (one such backlog kept this run's window empty).
-        env = {**_MONITOR_ENV, "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": snapshot_id,
-               "LOOPLINE_MONITOR__APP_ID": f"loopline-monitor-{self.scoring.run_id}"}  # fmt: skip
+        env = {
+            **_MONITOR_ENV,
+            "LOOPLINE_MONITOR__REFERENCE_SNAPSHOT": snapshot_id,
+            "LOOPLINE_MONITOR__APP_ID": f"loopline-monitor-{self.scoring.run_id}",
+        }
         self._monitor = start_loopline(self.settings, ["monitor"], self.logs / "monitor.log", BACKGROUND_NICENESS, **env)
         self._monitor_started = time.monotonic()
 
@@ -79,7 +88,12 @@ class DemoSkew:
         started = self._monitor_started
         if self.field is None or not release_decided:
             return
-        if self.injected_at is None and started is not None and time.monotonic() - started >= _HEALTHY_S and self._psi() is not None:
+        if (
+            self.injected_at is None
+            and started is not None
+            and time.monotonic() - started >= _HEALTHY_S
+            and self._psi() is not None
+        ):
             self.scoring.skew = {self.field: self.factor}
             self.injected_at = time.monotonic()
 
@@ -122,7 +136,11 @@ class DemoSkew:
         listed = self._alerts()
         if listed is None:
             return "unknown"
-        states = {a["state"] for a in listed if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == self.feature}
+        states = {
+            a["state"]
+            for a in listed
+            if a["labels"].get("alertname") == SKEW_ALERT and a["labels"].get("feature") == self.feature
+        }
         return "firing" if "firing" in states else "pending" if "pending" in states else "none"
 
     def alerting_features(self) -> list[str]:
@@ -151,12 +169,19 @@ class DemoSkew:
             return table
         psis = self.psis()
         psi = psis.pop(self.feature, None)
-        injected = "—" if self.injected_at is None else f"{self.field} ×{self.factor:g}, {time.monotonic() - self.injected_at:.0f} s ago"
+        injected = (
+            "—" if self.injected_at is None else f"{self.field} ×{self.factor:g}, {time.monotonic() - self.injected_at:.0f} s ago"
+        )
         table.add_row(self.feature, self.reference or "—", "—" if psi is None else f"{psi:.3f}", injected, self.alert_state())
         others = [f for f in self.alerting_features() if f != self.feature]
         highest = max(psis.items(), key=lambda kv: kv[1], default=None)
-        table.add_row(f"the other {len(psis)} features", "", "—" if highest is None else f"highest {highest[1]:.3f} ({highest[0]})",
-                      "no", "alerting: " + (", ".join(others) if others else "none"))  # fmt: skip
+        table.add_row(
+            f"the other {len(psis)} features",
+            "",
+            "—" if highest is None else f"highest {highest[1]:.3f} ({highest[0]})",
+            "no",
+            "alerting: " + (", ".join(others) if others else "none"),
+        )
         return table
 
     def summary(self) -> dict:
@@ -167,12 +192,22 @@ class DemoSkew:
         psi = self._psi()
         injected_s = None if self.injected_at is None else round(time.monotonic() - self.injected_at)
         trigger = check_trigger(self.settings)
-        return {"dashboard": self.dashboard_url, "skew_reference_snapshot": self.reference, "skew_feature": self.feature,
-                "skew_injected": self.injected_at is not None,
-                "skew_injected_s_ago": injected_s, "skew_psi": None if psi is None else round(psi, 3), "skew_alert": self.alert_state(),
-                "skew_injected_features": self.injected_features, "skew_alerting_features": self.alerting_features(),
-                "skew_pending_features": self.pending_features(), "prometheus_answered": self._alerts() is not None,
-                "retrain_trigger_fires": trigger.fire, "retrain_trigger_causes": sorted(trigger.causes), "retrain_trigger_reason": trigger.reason}  # fmt: skip
+        return {
+            "dashboard": self.dashboard_url,
+            "skew_reference_snapshot": self.reference,
+            "skew_feature": self.feature,
+            "skew_injected": self.injected_at is not None,
+            "skew_injected_s_ago": injected_s,
+            "skew_psi": None if psi is None else round(psi, 3),
+            "skew_alert": self.alert_state(),
+            "skew_injected_features": self.injected_features,
+            "skew_alerting_features": self.alerting_features(),
+            "skew_pending_features": self.pending_features(),
+            "prometheus_answered": self._alerts() is not None,
+            "retrain_trigger_fires": trigger.fire,
+            "retrain_trigger_causes": sorted(trigger.causes),
+            "retrain_trigger_reason": trigger.reason,
+        }
 
     def stop(self) -> None:
         """Stop the monitor and the dashboard (`loopline monitor` and `loopline dashboard` start them again)."""

@@ -28,8 +28,15 @@ _LINGER_MS = 20.0
 class DemoWorld:
     """Publishes the world in a thread of its own: its history at once, then live until stopped."""
 
-    def __init__(self, settings: Settings, scoring: DemoScoring, rate_per_s: float, history_s: float, malformed_rate: float,
-                 label_delay_s: tuple[float, float]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        settings: Settings,
+        scoring: DemoScoring,
+        rate_per_s: float,
+        history_s: float,
+        malformed_rate: float,
+        label_delay_s: tuple[float, float],
+    ) -> None:
         """A world of ``rate_per_s`` events (the project's, with the settings' knobs) starting ``history_s`` ago;
         ``malformed_rate`` of its live records are broken on purpose, its labels come ``label_delay_s`` after."""
         self.settings, self.scoring = settings, scoring
@@ -37,7 +44,9 @@ class DemoWorld:
         #: The records of this world are published from this time on (Kafka timestamps): where the feature job starts.
         self.published_from_ms = now_ms
         self.history_from_ms = now_ms - int(history_s * 1000)
-        self._world = world(settings, rate_per_s, now_ms // 1000, self.history_from_ms, malformed_rate, label_delay_s=label_delay_s)
+        self._world = world(
+            settings, rate_per_s, now_ms // 1000, self.history_from_ms, malformed_rate, label_delay_s=label_delay_s
+        )
         self._labels_topic = project(settings).labels.topic
         self._live = threading.Event()
         self._stop = threading.Event()
@@ -80,8 +89,9 @@ class DemoWorld:
         try:
             # At the default linger nearly every record went in a produce request of its own (the broker's largest load in
             # the demo, counted with tshark); 20 ms lets a few share one.
-            producer = EventProducer(kafka.bootstrap, client_id="loopline-demo-world", client_config=kafka.client_config,
-                                     linger_ms=_LINGER_MS)  # fmt: skip
+            producer = EventProducer(
+                kafka.bootstrap, client_id="loopline-demo-world", client_config=kafka.client_config, linger_ms=_LINGER_MS
+            )
             self._outcome.append(producer.publish(self._records(), wall_clock=True, on_progress=self._count))
         except BaseException as err:  # the demo reports it when it stops the world
             self._outcome.append(err)

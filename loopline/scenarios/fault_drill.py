@@ -166,7 +166,9 @@ class DrillReport:
         kinds = [kind for kind in (*FAULT_KINDS, "broker_cut") if any(f.kind == kind for f in self.faults)]
 
         def each(kind: str, attribute: str) -> list[float | None]:
-            return [None if getattr(f, attribute) is None else round(getattr(f, attribute), 2) for f in self.faults if f.kind == kind]
+            return [
+                None if getattr(f, attribute) is None else round(getattr(f, attribute), 2) for f in self.faults if f.kind == kind
+            ]
 
         return {
             "faults_injected": len(self.faults),
@@ -255,7 +257,9 @@ class FaultDrill:
         network: NetworkNamespaces | None = None,
         joiner: bool = False,
     ) -> None:
-        self.settings = settings.model_copy(update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})})
+        self.settings = settings.model_copy(
+            update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})}
+        )
         self.folder = folder
         self.faults_per_kind, self.kinds = faults_per_kind, list(kinds)
         self.events_per_s, self.requests_per_s, self.http_per_s = events_per_s, requests_per_s, http_per_s
@@ -284,8 +288,15 @@ class FaultDrill:
     # The processes ------------------------------------------------------------------------------
 
     def _serve(self, name: str, doors: list[str], model: Path, http_port: int, **env: str) -> Callable[[], subprocess.Popen]:
-        return lambda: start_scorer(self.settings, ["--http", *doors], self.folder / f"{name}.log", LOOPLINE_SERVING__MODEL_PATH=str(model),
-                                    LOOPLINE_SERVING__HTTP_PORT=str(http_port), LOOPLINE_SERVING__STALL_AFTER_S="20", **env)  # fmt: skip
+        return lambda: start_scorer(
+            self.settings,
+            ["--http", *doors],
+            self.folder / f"{name}.log",
+            LOOPLINE_SERVING__MODEL_PATH=str(model),
+            LOOPLINE_SERVING__HTTP_PORT=str(http_port),
+            LOOPLINE_SERVING__STALL_AFTER_S="20",
+            **env,
+        )
 
     def _live(self, port: int) -> bool:
         try:
@@ -313,7 +324,9 @@ class FaultDrill:
 
     def _produce_requests(self, sent: list[int]) -> None:
         producer = EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config)
-        load = world(self.settings, 1.0, 12, int(time.time() * 1000)).requests(self.requests_per_s, self._kafka_prefix, self.joiner)
+        load = world(self.settings, 1.0, 12, int(time.time() * 1000)).requests(
+            self.requests_per_s, self._kafka_prefix, self.joiner
+        )
         sent.append(producer.publish(self._until_stopped(load), rate_per_s=self.requests_per_s).total)
 
     def _produce_labels(self, sent: list[int]) -> None:
@@ -332,8 +345,14 @@ class FaultDrill:
         producer.publish(labels())
 
     def _read_examples(self) -> None:
-        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap, "group.id": f"{self.run_id}-examples",
-                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.kafka.bootstrap,
+                "group.id": f"{self.run_id}-examples",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
         consumer.subscribe([self.settings.feedback.examples_topic])
         prefix = self._kafka_prefix.encode()
         seen: set[tuple[int, int]] = set()
@@ -347,8 +366,14 @@ class FaultDrill:
             consumer.close()
 
     def _read_predictions(self) -> None:
-        consumer = Consumer({"bootstrap.servers": self.settings.kafka.bootstrap, "group.id": f"{self.run_id}-reader",
-                             "auto.offset.reset": "earliest", "isolation.level": "read_committed"})  # fmt: skip
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.settings.kafka.bootstrap,
+                "group.id": f"{self.run_id}-reader",
+                "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",
+            }
+        )
         consumer.subscribe([PREDICTIONS.name])
         seen: set[tuple[int, int]] = set()
         try:
@@ -406,10 +431,17 @@ class FaultDrill:
         event = model.model_copy(update={**keys, view.time_field: now})
         began = time.monotonic()
         declared = project(self.settings)
-        EventProducer(self.settings.kafka.bootstrap).publish([Emitted(view.topic, "probe", declared.encode(view.topic, event), now, event)])
+        EventProducer(self.settings.kafka.bootstrap).publish(
+            [Emitted(view.topic, "probe", declared.encode(view.topic, event), now, event)]
+        )
         settings = self.settings
-        reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, timeout_s=1.0,
-                              redis_cluster=settings.redis_cluster)  # fmt: skip
+        reader = OnlineReader(
+            settings.feast_registry_path,
+            settings.redis_connection,
+            settings.repo_path,
+            timeout_s=1.0,
+            redis_cluster=settings.redis_cluster,
+        )
 
         def visible() -> bool:
             try:
@@ -429,10 +461,15 @@ class FaultDrill:
             probe = self._probe_features(timeout_s)
             return None if probe is None else self._now() - restarted_s
         if kind == "redis":
-            found = wait_until(lambda: any(a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted for a in self._http),
-                               timeout_s, 0.1)  # fmt: skip
-            first = min((a.sent_s + a.seconds for a in self._http if a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted),
-                        default=None)  # fmt: skip
+            found = wait_until(
+                lambda: any(a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted for a in self._http),
+                timeout_s,
+                0.1,
+            )
+            first = min(
+                (a.sent_s + a.seconds for a in self._http if a.sent_s >= restarted_s and a.status == 200 and not a.all_defaulted),
+                default=None,
+            )
             return first - restarted_s if found and first is not None else None
         prefix = self._kafka_prefix
 
@@ -513,10 +550,19 @@ class FaultDrill:
         self.say("starting the feature job and two scorers (Kafka door; HTTP door)")
         processes = {
             "feature_job": _Process("feature_job", lambda: start_feature_job(settings, self.folder / "feature-job.log")),
-            "kafka_scorer": _Process("kafka_scorer", self._serve("kafka-scorer", ["--kafka"], model, kafka_port,
-                                     LOOPLINE_SERVING__KAFKA_GROUP_ID=group, LOOPLINE_SERVING__PREDICTION_LOG="off")),
+            "kafka_scorer": _Process(
+                "kafka_scorer",
+                self._serve(
+                    "kafka-scorer",
+                    ["--kafka"],
+                    model,
+                    kafka_port,
+                    LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+                    LOOPLINE_SERVING__PREDICTION_LOG="off",
+                ),
+            ),
             "http_scorer": _Process("http_scorer", self._serve("http-scorer", [], model, http_port)),
-        }  # fmt: skip
+        }
         if self.joiner:
             processes["joiner"] = _Process("joiner", lambda: start_joiner(settings, self.folder / "joiner.log", restore=False))
         try:
@@ -525,10 +571,16 @@ class FaultDrill:
                 raise RuntimeError(f"the feature job did not start; see {self.folder / 'feature-job.log'}")
             self._began = time.monotonic()
             sent: list[int] = []
-            load = [threading.Thread(target=t, args=a, daemon=True) for t, a in (
-                (self._produce_events, ()), (self._produce_requests, (sent,)), (self._read_predictions, ()),
-                (self._http_load, (http_port,)),
-                *(((self._produce_labels, (sent,)), (self._read_examples, ())) if self.joiner else ()))]  # fmt: skip
+            load = [
+                threading.Thread(target=t, args=a, daemon=True)
+                for t, a in (
+                    (self._produce_events, ()),
+                    (self._produce_requests, (sent,)),
+                    (self._read_predictions, ()),
+                    (self._http_load, (http_port,)),
+                    *(((self._produce_labels, (sent,)), (self._read_examples, ())) if self.joiner else ()),
+                )
+            ]
             for thread in load:
                 thread.start()
             faults, redis_outages = [], []
@@ -543,7 +595,9 @@ class FaultDrill:
                     isr = isr_watch.submit(self._full_isr, kind, restarted)
                     recovered = self._recovery(kind, restarted)
                     full_isr = isr.result()
-                self.say(f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again {recovered if recovered is None else round(recovered, 1)} s after restart")
+                self.say(
+                    f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again {recovered if recovered is None else round(recovered, 1)} s after restart"
+                )
                 stall = self._stall(killed, self._now() if recovered is None else restarted + recovered)
                 faults.append(FaultOutcome(kind, killed, down_s, recovered, stall, full_isr))
             time.sleep(5.0)
@@ -557,13 +611,29 @@ class FaultDrill:
             open_transactions = self._open_transactions()
             mismatches, compared = self._compare_features()
             not_live = [name for name, p in processes.items() if not p.alive()]
-            not_live += [name for name, port in (("kafka_scorer", kafka_port), ("http_scorer", http_port)) if not self._live(port)]
-            return DrillReport(faults, sent[0], lost, duplicated, http_lost, http_duplicated, examples_lost, examples_duplicated,
-                               open_transactions,
-                               mismatches, compared, list(self._http), redis_outages,
-                               not_live, self._now(), settings.serving.feature_budget_ms / 1000,
-                               self._janitor_aborts(logs_at_start),
-                               {name: job_restarts(self.folder, name) for name in ("feature-job", *(("joiner",) if self.joiner else ()))})  # fmt: skip
+            not_live += [
+                name for name, port in (("kafka_scorer", kafka_port), ("http_scorer", http_port)) if not self._live(port)
+            ]
+            return DrillReport(
+                faults,
+                sent[0],
+                lost,
+                duplicated,
+                http_lost,
+                http_duplicated,
+                examples_lost,
+                examples_duplicated,
+                open_transactions,
+                mismatches,
+                compared,
+                list(self._http),
+                redis_outages,
+                not_live,
+                self._now(),
+                settings.serving.feature_budget_ms / 1000,
+                self._janitor_aborts(logs_at_start),
+                {name: job_restarts(self.folder, name) for name in ("feature-job", *(("joiner",) if self.joiner else ()))},
+            )
         finally:
             # A drill that raised mid-way stops its load too: left running, its clients kept calling the cluster's
             # addresses for the rest of the suite (seen in CI, answered by the next module's services there).
@@ -633,13 +703,23 @@ class FaultDrill:
         from feature_store.online_read import OnlineReader
 
         plan, kafka = self.plan, self.settings.kafka
-        accepted = {topic: accepted_events(plan, topic, read_topic(kafka.bootstrap, topic, kafka.client_config))[0] for topic in plan.topics}
+        accepted = {
+            topic: accepted_events(plan, topic, read_topic(kafka.bootstrap, topic, kafka.client_config))[0]
+            for topic in plan.topics
+        }
         expected = {view.name: recompute(view, accepted[view.topic]) for view in plan.views}
-        reader = OnlineReader(self.settings.feast_registry_path, self.settings.redis_connection, self.settings.repo_path,
-                              redis_cluster=self.settings.redis_cluster)  # fmt: skip
+        reader = OnlineReader(
+            self.settings.feast_registry_path,
+            self.settings.redis_connection,
+            self.settings.repo_path,
+            redis_cluster=self.settings.redis_cluster,
+        )
 
         def read(view, offline):
-            rows = [dict(zip(view.entity_keys, key if len(view.entity_keys) > 1 else (key,), strict=True)) for key in offline[view.entity_key]]
+            rows = [
+                dict(zip(view.entity_keys, key if len(view.entity_keys) > 1 else (key,), strict=True))
+                for key in offline[view.entity_key]
+            ]
             values = reader.get_online_features([f"{view.name}:{f}" for f in view.feature_names], rows)
             return pd.DataFrame({view.entity_key: offline[view.entity_key], **{f: values[f] for f in view.feature_names}})
 

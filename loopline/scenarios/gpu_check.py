@@ -74,7 +74,9 @@ def synthetic_snapshot(root: Path, rows: int = ROWS, seed: int = 0) -> Path:
     frame["predicted_at_ms"] = 1_790_000_000_000 + np.arange(rows) * 1000
     for name, values in zip(INPUTS, (count, total, value), strict=True):
         frame[name] = values.astype(float)
-    manifest = write_snapshot(frame, str(root), kind="synthetic", source={"gpu_check": True}, time_range={"from_ms": None, "to_ms": None})
+    manifest = write_snapshot(
+        frame, str(root), kind="synthetic", source={"gpu_check": True}, time_range={"from_ms": None, "to_ms": None}
+    )
     return Path(find_snapshot(str(root), manifest.snapshot_id)[1])
 
 
@@ -103,8 +105,14 @@ def _bf16_config(work: Path, stage: int, schedule: Schedule) -> Path:
     ds_config["bf16"] = {"enabled": True}
     ds_path = work / f"zero{stage}_bf16.json"
     ds_path.write_text(json.dumps(ds_config))
-    config = TrainConfig(hidden=HIDDEN, epochs=EPOCHS, micro_batch_per_process=MICRO_BATCH, holdout_fraction=HOLDOUT,
-                         checkpoint_every_steps=schedule.checkpoint_every, ds_config=ds_path)  # fmt: skip
+    config = TrainConfig(
+        hidden=HIDDEN,
+        epochs=EPOCHS,
+        micro_batch_per_process=MICRO_BATCH,
+        holdout_fraction=HOLDOUT,
+        checkpoint_every_steps=schedule.checkpoint_every,
+        ds_config=ds_path,
+    )
     path = work / f"zero{stage}.yaml"
     path.write_text(json.dumps(config.model_dump(mode="json")))  # JSON is YAML
     return path
@@ -127,9 +135,15 @@ def zero_stages(snapshot: Path, work: Path, gpus: int) -> dict:
         auc = round(metrics["holdout"]["auc"], 4)
         peak = metrics["memory"].get("cuda_peak_allocated_bytes", 0)
         plan = training_memory(shape, "bf16", stage, gpus, MICRO_BATCH).total
-        figures[f"zero{stage}"] = {"steps": metrics["global_steps"], "holdout_auc": auc, "onnx_max_abs_diff": metrics["onnx_max_abs_diff"],
-                                   "samples_per_s": metrics["samples_per_second"], "wall_s": round(time.perf_counter() - began, 1),
-                                   "cuda_peak_allocated_mb": round(peak / 1e6, 2), "plan_mb": round(plan / 1e6, 3)}  # fmt: skip
+        figures[f"zero{stage}"] = {
+            "steps": metrics["global_steps"],
+            "holdout_auc": auc,
+            "onnx_max_abs_diff": metrics["onnx_max_abs_diff"],
+            "samples_per_s": metrics["samples_per_second"],
+            "wall_s": round(time.perf_counter() - began, 1),
+            "cuda_peak_allocated_mb": round(peak / 1e6, 2),
+            "plan_mb": round(plan / 1e6, 3),
+        }
         if auc < MIN_AUC or metrics["onnx_max_abs_diff"] > ONNX_TOLERANCE:
             verdict = FAIL
     return {"verdict": verdict, "min_auc": MIN_AUC, **figures}
@@ -141,7 +155,12 @@ def resume_identical(snapshot: Path, work: Path, gpus: int) -> dict:
 
     from offline_training.launch import TrainingError, launch_training
 
-    config, full, out, stop = work / "zero3.yaml", work / "zero3" / "model.pt", work / "zero3-resumed", Schedule.for_gpus(gpus).stop_after
+    config, full, out, stop = (
+        work / "zero3.yaml",
+        work / "zero3" / "model.pt",
+        work / "zero3-resumed",
+        Schedule.for_gpus(gpus).stop_after,
+    )
     if not full.exists():
         return {"verdict": FAIL, "reason": "no uninterrupted ZeRO 3 run to compare with (see the zero part)"}
     try:
@@ -153,14 +172,23 @@ def resume_identical(snapshot: Path, work: Path, gpus: int) -> dict:
     launch_training(snapshot, config, out, processes=gpus, resume=True)
     expected, resumed = torch.load(full, weights_only=True), torch.load(out / "model.pt", weights_only=True)
     different = [name for name in expected if not torch.equal(expected[name], resumed.get(name, torch.empty(0)))]
-    return {"verdict": PASS if not different and expected.keys() == resumed.keys() else FAIL, "stopped_after_step": stop,
-            "tensors_compared": len(expected), "tensors_different": different}  # fmt: skip
+    return {
+        "verdict": PASS if not different and expected.keys() == resumed.keys() else FAIL,
+        "stopped_after_step": stop,
+        "tensors_compared": len(expected),
+        "tensors_different": different,
+    }
 
 
 def _probe(*arguments: str, timeout_s: float = 300) -> dict:
     """One run of ``loopline/scenarios/gpu_probes.py`` (a process of its own: its CUDA figures start from nothing)."""
-    done = subprocess.run([sys.executable, "-m", "loopline.scenarios.gpu_probes", *arguments], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout_s)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "loopline.scenarios.gpu_probes", *arguments],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"gpu_probes {' '.join(arguments)} exited {done.returncode}: {(done.stderr or done.stdout)[-1500:]}")
@@ -176,15 +204,23 @@ def _probes(command: str, option: str, values: tuple[int, ...], within: Callable
 
 def memory_plan() -> dict:
     """Peak CUDA memory per ZeRO stage against ``plan-gpu`` (one GPU)."""
-    return _probes("memory-plan", "--stage", (1, 2, 3), lambda run: abs(run["ratio"] - 1) <= MEMORY_TOLERANCE,
-                   tolerance=MEMORY_TOLERANCE)  # fmt: skip
+    return _probes(
+        "memory-plan", "--stage", (1, 2, 3), lambda run: abs(run["ratio"] - 1) <= MEMORY_TOLERANCE, tolerance=MEMORY_TOLERANCE
+    )
 
 
 def kv_cache() -> dict:
     """A static KV cache's bytes against ``plan-gpu``, with and without grouped-query attention."""
-    return _probes("kv-cache", "--kv-heads", (16, 4),
-                   lambda run: abs(run["tensor_ratio"] - 1) <= KV_TENSOR_TOLERANCE and abs(run["allocated_ratio"] - 1) <= KV_ALLOCATED_TOLERANCE,
-                   tensor_tolerance=KV_TENSOR_TOLERANCE, allocated_tolerance=KV_ALLOCATED_TOLERANCE)  # fmt: skip
+    return _probes(
+        "kv-cache",
+        "--kv-heads",
+        (16, 4),
+        lambda run: (
+            abs(run["tensor_ratio"] - 1) <= KV_TENSOR_TOLERANCE and abs(run["allocated_ratio"] - 1) <= KV_ALLOCATED_TOLERANCE
+        ),
+        tensor_tolerance=KV_TENSOR_TOLERANCE,
+        allocated_tolerance=KV_ALLOCATED_TOLERANCE,
+    )
 
 
 class _Warnings(logging.Handler):
@@ -225,18 +261,33 @@ def onnx_runtime(model_path: Path, snapshot: Path) -> dict:
         times.append((time.perf_counter() - began) * 1000)
     times.sort()
     # With the GPU build the model must run on CUDA; with the CPU build on the CPU, and the fallback said out loud.
-    right_provider = served.provider == "CUDAExecutionProvider" if cuda_installed else served.provider == "CPUExecutionProvider" and bool(warnings.messages)
-    return {"verdict": PASS if right_provider and difference <= ONNX_TOLERANCE else FAIL, "provider": served.provider,
-            "cuda_provider_installed": cuda_installed, "fallback_warning": warnings.messages[0] if warnings.messages else None, "max_abs_diff_vs_cpu": difference,
-            "batch64_p50_ms": round(times[len(times) // 2], 3), "batch64_p99_ms": round(times[int(0.99 * len(times)) - 1], 3)}  # fmt: skip
+    right_provider = (
+        served.provider == "CUDAExecutionProvider"
+        if cuda_installed
+        else served.provider == "CPUExecutionProvider" and bool(warnings.messages)
+    )
+    return {
+        "verdict": PASS if right_provider and difference <= ONNX_TOLERANCE else FAIL,
+        "provider": served.provider,
+        "cuda_provider_installed": cuda_installed,
+        "fallback_warning": warnings.messages[0] if warnings.messages else None,
+        "max_abs_diff_vs_cpu": difference,
+        "batch64_p50_ms": round(times[len(times) // 2], 3),
+        "batch64_p99_ms": round(times[int(0.99 * len(times)) - 1], 3),
+    }
 
 
 def vllm_test() -> dict:
     """The real-vLLM test, or why it was not run."""
     if not (REPO / ".loopline" / "vllm-env" / "bin" / "vllm").exists():
         return {"verdict": SKIP, "reason": "no vLLM environment (infra/vllm/setup.sh)"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "tests/test_vllm_runtime.py", "-k", "real"], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/test_vllm_runtime.py", "-k", "real"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else str(done.returncode)
     return {"verdict": PASS if done.returncode == 0 else FAIL, "pytest": last}
 
@@ -265,18 +316,29 @@ def check() -> tuple[dict, int]:
     except ImportError as err:
         return {"cuda": False, "verdict": FAIL, "reason": f"torch is not installed ({err}): pip install -e '.[cpu,train]'"}, 2
     if not torch.cuda.is_available():
-        return {"cuda": False, "verdict": FAIL, "torch": torch.__version__,
-                "reason": "no CUDA device visible to torch: the GPU check needs an NVIDIA GPU"}, 2  # fmt: skip
+        return {
+            "cuda": False,
+            "verdict": FAIL,
+            "torch": torch.__version__,
+            "reason": "no CUDA device visible to torch: the GPU check needs an NVIDIA GPU",
+        }, 2
     gpus = torch.cuda.device_count()
-    figures: dict = {"cuda": True, "gpu": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
-                     "cuda_version": torch.version.cuda}  # fmt: skip
+    figures: dict = {
+        "cuda": True,
+        "gpu": torch.cuda.get_device_name(0),
+        "gpus": gpus,
+        "torch": torch.__version__,
+        "cuda_version": torch.version.cuda,
+    }
     work = Path(tempfile.mkdtemp(prefix="loopline-gpu-check-"))
     try:
         snapshot = synthetic_snapshot(work / "snapshots")
         # The probes run in processes of their own (CUDA's peak figures are per process), one at a time, beside the
         # training runs, which need little memory: the check takes the longer of the two, not their sum.
         with ThreadPoolExecutor(1) as probes:
-            measured = probes.submit(lambda: {name: run_part(name, part) for name, part in (("memory_plan", memory_plan), ("kv_cache", kv_cache))})
+            measured = probes.submit(
+                lambda: {name: run_part(name, part) for name, part in (("memory_plan", memory_plan), ("kv_cache", kv_cache))}
+            )
             parts = {"zero": run_part("zero", lambda: zero_stages(snapshot, work, gpus))}
             parts["resume"] = run_part("resume", lambda: resume_identical(snapshot, work, gpus))
             parts |= measured.result()

@@ -36,8 +36,13 @@ def _one_process_world() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                        "MASTER_PORT": str(port)}.items():  # fmt: skip
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }.items():
         os.environ.setdefault(name, value)
 
 
@@ -58,7 +63,9 @@ def _gpt(torch, shape: dict = GPT):
         def forward(self, x):
             batch, length, _ = x.shape
             q, k, v = self.qkv(self.attention_norm(x)).view(batch, length, 3, heads, hidden // heads).unbind(2)
-            attended = functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            attended = functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
             x = x + self.out(attended.transpose(1, 2).reshape(batch, length, hidden))
             return x + self.down(functional.gelu(self.up(self.mlp_norm(x))))
 
@@ -95,8 +102,13 @@ def memory_plan(stage: int) -> dict:
     # Counted before initialize: ZeRO 3 then leaves each parameter an empty placeholder of its partition.
     parameters = sum(p.numel() for p in model.parameters())
     largest_layer = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": 1, "bf16": {"enabled": True},
-              "zero_optimization": {"stage": stage}, "steps_per_print": 10**9}  # fmt: skip
+    config = {
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": 1,
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": stage},
+        "steps_per_print": 10**9,
+    }
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
     # What initialize itself held for a moment (the fp32 model before its bf16 copy) is not training memory.
@@ -112,10 +124,17 @@ def memory_plan(stage: int) -> dict:
     peak = torch.cuda.max_memory_allocated()
     shape = ModelShape.transformer(**GPT)
     plan = training_memory(shape, "bf16", stage, 1, MICRO_BATCH, SEQ_LEN)
-    return {"stage": stage, "parameters": parameters, "plan_parameters": int(shape.parameters),
-            "cuda_peak_allocated_gb": round(peak / 1e9, 3), "plan_gb": round(plan.total / 1e9, 3),
-            "plan_states_gb": round((plan.total - plan.activations) / 1e9, 3), "plan_activations_gb": round(plan.activations / 1e9, 3),
-            "deepspeed_estimate_states_gb": deepspeed_estimate(stage, parameters, largest_layer), "ratio": round(peak / plan.total, 3)}  # fmt: skip
+    return {
+        "stage": stage,
+        "parameters": parameters,
+        "plan_parameters": int(shape.parameters),
+        "cuda_peak_allocated_gb": round(peak / 1e9, 3),
+        "plan_gb": round(plan.total / 1e9, 3),
+        "plan_states_gb": round((plan.total - plan.activations) / 1e9, 3),
+        "plan_activations_gb": round(plan.activations / 1e9, 3),
+        "deepspeed_estimate_states_gb": deepspeed_estimate(stage, parameters, largest_layer),
+        "ratio": round(peak / plan.total, 3),
+    }
 
 
 def deepspeed_estimate(stage: int, parameters: int, largest_layer: int) -> float:
@@ -124,7 +143,9 @@ def deepspeed_estimate(stage: int, parameters: int, largest_layer: int) -> float
     if stage == 3:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-        estimate = estimate_zero3_model_states_mem_needs(parameters, largest_layer, 1, 1, cpu_offload=False, cpu_offload_params=False)
+        estimate = estimate_zero3_model_states_mem_needs(
+            parameters, largest_layer, 1, 1, cpu_offload=False, cpu_offload_params=False
+        )
     else:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
@@ -140,9 +161,15 @@ def kv_cache(kv_heads: int, device: str = "cuda", llama: dict = LLAMA, batch: in
 
     from offline_training.gpu_plan import ModelShape, inference_memory
 
-    config = LlamaConfig(hidden_size=llama["hidden"], num_hidden_layers=llama["layers"], num_attention_heads=llama["heads"],
-                         num_key_value_heads=kv_heads, intermediate_size=llama["intermediate"], vocab_size=llama["vocab"],
-                         max_position_embeddings=length)  # fmt: skip
+    config = LlamaConfig(
+        hidden_size=llama["hidden"],
+        num_hidden_layers=llama["layers"],
+        num_attention_heads=llama["heads"],
+        num_key_value_heads=kv_heads,
+        intermediate_size=llama["intermediate"],
+        vocab_size=llama["vocab"],
+        max_position_embeddings=length,
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
@@ -155,17 +182,40 @@ def kv_cache(kv_heads: int, device: str = "cuda", llama: dict = LLAMA, batch: in
     # a cache whose size does not depend on it. Older releases know no such setting and ignore the attribute.
     model.generation_config.disable_compile = True
     with torch.no_grad():
-        model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, max_new_tokens=4, min_new_tokens=4,
-                       do_sample=False, pad_token_id=0)  # fmt: skip
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            past_key_values=cache,
+            max_new_tokens=4,
+            min_new_tokens=4,
+            do_sample=False,
+            pad_token_id=0,
+        )
     gc.collect()
     added = _allocated(torch) - before if on_cuda else None
     tensors = _cache_bytes(cache)
-    shape = ModelShape.transformer(layers=llama["layers"], hidden=llama["hidden"], heads=llama["heads"], vocab=llama["vocab"],
-                                   kv_heads=kv_heads, intermediate=llama["intermediate"], gated_mlp=True, tied_embeddings=False)  # fmt: skip
+    shape = ModelShape.transformer(
+        layers=llama["layers"],
+        hidden=llama["hidden"],
+        heads=llama["heads"],
+        vocab=llama["vocab"],
+        kv_heads=kv_heads,
+        intermediate=llama["intermediate"],
+        gated_mlp=True,
+        tied_embeddings=False,
+    )
     _, plan = inference_memory(shape, "bf16", batch, length)
-    return {"kv_heads": kv_heads, "heads": llama["heads"], "batch": batch, "length": length, "cache_tensor_bytes": tensors,
-            "cuda_added_bytes": added, "plan_bytes": int(plan), "tensor_ratio": round(tensors / plan, 4),
-            "allocated_ratio": None if added is None else round(added / plan, 4)}  # fmt: skip
+    return {
+        "kv_heads": kv_heads,
+        "heads": llama["heads"],
+        "batch": batch,
+        "length": length,
+        "cache_tensor_bytes": tensors,
+        "cuda_added_bytes": added,
+        "plan_bytes": int(plan),
+        "tensor_ratio": round(tensors / plan, 4),
+        "allocated_ratio": None if added is None else round(added / plan, 4),
+    }
 
 
 def _allocated(torch) -> int:
@@ -180,8 +230,14 @@ def _static_cache(static_cache, config, model, batch: int, length: int):
     import inspect
 
     accepted = inspect.signature(static_cache.__init__).parameters
-    wanted = {"config": config, "max_cache_len": length, "max_batch_size": batch, "batch_size": batch, "device": model.device,
-              "dtype": model.dtype}  # fmt: skip
+    wanted = {
+        "config": config,
+        "max_cache_len": length,
+        "max_batch_size": batch,
+        "batch_size": batch,
+        "device": model.device,
+        "dtype": model.dtype,
+    }
     return static_cache(**{name: value for name, value in wanted.items() if name in accepted})
 
 

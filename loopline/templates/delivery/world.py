@@ -98,8 +98,10 @@ class DeliveryWorld:
             for i in range(knobs.restaurants)
         ]
         self._restaurant_cum = list(itertools.accumulate(1.0 / (rank + 1) ** 0.7 for rank in range(knobs.restaurants)))
-        self._couriers = [_Courier(f"c{i:04d}", rng.randrange(knobs.zones), rng.lognormvariate(math.log(18.0), 0.25))
-                          for i in range(knobs.couriers)]  # fmt: skip
+        self._couriers = [
+            _Courier(f"c{i:04d}", rng.randrange(knobs.zones), rng.lognormvariate(math.log(18.0), 0.25))
+            for i in range(knobs.couriers)
+        ]
         self._kitchen: dict[str, deque[int]] = {}
         self._later = Later()
 
@@ -131,10 +133,13 @@ class DeliveryWorld:
         row, column = divmod(courier.zone, self._columns)
         moving = rng.random() < 0.7
         return self._location_type(
-            courier_id=courier.courier_id, pinged_at_ms=at_ms, zone=zone_name(courier.zone),
-            lat=round(52.30 + 0.02 * row + rng.uniform(0, 0.02), 6), lon=round(4.80 + 0.03 * column + rng.uniform(0, 0.03), 6),
+            courier_id=courier.courier_id,
+            pinged_at_ms=at_ms,
+            zone=zone_name(courier.zone),
+            lat=round(52.30 + 0.02 * row + rng.uniform(0, 0.02), 6),
+            lon=round(4.80 + 0.03 * column + rng.uniform(0, 0.03), 6),
             speed_kmh=round(courier.pace_kmh * rng.uniform(0.6, 1.3), 1) if moving else 0.0,
-        )  # fmt: skip
+        )
 
     def _kitchen_load(self, restaurant: _Restaurant, now_ms: int) -> int:
         """The restaurant's orders in the last fifteen minutes, this one included."""
@@ -154,16 +159,30 @@ class DeliveryWorld:
         items = min(100, 1 + int(rng.expovariate(0.5)))
         price, cuisine_minutes = CUISINES[restaurant.cuisine]
         order = self._order_type(
-            order_id=self._uuid(), placed_at_ms=self.config.event_time(self._rng, now_ms), restaurant_id=restaurant.restaurant_id,
-            customer_id=f"k{rng.randrange(50_000):05d}", courier_id=courier.courier_id, zone=zone_name(zone), items=items,
-            subtotal=round(items * price * rng.lognormvariate(0.0, 0.2), 2), cuisine=restaurant.cuisine,
+            order_id=self._uuid(),
+            placed_at_ms=self.config.event_time(self._rng, now_ms),
+            restaurant_id=restaurant.restaurant_id,
+            customer_id=f"k{rng.randrange(50_000):05d}",
+            courier_id=courier.courier_id,
+            zone=zone_name(zone),
+            items=items,
+            subtotal=round(items * price * rng.lognormvariate(0.0, 0.2), 2),
+            cuisine=restaurant.cuisine,
             note=rng.choice(["ring twice", "no onions", "leave at the door"]) if rng.random() < 0.1 else None,
-        )  # fmt: skip
+        )
         emitted = Emitted(ORDERS, restaurant.restaurant_id, self.project.encode(ORDERS, order), now_ms, order)
         load = self._kitchen_load(restaurant, now_ms)
-        minutes = (restaurant.prep_minutes + 0.8 * items + cuisine_minutes + 0.7 * (load - 1)
-                   + 60.0 * 0.6 * (self._distance(courier.zone, restaurant.zone) + self._distance(restaurant.zone, zone) + 0.5)
-                   / courier.pace_kmh + rng.gauss(0.0, 2.0))  # fmt: skip
+        minutes = (
+            restaurant.prep_minutes
+            + 0.8 * items
+            + cuisine_minutes
+            + 0.7 * (load - 1)
+            + 60.0
+            * 0.6
+            * (self._distance(courier.zone, restaurant.zone) + self._distance(restaurant.zone, zone) + 0.5)
+            / courier.pace_kmh
+            + rng.gauss(0.0, 2.0)
+        )
         if rng.random() >= knobs.cancel_rate:
             self._deliver(order, now_ms, max(1.0, minutes))
         return emitted
@@ -171,14 +190,24 @@ class DeliveryWorld:
     def _deliver(self, order, placed_ms: int, minutes: float) -> None:
         """The order's delivery, published later (``label_delay_s``: a test's stream cannot wait the real minutes)."""
         at = placed_ms + int(self._rng.uniform(*self.config.label_delay_s) * 1000)
-        delivery = self._delivery_type(order_id=order.order_id, courier_id=order.courier_id, delivered_at_ms=at,
-                                       minutes_to_deliver=round(minutes, 2))  # fmt: skip
+        delivery = self._delivery_type(
+            order_id=order.order_id, courier_id=order.courier_id, delivered_at_ms=at, minutes_to_deliver=round(minutes, 2)
+        )
         self._later.add(Emitted(DELIVERIES, order.order_id, self.project.encode(DELIVERIES, delivery), at, delivery))
 
     def _malformed_order(self, now_ms: int, restaurant: _Restaurant) -> Emitted:
         """A broken order of one of the kinds real producers send."""
-        good = {"order_id": self._uuid(), "placed_at_ms": now_ms, "restaurant_id": restaurant.restaurant_id, "customer_id": "k00000",
-                "courier_id": "c0000", "zone": zone_name(restaurant.zone), "items": 2, "subtotal": 20.0, "cuisine": restaurant.cuisine}  # fmt: skip
+        good = {
+            "order_id": self._uuid(),
+            "placed_at_ms": now_ms,
+            "restaurant_id": restaurant.restaurant_id,
+            "customer_id": "k00000",
+            "courier_id": "c0000",
+            "zone": zone_name(restaurant.zone),
+            "items": 2,
+            "subtotal": 20.0,
+            "cuisine": restaurant.cuisine,
+        }
         kind = self._rng.randrange(5)
         if kind == 0:
             value = json.dumps(good)[:-9].encode()  # truncated
@@ -211,11 +240,17 @@ class DeliveryWorld:
             return None
         order = emitted.record
         return ScoreRequest(
-            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=request_id, event_id=order.order_id,
+            schema_version=ScoreRequest.SCHEMA_VERSION,
+            request_id=request_id,
+            event_id=order.order_id,
             entity_keys={"restaurant_id": order.restaurant_id, "zone": order.zone, "courier_id": order.courier_id},
-            request_fields={"items": order.items, "subtotal": order.subtotal * skew.get("subtotal", 1.0), "cuisine": order.cuisine},
+            request_fields={
+                "items": order.items,
+                "subtotal": order.subtotal * skew.get("subtotal", 1.0),
+                "cuisine": order.cuisine,
+            },
             requested_at_ms=int(time.time() * 1000),
-        )  # fmt: skip
+        )
 
     def requests(self, rate_per_s: float, run_id: str, event_ids: bool = False) -> Iterator[Emitted]:
         """Estimate requests ``<run_id>-<n>`` for the world's restaurants (the popular asked about most), paced at
@@ -228,16 +263,27 @@ class DeliveryWorld:
             restaurant = self._restaurants[rng.choices(range(self.knobs.restaurants), cum_weights=self._restaurant_cum)[0]]
             items = 1 + int(rng.expovariate(0.5))
             request = ScoreRequest(
-                schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}",
-                entity_keys={"restaurant_id": restaurant.restaurant_id, "zone": zone_name(restaurant.zone),
-                             "courier_id": rng.choice(self._couriers).courier_id},
-                request_fields={"items": items, "subtotal": round(items * CUISINES[restaurant.cuisine][0], 2), "cuisine": restaurant.cuisine},
-                requested_at_ms=int(time.time() * 1000), event_id=f"{run_id}-{n}" if event_ids else None,
-            )  # fmt: skip
+                schema_version=ScoreRequest.SCHEMA_VERSION,
+                request_id=f"{run_id}-{n}",
+                entity_keys={
+                    "restaurant_id": restaurant.restaurant_id,
+                    "zone": zone_name(restaurant.zone),
+                    "courier_id": rng.choice(self._couriers).courier_id,
+                },
+                request_fields={
+                    "items": items,
+                    "subtotal": round(items * CUISINES[restaurant.cuisine][0], 2),
+                    "cuisine": restaurant.cuisine,
+                },
+                requested_at_ms=int(time.time() * 1000),
+                event_id=f"{run_id}-{n}" if event_ids else None,
+            )
             yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
 
     def label(self, event_id: str, n: int) -> Emitted:
         """A delivery of the order ``event_id``, handed over now, taking 15 to 44 minutes by ``n``."""
         now = int(time.time() * 1000)
-        delivery = self._delivery_type(order_id=event_id, courier_id="c0000", delivered_at_ms=now, minutes_to_deliver=float(15 + n % 30))
+        delivery = self._delivery_type(
+            order_id=event_id, courier_id="c0000", delivered_at_ms=now, minutes_to_deliver=float(15 + n % 30)
+        )
         return Emitted(DELIVERIES, event_id, self.project.encode(DELIVERIES, delivery), now, delivery)

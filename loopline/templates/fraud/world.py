@@ -237,7 +237,6 @@ class FraudWorld:
             yield from self._later.due(now_ms)
             yield self._organic(now_ms)
 
-
     def score_request(self, emitted: Emitted, request_id: str, skew: Mapping[str, float]) -> ScoreRequest | None:
         """The score request a transaction gets as it happens: its user, the amount (times ``skew``'s factor for it),
         naming the transaction, stamped now; None for a label or a broken record."""
@@ -245,10 +244,13 @@ class FraudWorld:
             return None
         transaction = emitted.record
         return ScoreRequest(
-            schema_version=ScoreRequest.SCHEMA_VERSION, request_id=request_id, event_id=transaction.event_id,
-            entity_keys={"user_id": transaction.user_id}, request_fields={"amount": transaction.amount * skew.get("amount", 1.0)},
+            schema_version=ScoreRequest.SCHEMA_VERSION,
+            request_id=request_id,
+            event_id=transaction.event_id,
+            entity_keys={"user_id": transaction.user_id},
+            request_fields={"amount": transaction.amount * skew.get("amount", 1.0)},
             requested_at_ms=int(time.time() * 1000),
-        )  # fmt: skip
+        )
 
     def requests(self, rate_per_s: float, run_id: str, event_ids: bool = False) -> Iterator[Emitted]:
         """Score requests ``<run_id>-<n>`` for the world's users (the busiest asked about most, Zipf-like), paced at
@@ -261,15 +263,24 @@ class FraudWorld:
             emit_at_ms += rng.expovariate(rate_per_s / 1000)
             user = rng.choices(user_ids, cum_weights=self._user_cum)[0]
             request = ScoreRequest(
-                schema_version=ScoreRequest.SCHEMA_VERSION, request_id=f"{run_id}-{n}", entity_keys={"user_id": user},
-                request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)}, requested_at_ms=int(time.time() * 1000),
+                schema_version=ScoreRequest.SCHEMA_VERSION,
+                request_id=f"{run_id}-{n}",
+                entity_keys={"user_id": user},
+                request_fields={"amount": round(rng.lognormvariate(3.2, 0.9), 2)},
+                requested_at_ms=int(time.time() * 1000),
                 event_id=f"{run_id}-{n}" if event_ids else None,
-            )  # fmt: skip
+            )
             yield Emitted(SCORE_REQUESTS.name, request.request_id, encode(request), int(emit_at_ms), request)
 
     def label(self, event_id: str, n: int) -> Emitted:
         """A label of the scored event ``event_id``, published now: every seventh (by ``n``) a chargeback."""
         now = int(time.time() * 1000)
-        label = self._label_type(schema_version=1, event_id=event_id, user_id="drill", is_fraud=n % 7 == 0, label_time_ms=now,
-                                 source="chargeback" if n % 7 == 0 else "manual_review")  # fmt: skip
+        label = self._label_type(
+            schema_version=1,
+            event_id=event_id,
+            user_id="drill",
+            is_fraud=n % 7 == 0,
+            label_time_ms=now,
+            source="chargeback" if n % 7 == 0 else "manual_review",
+        )
         return Emitted(LABELS, event_id, self.project.encode(LABELS, label), now, label)

@@ -37,23 +37,33 @@ order_request = RequestSource(
 
 def _offline(view: str) -> FileSource:
     """Where a view's feature rows are appended offline: data/offline/<view>."""
-    return FileSource(name=f"{view}_offline", path=f"data/offline/{view}", file_format=ParquetFormat(), timestamp_field="event_timestamp")
+    return FileSource(
+        name=f"{view}_offline", path=f"data/offline/{view}", file_format=ParquetFormat(), timestamp_field="event_timestamp"
+    )
 
 
 def _orders(view: str) -> KafkaSource:
     return KafkaSource(
-        name=f"orders_for_{view}", kafka_bootstrap_servers="localhost:9092", topic="events.orders", timestamp_field="placed_at_ms",
-        message_format=JsonFormat(schema_json=ORDER.ddl()), watermark_delay_threshold=timedelta(seconds=5),
+        name=f"orders_for_{view}",
+        kafka_bootstrap_servers="localhost:9092",
+        topic="events.orders",
+        timestamp_field="placed_at_ms",
+        message_format=JsonFormat(schema_json=ORDER.ddl()),
+        watermark_delay_threshold=timedelta(seconds=5),
         batch_source=_offline(view),
-    )  # fmt: skip
+    )
 
 
 def _locations(view: str) -> KafkaSource:
     return KafkaSource(
-        name=f"courier_locations_for_{view}", kafka_bootstrap_servers="localhost:9092", topic="events.courier_locations",
-        timestamp_field="pinged_at_ms", message_format=AvroFormat(schema_json=COURIER_LOCATION.avro_schema_json()),
-        watermark_delay_threshold=timedelta(seconds=5), batch_source=_offline(view),
-    )  # fmt: skip
+        name=f"courier_locations_for_{view}",
+        kafka_bootstrap_servers="localhost:9092",
+        topic="events.courier_locations",
+        timestamp_field="pinged_at_ms",
+        message_format=AvroFormat(schema_json=COURIER_LOCATION.avro_schema_json()),
+        watermark_delay_threshold=timedelta(seconds=5),
+        batch_source=_offline(view),
+    )
 
 
 def _agg(name: str, function: str, column: str, window: timedelta, slide: timedelta) -> Aggregation:
