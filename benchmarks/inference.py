@@ -97,6 +97,7 @@ from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
 from online.errors import Overloaded  # noqa: E402
 from online.scorer import Scorer  # noqa: E402
+from schemas.kafka_config import consumer_settings  # noqa: E402
 from schemas.records import PredictionRecord, ScoreRequest  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
 from schemas.validation import decode, encode  # noqa: E402
@@ -375,15 +376,8 @@ def _prediction_reader(settings: Settings) -> Consumer:
     """A read_committed reader of the predictions topic, ready before a round's first request goes: assigned each
     partition at its end (a group member would still be joining while the first predictions come), and fetching with
     a short wait (librdkafka's 500 ms default showed in the tail), so that the reader adds as little as it can."""
-    reader = Consumer(
-        {
-            "bootstrap.servers": settings.kafka.bootstrap,
-            "group.id": f"bench-reader-{uuid.uuid4().hex[:8]}",
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 10,
-        }
-    )
+    group_id, kafka = f"bench-reader-{uuid.uuid4().hex[:8]}", settings.kafka
+    reader = Consumer(consumer_settings(kafka.bootstrap, kafka.client_config, group_id, {"fetch.wait.max.ms": 10}))
     topic = PREDICTIONS.name
     partitions = reader.list_topics(topic, timeout=10).topics[topic].partitions
     ends = {p: reader.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
@@ -432,7 +426,7 @@ async def measure_kafka(
     """Score requests produced at each rate; latency from a request's due time to its prediction being
     readable (read_committed); figures named ``<door>_<rate>_...``."""
     figures: dict = {}
-    producer = EventProducer(settings.kafka.bootstrap)
+    producer = EventProducer(settings.kafka.bootstrap, client_config=settings.kafka.client_config)
     await asyncio.to_thread(_kafka_round, settings, producer, rates[0], WARM_UP_S)
     for rate in rates:
         cpu_before = _cpu_s(server.pid)
@@ -554,7 +548,8 @@ async def profile_scorer(settings: Settings, model_path: Path, seconds: float, w
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=256)) as session:
             await _wait_ready(session, url, server)
             await measure_http(session, server, url, [PROFILE_RATE], 1.0, "warm_up")  # connections opened, caches warm
-            spy = subprocess.Popen(
+            # Popen starts py-spy and returns at once; the load is measured while it samples.
+            spy = subprocess.Popen(  # noqa: ASYNC220
                 [
                     str(Path(sys.executable).with_name("py-spy")),
                     "record",

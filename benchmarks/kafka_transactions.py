@@ -31,8 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from harness import percentile, private_stack, report  # noqa: E402  (this folder)
 from infra.service import wait_until  # noqa: E402
-from online.kafka_scoring import door_clients  # noqa: E402
+from online.kafka_scoring import DOOR_CLIENT_DEFAULTS, door_consumer_settings  # noqa: E402
 from online.kafka_transactions import TRANSACTION_RETRY_BACKOFF  # noqa: E402
+from schemas.kafka_config import transactional_producer_settings  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
 
 console = Console()
@@ -43,10 +44,10 @@ RECORD = b"p" * 400
 WARM_UP = 10
 
 
-def _assigned_consumer(client: dict, group_id: str) -> Consumer:
+def _assigned_consumer(bootstrap: str, client_config: dict[str, str], group_id: str) -> Consumer:
     """A member of ``group_id`` holding the requests topic's partitions: its metadata is what a transaction's offsets
     are sent with."""
-    consumer = Consumer({**client, "group.id": group_id, "enable.auto.commit": False})
+    consumer = Consumer(door_consumer_settings(bootstrap, client_config, group_id))
     consumer.subscribe([SCORE_REQUESTS.name])
 
     def assigned() -> bool:
@@ -89,13 +90,16 @@ def main() -> None:
     per_setting = 100 if args.quick else 600
     began = time.monotonic()
     with private_stack(console, "loopline-txn-") as settings:
-        client, _ = door_clients(settings.kafka.bootstrap, settings.kafka.client_config, "unused")
-        consumer = _assigned_consumer(client, f"txn-bench-{uuid.uuid4().hex[:8]}")
+        bootstrap, client_config = settings.kafka.bootstrap, settings.kafka.client_config
+        consumer = _assigned_consumer(bootstrap, client_config, f"txn-bench-{uuid.uuid4().hex[:8]}")
         settings_by_name = {"librdkafka_default": {}, "door": TRANSACTION_RETRY_BACKOFF}
         producers = {}
         for name, extra in settings_by_name.items():
-            # Built as the door builds its producer: the setting first, so a client_config would win in both alike.
-            producer = Producer({**extra, **client, "transactional.id": f"txn-bench-{name}-{uuid.uuid4().hex[:8]}"})
+            # Built as the door builds its producer, the setting among its defaults: a client_config wins in both alike.
+            transactional_id = f"txn-bench-{name}-{uuid.uuid4().hex[:8]}"
+            producer = Producer(
+                transactional_producer_settings(bootstrap, client_config, transactional_id, {**DOOR_CLIENT_DEFAULTS, **extra})
+            )
             producer.init_transactions(30)
             for n in range(WARM_UP):
                 _transaction(producer, consumer, n)

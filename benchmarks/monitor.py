@@ -20,7 +20,7 @@ what the monitor reads from Kafka).
    the job only" bug) and one request in ten a row behind (lag). ``consistency_rows_per_s`` is requests replayed per
    second; ``broken_feature_detected`` whether that feature (and only it) shows value mismatches; lag counts apart.
    The logged values come from the recompute itself, so this measures the replay's speed and its verdicts on planted
-   faults; tests/test_consistency_replay.py and tests/test_closing_the_loop.py run it against the real job and
+   faults; tests/feedback_loop/test_consistency_replay.py and tests/loopline/test_demo_loop.py run it against the real job and
    scorer. Goal: ≤ 60 s for 100,000 requests.
 
 Machine: the 2-core box this runs on. The last line printed is one JSON object.

@@ -10,7 +10,7 @@ second round of M more events and a batch for them.
   longest window of any view before the batch (all N here) read and decoded (``accepted_events(read_topic(...))``),
   then ``check_consistency``; ``full_read_s`` its read and decode alone.
 * ``incremental_first_s``: the monitor's replay with its reader (``EventLogWindow.events`` from
-  ``events_needed_since``, then ``check_consistency``, as ``loopline.monitoring.consistency_replay`` runs them) on
+  ``events_needed_since``, then ``check_consistency``, as ``feedback_loop.consistency_replay`` runs them) on
   the first batch, which reads all N; ``incremental_second_s`` on the second batch, which reads only the M new
   records (``incremental_second_records_read``); ``*_read_s`` each call's read and decode alone.
 * ``retained_mb``: the events the reader keeps between calls (``EventLogWindow.retained_bytes``).

@@ -34,11 +34,11 @@ sys.path.insert(0, str(REPO))
 
 from feature_store.config import apply_definitions  # noqa: E402
 from feature_store.online_write import FeatureRow, OnlineWriter  # noqa: E402
+from feature_store.settings import RedisSettings  # noqa: E402
 from harness import TEMPLATE, percentile, report  # noqa: E402  (this folder)
 from infra.service import free_port_block  # noqa: E402
 from loopline.components import build_stack, feature_plan, private_stack_settings  # noqa: E402
 from loopline.project import init_project  # noqa: E402
-from loopline.settings import RedisSettings  # noqa: E402
 
 
 def main() -> None:

@@ -63,11 +63,12 @@ from infra.service import tail, wait_until  # noqa: E402
 from loopline.components import feature_plan, project  # noqa: E402
 from loopline.job_processes import start_joiner, stop_process_group  # noqa: E402
 from loopline.project import world_of  # noqa: E402
-from loopline.retraining import DEFAULT_TRAIN_CONFIG  # noqa: E402
 from loopline.settings import Settings  # noqa: E402
 from offline_training.ablation import train_arms  # noqa: E402
 from offline_training.gpu_plan import ModelShape, training_memory  # noqa: E402
+from offline_training.retraining import DEFAULT_TRAIN_CONFIG  # noqa: E402
 from offline_training.train_config import TrainConfig, load_train_config  # noqa: E402
+from schemas.kafka_config import consumer_settings, producer_settings  # noqa: E402
 from schemas.project import Project  # noqa: E402
 from schemas.records import PredictionRecord, TrainingExample  # noqa: E402
 from schemas.topics import DAY_MS, PREDICTIONS, TRAINING_EXAMPLES, TopicSpec  # noqa: E402
@@ -77,10 +78,10 @@ from streams.topics import apply_topics, read_topic  # noqa: E402
 from streams.world import Emitted  # noqa: E402
 
 console = Console()
-#: The synthetic world of the comparison (see tests/test_streaming_value.py for why these knobs).
+#: The synthetic world of the comparison (see tests/offline_training/test_ablation.py for why these knobs).
 STREAM, STREAM_SEED = {"users": 2_000, "merchants": 500, "rate_per_s": 5.0}, 1
 #: The inputs of the comparison (and of the joiner's predictions): a user's velocity, spend and novelty, and the amount
-#: asked about, as every earlier run measured them (tests/test_streaming_value.py's too).
+#: asked about, as every earlier run measured them (tests/offline_training/test_ablation.py's too).
 BACKFILL_INPUTS = (
     *(
         f"user_transaction_features:{name}"
@@ -109,14 +110,7 @@ class ExampleCounter:
     """Reads ``training.examples`` from its start as a read_committed consumer, keeping every value it saw."""
 
     def __init__(self, bootstrap: str) -> None:
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": f"bench-{uuid.uuid4().hex[:8]}",
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-            }
-        )
+        self.consumer = Consumer(consumer_settings(bootstrap, None, f"bench-{uuid.uuid4().hex[:8]}"))
         self.consumer.subscribe([TRAINING_EXAMPLES.name])
         self.values: list[bytes] = []
 
@@ -260,7 +254,7 @@ def main() -> None:
 
     with private_stack(console, "loopline-bench-training-") as settings:
         bootstrap, declared, demo = settings.kafka.bootstrap, project(settings), _demo_config(settings)
-        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
+        producer = Producer(producer_settings(bootstrap, None, {"linger.ms": 5}))
         counter = ExampleCounter(bootstrap)
         log = work / "joiner.log"
         launched = time.monotonic()

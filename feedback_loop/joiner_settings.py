@@ -36,7 +36,8 @@ class JoinerSettings:
     #: A source with nothing new for this long does not hold the watermark back.
     idle_timeout_ms: int = 5_000
     parallelism: int = 1
-    kafka_properties: dict[str, str] = field(default_factory=dict)
+    #: Kept out of the repr: the client properties may hold secrets.
+    kafka_properties: dict[str, str] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> str:
         """The settings as JSON (paths as strings), to hand to a joiner started on a cluster."""

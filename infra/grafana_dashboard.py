@@ -1,7 +1,7 @@
 """The Grafana dashboard for teams that run Grafana: the skew alert dashboard's panels over the same Prometheus metrics,
 generated from code into ``infra/grafana/dashboards/loopline-skew.json`` (Grafana's provisioning files beside it).
 
-    python -m infra.grafana_dashboard      # rewrites the JSON; tests/test_grafana_dashboard.py checks it is current
+    python -m infra.grafana_dashboard      # rewrites the JSON; tests/infra/test_grafana_dashboard.py checks it is current
 """
 
 from __future__ import annotations

@@ -253,13 +253,15 @@ class ManagedService(ABC):
             last = " | ".join(line.strip() for line in tail(self.log_file, 3))
             raise StackError(f"{self.name} exited with code {process.returncode}: {last}", f"see {self.log_file}")
 
-    def stop(self, timeout_s: float = 30.0) -> bool:
-        """Stop the service gracefully (SIGTERM, then SIGKILL). Returns False if it was not running."""
+    def stop(self, grace_s: float = 30.0) -> bool:
+        """Stop the service: SIGTERM, then SIGKILL after ``grace_s`` (0: SIGKILL at once, for a service whose data is
+        deleted next, so a clean shutdown buys nothing). Returns False if it was not running."""
         pid = self.pid()
         if pid is None:
             return False
-        os.kill(pid, signal.SIGTERM)
-        if not wait_until(lambda: not _alive(pid), timeout_s):
+        if grace_s > 0:
+            os.kill(pid, signal.SIGTERM)
+        if not wait_until(lambda: not _alive(pid), grace_s):
             os.kill(pid, signal.SIGKILL)
             wait_until(lambda: not _alive(pid), 5.0)
         self.pid_file.unlink(missing_ok=True)
@@ -299,9 +301,9 @@ class ServiceGroup:
             node.await_ready(process)
         return any(process is not None for process in launched)
 
-    def stop(self) -> bool:
-        """Stop every node; False if none ran."""
-        return any([node.stop() for node in reversed(self.nodes)])
+    def stop(self, grace_s: float = 30.0) -> bool:
+        """Stop every node (``ManagedService.stop``'s ``grace_s``); False if none ran."""
+        return any([node.stop(grace_s) for node in reversed(self.nodes)])
 
     def wipe(self) -> None:
         """Delete every node's data."""

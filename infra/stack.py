@@ -81,8 +81,10 @@ class LocalStack:
 
     def down(self, wipe: bool = False) -> list[str]:
         """Stop every service (reverse order); with ``wipe`` also delete their data and the jobs' checkpoints (their
-        offsets and open transactions belong to the Kafka cluster wiped). Returns what was stopped."""
-        stopped = [service.name for service in reversed(self.services) if service.stop()]
+        offsets and open transactions belong to the Kafka cluster wiped), killing them at once since their data goes.
+        Returns what was stopped."""
+        grace_s = 0.0 if wipe else 30.0
+        stopped = [service.name for service in reversed(self.services) if service.stop(grace_s)]
         if wipe:
             for unit in self.units:
                 unit.wipe()

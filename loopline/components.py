@@ -7,7 +7,9 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from feature_store.settings import FeatureStoreSettings, RedisSettings
 from feedback_loop.joiner_settings import JoinerSettings, plain_label
+from feedback_loop.settings import FeedbackSettings, MonitorSettings
 from infra.flink import FlinkRuntime
 from infra.jaeger import JaegerServer, jaeger_binary
 from infra.jars import flink_connector_jar, operator_libraries
@@ -16,24 +18,17 @@ from infra.prometheus_server import PrometheusServer
 from infra.redis import RedisServer
 from infra.redis_cluster import RedisCluster
 from infra.service import free_port_block, free_ports
+from infra.settings import JaegerSettings, PrometheusSettings
 from infra.stack import LocalStack
 from loopline.project import loaded_project
-from loopline.settings import (
-    FeatureStoreSettings,
-    FeedbackSettings,
-    JaegerSettings,
-    KafkaSettings,
-    MonitorSettings,
-    PrometheusSettings,
-    RedisSettings,
-    Settings,
-    StreamSettings,
-)
+from loopline.settings import Settings
+from schemas.kafka_settings import KafkaSettings
 from schemas.project import Project
 from schemas.topics import TOPICS
 from streams.feature_plan import FeaturePlan, registered_plan
 from streams.job_settings import JobSettings
 from streams.operators_jar import operators_jar
+from streams.settings import StreamSettings
 from streams.topics import TopicChange, apply_topics
 from streams.world import WorldConfig
 
@@ -51,18 +46,11 @@ def private_stack_settings(home: Path, jars_dir: Path, project_path: Path | None
     redis, prometheus, monitor, stream, feedback, otlp, query, query_grpc, health = free_ports(9)
     # Node i listens on port + 2i and its controller on controller_port + 2i: one block of free ports for all.
     kafka = free_port_block(2 * kafka_brokers)
-    replicas = min(kafka_brokers, 3)
     return Settings(
         project=project_path,
         home=home,
         jars_dir=jars_dir,
-        kafka=KafkaSettings(
-            port=kafka,
-            controller_port=kafka + 1,
-            brokers=kafka_brokers,
-            replication_factor=replicas,
-            min_insync_replicas=min(replicas, 2),
-        ),
+        kafka=KafkaSettings(port=kafka, controller_port=kafka + 1, brokers=kafka_brokers),
         redis=RedisSettings(port=redis),
         prometheus=PrometheusSettings(port=prometheus),
         jaeger=JaegerSettings(otlp_port=otlp, query_port=query, query_grpc_port=query_grpc, health_port=health),
@@ -151,7 +139,8 @@ def apply_loopline_topics(settings: Settings) -> list[TopicChange]:
     as the settings say."""
     kafka = settings.kafka
     topics = (*project(settings).topics, *TOPICS)
-    return apply_topics(kafka.bootstrap, topics, kafka.client_config, kafka.replication_factor, kafka.min_insync_replicas)
+    replication = kafka.replication
+    return apply_topics(kafka.bootstrap, topics, kafka.client_config, replication.factor, replication.min_insync)
 
 
 def scrape_targets(settings: Settings) -> dict[str, list[str]]:

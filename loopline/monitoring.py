@@ -1,6 +1,7 @@
-"""Wires the skew and consistency monitor (`loopline monitor`) to the settings' stack: the predictions topic, the
-reference snapshot (the prod version's training snapshot, or the one the settings name), and the event log the
-consistency replay recomputes from."""
+"""Wires the skew and consistency monitor (`loopline monitor`, ``feedback_loop/monitor.py``) to the settings' stack: the
+predictions topic, the reference snapshot (the prod version's training snapshot, or the one the settings name), and the
+event log the consistency replay recomputes from (``feedback_loop/consistency_replay.py``); and the model versions the
+dashboard lists."""
 
 from __future__ import annotations
 
@@ -9,36 +10,34 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka.admin import AdminClient
 
-from feedback_loop.consistency import FeatureConsistency, check_consistency, events_needed_since
+from feedback_loop.consistency import FeatureConsistency
+from feedback_loop.consistency_replay import consistency_replay as replay_against_log
 from feedback_loop.monitor import Monitor, MonitorConfig, References
 from feedback_loop.monitor_metrics import MonitorMetrics
 from feedback_loop.snapshots import find_snapshot
 from infra.errors import StackError
 from loopline.components import feature_plan, model_release
 from loopline.settings import Settings
+from schemas.kafka_config import admin_settings
 from schemas.records import PredictionRecord
 from schemas.topics import PREDICTIONS
-from streams.event_log import EventLogWindow
 from streams.feature_plan import FeaturePlan
 
 
 def reference_snapshot(settings: Settings) -> References:
     """What skew is measured against: ``monitor.reference_snapshot``, or the training snapshot of the version the
-    served model's ``prod`` alias names (its ``loopline.snapshot_id`` tag). StackError when there is neither."""
-    from offline_training.candidate import SNAPSHOT_TAG
-    from schemas.model_registry import PROD_ALIAS
+    served model's ``prod`` alias names (``offline_training/model_lineage.py``). StackError when there is neither."""
+    from offline_training.model_lineage import prod_training_snapshot
 
     snapshot_id = settings.monitor.reference_snapshot
     if snapshot_id is None:
         name = settings.serving.model_name
-        release = model_release(settings)
-        version = release.aliases(name).get(PROD_ALIAS)
+        version, snapshot_id = prod_training_snapshot(model_release(settings), name)
         if version is None:
             raise StackError(
                 f"{name} has no prod version to take a reference from",
                 "set monitor.reference_snapshot (LOOPLINE_MONITOR__REFERENCE_SNAPSHOT) to a snapshot id",
             )
-        snapshot_id = release.client.get_model_version(name, version).tags.get(SNAPSHOT_TAG)
         if snapshot_id is None:
             raise StackError(
                 f"{name} v{version} (prod) was not trained on a snapshot: no reference to measure skew against",
@@ -66,49 +65,20 @@ def wait_for_reference(settings: Settings, waiting: Callable[[StackError], None]
 
 def model_versions(settings: Settings) -> dict:
     """The served model's registered versions, newest first: aliases, training snapshot, registration time."""
-    from offline_training.candidate import SNAPSHOT_TAG
+    from offline_training.model_lineage import model_versions as registered_versions
 
-    name, release = settings.serving.model_name, model_release(settings)
-    aliases = release.aliases(name)
-    versions = sorted(release.client.search_model_versions(f"name='{name}'"), key=lambda v: -int(v.version))
-    return {
-        "name": name,
-        "versions": [
-            {
-                "version": str(v.version),
-                "aliases": sorted(alias for alias, version in aliases.items() if version == str(v.version)),
-                "snapshot_id": v.tags.get(SNAPSHOT_TAG),
-                "created": time.strftime("%Y-%m-%d %H:%M", time.gmtime(v.creation_timestamp / 1000)),
-            }
-            for v in versions[:20]
-        ],
-    }
+    return registered_versions(model_release(settings), settings.serving.model_name)
 
 
 def consistency_replay(
     settings: Settings, plan: FeaturePlan
 ) -> Callable[[list[PredictionRecord]], Mapping[str, FeatureConsistency]]:
-    """The replay of a batch of sampled requests: the event log from as far back as the batch's windowed features
-    reach (``events_needed_since``), judged as the job judges it (late events out), recomputed point in time and
-    compared. Features with no window (time since the previous event, which can lie anywhere before) are not replayed:
-    the log read would be unbounded. One incremental reader serves every call: each reads only what was published
-    since the one before. The monitor calls it from one timer, which awaits each replay before the next."""
-    kafka = settings.kafka
-    logs = {topic: EventLogWindow(plan, topic, kafka.bootstrap, kafka.client_config) for topic in plan.topics}
-    windowed = [f"{view.name}:{agg.name}" for view in plan.views for agg in view.aggregations if agg.window_ms]
-
-    def replay(batch: list[PredictionRecord]) -> Mapping[str, FeatureConsistency]:
-        since = events_needed_since(plan, batch, windowed)
-        if since is None:
-            return {}
-        accepted = {topic: log.events(since)[0] for topic, log in logs.items()}
-        return check_consistency(plan, accepted, batch, features=windowed) if any(len(e) for e in accepted.values()) else {}
-
-    return replay
+    """The monitor's replay of sampled requests against the settings' event log (``feedback_loop/consistency_replay.py``)."""
+    return replay_against_log(plan, settings.kafka.bootstrap, settings.kafka.client_config)
 
 
 def _partitions(settings: Settings, topic: str) -> int:
-    admin = AdminClient({**settings.kafka.client_config, "bootstrap.servers": settings.kafka.bootstrap})
+    admin = AdminClient(admin_settings(settings.kafka.bootstrap, settings.kafka.client_config))
     metadata = admin.list_topics(topic, timeout=10).topics.get(topic)
     if metadata is None or metadata.error is not None or not metadata.partitions:
         raise StackError(f"topic {topic} does not exist", "loopline stack up creates it; or start the scorer first")

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import requests
 
+from offline_training.errors import OfflineTrainingError
+
 #: Where the kubelet mounts a pod's service account: ``token`` (rotated in place), ``ca.crt``, ``namespace``.
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 #: Answers worth another attempt: throttled, or the API server (or its etcd) briefly unavailable.
@@ -32,7 +34,7 @@ _FIXES = {
 }
 
 
-class KubernetesError(RuntimeError):
+class KubernetesError(OfflineTrainingError, RuntimeError):
     """The API server could not be reached or refused a request; the message says what to do about it."""
 
 

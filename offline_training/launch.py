@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from offline_training.errors import OfflineTrainingError
 from offline_training.rendezvous import ONE_NODE, NodeGroup
 
 #: Where a run keeps its checkpoints, under its output folder.
@@ -43,7 +44,7 @@ CPU_PROCESSES = 2
 CUBLAS_WORKSPACE_CONFIG = ":4096:8"
 
 
-class TrainingError(RuntimeError):
+class TrainingError(OfflineTrainingError, RuntimeError):
     """A training run failed; ``output`` holds its last lines, ``log`` the path of the whole log."""
 
     def __init__(self, returncode: int, output: str, log: Path) -> None:

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from offline_training.errors import OfflineTrainingError
 from schemas.model_registry import (
     ARTIFACT_DIR,
     ARTIFACT_FILE,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
     from mlflow.entities.model_registry import RegisteredModel
 
 
-class ReleaseError(ValueError):
+class ReleaseError(OfflineTrainingError, ValueError):
     """The registry refused a release step (e.g. a version that does not exist)."""
 
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from offline_training.errors import OfflineTrainingError
+
 #: The rendezvous' name for the run. Each run's rendezvous is its own (node 0 serves it), so one name serves them all.
 RUN_ID = "loopline-training"
 
 
-class NodeGroupError(ValueError):
+class NodeGroupError(OfflineTrainingError, ValueError):
     """The nodes of a run are described wrongly (the message says how to describe them)."""
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from offline_training.errors import OfflineTrainingError
 from offline_training.kubernetes_api import Created, KubernetesApi, Resource
 
 TRAINJOBS = Resource("trainer.kubeflow.org", "v1alpha1", "trainjobs")
@@ -29,7 +30,7 @@ MANAGED_BY = "loopline-retrain-trigger"
 _NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-class TrainJobTemplateError(ValueError):
+class TrainJobTemplateError(OfflineTrainingError, ValueError):
     """The TrainJob template is missing or is not a TrainJob."""
 
 

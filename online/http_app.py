@@ -209,10 +209,10 @@ class _Server(uvicorn.Server):
     #: still in the socket buffer, would be closed unanswered. This long lets such requests be read first.
     accepted_grace_s = 0.05
 
-    def capture_signals(self):  # noqa: D102 - uvicorn's hook
+    def capture_signals(self):
         return contextlib.nullcontext()
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:  # noqa: D102 - uvicorn's hook
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for server in self.servers:
             server.close()
         for sock in sockets or []:

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaException, Message
 
 from online.doors import Progress
-from online.kafka_scoring import DOOR, Output, Partition, RequestScoring, door_clients, take
+from online.kafka_scoring import DOOR, Output, Partition, RequestScoring, door_consumer_settings, take
 from online.kafka_transactions import TransactionWriter, transactional_producer_config
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,13 @@ class KafkaScoringDoor:
         ``commit_interval_s`` after its first scored chunk was handed over, or at ``max_transaction_records``."""
         self.scoring, self.scorer, self.requests_topic = scoring, scoring.scorer, scoring.requests_topic
         self.max_poll_records, self.broker_timeout_s = max_poll_records, broker_timeout_s
-        client, self._consumer_config = door_clients(bootstrap_servers, client_config, group_id)
+        self._consumer_config = door_consumer_settings(bootstrap_servers, client_config, group_id)
         self._consumer = Consumer(self._consumer_config)
         self._poller = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kafka-poll")
         self._stopping = threading.Event()
         self._progress = Progress()
         self._writer = TransactionWriter(
-            transactional_producer_config(client, transactional_id),
+            transactional_producer_config(bootstrap_servers, client_config, transactional_id),
             interval_s=commit_interval_s,
             max_records=max_transaction_records,
             broker_timeout_s=broker_timeout_s,

@@ -27,7 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from online.doors import Progress
-from online.kafka_scoring import DOOR, Output, Partition, RequestScoring, door_clients, take
+from online.kafka_scoring import DOOR, DOOR_CLIENT_DEFAULTS, Output, Partition, RequestScoring, door_consumer_settings, take
+from schemas.kafka_config import producer_settings
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +100,10 @@ class AtLeastOnceKafkaDoor:
             max_unacknowledged,
             broker_timeout_s,
         )
-        client, consumer = door_clients(bootstrap_servers, client_config, group_id)
-        self._consumer = Consumer(consumer)
+        self._consumer = Consumer(door_consumer_settings(bootstrap_servers, client_config, group_id))
         # Each record goes within a millisecond: the latency is the point of this mode.
-        self._producer = Producer({**client, "enable.idempotence": True, "linger.ms": 1, "compression.type": "lz4"})
+        defaults = {**DOOR_CLIENT_DEFAULTS, "linger.ms": 1, "compression.type": "lz4"}
+        self._producer = Producer(producer_settings(bootstrap_servers, client_config, defaults))
         self._acks = Acknowledgements()
         # Only the acknowledging thread takes from the left (so no record is handed over twice or dropped); appends
         # come from the event loop and from whichever thread serves a delivery report.

@@ -16,6 +16,7 @@ from online.errors import ScoringError
 from online.request_limits import RequestLimits, parse_request
 from online.scorer import Scorer
 from online.tracing import RequestTrace, RequestTracer, log_suffix
+from schemas.kafka_config import consumer_settings
 from schemas.records import DeadLetterRecord
 from schemas.validation import encode
 
@@ -45,20 +46,16 @@ class Output(NamedTuple):
         return None if self.trace is None else [("traceparent", self.trace.traceparent())]
 
 
-def door_clients(bootstrap_servers: str, client_config: Mapping[str, str] | None, group_id: str) -> tuple[dict, dict]:
-    """(the settings every client of a Kafka door shares, its request consumer's settings as a member of ``group_id``)."""
-    # A door's broker calls are chains of small requests: Nagle's algorithm would hold each for the previous one's ACK.
-    client = {"socket.nagle.disable": True, **(client_config or {}), "bootstrap.servers": bootstrap_servers}
-    consumer = {
-        # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
-        "session.timeout.ms": 10_000,
-        **client,
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-        "isolation.level": "read_committed",
-    }
-    return client, consumer
+#: The defaults every client of a Kafka door shares: its broker calls are chains of small requests, and Nagle's
+#: algorithm would hold each for the previous one's ACK.
+DOOR_CLIENT_DEFAULTS: dict[str, object] = {"socket.nagle.disable": True}
+
+
+def door_consumer_settings(bootstrap_servers: str, client_config: Mapping[str, str] | None, group_id: str) -> dict[str, object]:
+    """A Kafka door's request consumer's settings, as a member of ``group_id``."""
+    # A member killed without leaving holds its partitions this long: 10 s rather than 45 s.
+    defaults = {**DOOR_CLIENT_DEFAULTS, "session.timeout.ms": 10_000}
+    return consumer_settings(bootstrap_servers, client_config, group_id, defaults)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,8 @@ from typing import NamedTuple, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from online.kafka_scoring import Output, Partition
+from online.kafka_scoring import DOOR_CLIENT_DEFAULTS, Output, Partition
+from schemas.kafka_config import transactional_producer_settings
 
 log = logging.getLogger(__name__)
 #: Pause between tries of a broker call that failed with a retriable error.
@@ -42,7 +43,7 @@ _SETTLE_FACTOR = 1.5
 #: benchmarks/kafka_transactions.py). The Java client retries that answer to AddPartitionsToTxn after 20 ms
 #: (KAFKA-5477); librdkafka has no such special case, so the door lowers the first backoff of every retried request of
 #: this producer to 20 ms: 28 ms p50 a transaction. The backoff still grows exponentially (``retry.backoff.max.ms``)
-#: when a broker is away. A client_config that sets it wins.
+#: when a broker is away. A client_config that sets it wins (it is a default).
 TRANSACTION_RETRY_BACKOFF = {"retry.backoff.ms": 20}
 T = TypeVar("T")
 
@@ -56,10 +57,13 @@ class Chunk(NamedTuple):
     handed_at: float  # time.monotonic()
 
 
-def transactional_producer_config(client: Mapping[str, object], transactional_id: str) -> dict[str, object]:
-    """The door's producer settings: the clients' shared ones over :data:`TRANSACTION_RETRY_BACKOFF`, and its id (a
-    producer re-created with the same id fences off its predecessor's open transaction)."""
-    return {**TRANSACTION_RETRY_BACKOFF, **client, "transactional.id": transactional_id}
+def transactional_producer_config(
+    bootstrap_servers: str, client_config: Mapping[str, str] | None, transactional_id: str
+) -> dict[str, object]:
+    """The door's producer settings: a transactional producer as ``transactional_id``, with the door clients' defaults
+    and :data:`TRANSACTION_RETRY_BACKOFF` beneath the user's ``client_config``."""
+    defaults = {**DOOR_CLIENT_DEFAULTS, **TRANSACTION_RETRY_BACKOFF}
+    return transactional_producer_settings(bootstrap_servers, client_config, transactional_id, defaults)
 
 
 class TransactionWriter:

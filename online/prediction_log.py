@@ -26,6 +26,7 @@ from confluent_kafka import KafkaError, Message, Producer
 from prometheus_client import Counter
 
 from online.errors import Overloaded, PredictionLogUnavailable
+from schemas.kafka_config import producer_settings
 from schemas.records import PredictionRecord
 from schemas.validation import encode
 
@@ -50,17 +51,18 @@ class PredictionLog:
         self.topic, self.mode, self.ack_timeout_s = topic, mode, ack_timeout_s
         self._failures = failures
         self._producer = Producer(
-            {
-                **(client_config or {}),
-                "bootstrap.servers": bootstrap_servers,
-                "enable.idempotence": True,
-                # In ack mode every response waits for its record: send within a millisecond, and without Nagle's
-                # delay (small requests otherwise wait for the previous one's TCP acknowledgement: ~40 ms).
-                "linger.ms": 1 if mode == "ack" else 5,
-                "socket.nagle.disable": True,
-                "compression.type": "lz4",
-                "queue.buffering.max.messages": max_queued,
-            }
+            producer_settings(
+                bootstrap_servers,
+                client_config,
+                {
+                    # In ack mode every response waits for its record: send within a millisecond, and without Nagle's
+                    # delay (small requests otherwise wait for the previous one's TCP acknowledgement: ~40 ms).
+                    "linger.ms": 1 if mode == "ack" else 5,
+                    "socket.nagle.disable": True,
+                    "compression.type": "lz4",
+                    "queue.buffering.max.messages": max_queued,
+                },
+            )
         )
         self._closed = threading.Event()
         # Delivery reports are served on a thread of their own, so the event loop never waits on Kafka.

@@ -25,6 +25,7 @@ from typing import Any
 
 from schemas.contracts import breaking_changes as breaking_contract_changes
 from schemas.contracts import load_contract
+from schemas.errors import SchemasError
 from schemas.project import Project
 from schemas.records import RECORD_TYPES, Record
 
@@ -36,7 +37,7 @@ REGISTERED_CONTRACTS = "contracts/registered"
 _DOCUMENTATION_KEYS = frozenset({"title", "description", "default", "examples"})
 
 
-class CompatibilityError(ValueError):
+class CompatibilityError(SchemasError, ValueError):
     """A schema change breaks existing readers; ``problems`` names each break."""
 
     def __init__(self, record_name: str, problems: list[str]) -> None:

@@ -31,6 +31,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from schemas.errors import SchemasError
 from schemas.validation import WHOLE_PAYLOAD, ContractViolation, FieldError, violation
 
 #: The wire formats of events: JSON objects, or Avro binary (the schema's own encoding, no header).
@@ -70,7 +71,7 @@ _DIALECT_ONLY = {
 }
 
 
-class ContractError(ValueError):
+class ContractError(SchemasError, ValueError):
     """A contract file Loopline cannot take; the message names the file, the field and what to change."""
 
 

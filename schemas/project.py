@@ -28,6 +28,7 @@ import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from schemas.contracts import ContractError, EventContract, load_contract
+from schemas.errors import SchemasError
 from schemas.model_contract import REQUEST_PREFIX
 from schemas.topics import TopicSpec
 
@@ -36,7 +37,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)\s*$")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
-class ProjectError(ValueError):
+class ProjectError(SchemasError, ValueError):
     """A project folder Loopline cannot take; the message names the file, the entry and the fix."""
 
 

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel
 
@@ -31,6 +31,21 @@ class TopicSpec:
     def configs(self) -> dict[str, str]:
         """The topic-level Kafka configs this spec sets."""
         return {"retention.ms": str(self.retention_ms), "cleanup.policy": self.cleanup_policy}
+
+
+class Replication(NamedTuple):
+    """How many brokers hold each partition of a topic, and how many of them an ``acks=all`` write needs."""
+
+    factor: int
+    min_insync: int
+
+
+def replication_for(brokers: int) -> Replication:
+    """The replication a cluster of ``brokers`` gives Loopline's topics unless told otherwise: up to 3 replicas, and one
+    replica fewer in sync than there are (so a write survives any one broker's loss, and writes go on while one is down).
+    """
+    factor = min(3, brokers)
+    return Replication(factor, factor - 1 if factor >= 2 else 1)
 
 
 SCORE_REQUESTS = TopicSpec("scoring.requests", ScoreRequest, key="request_id", partitions=6, retention_ms=1 * DAY_MS)

@@ -28,6 +28,7 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from schemas.kafka_config import admin_settings
 from streams.job_settings import JobStateError
 
 #: Beside the ``chk-N`` folders of one job run (``<checkpoint_dir>/<job id>/``): the cluster that run read and wrote.
@@ -40,7 +41,7 @@ def kafka_cluster_id(bootstrap_servers: str, kafka_properties: Mapping[str, str]
     """The id of the Kafka cluster at ``bootstrap_servers`` (from its metadata); TimeoutError, with the fix, when no
     broker answers within ``timeout_s``."""
     # log_level 0: a broker that does not answer is reported once, below, not as a log line per connection attempt.
-    admin = AdminClient({**kafka_properties, "bootstrap.servers": bootstrap_servers, "log_level": 0})
+    admin = AdminClient(admin_settings(bootstrap_servers, kafka_properties, {"log_level": 0}))
     try:
         cluster_id = admin.list_topics(timeout=timeout_s).cluster_id
     except KafkaException as err:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Literal
 from feature_store.window_tiles import SCALE, TILED_FUNCTIONS, AggregationSpec, millis
 from schemas.contracts import EventContract
 from schemas.project import Project
+from streams.errors import StreamsError
 
 if TYPE_CHECKING:  # importing Feast takes seconds; only its objects are handled here
     import pandas as pd
@@ -61,7 +62,7 @@ _LAST_TYPES = {
 _FEAST_TYPE_NAMES = {"INT64": "Int64", "DOUBLE": "Float64", "STRING": "String", "BOOL": "Bool"}
 
 
-class PlanError(ValueError):
+class PlanError(StreamsError, ValueError):
     """A feature view asks for something the streaming engine cannot compute."""
 
 

@@ -26,6 +26,8 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from streams.errors import StreamsError
+
 #: What the jobs' Python functions import on a TaskManager: PyFlink's worker (it pulls Beam, pandas, pyarrow) and
 #: pydantic (the record contracts). Not Feast: the online writes run in the JVM, with the layout the client took from
 #: Feast when it built the job.
@@ -37,7 +39,7 @@ CODE_PACKAGES = ("schemas", "streams", "feature_store", "feedback_loop")
 _ROOT = Path(__file__).resolve().parents[1]
 
 
-class JobArchiveError(RuntimeError):
+class JobArchiveError(StreamsError, RuntimeError):
     """The job environment cannot be built: ``str(err)`` says what and the fix."""
 
 

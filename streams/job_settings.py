@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from schemas.topics import DEAD_LETTERS
+from streams.errors import StreamsError
 
 S = TypeVar("S")
 
@@ -15,7 +16,7 @@ S = TypeVar("S")
 JOB_NAME = "loopline-features"
 
 
-class JobStateError(RuntimeError):
+class JobStateError(StreamsError, RuntimeError):
     """The job cannot resume from its checkpoint: ``str(err)`` is one line, what is wrong, then the command that
     starts the job without it."""
 
@@ -51,8 +52,9 @@ class JobSettings:
     replica_ack_timeout_ms: int = 2_000
     #: Topics read instead of those the project declares (declared -> read): a replay's, or a test's.
     source_topics: dict[str, str] = field(default_factory=dict)
-    #: Extra Kafka client properties for the job's source and sinks (security.protocol, sasl.*, ssl.*).
-    kafka_properties: dict[str, str] = field(default_factory=dict)
+    #: Extra Kafka client properties for the job's source and sinks (security.protocol, sasl.*, ssl.*); kept out of the
+    #: repr, since they may hold secrets.
+    kafka_properties: dict[str, str] = field(default_factory=dict, repr=False)
     #: Feature rows are appended under <offline_dir>/<view>; None: where each view's FileSource points.
     offline_dir: Path | None = None
     group_id: str = "loopline-features"

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from schemas.kafka_config import Requirement, client_settings
 from schemas.records import DeadLetterRecord
 from schemas.validation import ContractViolation, R, decode, encode
 
@@ -20,9 +21,15 @@ RAW_COLUMNS = {"key": "BYTES", "value": "BYTES", "partition": "INT", "offset": "
 
 
 def kafka_options(bootstrap_servers: str, kafka_properties: Mapping[str, str], options: Mapping[str, str]) -> str:
-    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings)."""
-    properties = {f"properties.{key}": value for key, value in kafka_properties.items()}
-    every = {"connector": "kafka", "properties.bootstrap.servers": bootstrap_servers, **properties, **options}
+    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings); a
+    client property the table's own ``properties.*`` options contradict is refused (KafkaSettingConflict)."""
+    required = {
+        key.removeprefix("properties."): Requirement(value, "the job's exactly-once reads and writes rely on it")
+        for key, value in options.items()
+        if key.startswith("properties.")
+    }
+    client = client_settings(bootstrap_servers, kafka_properties, required=required)
+    every = {"connector": "kafka", **{f"properties.{key}": value for key, value in client.items()}, **options}
     return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from schemas.kafka_config import producer_settings
+from streams.errors import StreamsError
 from streams.world import Emitted
 
 
@@ -26,7 +28,7 @@ class PublishStats:
         return sum(self.delivered.values())
 
 
-class DeliveryError(RuntimeError):
+class DeliveryError(StreamsError, RuntimeError):
     """Some records could not be delivered; nothing was silently dropped."""
 
 
@@ -44,15 +46,9 @@ class EventProducer:
         record may wait for others to share its request (fewer, larger requests for the broker; that much more
         latency)."""
         self._producer = Producer(
-            {
-                **(client_config or {}),
-                "bootstrap.servers": bootstrap_servers,
-                "client.id": client_id,
-                "enable.idempotence": True,
-                "acks": "all",
-                "linger.ms": linger_ms,
-                "compression.type": "lz4",
-            }
+            producer_settings(
+                bootstrap_servers, client_config, {"client.id": client_id, "linger.ms": linger_ms, "compression.type": "lz4"}
+            )
         )
 
     def publish(

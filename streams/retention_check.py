@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
+from schemas.kafka_config import admin_settings, consumer_settings
 from streams.feature_plan import FeaturePlan, PlanError
 
 
@@ -30,13 +31,9 @@ def deleted_until_ms(
 ) -> int | None:
     """The newest time up to which ``topic`` may have lost records to retention (epoch ms), None when it lost none."""
     consumer = Consumer(
-        {
-            **kafka_properties,
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"loopline-retention-{uuid.uuid4()}",
-            "enable.auto.commit": False,
-            "log_level": 0,
-        }
+        consumer_settings(
+            bootstrap_servers, kafka_properties, f"loopline-retention-{uuid.uuid4()}", {"log_level": 0}, read_committed=False
+        )
     )
     try:
         partitions = consumer.list_topics(topic, timeout=timeout_s).topics[topic].partitions
@@ -60,7 +57,7 @@ def deleted_until_ms(
 
 
 def _retention_ms(bootstrap_servers: str, kafka_properties: Mapping[str, str], topic: str, timeout_s: float) -> int:
-    admin = AdminClient({**kafka_properties, "bootstrap.servers": bootstrap_servers, "log_level": 0})
+    admin = AdminClient(admin_settings(bootstrap_servers, kafka_properties, {"log_level": 0}))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource], request_timeout=timeout_s)[resource].result(timeout=timeout_s)
     return max(0, int(configs["retention.ms"].value))

@@ -11,6 +11,7 @@ from typing import Generic, TypeVar
 from confluent_kafka import Consumer, Message
 from pydantic import BaseModel
 
+from schemas.kafka_config import consumer_settings
 from schemas.validation import ContractViolation, decode
 
 RecordT = TypeVar("RecordT", bound=BaseModel)
@@ -35,16 +36,12 @@ class TopicFollower(Generic[RecordT]):
         only their keys)."""
         # A watcher needs no record the moment it is written: fetches wait for 64 KiB or 100 ms rather than returning
         # with each record (one fetch per record is a busy topic's largest load on the broker).
-        self._consumer_config = {
-            **(client_config or {}),
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": f"loopline-follower-{uuid.uuid4().hex[:12]}",
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "fetch.min.bytes": 65536,
-            "fetch.wait.max.ms": 100,
-        }
+        self._consumer_config = consumer_settings(
+            bootstrap_servers,
+            client_config,
+            f"loopline-follower-{uuid.uuid4().hex[:12]}",
+            {"fetch.min.bytes": 65536, "fetch.wait.max.ms": 100},
+        )
         self.topic, self._record_type, self._handle, self._keep, self._wanted = topic, record_type, handle, keep, wanted
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"follow-{topic}", daemon=True)

@@ -17,7 +17,9 @@ from confluent_kafka.admin import (
     OffsetSpec,
 )
 
+from schemas.kafka_config import admin_settings, consumer_settings
 from schemas.topics import TopicSpec
+from streams.errors import StreamsError
 
 _TIMEOUT_S = 30.0
 
@@ -31,12 +33,12 @@ class TopicChange:
     detail: str = ""
 
 
-class TopicSpecError(ValueError):
+class TopicSpecError(StreamsError, ValueError):
     """A topic spec cannot be applied to the existing topic (for example fewer partitions)."""
 
 
 def _admin(bootstrap_servers: str, client_config: Mapping[str, str] | None) -> AdminClient:
-    return AdminClient({**(client_config or {}), "bootstrap.servers": bootstrap_servers})
+    return AdminClient(admin_settings(bootstrap_servers, client_config))
 
 
 def _wait_until_usable(admin: AdminClient, names: list[str]) -> None:
@@ -157,7 +159,7 @@ def open_transaction_partitions(
 
 def topic_sizes(bootstrap_servers: str, names: Iterable[str], client_config: Mapping[str, str] | None = None) -> dict[str, int]:
     """Records currently held by each topic (high minus low watermark, summed over partitions)."""
-    consumer = Consumer({**(client_config or {}), "bootstrap.servers": bootstrap_servers, "group.id": "loopline-topic-sizes"})
+    consumer = Consumer(consumer_settings(bootstrap_servers, client_config, "loopline-topic-sizes", read_committed=False))
     try:
         topics = consumer.list_topics(timeout=_TIMEOUT_S).topics
         sizes = {}
@@ -208,15 +210,7 @@ def read_topic_from(
     read's; ``since_ms`` is then passed over), from there: a partition they do not name (added since) from its start,
     a position the topic no longer holds (retention) from its oldest record. The returned positions follow the last
     record read: a read from them starts with the first record this one did not return."""
-    consumer = Consumer(
-        {
-            **(client_config or {}),
-            "bootstrap.servers": bootstrap_servers,
-            "group.id": "loopline-reader",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-        }
-    )
+    consumer = Consumer(consumer_settings(bootstrap_servers, client_config, "loopline-reader"))
     try:
         partitions = [TopicPartition(topic, p) for p in consumer.list_topics(topic, timeout=_TIMEOUT_S).topics[topic].partitions]
         ends = {tp.partition: consumer.get_watermark_offsets(tp, timeout=_TIMEOUT_S) for tp in partitions}

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from pydantic import BaseModel
 
+from schemas.kafka_config import consumer_settings, producer_settings
 from schemas.records import DeadLetterRecord
 from schemas.validation import ContractViolation, encode
 
@@ -48,19 +49,8 @@ class ValidatingConsumer:
         self.decoders = dict(topics)
         self.dead_letter_topic = dead_letter_topic
         self.consumer_name = consumer_name
-        self._consumer = Consumer(
-            {
-                **(client_config or {}),
-                "bootstrap.servers": bootstrap_servers,
-                "group.id": group_id,
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-            }
-        )
-        self._dead_letters = Producer(
-            {**(client_config or {}), "bootstrap.servers": bootstrap_servers, "enable.idempotence": True, "acks": "all"}
-        )
+        self._consumer = Consumer(consumer_settings(bootstrap_servers, client_config, group_id))
+        self._dead_letters = Producer(producer_settings(bootstrap_servers, client_config))
         self._dead_letter_failures: list[KafkaError] = []
 
     def _assign_from_committed(self) -> dict[tuple[str, int], int]:

@@ -235,7 +235,7 @@ class DemoLoop:
     def _small_data_settings(self) -> Settings:
         """The settings with the training config's epochs raised to ``DEMO_EPOCHS`` (written beside the stack's data),
         training at ``BACKGROUND_NICENESS``."""
-        from loopline.retraining import DEFAULT_TRAIN_CONFIG
+        from offline_training.retraining import DEFAULT_TRAIN_CONFIG
         from offline_training.train_config import load_train_config
 
         config = load_train_config(self.settings.feedback.train_config or DEFAULT_TRAIN_CONFIG).model_copy(

@@ -19,7 +19,7 @@ For each fault it also measures the time to recover: from the restart until the 
 (a prediction arrives; a probe event's features are readable; an HTTP answer has real features),
 the longest gap between predictions around it, and on a cluster the time until every partition has all
 its replicas in sync again.
-``tests/test_faults.py`` runs one fault of each kind; ``benchmarks/faults.py`` runs several.
+``tests/loopline/test_fault_drill.py`` runs one fault of each kind; ``benchmarks/faults.py`` runs several.
 """
 
 from __future__ import annotations
@@ -52,6 +52,7 @@ from loopline.components import build_stack, feature_plan, project, world
 from loopline.job_processes import start_feature_job, start_joiner, start_scorer, stop_process_group
 from loopline.project import write_first_model
 from loopline.settings import Settings
+from schemas.kafka_config import consumer_settings
 from schemas.topics import PREDICTIONS, TOPICS
 from streams.flink_job import RERUN_NOTE, STALL_AFTER_S
 from streams.producer import EventProducer
@@ -345,14 +346,8 @@ class FaultDrill:
         producer.publish(labels())
 
     def _read_examples(self) -> None:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka.bootstrap,
-                "group.id": f"{self.run_id}-examples",
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-            }
-        )
+        kafka = self.settings.kafka
+        consumer = Consumer(consumer_settings(kafka.bootstrap, kafka.client_config, f"{self.run_id}-examples"))
         consumer.subscribe([self.settings.feedback.examples_topic])
         prefix = self._kafka_prefix.encode()
         seen: set[tuple[int, int]] = set()
@@ -366,14 +361,8 @@ class FaultDrill:
             consumer.close()
 
     def _read_predictions(self) -> None:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.settings.kafka.bootstrap,
-                "group.id": f"{self.run_id}-reader",
-                "auto.offset.reset": "earliest",
-                "isolation.level": "read_committed",
-            }
-        )
+        kafka = self.settings.kafka
+        consumer = Consumer(consumer_settings(kafka.bootstrap, kafka.client_config, f"{self.run_id}-reader"))
         consumer.subscribe([PREDICTIONS.name])
         seen: set[tuple[int, int]] = set()
         try:
@@ -431,7 +420,7 @@ class FaultDrill:
         event = model.model_copy(update={**keys, view.time_field: now})
         began = time.monotonic()
         declared = project(self.settings)
-        EventProducer(self.settings.kafka.bootstrap).publish(
+        EventProducer(self.settings.kafka.bootstrap, client_config=self.settings.kafka.client_config).publish(
             [Emitted(view.topic, "probe", declared.encode(view.topic, event), now, event)]
         )
         settings = self.settings

@@ -282,7 +282,7 @@ def vllm_test() -> dict:
     if not (REPO / ".loopline" / "vllm-env" / "bin" / "vllm").exists():
         return {"verdict": SKIP, "reason": "no vLLM environment (infra/vllm/setup.sh)"}
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "tests/test_vllm_runtime.py", "-k", "real"],
+        [sys.executable, "-m", "pytest", "-q", "tests/online/test_vllm_runtime.py", "-k", "real"],
         cwd=REPO,
         capture_output=True,
         text=True,

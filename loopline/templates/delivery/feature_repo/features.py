@@ -3,7 +3,7 @@
 Two topics: the orders (JSON, keyed by restaurant) and the couriers' locations (Avro, keyed by courier). Views are per
 restaurant, per courier, per zone (an entity that is no topic's key: zones come from fields of both topics) and per
 restaurant and zone together (a composite entity). A courier's last zone is a text feature; the model takes it raw.
-Window semantics are Loopline's (see the fraud template, or the README): each window covers the entity's events in
+Window semantics are Loopline's (see the fraud template, or docs/concepts/windows.md): each window covers the entity's events in
 the last ``time_window`` before the request's time, in tiles of ``slide_interval``. Each feature declares the default
 the scorer uses when it has no value (the ``default`` tag).
 """

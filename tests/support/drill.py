@@ -1,0 +1,19 @@
+"""What every fault drill promises, checked on its report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from loopline.scenarios.fault_drill import DrillReport
+
+
+def assert_the_drill_lost_nothing(report: DrillReport, kinds: Iterable[str]) -> None:
+    """What every fault drill promises (``loopline/scenarios/fault_drill.py``): each fault of ``kinds`` injected and
+    recovered from, every Kafka request with exactly one prediction, the features equal to the recompute, every
+    process live."""
+    assert sorted(f.kind for f in report.faults) == sorted(kinds)
+    assert all(f.recovered_s is not None for f in report.faults), f"a part did not recover: {report.faults}"
+    assert report.requests_sent > 1_000
+    assert (report.requests_lost, report.requests_duplicated) == (0, 0), "every Kafka request has exactly one prediction"
+    assert report.entities_compared > 500 and report.feature_mismatches == [], report.feature_mismatches[:5]
+    assert report.not_live == [], "every process is up and live"
