@@ -68,7 +68,9 @@ def main() -> None:
         "requests_duplicated": promise,
         "feature_mismatches": promise,
         "http_during_redis_outage_on_defaults": f"of {figures['http_during_redis_outage']}: on defaults, none hung",
-        "http_during_redis_outage_within_budget": f"of {figures['http_during_redis_outage']}: read ≤ budget + {FETCH_SLACK_MS:g} ms",
+        "http_during_redis_outage_within_budget": (
+            f"of {figures['http_during_redis_outage']}: read ≤ budget + {FETCH_SLACK_MS:g} ms"
+        ),
     }
     report(console, "fault injection under load", args.quick, figures, anchors, began)
 

@@ -634,11 +634,15 @@ def _anchors(figures: dict) -> dict[str, str]:
     gain_met = figures.get("goal_dynamic_over_batch1_met", False)
     compared = figures.get("prediction_log_compared_at_per_s", 0.0)
     anchors = {
-        "dynamic_over_batch1_at_p99_50ms": f"Triton ~{TRITON_GAIN}x; goal >= {GOAL_GAIN:g}x at p99 <= {HELD_P99_MS:g} ms ({held}) — {verdict[gain_met]}",
+        "dynamic_over_batch1_at_p99_50ms": (
+            f"Triton ~{TRITON_GAIN}x; goal >= {GOAL_GAIN:g}x at p99 <= {HELD_P99_MS:g} ms ({held}) — {verdict[gain_met]}"
+        ),
         "dynamic_over_batch1_peak": "(each mode's highest throughput, any latency)",
-        "prediction_log_ack_over_async_p99": f"at {compared:.0f}/s: the highest rate both modes held (p99 <= {HELD_P99_MS:g} ms, {held})"
-        if figures.get("prediction_log_compared_both_held")
-        else f"at {compared:.0f}/s: no rate held by both modes",
+        "prediction_log_ack_over_async_p99": (
+            f"at {compared:.0f}/s: the highest rate both modes held (p99 <= {HELD_P99_MS:g} ms, {held})"
+            if figures.get("prediction_log_compared_both_held")
+            else f"at {compared:.0f}/s: no rate held by both modes"
+        ),
     }
     if HTTP_GOAL in figures:
         anchors[f"http_{HTTP_GOAL_RATE:.0f}_p99_ms"] = f"goal <= {HTTP_GOAL_P99_MS:g} ms ({held}) — {verdict[figures[HTTP_GOAL]]}"

@@ -4,11 +4,12 @@ against the door's.
 On a private stack (127.0.0.1 only), a transactional producer does what the door's writer does for each transaction
 (``online/kafka_transactions.py``): begin, produce a batch of prediction-sized records, send the consumer group's offsets,
 commit; the next transaction begins at once, as the door's does when requests keep coming. Two producers take turns
-in rounds of 20 (so the first of each round follows the other producer's), alike but for ``retry.backoff.ms``: librdkafka's default, and the door's ``TRANSACTION_RETRY_BACKOFF`` (a transaction
-begun while the last one's markers are still being written is answered CONCURRENT_TRANSACTIONS and retried after that
-backoff). Figures: per setting, p50/p99 of the whole transaction and of ``send_offsets_to_transaction`` and
-``commit_transaction``; the ratio of the default's p50 to the door's, computed here. Machine: the 2-core box this runs
-on, the broker on it. The last line printed is one JSON object.
+in rounds of 20 (so the first of each round follows the other producer's), alike but for ``retry.backoff.ms``:
+librdkafka's default, and the door's ``TRANSACTION_RETRY_BACKOFF`` (a transaction begun while the last one's markers are
+still being written is answered CONCURRENT_TRANSACTIONS and retried after that backoff). Figures: per setting, p50/p99 of
+the whole transaction and of ``send_offsets_to_transaction`` and ``commit_transaction``; the ratio of the default's p50 to
+the door's, computed here. Machine: the 2-core box this runs on, the broker on it. The last line printed is one JSON
+object.
 
     python benchmarks/kafka_transactions.py [--quick]
 """

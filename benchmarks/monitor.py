@@ -261,7 +261,8 @@ def main() -> None:
         _evidently(reference, logged, figures)
     _consistency(requests, figures)
     anchors = {
-        "skew_check_s": f"goal ≤ 10 s for 1,000,000 rows — {'met' if figures['skew_check_s'] * 1_000_000 / rows <= 10 else 'NOT met'}"
+        "skew_check_s": f"goal ≤ 10 s for 1,000,000 rows — "
+        f"{'met' if figures['skew_check_s'] * 1_000_000 / rows <= 10 else 'NOT met'}"
         + (" (extrapolated from the quick run)" if args.quick else ""),
         "evidently_vs_loopline": "Evidently's seconds / Loopline's check + reference statistics, same rows and reference",
         "false_alerts": "goal 0 of 29 unshifted features",

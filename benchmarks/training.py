@@ -1,4 +1,5 @@
-"""The training side of the loop on a private stack (127.0.0.1 only): joiner, snapshots, DeepSpeed, and the streaming features' worth.
+"""The training side of the loop on a private stack (127.0.0.1 only): joiner, snapshots, DeepSpeed, and the streaming
+features' worth.
 
 1. The feedback joiner (`loopline feedback join`: PyFlink mini-cluster, JVM keyed state, exactly-once Kafka
    sink, checkpoints every second) joins ``scoring.predictions`` with ``events.labels``. Its start-up is not
@@ -23,8 +24,9 @@
    on 3,000 rows with ZeRO 1 and with ZeRO 2. Each rank records how far its resident memory rose from just before
    the model was built to its peak while training (metrics.json ``memory``; the process's peak, which on these runs
    comes while training); the same figure for the demo's model of a few thousand parameters, trained the same way
-   (same rows, epoch and stage), is torch's and DeepSpeed's own start-up, and is subtracted. ``memory_vs_plan_zero{1,2}`` is what remains over ``plan-gpu``'s fp32 per-GPU estimate for that
-   shape, stage, 2 processes and micro-batch (parameters, gradients, AdamW state, activations).
+   (same rows, epoch and stage), is torch's and DeepSpeed's own start-up, and is subtracted.
+   ``memory_vs_plan_zero{1,2}`` is what remains over ``plan-gpu``'s fp32 per-GPU estimate for that shape, stage, 2
+   processes and micro-batch (parameters, gradients, AdamW state, activations).
 
 Machine: the 2-core box this runs on, shared with whatever else runs there (its load average at the start is
 reported). The last line printed is one JSON object.
@@ -363,7 +365,8 @@ def main() -> None:
         "holdout_auc_no_streaming": f"request fields only: {', '.join(REQUEST_INPUTS)}",
         "holdout_auc_streaming": f"{len(BACKFILL_INPUTS) - len(REQUEST_INPUTS)} streaming features + the request fields",
         **{
-            f"framework_memory_mb_zero{stage}": f"a rank's resident growth training the demo's {streaming.metrics['parameters']:,}-"
+            f"framework_memory_mb_zero{stage}": f"a rank's resident growth training the demo's "
+            f"{streaming.metrics['parameters']:,}-"
             "parameter model the same way: torch's and DeepSpeed's own start-up"
             for stage in (1, 2)
         },

@@ -4,12 +4,14 @@ mkdocs-gen-files runs this file on every `mkdocs build` (``plugins: gen-files`` 
 ``docs/reference/`` is a short hand-written introduction; the tables below it come from here: every CLI command from
 the Typer app, every setting from the composed ``Settings`` model, every Prometheus metric from the classes that define
 them (instantiated on a fresh registry), every alert rule from ``infra/prometheus/*.rules.yml``, and the recorded
-benchmark runs from ``benchmarks/RESULTS.md``.
+benchmark runs from ``benchmarks/RESULTS.md``; and the contributing page's import table from
+``tests/test_import_table.py``.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib.util
 import types
 import typing
 from collections.abc import Iterator
@@ -162,7 +164,8 @@ def settings_page() -> str:
         env = "LOOPLINE_" + "__".join(part.upper() for part in path)
         description = field.description or (f"Section: {' '.join((sections[0].__doc__ or '').split())}" if sections else "—")
         lines.append(
-            f"| {code(key)} | {code(env)} | {code(type_name(field.annotation))} | {code(default_text(field))} | {cell(description)} |"
+            f"| {code(key)} | {code(env)} | {code(type_name(field.annotation))} | {code(default_text(field))} |"
+            f" {cell(description)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -248,15 +251,29 @@ def benchmark_results_page() -> str:
     return (REPO / "benchmarks" / "RESULTS.md").read_text().replace("](../docs/reference/", "](")
 
 
+def import_table_page() -> str:
+    """The design's folder table as ``tests/test_import_table.py`` holds it (read from there, so the page is what the
+    test enforces): each package and the packages it may import."""
+    spec = importlib.util.spec_from_file_location("import_table", REPO / "tests" / "test_import_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [
+        f"| `{package}/` | {', '.join(f'`{name}`' for name in sorted(allowed)) or 'nothing of ours'} |"
+        for package, allowed in module.TALKS_TO.items()
+    ]
+    return "\n".join(["| package | may import |", "| --- | --- |", *rows]) + "\n"
+
+
 def write_pages() -> None:
     """Each page's generated part, after the hand-written introduction of the same file."""
     for name, page in (
-        ("cli.md", cli_page),
-        ("settings.md", settings_page),
-        ("metrics.md", metrics_page),
-        ("alerts.md", alerts_page),
+        ("reference/cli.md", cli_page),
+        ("reference/settings.md", settings_page),
+        ("reference/metrics.md", metrics_page),
+        ("reference/alerts.md", alerts_page),
+        ("contributing.md", import_table_page),
     ):
-        with mkdocs_gen_files.open(f"reference/{name}", "a") as out:
+        with mkdocs_gen_files.open(name, "a") as out:
             out.write("\n" + page())
     with mkdocs_gen_files.open("reference/benchmark-results.md", "w") as out:
         out.write(benchmark_results_page())

@@ -152,8 +152,9 @@ class OnlineReader:
         positions it absorbed, in the same round trip, so they are those of the values returned. With ``at_ms`` (a read
         time per row, epoch ms), windowed features are as of those times (the module's docstring); but where the job
         lags (a view's progress more than ``stale_after_s`` behind both the read time and the clock: stopped, or
-        catching up), as of the progress, and said so (``read_as_of``): its windows hold no event after it yet (a row written by hand, of no plan, is read at its time). Each
-        view is read in its serving generation; a row of another plan reads as no row."""
+        catching up), as of the progress, and said so (``read_as_of``): its windows hold no event after it yet (a row
+        written by hand, of no plan, is read at its time). Each view is read in its serving generation; a row of
+        another plan reads as no row."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
         by_view: dict[str, list[str]] = {}

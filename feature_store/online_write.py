@@ -12,8 +12,9 @@ The hash is Feast's own: its key, its hashed feature fields with serialized Valu
 event time as a protobuf Timestamp, so Feast's ``get_online_features`` reads the rows as it reads its own writes.
 Beside them one field, ``_order:<view>``, holds ``<event time µs>:<events>``, the tie-break of rows of one event
 time, and one, ``_absorbed:<view>``, the log positions behind the row (each partition's last absorbed offset): which
-events it holds, exactly, however an entity's events spread over partitions (the consistency replay reads them). A row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and
-fields come from ``feature_store/online_layout.py``, the layout the reader uses too.
+events it holds, exactly, however an entity's events spread over partitions (the consistency replay reads them). A
+row written by Feast itself (no such field) is replaced only by a row of a later event time. The keys and fields
+come from ``feature_store/online_layout.py``, the layout the reader uses too.
 
 Windowed views also keep, per window, the steps the job merged from the entity's tiles (``feature_store/window_tiles.py``),
 each in a field of its own written with the row, under its compare-and-set: the row and its steps are always of the
@@ -49,7 +50,8 @@ _VALUE_FIELDS = {
 
 #: KEYS[1]: the entity's hash. ARGV: the ``_ts`` field, its new Timestamp, the new seconds and nanos, the order
 #: field, the new event time (µs) and events, a TTL in seconds (0: none), the number d of fields to delete (steps the
-#: row has none of), those d fields, then the feature (and steps) fields and values. The stored Timestamp is decoded here (protobuf varints: field 1 seconds, field 2 nanos) to compare times.
+#: row has none of), those d fields, then the feature (and steps) fields and values. The stored Timestamp is decoded
+#: here (protobuf varints: field 1 seconds, field 2 nanos) to compare times.
 _COMPARE_AND_SET = """
 local stored = redis.call('HGET', KEYS[1], ARGV[1])
 if stored then

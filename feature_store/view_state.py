@@ -127,11 +127,11 @@ class PlannedView:
 
 
 def plan_generations(redis, project: str, views: Sequence[PlannedView]) -> dict[str, tuple[Generation, bool]]:
-    """The generation the job writes for each of ``views``, and whether it is pending, recorded in the hash: the serving one where its plan is
-    the job's; else the pending one of the job's plan (a rebuild that was interrupted goes on under its namespace); else
-    a new one, pending behind the serving generation (or serving at once when the view has none: there is nothing else
-    to read, and reads are flagged stale until the job has caught up). A pending generation of another plan is dropped
-    (its rebuild was given up)."""
+    """The generation the job writes for each of ``views``, and whether it is pending, recorded in the hash: the serving
+    one where its plan is the job's; else the pending one of the job's plan (a rebuild that was interrupted goes on
+    under its namespace); else a new one, pending behind the serving generation (or serving at once when the view has
+    none: there is nothing else to read, and reads are flagged stale until the job has caught up). A pending generation
+    of another plan is dropped (its rebuild was given up)."""
     states = read_view_states(redis, project)
     key, chosen = views_key(project), {}
     for planned in views:

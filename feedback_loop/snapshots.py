@@ -4,9 +4,9 @@ A snapshot is a folder ``<root>/<snapshot id>/`` (a local path or any fsspec URL
 
 * ``data/date=YYYY-MM-DD/part-0.parquet``: one row per example, partitioned by the UTC day it was
   scored: ``event_id``, ``request_id``, ``model_name``, ``model_version``, ``score``, ``label`` (a binary label
-  1.0 or 0.0, a numeric one its value, empty for unlabeled), ``label_source``, ``predicted_at_ms``, ``label_time_ms``, ``defaulted`` (how
-  many inputs fell back to defaults), then one column per model input, named as the model names it
-  (``view:feature``, ``request:<field>``): the exact values the scorer used.
+  1.0 or 0.0, a numeric one its value, empty for unlabeled), ``label_source``, ``predicted_at_ms``,
+  ``label_time_ms``, ``defaulted`` (how many inputs fell back to defaults), then one column per model input,
+  named as the model names it (``view:feature``, ``request:<field>``): the exact values the scorer used.
 * ``manifest.json``: the snapshot id (a SHA-256 of the content, so the same examples always make the
   same id and different ones another), row count, time range, schema version, feature list, the label's kind
   (binary or numeric) and balance, model versions, where the examples came from (topic offsets, or a backfill), and reference

@@ -36,7 +36,8 @@ PANELS = [
         "s",
         [
             (
-                'histogram_quantile(0.99, sum by (le, instance) (rate(loopline_scoring_stage_seconds_bucket{stage="total"}[5m])))',
+                "histogram_quantile(0.99, sum by (le, instance) "
+                '(rate(loopline_scoring_stage_seconds_bucket{stage="total"}[5m])))',
                 "{{instance}} p99",
             )
         ],

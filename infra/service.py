@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -262,8 +263,15 @@ class ManagedService(ABC):
         if grace_s > 0:
             os.kill(pid, signal.SIGTERM)
         if not wait_until(lambda: not _alive(pid), grace_s):
-            os.kill(pid, signal.SIGKILL)
+            # The service leads a session of its own (``launch``): its whole group goes, children of a wrapper too.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
             wait_until(lambda: not _alive(pid), 5.0)
+        # A killed JVM's main thread shows as a zombie while its other threads still hold its sockets: it is gone once
+        # nothing answers on its ports, so a restart right after finds them free.
+        wait_until(lambda: not any(port_in_use(host, port) for host, port in self.ports().values()), 10.0)
         self.pid_file.unlink(missing_ok=True)
         return True
 

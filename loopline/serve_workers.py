@@ -8,9 +8,9 @@ Kafka door's workers are members of one consumer group, each with a transactiona
 
 This process only supervises: a worker that dies is started again (the others serve meanwhile); one that exits by
 itself with an error within its first ``_STARTUP_S`` seconds has met a configuration fault (a port taken, a model
-that does not load), and everything stops. SIGINT/SIGTERM are passed on, and each worker drains as a single scorer does; a second signal
-is passed on too (the workers exit at once). A worker whose supervisor dies, even by SIGKILL, gets SIGTERM from
-the kernel and drains.
+that does not load), and everything stops. SIGINT/SIGTERM are passed on, and each worker drains as a single
+scorer does; a second signal is passed on too (the workers exit at once). A worker whose supervisor dies, even by
+SIGKILL, gets SIGTERM from the kernel and drains.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
 (``torch.distributed.run``, i.e. ``torchrun``), one node of the :class:`~offline_training.rendezvous.NodeGroup`
 it is given: alone by default, or one of N nodes that meet at a rendezvous and share the output folder
 (a volume every node mounts). The ``deepspeed`` launcher with a hostfile runs the same module with the
-same arguments and ``--no_local_rank`` (the trainer reads ``LOCAL_RANK`` from the environment). Without CUDA, DeepSpeed is told to use the CPU (``DS_ACCELERATOR=cpu``, gloo).
+same arguments and ``--no_local_rank`` (the trainer reads ``LOCAL_RANK`` from the environment). Without CUDA,
+DeepSpeed is told to use the CPU (``DS_ACCELERATOR=cpu``, gloo).
 
 ZeRO partitions optimizer state by data-parallel rank, so a checkpoint loads only on the world
 size that wrote it. To resume on another one, :func:`convert_to_universal` turns it into a

@@ -2,8 +2,9 @@
 
 Each look gathers, since the canary started: per arm, requests, errors and the latency histogram from
 every scorer's ``/metrics`` (summed over scorers), and the quality of its scores on the events labeled since
-(``training.examples``; AUC for a binary label, RMSE for a numeric one). ``offline_training/release_policy.py`` decides; a promotion or a rollback is
-applied to the model registry, recorded with the controller as the actor and the policy's reason.
+(``training.examples``; AUC for a binary label, RMSE for a numeric one). ``offline_training/release_policy.py`` decides;
+a promotion or a rollback is applied to the model registry, recorded with the controller as the actor and the policy's
+reason.
 
 Like for like: a scorer restarts both arms' per-version counts when it starts a canary
 (``ScorerMetrics.start_comparison``), so on every scorer canary and prod are counted over the same

@@ -166,10 +166,12 @@ def _resume(engine, checkpoints: Path, universal: bool, snapshot_id: str) -> dic
         raise SystemExit(f"no checkpoint could be loaded from {checkpoints}: start without --resume")
     if client["snapshot_id"] != snapshot_id:
         raise SystemExit(
-            f"{load_path} trained on snapshot {client['snapshot_id']}, not {snapshot_id}: resume with that snapshot or use a new --out"
+            f"{load_path} trained on snapshot {client['snapshot_id']}, not {snapshot_id}: "
+            "resume with that snapshot or use a new --out"
         )
     log.info(
-        "resumed from checkpoint %s (written by %d processes) at global step %d, epoch %d, row %d of the epoch; weights sha256 %s",
+        "resumed from checkpoint %s (written by %d processes) at global step %d, epoch %d, row %d of the epoch; "
+        "weights sha256 %s",
         latest_tag(checkpoints, universal),
         client["world_size"],
         engine.global_steps,

@@ -135,7 +135,7 @@ class GrpcDoor:
         authorize = bearer_check(self.auth_token)
 
         class Servicer(base):
-            async def Score(self, message, context):
+            async def Score(self, message, context):  # the proto's method name, as gRPC dispatches it
                 began, code = time.perf_counter(), grpc.StatusCode.OK
                 metadata = dict(context.invocation_metadata())
                 trace = None if tracer is None else tracer.begin(metadata.get("traceparent"), began)

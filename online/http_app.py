@@ -209,10 +209,10 @@ class _Server(uvicorn.Server):
     #: still in the socket buffer, would be closed unanswered. This long lets such requests be read first.
     accepted_grace_s = 0.05
 
-    def capture_signals(self):
+    def capture_signals(self):  # uvicorn's hook
         return contextlib.nullcontext()
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:  # uvicorn's hook
         for server in self.servers:
             server.close()
         for sock in sockets or []:

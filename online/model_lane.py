@@ -26,7 +26,8 @@ ServedModel = OnnxModel | VllmModel
 
 
 class ModelLane:
-    """``model`` serving under ``alias``, reading the features it needs through ``fetcher``; ``infer(row)`` scores one input row."""
+    """``model`` serving under ``alias``, reading the features it needs through ``fetcher``; ``infer(row)`` scores one
+    input row."""
 
     def __init__(
         self, alias: str, model: ServedModel, fetcher: FeatureFetcher, knobs: BatchingKnobs, metrics: ScorerMetrics

@@ -26,6 +26,8 @@ from typing import NamedTuple
 
 from pydantic import SecretStr
 
+from schemas.errors import SchemasError
+
 #: Keys whose values are secrets: librdkafka's sensitive properties, and the Java client's (the Flink job's tables
 #: take the same ``client_config``).
 SECRET_KEYS = frozenset(
@@ -50,7 +52,7 @@ MASK = str(SecretStr("secret"))
 _SAME = {"acks": {"-1": "all"}}
 
 
-class KafkaSettingConflict(ValueError):
+class KafkaSettingConflict(SchemasError, ValueError):
     """A setting in the user's ``client_config`` contradicts what a Loopline client needs to be correct."""
 
 
@@ -135,8 +137,9 @@ def consumer_settings(
     read_committed: bool = True,
 ) -> dict[str, object]:
     """A consumer's settings as a member of ``group_id``, committing offsets itself (after their records' effect, or
-    never) and starting a partition it has no offset for at its oldest record; with ``read_committed``, it reads only
-    committed transactions' records."""
+    never) and starting a partition it has no offset for at its oldest record. With ``read_committed`` it must read
+    only committed transactions' records; without, the isolation is left to the defaults and the user (librdkafka's
+    own default is read_committed too)."""
     required = {
         "group.id": Requirement(group_id, "each Loopline reader keeps its offsets under its own group"),
         "enable.auto.commit": Requirement(False, "offsets are committed after the records' effect, never before"),

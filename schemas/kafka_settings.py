@@ -40,12 +40,14 @@ class KafkaSettings(BaseModel):
     start_timeout_s: float = Field(
         default=120.0,
         gt=0,
-        description="How long a broker may take to answer: after a kill -9 "
-        "it recovers its logs first (a node of 3 under load on 2 cores took 61 s in CI).",
+        description="How long a broker may take to answer: after a kill -9 it recovers its logs first, which under "
+        "load on a small machine takes a minute.",
     )
     client_config: dict[str, str] = Field(
         default_factory=dict,
-        description="Extra librdkafka settings for every Loopline Kafka client and the Flink job's (security.protocol, sasl.*, ssl.*).",
+        description="Extra librdkafka settings for every Loopline Kafka client and the Flink jobs' tables "
+        "(security.protocol, sasl.*, ssl.*): over each client's tuning defaults; a setting a client needs to be "
+        "correct (its group.id, idempotence, acks=all, isolation.level, transactional.id) is refused if contradicted.",
     )
 
     @model_validator(mode="after")
@@ -67,9 +69,10 @@ class KafkaSettings(BaseModel):
 
     @property
     def shape(self) -> Replication:
-        """The replication the cluster's shape gives: its brokers are the ``bootstrap_servers`` listed (at least that
-        many), else the stack's own nodes."""
-        return replication_for(len(self.bootstrap_servers) or self.brokers)
+        """The replication the stack's shape gives its topics (min(3, its nodes), see ``replication_for``). A cluster
+        named by ``bootstrap_servers`` has no shape Loopline knows (one address may front many brokers): one replica
+        unless set, as for any Kafka client."""
+        return replication_for(1 if self.bootstrap_servers else self.brokers)
 
     @property
     def replication(self) -> Replication:

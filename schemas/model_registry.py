@@ -35,7 +35,8 @@ HISTORY_TAG_PREFIX = "loopline.alias_history."
 
 @dataclass(frozen=True)
 class AliasChange:
-    """One move of an alias: at ``at_ms`` ``actor`` pointed ``alias`` from ``previous`` to ``version`` (None: unset), because ``reason``."""
+    """One move of an alias: at ``at_ms`` ``actor`` pointed ``alias`` from ``previous`` to ``version`` (None: unset),
+    because ``reason``."""
 
     at_ms: int
     actor: str

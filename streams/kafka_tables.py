@@ -20,16 +20,23 @@ from schemas.validation import ContractViolation, R, decode, encode
 RAW_COLUMNS = {"key": "BYTES", "value": "BYTES", "partition": "INT", "offset": "BIGINT"}
 
 
+#: The tables' client properties the jobs' reads rely on (their consumer group's offsets, read_committed under the
+#: exactly-once sinks, the start of a new group); the others (fetch sizes, timeouts) are tuning a user may override.
+_REQUIRED_PROPERTIES = frozenset({"group.id", "isolation.level", "auto.offset.reset"})
+
+
 def kafka_options(bootstrap_servers: str, kafka_properties: Mapping[str, str], options: Mapping[str, str]) -> str:
-    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings); a
-    client property the table's own ``properties.*`` options contradict is refused (KafkaSettingConflict)."""
-    required = {
-        key.removeprefix("properties."): Requirement(value, "the job's exactly-once reads and writes rely on it")
-        for key, value in options.items()
-        if key.startswith("properties.")
-    }
-    client = client_settings(bootstrap_servers, kafka_properties, required=required)
-    every = {"connector": "kafka", **{f"properties.{key}": value for key, value in client.items()}, **options}
+    """The WITH clause of a Kafka table: ``options``, the brokers and the client properties (security settings). The
+    table's ``properties.*`` options are Loopline's defaults under the user's ``kafka_properties``, but for those the
+    job relies on (``_REQUIRED_PROPERTIES``), which a contradicting client property is refused for
+    (KafkaSettingConflict)."""
+    own = {key.removeprefix("properties."): value for key, value in options.items() if key.startswith("properties.")}
+    why = "the job's exactly-once reads and writes rely on it"
+    required = {key: Requirement(value, why) for key, value in own.items() if key in _REQUIRED_PROPERTIES}
+    defaults = {key: value for key, value in own.items() if key not in _REQUIRED_PROPERTIES}
+    client = client_settings(bootstrap_servers, kafka_properties, defaults=defaults, required=required)
+    table = {key: value for key, value in options.items() if not key.startswith("properties.")}
+    every = {"connector": "kafka", **{f"properties.{key}": value for key, value in client.items()}, **table}
     return ", ".join(f"'{key}' = '{str(value).replace(chr(39), chr(39) * 2)}'" for key, value in every.items())
 
 

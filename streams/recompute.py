@@ -227,8 +227,9 @@ def _within_ttl(plan: ViewPlan, ago_ms: np.ndarray) -> np.ndarray:
 
 def _last_values(values: np.ndarray, timeline: _Timeline, end: np.ndarray) -> tuple[list, np.ndarray]:
     """Per row, the value of the latest event up to ``end - 1`` of its entity that has one (of events at one time,
-    the greatest value), and that event's time; None (and the row's latest time) when none has. Each event gets a rank by (time, value), and a running maximum of
-    ``code * (events + 1) + rank`` (codes ascending) keeps each entity's best so far without crossing entities."""
+    the greatest value), and that event's time; None (and the row's latest time) when none has. Each event gets a
+    rank by (time, value), and a running maximum of ``code * (events + 1) + rank`` (codes ascending) keeps each
+    entity's best so far without crossing entities."""
     present = np.array([value is not None and value == value for value in values.tolist()], dtype=bool)
     count = len(values)
     ranks = np.zeros(count, dtype=np.int64)

@@ -84,8 +84,10 @@ def apply_topics(
     existing = admin.list_topics(timeout=_TIMEOUT_S).topics
     changes: list[TopicChange] = []
 
-    def configs(spec: TopicSpec) -> dict[str, str]:
-        return {**spec.configs(), "min.insync.replicas": str(min_insync_replicas)}
+    def configs(spec: TopicSpec, replicas: int = replication_factor) -> dict[str, str]:
+        # A min ISR above a topic's replicas would refuse every acks=all write to it (a topic made before the stack
+        # grew keeps its replicas): it is held at their count.
+        return {**spec.configs(), "min.insync.replicas": str(min(min_insync_replicas, replicas))}
 
     to_create = [spec for spec in specs if spec.name not in existing]
     if to_create:
@@ -124,7 +126,10 @@ def apply_topics(
                 f"keeps {'/'.join(map(str, sorted(replicas)))} replicas (settings: {replication_factor}; "
                 "reassign its partitions to change)"
             )
-        drifted = {key: value for key, value in configs(spec).items() if current_configs[spec.name][key].value != value}
+        if min(replicas) < min_insync_replicas:
+            notes.append(f"min ISR held at {min(replicas)} (settings: {min_insync_replicas}): it has {min(replicas)} replicas")
+        wanted = configs(spec, min(replicas))
+        drifted = {key: value for key, value in wanted.items() if current_configs[spec.name][key].value != value}
         if drifted:
             resource = ConfigResource(
                 ConfigResource.Type.TOPIC,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from loopline.cli import common
+from loopline.cli import context
 from loopline.cli.flink_jobs import (
     FromSavepointOption,
     ImageOption,
@@ -38,7 +38,7 @@ def feedback_join(
 
     if jobmanager is None and (from_savepoint or print_command or image):
         raise typer.BadParameter("--from-savepoint, --print-command and --image are for a cluster: give --jobmanager")
-    config = common.settings()
+    config = context.settings()
     if jobmanager is not None:
         from loopline.cluster_jobs import joiner_submission
 
@@ -50,6 +50,6 @@ def feedback_join(
         return
     from feedback_loop.joiner_job import run_embedded
 
-    common.console.print(f"feedback joiner: horizon {config.feedback.horizon_s:,.0f} s, group {config.feedback.group_id}")
+    context.console.print(f"feedback joiner: horizon {config.feedback.horizon_s:,.0f} s, group {config.feedback.group_id}")
     job = dataclasses.replace(joiner_settings(config), parallelism=parallelism or config.feedback.parallelism)
     run_embedded(job, restore=restore)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from loopline.cli import common
+from loopline.cli import context
 from loopline.tables import stack_table
 
 app = typer.Typer(help="A standalone Flink session cluster (JobManager + TaskManagers) from the PyFlink distribution.")
@@ -20,10 +20,10 @@ def flink_up(
     """Start the session cluster unless running (its Web UI and REST API on flink.rest_port); print its status."""
     from loopline.components import flink_session
 
-    cluster = flink_session(common.settings(), taskmanagers, slots)
+    cluster = flink_session(context.settings(), taskmanagers, slots)
     started = cluster.up()
-    common.console.print(stack_table(cluster.status()))
-    common.console.print(
+    context.console.print(stack_table(cluster.status()))
+    context.console.print(
         f"started: {', '.join(started) or 'nothing, it runs'}; Web UI and --jobmanager: http://{cluster.address}"
     )
 
@@ -33,7 +33,7 @@ def flink_status() -> None:
     """Show the JobManager's and each TaskManager's state, address, pid and log."""
     from loopline.components import flink_session
 
-    common.console.print(stack_table(flink_session(common.settings()).status()))
+    context.console.print(stack_table(flink_session(context.settings()).status()))
 
 
 @app.command("down")
@@ -41,5 +41,5 @@ def flink_down() -> None:
     """Stop every TaskManager, then the JobManager (running jobs stop; their retained checkpoints stay)."""
     from loopline.components import flink_session
 
-    stopped = flink_session(common.settings()).down()
-    common.console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+    stopped = flink_session(context.settings()).down()
+    context.console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")

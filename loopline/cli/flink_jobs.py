@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loopline.cli import common
+from loopline.cli import context
 
 if TYPE_CHECKING:
     from loopline.cluster_jobs import Submission
@@ -56,4 +56,4 @@ def submit_to_cluster(submission: Submission, jobmanager: str, print_command: bo
     if print_command:
         print(shlex.join(submission.command))
         return
-    common.console.print(f"submitted to {jobmanager}: job {submit(submission, jobmanager)}", soft_wrap=True)
+    context.console.print(f"submitted to {jobmanager}: job {submit(submission, jobmanager)}", soft_wrap=True)

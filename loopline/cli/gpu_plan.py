@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from loopline.cli import common
+from loopline.cli import context
 
 
 def plan_gpu(
@@ -60,9 +60,9 @@ def plan_gpu(
             raise typer.BadParameter(str(err)) from err
     else:
         raise typer.BadParameter("give --widths for an MLP, or --layers, --hidden and --heads for a transformer")
-    common.console.print(
+    context.console.print(
         f"{shape.kind}: {shape.parameters / 1e6:,.1f} M parameters; training in {precision} with Adam, micro-batch {batch}"
     )
     memory, fewest, serving = gpu_plan_tables(shape, precision, serve_precision, batch, seq_len, serve_batch, recompute)
-    common.console.print(memory, fewest)
-    common.console.print(serving)
+    context.console.print(memory, fewest)
+    context.console.print(serving)

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from loopline.cli import common
-from loopline.cli.common import actor
+from loopline.cli import context
+from loopline.cli.context import actor
 from loopline.components import project
 from loopline.tables import alias_history_table, release_step_line
 from offline_training.release import ModelRelease
@@ -25,7 +25,7 @@ def _release(name: str | None) -> tuple[ModelRelease, str]:
     """The settings' model registry, and the model name to act on."""
     from loopline.components import model_release
 
-    config = common.settings()
+    config = context.settings()
     return model_release(config), name or config.serving.model_name
 
 
@@ -40,21 +40,21 @@ def models_register(
     project's features and request fields with their kinds, finite scores (probabilities for a binary label)."""
     from online.model_admission import ModelRejected, admit_model
 
-    declared = project(common.settings())
+    declared = project(context.settings())
     try:
         inputs = admit_model(path, declared.feature_repo, declared.labels.kind)
     except ModelRejected as err:
         raise typer.BadParameter(str(err), param_hint="PATH") from None
     release, name = _release(name)
     version = release.register(name, path)
-    common.console.print(
+    context.console.print(
         f"{len(inputs)} inputs, as the {declared.name} project declares them: "
         + ", ".join(f"{i.name} ({i.kind})" for i in inputs),
         highlight=False,
     )
     if alias:
         release.set_alias(name, alias, version, actor(), "registered with --alias")
-    common.console.print(f"registered {name} v{version}" + (f" as {alias}" if alias else ""))
+    context.console.print(f"registered {name} v{version}" + (f" as {alias}" if alias else ""))
 
 
 @app.command("first")
@@ -66,7 +66,7 @@ def models_first(
     a bias) as a new version, prod by default: something to serve, and to log features with, before any training."""
     from loopline.project import write_first_model
 
-    config = common.settings()
+    config = context.settings()
     declared = project(config)
     path = write_first_model(declared, config.home.absolute() / "models" / f"{declared.name}-first.onnx")
     models_register(path, alias, name)
@@ -81,7 +81,7 @@ def models_promote(
     """Point prod at VERSION (scorers hot-swap at their next poll) and end any canary."""
     release, name = _release(name)
     release.promote(name, version, actor(), reason)
-    common.console.print(f"{name} prod → v{version}")
+    context.console.print(f"{name} prod → v{version}")
 
 
 @app.command("canary")
@@ -93,14 +93,14 @@ def models_canary(
     """Send SHARE of the traffic to VERSION (alias canary)."""
     release, name = _release(name)
     release.start_canary(name, version, share, actor())
-    common.console.print(f"{name} canary → v{version} on {share:.0%} of requests")
+    context.console.print(f"{name} canary → v{version} on {share:.0%} of requests")
 
 
 @app.command("history")
 def models_history(name: ModelNameOption = None) -> None:
     """Every alias change: when, who or what, which alias, from which version to which, and why."""
     release, name = _release(name)
-    common.console.print(alias_history_table(release.history(name), title=f"{name}: alias history"))
+    context.console.print(alias_history_table(release.history(name), title=f"{name}: alias history"))
 
 
 def release(
@@ -114,19 +114,19 @@ def release(
     if target != "watch":
         model_release, name = _release(name)
         model_release.start_canary(name, target, canary / 100, actor(), f"released as a canary on {canary:g} % of requests")
-        common.console.print(f"{name} v{target} is the canary on {canary:g} % of requests; `loopline release watch` decides")
+        context.console.print(f"{name} v{target} is the canary on {canary:g} % of requests; `loopline release watch` decides")
         return
     from loopline.components import release_controller
 
-    config = common.settings()
+    config = context.settings()
     controller = release_controller(config)
     while True:
         outcome = controller.step()
         if outcome is None:
-            common.console.print("no canary is out")
+            context.console.print("no canary is out")
             return
         decision, canary_stats, prod_stats = outcome
-        common.console.print(release_step_line(decision, canary_stats, prod_stats, controller.policy.quality), highlight=False)
+        context.console.print(release_step_line(decision, canary_stats, prod_stats, controller.policy.quality), highlight=False)
         if once or decision.action != "wait":
             return
         time.sleep(config.release.poll_s)
@@ -139,4 +139,4 @@ def rollback(
     """Point prod back at the version it replaced (and end any canary), in one command."""
     release, name = _release(name)
     version = release.rollback(name, actor(), reason)
-    common.console.print(f"{name} prod → v{version} (rolled back)")
+    context.console.print(f"{name} prod → v{version} (rolled back)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loopline.cli import common
+from loopline.cli import context
 
 
 def monitor() -> None:
@@ -13,12 +13,12 @@ def monitor() -> None:
     from feedback_loop.monitor_metrics import MonitorMetrics
     from loopline.monitoring import build_monitor, wait_for_reference
 
-    config = common.settings()
+    config = context.settings()
     metrics = MonitorMetrics()
     start_http_server(config.monitor.metrics_port, addr=config.serving.host, registry=metrics.collector_registry)
-    wait_for_reference(config, lambda err: common.console.print(f"monitor: waiting for a reference snapshot: {err}"))
+    wait_for_reference(config, lambda err: context.console.print(f"monitor: waiting for a reference snapshot: {err}"))
     monitor = build_monitor(config, metrics)
-    common.console.print(
+    context.console.print(
         f"monitor: skew against snapshot {monitor.window.reference_id}, metrics on "
         f"http://{config.serving.host}:{config.monitor.metrics_port}/metrics"
     )
@@ -32,14 +32,14 @@ def dashboard() -> None:
     from infra.dashboard_server import dashboard_app
     from loopline.monitoring import model_versions
 
-    config = common.settings()
+    config = context.settings()
     page = dashboard_app(
         f"http://{config.prometheus.host}:{config.prometheus.port}",
         lambda: model_versions(config),
         config.jaeger.query_url,
         config.serving.tracing.service_name,
     )
-    common.console.print(
+    context.console.print(
         f"dashboard: http://{config.dashboard.host}:{config.dashboard.port}/ (Prometheus at "
         f"http://{config.prometheus.host}:{config.prometheus.port}, Jaeger at {config.jaeger.query_url})"
     )

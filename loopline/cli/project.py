@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from loopline.cli import common
+from loopline.cli import context
 from loopline.components import apply_loopline_topics, project
 from loopline.produce import produce_stream
 from loopline.tables import topics_table
@@ -45,7 +45,7 @@ def init(
     from schemas.project import load_project
 
     made = load_project(init_project(directory, template))
-    common.console.print(
+    context.console.print(
         f"made {made.name} project in {made.path} from the {template} template; next: `cd {directory}` and "
         "`loopline stack up`, `loopline apply`, `loopline stream submit` (docs/guide.md walks through the rest)"
     )
@@ -53,9 +53,9 @@ def init(
 
 def show_config() -> None:
     """Print the settings in force (override with LOOPLINE_* variables or a loopline.yaml); secrets masked."""
-    shown = common.settings().model_dump(mode="json")
+    shown = context.settings().model_dump(mode="json")
     shown["kafka"]["client_config"] = masked(shown["kafka"]["client_config"])
-    common.console.print_json(json.dumps(shown))
+    context.console.print_json(json.dumps(shown))
 
 
 def apply_all(
@@ -69,15 +69,15 @@ def apply_all(
     from feature_store.config import apply_definitions, repo_stream_views
     from streams.feature_plan import compile_plan
 
-    config = common.settings()
+    config = context.settings()
     plan = compile_plan(repo_stream_views(config.repo_path), project(config))
-    common.console.print(f"the streaming plan: {len(plan.views)} views over {', '.join(plan.topics)}", highlight=False)
+    context.console.print(f"the streaming plan: {len(plan.views)} views over {', '.join(plan.topics)}", highlight=False)
     views = apply_definitions(
         config.feast_registry_path, config.redis_connection, config.repo_path, redis_cluster=config.redis_cluster
     )
-    common.console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
+    context.console.print(f"feature views applied: {', '.join(views)} (Feast registry {config.feast_registry_path})")
     if topics:
-        common.console.print(topics_table(apply_loopline_topics(config)))
+        context.console.print(topics_table(apply_loopline_topics(config)))
 
 
 def produce(
@@ -88,8 +88,8 @@ def produce(
     malformed_rate: Annotated[float | None, typer.Option(help="Share of deliberately broken records.")] = None,
 ) -> None:
     """Publish the project's synthetic world (its events, late and out of order ones among them, and labels)."""
-    stats = produce_stream(common.settings(), rate, duration, seed, start, common.console, malformed_rate)
-    common.console.print(json.dumps({"delivered": dict(stats.delivered), "seconds": round(stats.seconds, 2)}))
+    stats = produce_stream(context.settings(), rate, duration, seed, start, context.console, malformed_rate)
+    context.console.print(json.dumps({"delivered": dict(stats.delivered), "seconds": round(stats.seconds, 2)}))
 
 
 def demo(
@@ -117,10 +117,10 @@ def demo(
     from loopline.scenarios.demo import run_demo
     from schemas.project import find_project
 
-    config = common.settings()
+    config = context.settings()
     if template is not None or (config.project is None and find_project(Path.cwd()) is None):
-        config = common.settings(project=instance_of_template(config.home, template or "fraud"))
-    failures = run_demo(config, seconds=seconds, rate=rate, console=common.console)
+        config = context.settings(project=instance_of_template(config.home, template or "fraud"))
+    failures = run_demo(config, seconds=seconds, rate=rate, console=context.console)
     if failures:
         Console(stderr=True, soft_wrap=True).print(
             f"[red]error:[/red] the demo did not keep {len(failures)} promise(s): " + "; ".join(failures), highlight=False

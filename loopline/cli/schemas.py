@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from loopline.cli import common
+from loopline.cli import context
 from loopline.components import project
 from schemas.compatibility import check_registered_schemas
 
@@ -17,8 +17,8 @@ def schemas_check() -> None:
     readers or events already written."""
     from schemas.compatibility import check_project_contracts
 
-    for name, outcome in {**check_project_contracts(project(common.settings())), **check_registered_schemas()}.items():
-        common.console.print(f"{name}: {outcome}")
+    for name, outcome in {**check_project_contracts(project(context.settings())), **check_registered_schemas()}.items():
+        context.console.print(f"{name}: {outcome}")
 
 
 @app.command("register")
@@ -27,5 +27,5 @@ def schemas_register() -> None:
     breaking."""
     from schemas.compatibility import register_project_contracts
 
-    for path in register_project_contracts(project(common.settings())):
-        common.console.print(f"registered {path}")
+    for path in register_project_contracts(project(context.settings())):
+        context.console.print(f"registered {path}")

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from infra.errors import StackError
-from loopline.cli import common
+from loopline.cli import context
 
 
 def serve(
@@ -30,7 +30,7 @@ def serve(
     from loopline.serve_workers import WorkerSupervisor
     from loopline.serving import serve as run
 
-    config = common.settings()
+    config = context.settings()
     path = model or config.serving.model_path
     if path is not None and not path.exists():
         raise StackError(f"no model file at {path}", "pass an existing --model PATH, or none to serve from the model registry")
@@ -48,7 +48,7 @@ def serve(
         run(config, path, doors, worker=(worker_index, count))
         return
     source = path or f"{serving.model_name}@prod/canary from {config.tracking_uri}"
-    common.console.print(
+    context.console.print(
         f"scoring with {source} on {', '.join(where[d] for d in sorted(doors))}, {count} worker{'s' * (count > 1)}"
     )
     if count == 1:

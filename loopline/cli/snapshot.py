@@ -6,8 +6,8 @@ from typing import Annotated
 
 import typer
 
-from loopline.cli import common
-from loopline.cli.common import epoch_ms
+from loopline.cli import context
+from loopline.cli.context import epoch_ms
 from loopline.tables import snapshot_diff_table, snapshot_table
 
 app = typer.Typer(help="Versioned training snapshots (parquet + manifest, content-addressed).")
@@ -25,8 +25,8 @@ def snapshot_create(
     """Write an immutable snapshot of labeled examples; print its manifest summary."""
     from loopline.retraining import create_snapshot
 
-    manifest = create_snapshot(common.settings(), epoch_ms(start), epoch_ms(end), backfill=backfill, model_name=model)
-    common.console.print(snapshot_table([manifest], title="snapshot"))
+    manifest = create_snapshot(context.settings(), epoch_ms(start), epoch_ms(end), backfill=backfill, model_name=model)
+    context.console.print(snapshot_table([manifest], title="snapshot"))
 
 
 @app.command("backfill")
@@ -38,8 +38,8 @@ def snapshot_backfill(
     from the retained events with the stream's window semantics."""
     from loopline.retraining import backfill_snapshot
 
-    manifest = backfill_snapshot(common.settings(), snapshot_id, feature, common.console)
-    common.console.print(snapshot_table([manifest], title=f"snapshot {snapshot_id} with {', '.join(feature)}"))
+    manifest = backfill_snapshot(context.settings(), snapshot_id, feature, context.console)
+    context.console.print(snapshot_table([manifest], title=f"snapshot {snapshot_id} with {', '.join(feature)}"))
 
 
 @app.command("list")
@@ -47,8 +47,10 @@ def snapshot_list() -> None:
     """Every snapshot, oldest first."""
     from feedback_loop.snapshots import list_snapshots
 
-    common.console.print(
-        snapshot_table(list_snapshots(common.settings().snapshots_root), title=f"snapshots in {common.settings().snapshots_root}")
+    context.console.print(
+        snapshot_table(
+            list_snapshots(context.settings().snapshots_root), title=f"snapshots in {context.settings().snapshots_root}"
+        )
     )
 
 
@@ -57,9 +59,9 @@ def snapshot_show(snapshot_id: Annotated[str, typer.Argument(help="A snapshot id
     """A snapshot's manifest."""
     from feedback_loop.snapshots import find_snapshot
 
-    manifest, folder = find_snapshot(common.settings().snapshots_root, snapshot_id)
-    common.console.print(f"{folder}")
-    common.console.print_json(manifest.to_json())
+    manifest, folder = find_snapshot(context.settings().snapshots_root, snapshot_id)
+    context.console.print(f"{folder}")
+    context.console.print_json(manifest.to_json())
 
 
 @app.command("diff")
@@ -69,4 +71,4 @@ def snapshot_diff(
     """How snapshot B differs from A: rows, labels, features, and each feature's drift (PSI on A's bins)."""
     from feedback_loop.snapshots import diff_snapshots
 
-    common.console.print(snapshot_diff_table(diff_snapshots(common.settings().snapshots_root, a, b)))
+    context.console.print(snapshot_diff_table(diff_snapshots(context.settings().snapshots_root, a, b)))

@@ -9,7 +9,7 @@ import typer
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infra.service import tail
-from loopline.cli import common
+from loopline.cli import context
 from loopline.components import build_stack
 from loopline.settings import forget_stack_shape, read_stack_shape, remember_stack_shape
 from loopline.tables import prebuilds_table, stack_table
@@ -23,18 +23,18 @@ def stack_setup() -> None:
     otherwise be built at first use (JVM operators, gRPC modules, DeepSpeed's ops)."""
     from loopline.prebuilds import prebuilds
 
-    config = common.settings()
+    config = context.settings()
     added = build_stack(config).setup()
-    common.console.print(f"set up: {', '.join(added)}" if added else "set up: nothing missing")
+    context.console.print(f"set up: {', '.join(added)}" if added else "set up: nothing missing")
     built = []
     columns = (SpinnerColumn(), TextColumn("building {task.description}"), TimeElapsedColumn())
-    with Progress(*columns, console=common.console, transient=True) as progress:
+    with Progress(*columns, console=context.console, transient=True) as progress:
         for prebuild in prebuilds(config):
             task, began = progress.add_task(prebuild.name, total=1), time.monotonic()
             made = prebuild.build()
             progress.update(task, completed=1, visible=False)
             built.append((prebuild.name, made, time.monotonic() - began))
-    common.console.print(prebuilds_table(built))
+    context.console.print(prebuilds_table(built))
 
 
 @app.command("up")
@@ -62,7 +62,7 @@ def stack_up(
     shape = {"kafka": {"brokers": kafka_brokers}} if kafka_brokers is not None else {}
     if redis_cluster is not None:
         shape["redis"] = {"mode": "cluster", "cluster_masters": redis_cluster}
-    config = common.settings(**shape)
+    config = context.settings(**shape)
     remembered = read_stack_shape(config.home).get("kafka", {}).get("brokers", 1)
     if config.kafka.brokers != remembered:
         kafka = config.kafka.model_copy(update={"brokers": remembered})
@@ -76,7 +76,7 @@ def stack_up(
     reports = stack.up()
     if shape:
         remember_stack_shape(config.home, shape)
-    common.console.print(stack_table(stack.status(), reports))
+    context.console.print(stack_table(stack.status(), reports))
 
 
 @app.command("down")
@@ -84,11 +84,11 @@ def stack_down(
     wipe: Annotated[bool, typer.Option(help="Also delete the services' data and the Flink jobs' checkpoints.")] = False,
 ) -> None:
     """Stop the stack; its data and the jobs' checkpoints stay unless --wipe."""
-    config = common.settings()
+    config = context.settings()
     stopped = build_stack(config).down(wipe=wipe)
     if wipe:
         forget_stack_shape(config.home)
-    common.console.print(
+    context.console.print(
         f"stopped: {', '.join(stopped) or 'nothing was running'}" + ("; data and checkpoints wiped" if wipe else "")
     )
 
@@ -96,7 +96,7 @@ def stack_down(
 @app.command("status")
 def stack_status() -> None:
     """Show each service's state, address, version and pid."""
-    common.console.print(stack_table(build_stack(common.settings()).status()))
+    context.console.print(stack_table(build_stack(context.settings()).status()))
 
 
 @app.command("logs")
@@ -105,7 +105,7 @@ def stack_logs(
     lines: Annotated[int, typer.Option("-n", help="How many lines.")] = 50,
 ) -> None:
     """Print the last lines of a service's log."""
-    stack = build_stack(common.settings())
+    stack = build_stack(context.settings())
     by_name = {s.name: s for s in stack.services}
     if service not in by_name:
         raise typer.BadParameter(f"unknown service {service!r}; choose from {', '.join(by_name)}")

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from loopline.cli import common
-from loopline.cli.common import epoch_ms
+from loopline.cli import context
+from loopline.cli.context import epoch_ms
 from loopline.cli.flink_jobs import (
     FromSavepointOption,
     ImageOption,
@@ -46,7 +46,7 @@ def stream_submit(
         raise typer.BadParameter("--from-time rebuilds the state from the log: use it with --no-restore")
     if jobmanager is None and (from_savepoint or print_command or image):
         raise typer.BadParameter("--from-savepoint, --print-command and --image are for a cluster: give --jobmanager")
-    config = common.settings()
+    config = context.settings()
     if jobmanager is not None:
         from loopline.cluster_jobs import feature_job_submission
 
@@ -62,7 +62,7 @@ def stream_submit(
     from streams.feature_job import run_embedded
 
     plan = feature_plan(config)
-    common.console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {', '.join(plan.topics)}")
+    context.console.print(f"feature job: {', '.join(v.name for v in plan.views)} from {', '.join(plan.topics)}")
     job = dataclasses.replace(
         job_settings(config), start_from_ms=epoch_ms(from_time), parallelism=parallelism or config.stream.parallelism
     )
@@ -76,11 +76,11 @@ def stream_status(jobmanager: JobManagerOption = None) -> None:
     from loopline.tables import flink_jobs_table
 
     if jobmanager is None:
-        common.console.print(
+        context.console.print(
             "the embedded job lives inside its `loopline stream submit` process; give --jobmanager for a cluster"
         )
         return
-    common.console.print(flink_jobs_table(list_jobs(jobmanager), jobmanager))
+    context.console.print(flink_jobs_table(list_jobs(jobmanager), jobmanager))
 
 
 @app.command("cancel")
@@ -109,9 +109,9 @@ def _stop_feature_job(jobmanager: str, job_id: str | None, savepoint: bool) -> N
 
     targets = [job_id] if job_id else running_jobs(jobmanager, JOB_NAME)
     for target in targets:
-        location = stop_job(jobmanager, target, common.settings() if savepoint else None)
-        common.console.print(
+        location = stop_job(jobmanager, target, context.settings() if savepoint else None)
+        context.console.print(
             f"stopped {target} with savepoint {location}" if location else f"cancelling {target}", highlight=False, soft_wrap=True
         )
     if not targets:
-        common.console.print("no running feature job")
+        context.console.print("no running feature job")

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from loopline.cli import common
-from loopline.cli.common import actor
+from loopline.cli import context
+from loopline.cli.context import actor
 
 if TYPE_CHECKING:
     from offline_training.retraining import RetrainOutcome
@@ -43,15 +43,15 @@ def train(
 
     if node_rank > 0:  # the model the nodes trained together is judged and registered once, by node 0
         metrics = train_on_snapshot(
-            common.settings(), snapshot, resume=resume, processes=processes, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv
+            context.settings(), snapshot, resume=resume, processes=processes, nnodes=nnodes, node_rank=node_rank, rdzv=rdzv
         )
-        common.console.print(
+        context.console.print(
             f"node {node_rank} of {nnodes} done; node 0 judges and registers the model ({metrics.parent})", highlight=False
         )
         return
     reason = f"loopline train --canary {canary:g}" if canary else ""
     outcome = retrain(
-        common.settings(),
+        context.settings(),
         snapshot,
         resume=resume,
         processes=processes,
@@ -71,29 +71,29 @@ def _print_outcome(outcome: RetrainOutcome, canary_requested: float | None) -> N
     from loopline.tables import candidate_table
 
     report = outcome.report
-    common.console.print(candidate_table(report, outcome.name))
+    context.console.print(candidate_table(report, outcome.name))
     quantization = report.quantization
     if quantization is not None:
-        common.console.print(
+        context.console.print(
             f"INT8 {'kept' if quantization.kept else 'refused'}: {quantization.reason}; latency gain "
             f"×{quantization.latency_gain:.2f} (fp32 median ÷ INT8 median)",
             highlight=False,
         )
     if report.version is None:
-        common.console.print(f"[red]not registered[/red]: {report.verdict.reason}", highlight=False)
+        context.console.print(f"[red]not registered[/red]: {report.verdict.reason}", highlight=False)
     else:
-        common.console.print(
+        context.console.print(
             f"[green]registered {outcome.name} v{report.version}[/green]: {report.verdict.reason}", highlight=False
         )
     if outcome.canary_percent is not None:
-        common.console.print(
+        context.console.print(
             f"v{report.version} is the canary on {outcome.canary_percent:g} % of requests; `loopline release watch` decides"
         )
     elif canary_requested and report.version is not None:
-        common.console.print(
+        context.console.print(
             f"no canary: there is no prod to compare v{report.version} with; `loopline models promote {report.version}` serves it"
         )
-    common.console.print(f"model card: {report.card_path}", highlight=False)
+    context.console.print(f"model card: {report.card_path}", highlight=False)
 
 
 @app.command("watch")
@@ -105,9 +105,9 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
     from loopline.retraining import trigger_step
     from offline_training.retraining import TrainJobStarted
 
-    config = common.settings()
+    config = context.settings()
     if config.retrain.mode == config.retrain.alert_mode == "off":
-        common.console.print(
+        context.console.print(
             "the retrain trigger is off: set retrain.mode (labeled quality) or retrain.alert_mode (skew and "
             "consistency alerts) to notify or retrain (LOOPLINE_RETRAIN__MODE, LOOPLINE_RETRAIN__ALERT_MODE)"
         )
@@ -126,10 +126,10 @@ def retrain_watch(once: Annotated[bool, typer.Option(help="Look once (and act on
     while not stop.is_set():
         decision, outcome = trigger_step(config)
         verdict = f"[red]fire[/red] ({config.retrain.mode_for(decision.causes)})" if decision.fire else "quiet"
-        common.console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
+        context.console.print(f"{time.strftime('%H:%M:%S')} {verdict}: {decision.reason}", highlight=False)
         if isinstance(outcome, TrainJobStarted):
             job = outcome.trainjob
-            common.console.print(
+            context.console.print(
                 f"TrainJob {job.namespace}/{job.name} {'created' if job.created else 'already created'} on snapshot "
                 f"{outcome.snapshot_id}: `kubectl get trainjob {job.name}` follows it",
                 highlight=False,

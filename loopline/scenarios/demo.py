@@ -451,8 +451,8 @@ def _report(summary: dict, settings: Settings, console: Console) -> None:
     if steady is not None:
         verdict = "met" if steady < _STEADY_OVER_BUDGET_GOAL else "NOT met"
         console.print(
-            f"Feature reads over their {settings.serving.feature_budget_ms:g} ms budget (answered on the declared defaults, flagged"
-            f" in each prediction): {steady:.1%} in the steady state (goal < {_STEADY_OVER_BUDGET_GOAL:.0%}: {verdict}),"
+            f"Feature reads over their {settings.serving.feature_budget_ms:g} ms budget (answered on the declared defaults,"
+            f" flagged in each prediction): {steady:.1%} in the steady state (goal < {_STEADY_OVER_BUDGET_GOAL:.0%}: {verdict}),"
             f" {summary['over_feature_budget_rate_while_training'] or 0:.1%} while the model trained — everything above shares"
             f" {os.cpu_count()} cores: two Flink jobs, Kafka, Redis, Prometheus, the monitor, the scorer, the training run and"
             " the producer.",
@@ -461,8 +461,9 @@ def _report(summary: dict, settings: Settings, console: Console) -> None:
     if summary["skew_injected"]:
         alerting = ", ".join(summary["skew_alerting_features"]) or "none"
         console.print(
-            f"Skew injected into {', '.join(summary['skew_injected_features'])} (the score requests' field multiplied, as the project's"
-            f" demo.skew says): the monitor measured PSI {summary['skew_psi']} for {summary['skew_feature']} against snapshot"
+            f"Skew injected into {', '.join(summary['skew_injected_features'])} (the score requests' field multiplied,"
+            f" as the project's demo.skew says): the monitor measured PSI {summary['skew_psi']}"
+            f" for {summary['skew_feature']} against snapshot"
             f" {summary['skew_reference_snapshot']};"
             f" Prometheus' {SKEW_ALERT}: {summary['skew_alert']}. Features alerting now: {alerting}"
             + (

@@ -585,7 +585,8 @@ class FaultDrill:
                     recovered = self._recovery(kind, restarted)
                     full_isr = isr.result()
                 self.say(
-                    f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again {recovered if recovered is None else round(recovered, 1)} s after restart"
+                    f"{self._now():5.1f} s: {kind} back after {down_s:.1f} s down, working again "
+                    f"{recovered if recovered is None else round(recovered, 1)} s after restart"
                 )
                 stall = self._stall(killed, self._now() if recovered is None else restarted + recovered)
                 faults.append(FaultOutcome(kind, killed, down_s, recovered, stall, full_isr))

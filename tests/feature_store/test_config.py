@@ -71,11 +71,13 @@ def test_feast_in_the_repo_and_loopline_share_one_registry(applied: Settings, tm
     text = definitions.read_text()
     text = text.replace(
         '        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n',
-        f'        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n        _agg("{NEW_FEATURE}", "min", "amount", HOUR, MINUTE),\n',
+        '        _agg("amount_max_24h", "max", "amount", DAY, QUARTER),\n'
+        f'        _agg("{NEW_FEATURE}", "min", "amount", HOUR, MINUTE),\n',
     )
     text = text.replace(
         '        Field(name="amount_max_24h", dtype=Float64, tags={"default": "0.0"}),\n',
-        f'        Field(name="amount_max_24h", dtype=Float64, tags={{"default": "0.0"}}),\n        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{"default": "0.0"}}),\n',
+        f'        Field(name="amount_max_24h", dtype=Float64, tags={{"default": "0.0"}}),\n'
+        f'        Field(name="{NEW_FEATURE}", dtype=Float64, tags={{"default": "0.0"}}),\n',
     )
     assert NEW_FEATURE in text
     definitions.write_text(text)

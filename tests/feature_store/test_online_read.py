@@ -104,10 +104,11 @@ def test_deleting_the_rows_lets_an_older_row_in_again(settings: Settings, writte
 def test_steps_are_written_with_their_row_and_read_at_request_time(settings: Settings, written: list[str]) -> None:
     """Real writer, reader and Redis: a row per event with its finished values and every window's steps (built from
     the window definition), written in batches, the newest first (the older rows are refused, steps included). A read
-    without a time (from the steps) returns what Feast returns (from the finished values). Reads at request times from the latest event to a day after it equal the window definition for every windowed
-    feature. A row without steps (written by hand) deletes them, and steps of another event time than the row's are
-    not read: both read the row's finished values."""
-    from window_definition import steps_by_definition, window_by_definition
+    without a time (from the steps) returns what Feast returns (from the finished values). Reads at request times
+    from the latest event to a day after it equal the window definition for every windowed feature. A row without
+    steps (written by hand) deletes them, and steps of another event time than the row's are not read: both read the
+    row's finished values."""
+    from tests.support.window_definition import steps_by_definition, window_by_definition
 
     reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
     writer = OnlineWriter(settings.feast_registry_path, settings.redis_connection, settings.repo_path)

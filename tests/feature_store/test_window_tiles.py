@@ -172,7 +172,8 @@ def _read_ahead(applied: Settings, tmp_path: Path, run: str, user: str, start_ms
         "day quiet": 0,
     }, counts
     assert (seen["hour quiet"]["txn_count_1h"], seen["hour quiet"]["txn_count_24h"]) == (0, 12)
-    # The day's window holds the burst's 15-minute tile until the next day's hour (the worked example in docs/concepts/windows.md).
+    # The day's window holds the burst's 15-minute tile until the next day's hour (the worked example in
+    # docs/concepts/windows.md).
     assert (seen["a day less a second"]["txn_count_24h"], seen["a day"]["txn_count_24h"]) == (12, 0)
     assert seen["day quiet"] == {
         **dict.fromkeys(("txn_count_5m", "txn_count_1h", "txn_count_24h", "distinct_merchants_1h", "distinct_countries_24h"), 0),

@@ -4,9 +4,9 @@ The feature job (real Flink, Kafka, Redis, Feast) runs from a registry of its ow
 too long (`txn_count_5m` over 5 min 10 s): the job only, as a deployment that drifted from the registered definitions
 would. What a scorer reads from the online store (the scorer's own read, values with their row times) is replayed by
 the monitor's replay (`feedback_loop.consistency_replay`, which `loopline monitor` wires: the event log read back
-from Kafka, judged as the job judges it, recomputed point in time from the registered definitions). That feature shows value mismatches; every
-other feature, computed by the same job with the right windows, shows none. (tests/loopline/test_demo_loop.py replays
-a healthy pipeline's own scored requests: no value mismatch either.)
+from Kafka, judged as the job judges it, recomputed point in time from the registered definitions). That feature
+shows value mismatches; every other feature, computed by the same job with the right windows, shows none.
+(tests/loopline/test_demo_loop.py replays a healthy pipeline's own scored requests: no value mismatch either.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Kafka as a three-node cluster, each node on a host of its own (a network namespace, ``infra/netns.py``): topics
 replicated three times with two in sync for a write, and under load (the feature job, a Kafka-door scorer, an HTTP
 scorer whose answers wait for their logged prediction) one node killed with -9 and, separately, one cut off the
-network (``loopline/scenarios/fault_drill.py``), the feedback joiner joining each request's label: nothing lost or doubled, no transaction left open, every process up,
-the cluster back to every replica in sync.
+network (``loopline/scenarios/fault_drill.py``), the feedback joiner joining each request's label: nothing lost or
+doubled, no transaction left open, every process up, the cluster back to every replica in sync.
 """
 
 from __future__ import annotations

@@ -15,8 +15,14 @@ _FOUND = "\n".join(
     [
         "[2026-12-01 21:24:56,101] INFO Kafka version: 4.4.0 (org.apache.kafka.common.utils.internals.AppInfoParser)",
         _HEADER,
-        "scoring.predictions\t5        \t2         \t6            \t2               \t1724       \t1796160175135\t1            \t",
-        "__consumer_offsets \t0        \t2         \t6            \t2               \t1028       \t1796160175283\t1            \t",
+        (
+            "scoring.predictions\t5        \t2         \t6            \t2               \t1724       \t1796160175135"
+            "\t1            \t"
+        ),
+        (
+            "__consumer_offsets \t0        \t2         \t6            \t2               \t1028       \t1796160175283"
+            "\t1            \t"
+        ),
     ]
 )
 

@@ -491,7 +491,8 @@ def test_a_master_killed_under_load_fails_over_and_no_row_is_lost(cluster_settin
     before, after = [a for a in answers if a.sent_s < killed], [a for a in answers if a.sent_s > recovered]
     assert all(a.fallback != "unavailable" for a in before + after), "Redis unavailable only after the kill, until the recovery"
     assert all(a.count == 2 for a in after if a.fallback is None), "fresh again: every read after the recovery has the new row"
-    # Over budget is the cores' doing (5.5 % of these reads at load average 14 on 2 cores), not Redis's: only most must be in time.
+    # Over budget is the cores' doing (5.5 % of these reads at load average 14 on 2 cores), not Redis's: only most must
+    # be in time.
     assert sum(a.fallback is None for a in after) >= 0.5 * len(after), "... and most come from Redis, in time"
     defaulted = [a for a in answers if a.fallback == "unavailable" and killed <= a.sent_s <= recovered]
     assert defaulted, "reads to the killed master fall back to the defaults"

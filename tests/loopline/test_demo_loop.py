@@ -1,12 +1,12 @@
 """Each template's whole loop on the real stack, as `loopline demo` runs it: its world's events → the streaming
-features (each windowed input equal to the recompute at request time, as the monitor replays it) → scoring over Kafka and HTTP → labels joined → snapshot →
-training (a classifier for fraud, a regression for delivery) → canary → promote, while a running scorer hot-swaps
-with no failed request → the skew monitor against the loop's snapshot: quiet on the healthy stream, then the
-project's injected skew moves exactly its feature; and `loopline rollback`.
+features (each windowed input equal to the recompute at request time, as the monitor replays it) → scoring over Kafka
+and HTTP → labels joined → snapshot → training (a classifier for fraud, a regression for delivery) → canary → promote,
+while a running scorer hot-swaps with no failed request → the skew monitor against the loop's snapshot: quiet on the
+healthy stream, then the project's injected skew moves exactly its feature; and `loopline rollback`.
 
-Real parts throughout: Kafka and Redis (fraud: the session's stack; delivery: the session's second stack, conftest's ``delivery_applied``),
-the streaming feature job and the feedback joiner (PyFlink mini-clusters), `loopline serve --kafka --http` and
-`loopline monitor` in processes of their own, DeepSpeed training on the CPU, MLflow.
+Real parts throughout: Kafka and Redis (fraud: the session's stack; delivery: the session's second stack, conftest's
+``delivery_applied``), the streaming feature job and the feedback joiner (PyFlink mini-clusters),
+`loopline serve --kafka --http` and `loopline monitor` in processes of their own, DeepSpeed training on the CPU, MLflow.
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def test_the_loop_closes_and_rolls_back(loop_settings: Settings, tmp_path: Path)
         }
         assert outcomes["value"] == outcomes["extra"] == 0 and outcomes["match"] > 0, (outcomes, wrong)
         # Every windowed model input replayed (the replay's, as the monitor's: an unwindowed one would need the whole
-        # log; test_template_features holds those to the recompute), for every scored request, each matching, and more
+        # log; tests/loopline/test_templates.py holds those to the recompute), for every scored request, each matching, and more
         # of them matching or lagging than missing (a new entity's first event): most are lag, the scorer reading the row
         # before the job has applied the scored event itself.
         windowed = {f"{v.name}:{a.name}" for v in plan.views for a in v.aggregations if a.window_ms} & set(

@@ -247,3 +247,27 @@ def test_loopline_config_masks_the_secrets_in_the_kafka_client_config(monkeypatc
     }
     assert shown["redis"]["password"] == masked
     assert Settings().kafka.client_config["sasl.password"] == "s3cret-pw", "only the printout is masked"
+
+
+def test_a_client_config_contradicting_what_a_client_needs_is_one_line_with_the_fix(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    project = init_project(tmp_path / "shop", "fraud")
+    env = {
+        **os.environ,
+        "LOOPLINE_HOME": str(tmp_path / "home"),
+        "LOOPLINE_PROJECT": str(project),
+        "LOOPLINE_KAFKA__PORT": "1",
+        "LOOPLINE_KAFKA__CLIENT_CONFIG": json.dumps({"bootstrap.servers": "elsewhere:9092"}),
+    }
+    refused = subprocess.run(
+        [sys.executable, "-c", "from loopline.cli import main; main()", "topics", "apply"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr, refused.stderr
+    line = " ".join(refused.stderr.split())
+    assert "kafka.client_config sets bootstrap.servers='elsewhere:9092'" in line and "fix: remove bootstrap.servers" in line

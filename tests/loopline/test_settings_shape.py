@@ -27,7 +27,7 @@ def test_unset_replication_follows_the_brokers() -> None:
     assert _replication(brokers=2) == (2, 1)
     assert _replication(brokers=3) == (3, 2)
     assert _replication(brokers=5) == (3, 2)
-    assert _replication(bootstrap_servers=["k1:9092", "k2:9092", "k3:9092"]) == (3, 2), "a cluster: the brokers listed"
+    assert _replication(bootstrap_servers=["k1:9092", "k2:9092", "k3:9092"]) == (1, 1), "a named cluster: set, not guessed"
     assert _replication(bootstrap_servers=["k:9092"], brokers=3) == (1, 1), "the stack's node count is not the cluster's"
 
 

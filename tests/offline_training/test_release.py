@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from infra.service import free_port, wait_until
 from loopline import cli
-from loopline.cli import common
+from loopline.cli import context
 from loopline.components import model_release, release_controller
 from loopline.project import template_path
 from loopline.serving import build_scorer, model_watcher
@@ -307,7 +307,7 @@ def run_cli(monkeypatch: pytest.MonkeyPatch):
     """Runs ``loopline`` commands in process with the given LOOPLINE_ environment; (exit code, output, exception)."""
     runner = CliRunner()
     # The CLI's console was sized at import; a wide one keeps table rows on one line each.
-    monkeypatch.setattr(common, "console", Console(width=400, highlight=False))
+    monkeypatch.setattr(context, "console", Console(width=400, highlight=False))
 
     def run(args: list[str], env: dict[str, str]) -> tuple[int, str, BaseException | None]:
         for key, value in env.items():
@@ -513,7 +513,7 @@ def test_a_healthy_canary_is_promoted_by_release_watch(served, models, run_cli, 
                 "max_latency_ratio": 100.0,
             }
         )
-        monkeypatch.setattr(common, "settings", lambda: settings.model_copy(update={"release": watch}))
+        monkeypatch.setattr(context, "settings", lambda: settings.model_copy(update={"release": watch}))
         code, output, error = run_cli(["release", "watch"], {})
         assert code == 0, error
         looks = output.strip().splitlines()

@@ -3,9 +3,9 @@
 Kill-and-resume equals an uninterrupted run bit for bit; a universal checkpoint written by 2 processes
 resumes on 1; two launchers on this machine, each its own node of 1 process (torchrun's c10d
 rendezvous, one shared output folder), train the weights of one launcher with 2 processes, and do so
-still when one node is killed mid-run and rejoins; so do two nodes of a DeepSpeed hostfile; the ONNX export scores as torch does and loads in
-the scorer's runtime; the holdout finds the planted signal. The first DeepSpeed initialize on a machine JIT-compiles a CPU comm op
-(about a minute, then cached under ~/.cache/torch_extensions): the first run here pays it once.
+still when one node is killed mid-run and rejoins; so do two nodes of a DeepSpeed hostfile; the ONNX export scores as torch does
+and loads in the scorer's runtime; the holdout finds the planted signal. The first DeepSpeed initialize on a machine JIT-compiles
+a CPU comm op (about a minute, then cached under ~/.cache/torch_extensions): the first run here pays it once.
 """
 
 from __future__ import annotations
@@ -165,8 +165,9 @@ def killed_run(workspace) -> Path:
 
 
 def test_zero_stage_3_trains_the_weights_of_stage_2(workspace, full_run):
-    """ZeRO 3 (``infra/deepspeed/zero3.json``) keeps each rank's partition of the parameters only: the epoch-end holdout and the written model gather
-    them, a collective every rank enters (rank 0 alone would wait for the others on GPUs)."""
+    """ZeRO 3 (``infra/deepspeed/zero3.json``) keeps each rank's partition of the parameters only: the epoch-end holdout
+    and the written model gather them, a collective every rank enters (rank 0 alone would wait for the others on
+    GPUs)."""
     from offline_training.launch import launch_training
 
     config = workspace / "zero3.yaml"
@@ -324,7 +325,8 @@ def test_a_killed_node_rejoins_and_the_run_resumes_from_its_last_checkpoint(work
 
 
 def test_two_nodes_of_a_deepspeed_hostfile_train_the_same_weights(workspace, full_run, tmp_path):
-    """The hostfile command of the scale-out guide (docs/guides/scale-out.md), each node started by hand (``--no_ssh``: there is no ssh between nodes here)."""
+    """The hostfile command of the scale-out guide (docs/guides/scale-out.md), each node started by hand (``--no_ssh``:
+    there is no ssh between nodes here)."""
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("node0 slots=1\nnode1 slots=1\n")
     out, port = workspace / "hostfile-nodes", free_port()

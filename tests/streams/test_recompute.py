@@ -1,10 +1,10 @@
 """The vectorised recompute against a brute-force reading of the window semantics, point by point, on small random logs.
 
 The reference below is the definition, not an algorithm: for each point, the entity's events at or before it; the
-latest of them; each window from the bucket ``point // slide - buckets + 1`` up to the point (request time); sums and means as exact sums
-of values rounded to 1/SCALE. Logs have several entities, equal timestamps, rows out of order, values with many
-decimals or on a half of 1/SCALE, totals past 2**53, points before an entity's first event and windows shorter than a
-bucket (empty).
+latest of them; each window from the bucket ``point // slide - buckets + 1`` up to the point (request time); sums and
+means as exact sums of values rounded to 1/SCALE. Logs have several entities, equal timestamps, rows out of order,
+values with many decimals or on a half of 1/SCALE, totals past 2**53, points before an entity's first event and
+windows shorter than a bucket (empty).
 """
 
 from __future__ import annotations

@@ -53,6 +53,16 @@ def test_topics_apply_is_idempotent_and_repairs_drift(bootstrap: str) -> None:
     assert {change.action for change in apply_topics(bootstrap, topics)} == {"unchanged"}
 
 
+def test_a_grown_shape_never_sets_a_min_isr_above_an_existing_topics_replicas(bootstrap: str) -> None:
+    # The stack's topics were made with one replica; settings of a three-broker shape (3 replicas, 2 in sync) must not
+    # give them a min ISR of 2, which would refuse every acks=all write to them.
+    changes = {c.topic: c for c in apply_topics(bootstrap, [TRANSACTIONS], replication_factor=3, min_insync_replicas=2)}
+    assert "keeps 1 replicas" in changes[TRANSACTIONS.name].detail and "min ISR held at 1" in changes[TRANSACTIONS.name].detail
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    described = ConfigResource(ConfigResource.Type.TOPIC, TRANSACTIONS.name)
+    assert admin.describe_configs([described])[described].result()["min.insync.replicas"].value == "1"
+
+
 def test_fewer_partitions_than_the_topic_has_is_refused(bootstrap: str) -> None:
     shrunk = TopicSpec(TRANSACTIONS.name, TransactionEvent, "user_id", partitions=2, retention_ms=TRANSACTIONS.retention_ms)
     with pytest.raises(TopicSpecError, match="cannot remove partitions"):

@@ -1,6 +1,6 @@
 """What every command shares: the console it prints on, the settings in force, who acts, and times as given.
 
-Commands reach ``console`` and ``settings`` as attributes of this module (``common.console``), never by importing the
+Commands reach ``console`` and ``settings`` as attributes of this module (``context.console``), never by importing the
 names, so that a test swaps either for every command in one place."""
 
 from __future__ import annotations
