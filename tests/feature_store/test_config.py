@@ -36,13 +36,15 @@ SOURCE = TopicSpec("test.registry", TransactionEvent, key="user_id", partitions=
 
 def _project_copy(settings: Settings, folder: Path) -> Path:
     """The session's project copied to ``folder``, its feature_store.yaml naming a registry there and this stack's
-    Redis."""
+    Redis, under a Feast project name of its own: its rows and its views' generations stay out of the session
+    project's keys (its changed plan would otherwise rebuild the views the next tests read)."""
     project = folder / "project"
     shutil.copytree(settings.project_path, project, ignore=shutil.ignore_patterns("data", "__pycache__"))
     repo = project / "feature_repo"
     config = yaml.safe_load((repo / "feature_store.yaml").read_text())
     config["registry"] = str(folder / "registry.db")
     config["online_store"]["connection_string"] = settings.redis_connection
+    config["project"] = f"{config['project']}_registry_{uuid.uuid4().hex[:6]}"
     (repo / "feature_store.yaml").write_text(yaml.safe_dump(config))
     return project
 
