@@ -26,7 +26,7 @@ from feature_store.config import apply_definitions, feature_store
 from feature_store.online_read import OnlineReader
 from feedback_loop.consistency import features_at
 from infra.service import wait_until
-from loopline.components import apply_loopline_topics, build_stack, feature_plan
+from loopline.components import feature_plan
 from loopline.job_processes import start_feature_job, stop_process_group
 from loopline.settings import Settings
 from streams.checkpoint_origin import recorded_plan
@@ -36,7 +36,7 @@ from streams.producer import EventProducer
 from streams.recompute import accepted_events, same_feature_value
 from streams.topics import read_topic
 from streams.world import Emitted
-from tests.support.stack import stack_settings
+from tests.support.stack import private_stack, stack_settings
 from tests.support.templates import FRAUD, TRANSACTIONS, TransactionEvent, fraud_world
 
 #: The integration tier: a stack of its own, whose project it edits.
@@ -91,11 +91,7 @@ class Changed:
 def changed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Changed]:
     home = tmp_path_factory.mktemp("plan-change")
     settings = stack_settings(home / "stack")
-    stack = build_stack(settings)
-    stack.up()
-    try:
-        apply_loopline_topics(settings)
-        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    with private_stack(settings):
         # Ten minutes of transactions, the last a minute ago: windows of 5 and 10 minutes, tiles of 10 and 30 s, tell
         # the plans apart.
         world = fraud_world(
@@ -113,8 +109,6 @@ def changed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Changed]:
         before = feature_plan(settings)
         events, _ = accepted_events(before, TRANSACTIONS.name, read_topic(settings.kafka.bootstrap, TRANSACTIONS.name))
         yield Changed(settings, before, events, int(events["event_time_ms"].max()) + 1_000, home / "logs")
-    finally:
-        stack.down(wipe=True)
 
 
 def _transactions(world, count: int) -> list:

@@ -6,11 +6,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from feature_store.config import apply_definitions
-from loopline.components import apply_loopline_topics, build_stack
 from loopline.project import init_project
 from loopline.settings import Settings
-from tests.support.stack import stack_settings
+from tests.support.stack import private_stack, stack_settings
 
 
 @pytest.fixture(scope="session")
@@ -19,12 +17,5 @@ def delivery_applied(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setti
     for it, its topics and Feast definitions applied, stopped at the session's end."""
     home = tmp_path_factory.mktemp("delivery-stack")
     settings = stack_settings(home, init_project(home / "project", "delivery"))
-    local = build_stack(settings)
-    local.setup()
-    local.up()
-    try:
-        apply_loopline_topics(settings)
-        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    with private_stack(settings):
         yield settings
-    finally:
-        local.down(wipe=True)

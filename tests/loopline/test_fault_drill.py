@@ -19,10 +19,8 @@ import numpy as np
 import pytest
 import requests
 
-from feature_store.config import apply_definitions
 from infra.service import free_port, wait_until
 from infra.stack import LocalStack
-from loopline.components import apply_loopline_topics, build_stack
 from loopline.job_processes import start_scorer
 from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill, job_restarts
 from loopline.settings import Settings
@@ -34,7 +32,7 @@ from streams.world import Emitted
 from tests.support.drill import assert_the_drill_lost_nothing
 from tests.support.kafka_log import start_group_at_end
 from tests.support.scoring import score_request
-from tests.support.stack import stack_settings
+from tests.support.stack import private_stack, stack_settings
 
 #: The integration tier: a stack of its own, whose parts the drill kills.
 pytestmark = pytest.mark.stack
@@ -43,14 +41,8 @@ pytestmark = pytest.mark.stack
 @pytest.mark.timeout(600)
 def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: Path) -> None:
     settings = stack_settings(tmp_path / "stack")
-    stack = build_stack(settings)
-    stack.up()
-    try:
-        apply_loopline_topics(settings)
-        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    with private_stack(settings):
         report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print).run()
-    finally:
-        stack.down(wipe=True)
     figures = report.figures()
     print(figures)
     assert_the_drill_lost_nothing(report, FAULT_KINDS)

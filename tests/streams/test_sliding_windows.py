@@ -21,18 +21,17 @@ import pandas as pd
 import pytest
 import redis
 
-from feature_store.config import apply_definitions
 from feature_store.online_read import OnlineReader
 from feedback_loop.consistency import features_at
 from infra.service import wait_until
-from loopline.components import apply_loopline_topics, build_stack, feature_plan
+from loopline.components import feature_plan
 from loopline.job_processes import start_feature_job, stop_process_group
 from streams.flink_job import checkpoint_bytes, latest_checkpoint
 from streams.producer import EventProducer
 from streams.recompute import accepted_events, same_feature_value
 from streams.topics import read_topic
 from streams.world import Emitted
-from tests.support.stack import stack_settings
+from tests.support.stack import private_stack, stack_settings
 from tests.support.templates import FRAUD, TRANSACTIONS, TransactionEvent
 
 #: The integration tier: a stack of its own.
@@ -61,11 +60,7 @@ def _transaction(n: int, user: str, at_ms: int) -> Emitted:
 
 def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Path) -> None:
     settings = stack_settings(tmp_path / "stack")
-    stack = build_stack(settings)
-    stack.up()
-    try:
-        apply_loopline_topics(settings)
-        apply_definitions(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    with private_stack(settings):
         plan = feature_plan(settings)
         users = next(view for view in plan.views if view.name == "user_transaction_features")
         assert users.ttl_ms == 2 * DAY_MS
@@ -134,5 +129,3 @@ def test_entities_whose_windows_are_empty_for_good_leave_the_state(tmp_path: Pat
         client = redis.Redis(port=settings.redis.port)
         keys = list(client.scan_iter(count=1_000))
         assert keys and all(2 * 86_400 - 600 <= client.ttl(key) <= 2 * 86_400 for key in keys if b"views" not in key)
-    finally:
-        stack.down(wipe=True)
