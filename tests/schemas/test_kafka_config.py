@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from schemas.kafka_config import (
@@ -87,3 +89,26 @@ def test_secrets_print_masked_in_either_key_spelling_and_reach_the_client_plain(
     typed = {**TLS, "sasl.password": SecretStr("s3cret-pw")}
     assert producer_settings("b", typed)["sasl.password"] == "s3cret-pw", "a client takes a typed secret's plain text"
     assert is_secret("sasl.jaas.config") and is_secret("ssl_key") and not is_secret("ssl.certificate.location")
+
+
+#: A careless or hostile client_config: any keys (the ones the consumer needs among them), any text values.
+_KEYS = st.sampled_from(["group.id", "enable.auto.commit", "auto.offset.reset", "isolation.level", "bootstrap.servers"])
+_CONFIGS = st.dictionaries(_KEYS | st.text(max_size=30), st.text(max_size=50), max_size=8)
+
+
+@given(_CONFIGS)
+def test_no_client_config_ever_changes_what_a_consumer_needs(config: dict[str, str]) -> None:
+    needs = {
+        "bootstrap.servers": "b:9092",
+        "group.id": "g",
+        "enable.auto.commit": "false",
+        "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed",
+    }
+    try:
+        settings = consumer_settings("b:9092", config, "g")
+    except KafkaSettingConflict as refused:
+        assert any(f"sets {key}=" in str(refused) for key in needs), refused
+        return
+    assert {key: str(settings[key]).lower() for key in needs} == needs
+    assert all(settings[key] == value for key, value in config.items() if key not in needs)
