@@ -193,6 +193,7 @@ class EventContract:
 
     def _parse_avro(self, payload: bytes | str) -> dict:
         import fastavro
+        import fastavro.validation
 
         raw = payload.encode() if isinstance(payload, str) else payload
         buffer = io.BytesIO(raw)
@@ -202,6 +203,10 @@ class EventContract:
             raise _whole(self.name, f"not valid Avro of this contract ({type(err).__name__}: {err})") from None
         if buffer.tell() != len(raw):
             raise _whole(self.name, f"{len(raw) - buffer.tell()} bytes after the Avro record")
+        if not fastavro.validation.validate(data, self._avro, raise_errors=False):
+            # fastavro reads a varint of any width; an Avro int beyond 32 bits (a long beyond 64) is no such value, and
+            # the JVM's reader refuses those bytes as malformed.
+            raise _whole(self.name, "a number outside its Avro type's range")
         if self.encode(data, "avro") != raw:
             # Avro writers write one form of a record (each number in its fewest bytes); a record in another is refused
             # on both sides alike, where Avro's readers would differ on it (a varint of more than ten bytes).
