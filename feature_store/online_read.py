@@ -34,6 +34,7 @@ not per read.
 from __future__ import annotations
 
 import struct
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -116,7 +117,8 @@ class OnlineReader:
         self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
         self._project = store.config.project
         self._stale_after_ms, self._states_refresh_s = int(stale_after_s * 1000), states_refresh_s
-        self._states, self._states_read_at = ViewStates(), -states_refresh_s
+        self._states, self._states_read_at = ViewStates(), -1.0  # negative: never read
+        self._states_refreshing = threading.Lock()
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""
@@ -127,10 +129,22 @@ class OnlineReader:
         return list(self._plan(view, tuple(names)).fields)
 
     def view_states(self) -> ViewStates:
-        """The views' serving generations and progress, as last read (again when older than ``states_refresh_s``)."""
+        """The views' serving generations and progress, as last read (again when older than ``states_refresh_s``).
+
+        One thread refreshes at a time; the others keep the states last read meanwhile (before the first read, they
+        wait for it). Two refreshes in flight on two connections could land out of order, the older HGETALL's answer
+        replacing the newer one: readers would go back to a generation they had already left (a view read in its new
+        plan, then in its old one again)."""
         now = time.monotonic()
-        if now - self._states_read_at >= self._states_refresh_s:
-            self._states, self._states_read_at = read_view_states(self._redis, self._project), now
+        never_read = self._states_read_at < 0
+        if not never_read and now - self._states_read_at < self._states_refresh_s:
+            return self._states
+        if self._states_refreshing.acquire(blocking=never_read):
+            try:
+                if not (never_read and self._states_read_at >= 0):
+                    self._states, self._states_read_at = read_view_states(self._redis, self._project), now
+            finally:
+                self._states_refreshing.release()
         return self._states
 
     def progress_ms(self, view: str) -> int | None:

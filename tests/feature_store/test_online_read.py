@@ -217,3 +217,75 @@ def test_feast_s_shorthands_for_the_redis_store_read_the_serving_generations(set
     (tmp_path / "feature_store.yaml").write_text(yaml.safe_dump(raw))
     config = feast_config(None, settings.redis_connection, tmp_path)
     assert config.online_store.type == STORE_TYPE and config.online_store.connection_string == settings.redis_connection
+
+
+def test_concurrent_refreshes_of_the_view_states_never_go_back(settings: Settings, written: list[str], monkeypatch) -> None:
+    """A reader shared by threads (the scorer's) never goes back to states it has left: a refresh whose HGETALL is slow
+    to answer must not land after, and replace, one another thread began later (readers would switch back to a plan
+    they had left). Redis's answers are scripted here, the states' cache being what is tested."""
+    import threading
+
+    import feature_store.online_read as online_read
+
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path, states_refresh_s=60)
+    states = {
+        number: online_read.ViewStates({USER_VIEW: Generation(USER_VIEW, number, USER_VIEW, f"plan-{number}", ("user_id",), ())})
+        for number in (1, 2)
+    }
+    in_flight, reply = threading.Event(), threading.Event()
+    answers = iter([(states[1], None), (states[1], reply), (states[2], None)])  # the second answer is slow to come
+
+    def scripted_read(redis, project: str) -> online_read.ViewStates:
+        answer, held_until = next(answers)
+        if held_until is not None:
+            in_flight.set()
+            assert held_until.wait(10)
+        return answer
+
+    def serving() -> int:
+        return reader.view_states().serving[USER_VIEW].number
+
+    monkeypatch.setattr(online_read, "read_view_states", scripted_read)
+    assert serving() == 1
+    reader._states_read_at -= 60  # due again
+    slow = threading.Thread(target=serving)
+    slow.start()
+    assert in_flight.wait(10)
+    during = serving()  # generation 2 is in Redis now, but the slow refresh began first
+    reply.set()
+    slow.join(10)
+    after = serving()
+    assert during <= after, f"read generation {during}, then {after} again"
+    reader._states_read_at -= 60
+    assert serving() == 2 and serving() == 2
+
+
+def test_before_the_first_read_of_the_view_states_concurrent_readers_wait_for_it(
+    settings: Settings, written: list[str], monkeypatch
+) -> None:
+    """No reader serves without the states: while the first refresh is in flight, another caller waits for its answer
+    (rather than reading every view as the registry defines it), and no second HGETALL is sent."""
+    import threading
+
+    import feature_store.online_read as online_read
+
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    first = online_read.ViewStates({USER_VIEW: Generation(USER_VIEW, 3, USER_VIEW, "plan-3", ("user_id",), ())})
+    in_flight, reply, calls = threading.Event(), threading.Event(), []
+
+    def scripted_read(redis, project: str) -> online_read.ViewStates:
+        calls.append(project)
+        in_flight.set()
+        assert reply.wait(10)
+        return first
+
+    monkeypatch.setattr(online_read, "read_view_states", scripted_read)
+    seen: list[dict] = []
+    threads = [threading.Thread(target=lambda: seen.append(dict(reader.view_states().serving))) for _ in range(2)]
+    threads[0].start()
+    assert in_flight.wait(10)
+    threads[1].start()
+    reply.set()
+    for thread in threads:
+        thread.join(10)
+    assert seen == [dict(first.serving)] * 2 and len(calls) == 1, (seen, calls)
