@@ -26,7 +26,7 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/pytest -q -m "not images" --durations=25
+	$(BIN)/pytest -q -m "not images" --durations=40
 
 # The unit tier: the tests that need no stack and run in seconds (tests/README.md), in under 3 minutes.
 test-fast: setup

@@ -240,7 +240,9 @@ class FaultDrill:
 
     ``kafka``: the Kafka the settings name, when it is not the stack's own (a cluster on hosts of its own); ``network``:
     those hosts, for ``broker_cut`` (node i of ``kafka`` on host i). With ``joiner`` the feedback joiner runs as well,
-    and each Kafka request is labeled (its event id is its request id) a moment after it is sent."""
+    and each Kafka request is labeled (its event id is its request id) a moment after it is sent. Before each fault the
+    load runs steadily for a random ``steady_s`` (low, high) seconds, and a killed part stays down for a random
+    ``down_s``: a test that counts what was lost needs little of either, a benchmark of many faults the longer ones."""
 
     def __init__(
         self,
@@ -257,6 +259,8 @@ class FaultDrill:
         kafka: KafkaCluster | None = None,
         network: NetworkNamespaces | None = None,
         joiner: bool = False,
+        steady_s: tuple[float, float] = (3.0, 8.0),
+        down_s: tuple[float, float] = (2.0, 4.0),
     ) -> None:
         self.settings = settings.model_copy(
             update={"stream": settings.stream.model_copy(update={"checkpoint_interval_ms": 1000})}
@@ -265,6 +269,7 @@ class FaultDrill:
         self.faults_per_kind, self.kinds = faults_per_kind, list(kinds)
         self.events_per_s, self.requests_per_s, self.http_per_s = events_per_s, requests_per_s, http_per_s
         self.rng = random.Random(seed)
+        self.steady_s, self.down_s = steady_s, down_s
         self.say = on_progress
         self.run_id = f"drill-{uuid.uuid4().hex[:8]}"
         self._kafka_prefix = f"{self.run_id}-kafka"
@@ -491,7 +496,7 @@ class FaultDrill:
             wait_until(lambda: service.pid() is None, 10, 0.05)
         else:
             processes[kind].kill()
-        time.sleep(self.rng.uniform(2.0, 4.0))
+        time.sleep(self.rng.uniform(*self.down_s))
         restarting = self._now()
         if kind in ("broker", "redis"):
             service.start()
@@ -574,7 +579,7 @@ class FaultDrill:
                 thread.start()
             faults, redis_outages = [], []
             for kind in self._schedule():
-                time.sleep(self.rng.uniform(3.0, 8.0))  # a random moment of steady load
+                time.sleep(self.rng.uniform(*self.steady_s))  # a random moment of steady load
                 self.say(f"{self._now():5.1f} s: {'cut off the network:' if kind == 'broker_cut' else 'kill -9'} {kind}")
                 killed, down_s, restarted = self._inject(kind, processes)
                 if kind == "redis":
@@ -590,7 +595,7 @@ class FaultDrill:
                 )
                 stall = self._stall(killed, self._now() if recovered is None else restarted + recovered)
                 faults.append(FaultOutcome(kind, killed, down_s, recovered, stall, full_isr))
-            time.sleep(5.0)
+            time.sleep(self.steady_s[1])  # load after the last fault, too
             self._load_done.set()
             for thread in (*load[:2], load[3]):  # the producers and the HTTP load (its requests in flight answered)
                 thread.join()

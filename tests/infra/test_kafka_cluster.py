@@ -21,7 +21,7 @@ from loopline.components import apply_loopline_topics, build_stack
 from loopline.scenarios.fault_drill import BROKER_FAULTS, FaultDrill
 from loopline.settings import Settings
 from schemas.topics import TOPICS
-from tests.support.drill import assert_the_drill_lost_nothing
+from tests.support.drill import TRIMMED, assert_the_drill_lost_nothing
 from tests.support.paths import JARS_DIR
 from tests.support.stack import stack_settings
 
@@ -85,7 +85,9 @@ def test_a_node_killed_or_cut_off_under_load_loses_nothing(
     cluster: tuple[Settings, KafkaCluster, NetworkNamespaces], tmp_path: Path
 ) -> None:
     settings, kafka, network = cluster
-    drill = FaultDrill(settings, tmp_path, kinds=BROKER_FAULTS, kafka=kafka, network=network, joiner=True, on_progress=print)
+    drill = FaultDrill(
+        settings, tmp_path, kinds=BROKER_FAULTS, kafka=kafka, network=network, joiner=True, on_progress=print, **TRIMMED
+    )
     report = drill.run()
     figures = report.figures()
     print(figures)

@@ -29,7 +29,7 @@ from schemas.topics import SCORE_REQUESTS
 from streams.flink_job import RERUN_NOTE
 from streams.producer import EventProducer
 from streams.world import Emitted
-from tests.support.drill import assert_the_drill_lost_nothing
+from tests.support.drill import TRIMMED, assert_the_drill_lost_nothing
 from tests.support.kafka_log import start_group_at_end
 from tests.support.scoring import score_request
 from tests.support.stack import private_stack, stack_settings
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.stack
 def test_nothing_is_lost_or_doubled_when_parts_are_killed_under_load(tmp_path: Path) -> None:
     settings = stack_settings(tmp_path / "stack")
     with private_stack(settings):
-        report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print).run()
+        report = FaultDrill(settings, tmp_path, faults_per_kind=1, on_progress=print, **TRIMMED).run()
     figures = report.figures()
     print(figures)
     assert_the_drill_lost_nothing(report, FAULT_KINDS)

@@ -6,6 +6,10 @@ from collections.abc import Iterable
 
 from loopline.scenarios.fault_drill import DrillReport
 
+#: A test's drill: a second or two of steady load before each fault and a killed part down as long. What the tests count
+#: (nothing lost or doubled, every part recovered) needs no more; ``benchmarks/faults.py`` keeps the drill's longer ones.
+TRIMMED = {"steady_s": (1.0, 2.0), "down_s": (1.0, 2.0)}
+
 
 def assert_the_drill_lost_nothing(report: DrillReport, kinds: Iterable[str]) -> None:
     """What every fault drill promises (``loopline/scenarios/fault_drill.py``): each fault of ``kinds`` injected and
