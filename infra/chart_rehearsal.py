@@ -18,6 +18,7 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,11 +232,14 @@ def _grpc_serving(address: str, service: str) -> bool:
     return reply.status == health_pb2.HealthCheckResponse.SERVING
 
 
-def lay_out(objects: list[dict], kind: str, name: str, layout: Layout, pod_dir: Path, claims: Mapping[str, Path]) -> PodProcess:
+def lay_out(
+    objects: list[dict], kind: str, name: str, layout: Layout, pod_dir: Path, claims: Mapping[str, Path], ordinal: int = 0
+) -> PodProcess:
     """The container of the workload ``kind``/``name`` laid out here: its volumes in ``pod_dir`` (a claim's at
     ``claims[claim name]``, shared by the pods that mount it), its ConfigMap and Secret files written there, its
     command and args, environment and files translated by ``layout`` with the volumes over it. A FlinkDeployment's
-    argv is its job's args (see ``flink_job_argv``)."""
+    argv is its job's args (see ``flink_job_argv``). The pod is named as Kubernetes names it: a StatefulSet's by its
+    ``ordinal`` (a replacement has its predecessor's name), any other's with a suffix of its own."""
     obj = _find(objects, kind, name)
     pod, container = _pod_and_container(obj)
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
@@ -250,7 +254,8 @@ def lay_out(objects: list[dict], kind: str, name: str, layout: Layout, pod_dir: 
         for file_name, content in files.items():
             (paths[mount_path] / file_name).write_text(pod_layout.local(content))
     image = image_environment(obj["spec"]["image"] if kind == "FlinkDeployment" else container["image"])
-    env = {k: pod_layout.local(v) for k, v in {**image, **pod_environment(objects, container, f"{name}-rehearsal")}.items()}
+    pod_name = f"{name}-{ordinal}" if kind == "StatefulSet" else f"{name}-{uuid.uuid4().hex[:5]}"
+    env = {k: pod_layout.local(v) for k, v in {**image, **pod_environment(objects, container, pod_name)}.items()}
     argv = (
         obj["spec"]["job"]["args"] if kind == "FlinkDeployment" else [*container.get("command", []), *container.get("args", [])]
     )

@@ -61,7 +61,13 @@ class KafkaScoringDoor:
         self._stopping = threading.Event()
         self._progress = Progress()
         self._writer = TransactionWriter(
-            transactional_producer_config(bootstrap_servers, client_config, transactional_id),
+            transactional_producer_config(
+                bootstrap_servers,
+                client_config,
+                transactional_id,
+                interval_s=commit_interval_s,
+                broker_timeout_s=broker_timeout_s,
+            ),
             interval_s=commit_interval_s,
             max_records=max_transaction_records,
             broker_timeout_s=broker_timeout_s,

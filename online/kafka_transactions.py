@@ -21,6 +21,7 @@ is not Kafka's is replaced when the door reopens.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -58,12 +59,30 @@ class Chunk(NamedTuple):
 
 
 def transactional_producer_config(
-    bootstrap_servers: str, client_config: Mapping[str, str] | None, transactional_id: str
+    bootstrap_servers: str,
+    client_config: Mapping[str, str] | None,
+    transactional_id: str,
+    *,
+    interval_s: float,
+    broker_timeout_s: float,
 ) -> dict[str, object]:
-    """The door's producer settings: a transactional producer as ``transactional_id``, with the door clients' defaults
-    and :data:`TRANSACTION_RETRY_BACKOFF` beneath the user's ``client_config``."""
-    defaults = {**DOOR_CLIENT_DEFAULTS, **TRANSACTION_RETRY_BACKOFF}
+    """The door's producer settings: a transactional producer as ``transactional_id``, with the door clients' defaults,
+    :data:`TRANSACTION_RETRY_BACKOFF` and :func:`transaction_timeout_ms` beneath the user's ``client_config``."""
+    defaults = {
+        **DOOR_CLIENT_DEFAULTS,
+        **TRANSACTION_RETRY_BACKOFF,
+        "transaction.timeout.ms": transaction_timeout_ms(interval_s, broker_timeout_s),
+    }
     return transactional_producer_settings(bootstrap_servers, client_config, transactional_id, defaults)
+
+
+def transaction_timeout_ms(interval_s: float, broker_timeout_s: float) -> int:
+    """How long the broker lets one of the door's transactions stay open before aborting it: the longest a writer with
+    ``interval_s`` keeps one before abandoning it (its settle bound) and one broker call more, so a transaction the
+    writer still settles is never aborted under it. A door that crashed mid-transaction holds read_committed readers of
+    its partitions this long at most (librdkafka's default: a minute); a successor with its transactional id (the
+    chart's StatefulSet pod of the same ordinal) fences it at once, when it initialises its transactions."""
+    return math.ceil((interval_s + (_SETTLE_FACTOR + 1) * broker_timeout_s) * 1000)
 
 
 class TransactionWriter:

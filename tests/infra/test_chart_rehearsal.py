@@ -6,7 +6,8 @@ volumes), so a typo in the chart fails here:
 
 - the apply hook Job exits 0, the Feast registry it wrote lists Loopline's views, the topics are on the stack's Kafka;
 - the scorer's startup (gRPC), readiness and liveness probes answer and it scores over HTTP with the Secret's token;
-  the Kafka door consumes a request and logs its prediction;
+  the Kafka door (a StatefulSet) logs each request's prediction, and a replacement of a pod killed mid-transaction
+  fences that transaction at once;
 - each FlinkDeployment's entry class, jar and args, run as the operator runs them (``flink run`` to a session cluster),
   reach RUNNING;
 - the monitor's and the dashboard's probes answer on their ports; the retrain trigger stays up until SIGTERM.
@@ -14,10 +15,13 @@ volumes), so a typo in the chart fails here:
 
 from __future__ import annotations
 
+import collections
 import copy
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,11 +46,12 @@ from infra.settings import FlinkSettings
 from loopline.components import feature_operators_jar, flink_session, joiner_operators_jar, project
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
+from online.kafka_transactions import transaction_timeout_ms
 from online.settings import ServingSettings
 from schemas.records import PredictionRecord, ScoreRequest
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS, TOPICS
 from schemas.validation import encode
-from tests.support.kafka_log import LogReader, start_group_at_end
+from tests.support.kafka_log import LogReader, open_transaction_partitions, start_group_at_end
 from tests.support.scoring import score_request
 
 pytestmark = pytest.mark.timeout(600)
@@ -104,7 +109,9 @@ def chart(helm: Path, settings: Settings, stack, root: Path) -> list[dict]:
         "prometheus": {"host": settings.prometheus.host, "port": settings.prometheus.port},
         "scorer": {"httpPort": http, "grpcPort": grpc_port},
         "dashboard": {"port": dashboard},
-        "settings": {"monitor": {"metrics_port": monitor}},
+        # A long broker timeout makes the door's transaction timeout 75 s: the fencing test tells a replacement's fence
+        # from the broker's timeout by it.
+        "settings": {"monitor": {"metrics_port": monitor}, "serving": {"kafka_broker_timeout_s": 30}},
     }
     (root / "values.yaml").write_text(yaml.safe_dump(values))
     return render(["values.yaml", root / "values.yaml"], helm=helm)
@@ -240,28 +247,68 @@ def test_the_scorer_answers_its_probes_and_scores_with_the_secrets_token(running
     assert replies[-1].score == pytest.approx(float(expected), rel=1e-5)
 
 
-def test_the_kafka_door_consumes_a_request(running: dict, pods: Pods, applied: Settings) -> None:
+def test_a_replaced_kafka_door_pod_fences_its_predecessors_open_transaction(running: dict, pods: Pods, applied: Settings) -> None:
+    """The Kafka door consumes requests and logs their predictions; killed (kill -9) with a transaction open, its
+    replacement (the StatefulSet's pod of the same ordinal, so the same transactional id) aborts that transaction as it
+    starts: read_committed readers go on as soon as it is up, long before the broker would time the transaction out
+    (the rehearsal's broker timeout makes that 75 s), and every request has exactly one prediction."""
     # Both doors listen on the chart's scorer.httpPort (each in a pod of its own): here one after the other.
     running["loopline-scorer"].stop()
-    door = pods.pod("Deployment", "loopline-scorer-kafka")
     (config,) = [o for o in pods.chart if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "loopline-settings"]
-    group = yaml.safe_load(config["data"]["loopline.yaml"])["serving"].get("kafka_group_id", ServingSettings().kafka_group_id)
-    start_group_at_end(applied.kafka.bootstrap, group, SCORE_REQUESTS.name)
-    door.start()
-    door.wait_for(lambda: door.probe("startupProbe") and door.probe("livenessProbe"), "its startup and liveness probes", 180)
-    log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name)
-    request = score_request(f"rehearsal-{uuid.uuid4().hex[:8]}", 50.0)
-    producer = Producer({"bootstrap.servers": applied.kafka.bootstrap})
-    producer.produce(SCORE_REQUESTS.name, key=request["request_id"].encode(), value=encode(ScoreRequest.model_validate(request)))
-    producer.flush(10)
+    serving = ServingSettings.model_validate(yaml.safe_load(config["data"]["loopline.yaml"])["serving"])
+    timeout_s = transaction_timeout_ms(serving.kafka_commit_interval_ms / 1000, serving.kafka_broker_timeout_s) / 1000
+    start_group_at_end(applied.kafka.bootstrap, serving.kafka_group_id, SCORE_REQUESTS.name)
+    log = LogReader(applied.kafka.bootstrap, PREDICTIONS.name, from_end=True)
+    run, sent, stop = uuid.uuid4().hex[:8], [], threading.Event()
+
+    def send() -> None:  # a steady 100 requests/s, each its own id, until stopped
+        producer = Producer({"bootstrap.servers": applied.kafka.bootstrap, "linger.ms": 5})
+        while not stop.is_set():
+            request = score_request(f"fence-{len(sent) % 20}", 50.0) | {"request_id": f"fence-{run}-{len(sent)}"}
+            producer.produce(SCORE_REQUESTS.name, key=request["request_id"], value=encode(ScoreRequest.model_validate(request)))
+            sent.append(request["request_id"])
+            producer.poll(0)
+            time.sleep(0.01)
+        producer.flush(10)
+
+    def predicted() -> set[str]:
+        return {r.request_id for r in log.records(PredictionRecord) if r.request_id.startswith(f"fence-{run}-")}
+
+    def started_door() -> PodProcess:
+        door = pods.pod("StatefulSet", "loopline-scorer-kafka").start()
+        door.wait_for(lambda: door.probe("startupProbe") and door.probe("livenessProbe"), "its startup and liveness probes", 180)
+        return door
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
     try:
-        door.wait_for(
-            lambda: any(r.request_id == request["request_id"] for r in log.records(PredictionRecord)),
-            "a prediction for the request it was sent",
-            90,
+        door = started_door()
+        for _ in range(3):  # until a kill finds a transaction open (between two commits none is)
+            before = len(predicted())
+            door.wait_for(lambda n=before + 100: len(predicted()) >= n, "predictions for the requests it was sent", 90)
+            os.killpg(door.process.pid, signal.SIGKILL)
+            door.process.wait(10)
+            killed_at = time.monotonic()
+            left_open = open_transaction_partitions(applied.kafka.bootstrap, PREDICTIONS.name)
+            door = started_door()
+            if left_open:
+                break
+        assert left_open, "no kill of three found the door mid-transaction"
+        up_at = time.monotonic()
+        fenced = wait_until(lambda: not open_transaction_partitions(applied.kafka.bootstrap, PREDICTIONS.name), 10, 0.2)
+        assert fenced and time.monotonic() - killed_at < timeout_s, (
+            f"the open transaction held readers {time.monotonic() - up_at:.1f} s after the replacement was up "
+            f"({time.monotonic() - killed_at:.1f} s after the kill; the broker's timeout is {timeout_s:.0f} s)"
         )
+        stop.set()
+        sender.join(30)
+        door.wait_for(lambda: predicted() >= set(sent), "a prediction for every request sent", 90)
+        records = log.records(PredictionRecord)
     finally:
+        stop.set()
         log.close()
+    counts = collections.Counter(r.request_id for r in records if r.request_id in set(sent))
+    assert set(counts) == set(sent) and max(counts.values()) == 1, counts.most_common(3)
 
 
 @pytest.mark.parametrize("name", FLINK_DEPLOYMENTS)

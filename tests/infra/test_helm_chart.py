@@ -47,6 +47,7 @@ PRODUCTION_KINDS = {
     "KafkaTopic",
     "FlinkDeployment",
     "Deployment",
+    "StatefulSet",
     "Service",
     "HorizontalPodAutoscaler",
     "ScaledObject",
@@ -240,7 +241,7 @@ def test_selectors_select_their_workloads(rendered: dict[str, list[dict]]) -> No
         pods = [o["spec"]["template"]["metadata"]["labels"] for o in objects if o["kind"] in WORKLOADS]
         pods += [o["spec"]["podTemplate"]["metadata"]["labels"] for o in objects if o["kind"] == "FlinkDeployment"]
         services = [o["metadata"]["labels"] for o in objects if o["kind"] == "Service"]
-        deployments = {o["metadata"]["name"] for o in objects if o["kind"] == "Deployment"}
+        workloads = {(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] in WORKLOADS}
 
         def selects(selector: dict, labels: list[dict]) -> bool:
             return any(selector.items() <= candidate.items() for candidate in labels)
@@ -255,10 +256,9 @@ def test_selectors_select_their_workloads(rendered: dict[str, list[dict]]) -> No
                 assert selects(spec["selector"]["matchLabels"], pods), where
             if kind == "ServiceMonitor":
                 assert selects(spec["selector"]["matchLabels"], services), where
-            if kind == "HorizontalPodAutoscaler":
-                assert spec["scaleTargetRef"]["name"] in deployments, where
-            if kind == "ScaledObject":
-                assert spec["scaleTargetRef"]["name"] in deployments, where
+            if kind in {"HorizontalPodAutoscaler", "ScaledObject"}:
+                target = spec["scaleTargetRef"]
+                assert (target.get("kind", "Deployment"), target["name"]) in workloads, where
 
 
 def test_every_topic_is_a_kafka_topic(rendered: dict[str, list[dict]]) -> None:
@@ -310,7 +310,7 @@ def test_every_job_a_rule_selects_is_a_monitors(rendered: dict[str, list[dict]])
 
 
 def _replicas(objects: list[dict], deployment: str) -> int:
-    """The fewest replicas a Deployment runs: its autoscaler's minimum, else its own count."""
+    """The fewest replicas a workload runs: its autoscaler's minimum, else its own count."""
     scalers = [
         o["spec"]
         for o in objects
@@ -318,7 +318,7 @@ def _replicas(objects: list[dict], deployment: str) -> int:
     ]
     if scalers:
         return scalers[0].get("minReplicas", scalers[0].get("minReplicaCount"))
-    return next(o for o in objects if o["kind"] == "Deployment" and o["metadata"]["name"] == deployment)["spec"]["replicas"]
+    return next(o for o in objects if o["kind"] in WORKLOADS and o["metadata"]["name"] == deployment)["spec"]["replicas"]
 
 
 def test_no_disruption_budget_blocks_a_node_drain(rendered: dict[str, list[dict]]) -> None:
@@ -360,11 +360,8 @@ def test_what_the_chart_repeats_is_the_settings_defaults(rendered: dict[str, lis
     assert keda["consumerGroup"] == ServingSettings().kafka_group_id
     (monitor,) = objects["Deployment", "loopline-monitor"]["spec"]["template"]["spec"]["containers"]
     assert monitor["ports"] == [{"name": "http", "containerPort": MonitorSettings().metrics_port}]
-    for door in ("loopline-scorer", "loopline-scorer-kafka"):
-        assert (
-            objects["Deployment", door]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
-            > ServingSettings().shutdown_timeout_s
-        )
+    for door in (("Deployment", "loopline-scorer"), ("StatefulSet", "loopline-scorer-kafka")):
+        assert objects[door]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > ServingSettings().shutdown_timeout_s
     longer = render(overrides={"settings.serving.shutdown_timeout_s": 100}, helm=helm)
     scorer = next(o for o in longer if o["kind"] == "Deployment" and o["metadata"]["name"] == "loopline-scorer")
     assert scorer["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 100
@@ -463,3 +460,21 @@ def test_the_image_entry_runs_the_job_with_the_pods_settings(
         "feedback_loop.joiner_job",
         image.lib / jars["joiner"].name,
     )
+
+
+def test_a_replaced_kafka_door_pod_keeps_its_transactional_id(rendered: dict[str, list[dict]]) -> None:
+    """The exactly-once door runs as a StatefulSet: its pods are named by ordinal, the same for a replacement, and each
+    takes its name as its instance (its transactional id's suffix), so a successor fences its predecessor's open
+    transaction on its first call; the governing Service exists and the autoscaler scales the StatefulSet."""
+    for values, objects in rendered.items():
+        by_name = {(o["kind"], o["metadata"]["name"]): o for o in objects}
+        door = by_name["StatefulSet", "loopline-scorer-kafka"]
+        assert ("Deployment", "loopline-scorer-kafka") not in by_name, values
+        spec = door["spec"]
+        governing = by_name["Service", spec["serviceName"]]["spec"]
+        assert spec["podManagementPolicy"] == "Parallel" and governing["clusterIP"] == "None", values
+        (container,) = spec["template"]["spec"]["containers"]
+        env = {e["name"]: e for e in container["env"]}
+        assert env["LOOPLINE_SERVING__INSTANCE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, values
+        for scaler in (o for o in objects if o["kind"] == "ScaledObject"):
+            assert scaler["spec"]["scaleTargetRef"]["kind"] == "StatefulSet", values

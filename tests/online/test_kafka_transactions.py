@@ -47,7 +47,8 @@ class Writer:
         self.commits: list[tuple[list[str], float]] = []
         self.raise_after_commit = False
         self.stopping = threading.Event()
-        config = transactional_producer_config(bootstrap, None, f"test-{uuid.uuid4()}")
+        transactional_id = f"test-{uuid.uuid4()}"
+        config = transactional_producer_config(bootstrap, None, transactional_id, interval_s=interval_s, broker_timeout_s=10)
         self.writer = TransactionWriter(
             config,
             interval_s=interval_s,
@@ -95,12 +96,26 @@ def _ids(n: int) -> list[str]:
     return [str(uuid.uuid4()) for _ in range(n)]
 
 
+def _door_producer(client_config: dict | None, transactional_id: str = "t", interval_s: float = 0.05) -> dict:
+    return transactional_producer_config("b", client_config, transactional_id, interval_s=interval_s, broker_timeout_s=10)
+
+
 def test_the_producer_lowers_the_retry_backoff_unless_the_client_config_sets_it() -> None:
-    assert transactional_producer_config("b", None, "t")["retry.backoff.ms"] == TRANSACTION_RETRY_BACKOFF["retry.backoff.ms"]
-    assert transactional_producer_config("b", {"retry.backoff.ms": 250}, "t")["retry.backoff.ms"] == 250
-    assert transactional_producer_config("b", None, "ours")["transactional.id"] == "ours"
+    assert _door_producer(None)["retry.backoff.ms"] == TRANSACTION_RETRY_BACKOFF["retry.backoff.ms"]
+    assert _door_producer({"retry.backoff.ms": 250})["retry.backoff.ms"] == 250
+    assert _door_producer(None, "ours")["transactional.id"] == "ours"
     with pytest.raises(KafkaSettingConflict, match=r"transactional\.id"):
-        transactional_producer_config("b", {"transactional.id": "theirs"}, "ours")
+        _door_producer({"transactional.id": "theirs"}, "ours")
+
+
+def test_the_transaction_timeout_outlasts_what_the_writer_settles_and_is_below_librdkafkas_minute() -> None:
+    """The broker never aborts a transaction the writer is still settling (its interval plus 1.5 broker timeouts), and
+    one a crashed door left open holds read_committed readers well under librdkafka's default minute; the user's
+    client_config still decides."""
+    for interval_s in (0.05, 1.0):
+        timeout_ms = _door_producer(None, interval_s=interval_s)["transaction.timeout.ms"]
+        assert (interval_s + 1.5 * 10) * 1000 < timeout_ms < 60_000, (interval_s, timeout_ms)
+    assert _door_producer({"transaction.timeout.ms": "90000"})["transaction.timeout.ms"] == "90000"
 
 
 def test_chunks_handed_within_an_interval_commit_together_once_it_has_passed(bootstrap: str, member: Member) -> None:

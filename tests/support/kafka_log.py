@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import uuid
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from schemas.validation import R, decode
 
@@ -58,3 +59,17 @@ def start_group_at_end(bootstrap: str, group: str, topic: str) -> None:
     ends = [TopicPartition(topic, p, consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]) for p in partitions]
     consumer.commit(offsets=ends, asynchronous=False)
     consumer.close()
+
+
+def open_transaction_partitions(bootstrap: str, topic: str) -> list[int]:
+    """The partitions of ``topic`` whose last stable offset is behind their end: records of a transaction not yet
+    committed or aborted are there, and read_committed readers wait at its first."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = [TopicPartition(topic, p) for p in admin.list_topics(topic, timeout=10).topics[topic].partitions]
+
+    def ends(isolation: IsolationLevel) -> dict[int, int]:
+        asked = admin.list_offsets({tp: OffsetSpec.latest() for tp in partitions}, isolation_level=isolation)
+        return {tp.partition: future.result(10).offset for tp, future in asked.items()}
+
+    stable, written = ends(IsolationLevel.READ_COMMITTED), ends(IsolationLevel.READ_UNCOMMITTED)
+    return sorted(p for p in written if stable[p] < written[p])
