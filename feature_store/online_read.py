@@ -33,6 +33,7 @@ not per read.
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import threading
 import time
@@ -45,7 +46,7 @@ from feature_store.config import feature_store
 from feature_store.defaults import declared_defaults
 from feature_store.online_layout import OnlineLayout
 from feature_store.redis_connection import redis_client
-from feature_store.view_state import Generation, ViewStates, read_view_states
+from feature_store.view_state import Generation, ViewStates, read_view_states, views_key
 from feature_store.window_tiles import Window
 
 #: Wire tags of Feast's Value proto: field 5 (double_val, 64-bit) and field 4 (int64_val, varint).
@@ -114,11 +115,14 @@ class OnlineReader:
         self._views, self._redis_key = self.layout.views, self.layout.redis_key
         self._plans: dict[tuple[str, tuple[str, ...], str | None], _ReadPlan] = {}
         online_store = store.config.online_store
-        self._redis = redis_client(online_store.connection_string, timeout_s, cluster=online_store.redis_type == "redis_cluster")
+        self._redis_args = (online_store.connection_string, timeout_s, online_store.redis_type == "redis_cluster")
+        self._redis = redis_client(*self._redis_args[:2], cluster=self._redis_args[2])
+        self._async_client = None
         self._project = store.config.project
         self._stale_after_ms, self._states_refresh_s = int(stale_after_s * 1000), states_refresh_s
         self._states, self._states_read_at = ViewStates(), -1.0  # negative: never read
         self._states_refreshing = threading.Lock()
+        self._states_refresh: asyncio.Future | None = None  # the asyncio refresh in flight
 
     def join_keys(self, features: list[str]) -> set[str]:
         """The entity join keys a read of ``features`` needs in each row."""
@@ -147,10 +151,11 @@ class OnlineReader:
                 self._states_refreshing.release()
         return self._states
 
-    def progress_ms(self, view: str) -> int | None:
-        """How far in event time the rows readers serve of ``view`` have absorbed their topic, as the job last said;
-        None when the view has no serving generation (rows written by hand) or its job has published none yet."""
-        states = self.view_states()
+    def progress_ms(self, view: str, states: ViewStates | None = None) -> int | None:
+        """How far in event time the rows readers serve of ``view`` have absorbed their topic, as the job last said (in
+        ``states``, default the views' states as last read); None when the view has no serving generation (rows written
+        by hand) or its job has published none yet."""
+        states = self.view_states() if states is None else states
         generation = states.serving.get(view)
         progress = None if generation is None else states.progress.get(generation.namespace)
         return None if progress is None else progress[0]
@@ -169,76 +174,74 @@ class OnlineReader:
         catching up), as of the progress, and said so (``read_as_of``): its windows hold no event after it yet (a row
         written by hand, of no plan, is read at its time). Each view is read in its serving generation; a row of
         another plan reads as no row."""
-        from google.protobuf.timestamp_pb2 import Timestamp
+        read = _Reading(self, features, entity_rows, at_ms, self.view_states())
+        again = read.take(self._hmgets(read.commands))
+        if again:
+            read.take_finished(self._hmgets(again))
+        return read.result()
 
-        by_view: dict[str, list[str]] = {}
-        for reference in features:
-            view, feature = reference.split(":", 1)
-            by_view.setdefault(view, []).append(feature)
-        plans = {view: self._plan(view, tuple(names)) for view, names in by_view.items()}
-        states = self.view_states()
-        now_ms = int(time.time() * 1000)
+    async def read_with_row_times_async(
+        self, features: list[str], entity_rows: list[dict[str, str]], at_ms: Sequence[int] | None = None
+    ) -> OnlineRead:
+        """:meth:`read_with_row_times` on the running event loop: the same read, its round trips (and the views'
+        states, when due) through redis-py's asyncio client, so the caller's loop serves other requests meanwhile and
+        no thread waits for the interpreter to hand the read its turn."""
+        read = _Reading(self, features, entity_rows, at_ms, await self.view_states_async())
+        again = read.take(await self._hmgets_async(read.commands))
+        if again:
+            read.take_finished(await self._hmgets_async(again))
+        return read.result()
+
+    def _hmgets(self, commands: list[tuple[bytes, list[bytes]]]) -> list:
+        """One pipelined round trip of an HMGET per (key, fields)."""
         pipe = self._redis.pipeline(transaction=False)
-        for view, plan in plans.items():
-            join_keys = plan.join_keys
-            for row in entity_rows:
-                pipe.hmget(self._redis_key(join_keys, _join_values(row, join_keys, view)), plan.fields)
-        replies = iter(pipe.execute())
-        result: dict[str, list] = {}
-        row_times: dict[str, list[int | None]] = {}
-        row_absorbed: dict[str, list[str | None]] = {}
-        read_as_of: dict[str, list[int | None]] = {}
-        for row in entity_rows:
-            for key, value in row.items():
-                result.setdefault(key, []).append(value)
-        decode, unpack_double, count = self._decode, _DOUBLE.unpack_from, len(entity_rows)
-        unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]] = []  # (plan, columns, row, windows) read finished
-        for view, names in by_view.items():
-            plan = plans[view]
-            columns = [[None] * count for _ in names]
-            for name, column in zip(names, columns, strict=True):
-                result[name] = column
-            times = row_times[view] = [None] * count
-            absorbed = row_absorbed[view] = [None] * count
-            identity = None if plan.generation is None else plan.generation.identity.encode()
-            # Without read times, as of each entity's latest event: any time before it reads as of it (the first step).
-            read_at = [0] * count if at_ms is None else at_ms
-            lagging = None if at_ms is None else self._lagging_progress(plan, states, now_ms)
-            as_of = None
-            direct, stamp_at = plan.direct, len(plan.direct)
-            for i in range(count):
-                reply = next(replies)
-                stamp, positions_read, row_plan = reply[stamp_at], reply[stamp_at + 1], reply[stamp_at + 2]
-                if identity is not None and row_plan is not None and row_plan != identity:
-                    continue  # a row of another plan: never read as this one's
-                at = read_at[i]
-                # A row the lagging job wrote holds no event after its progress: read as of it, and say so. (A row of no
-                # plan, written by hand, is not the job's to lag.)
-                if lagging is not None and row_plan is not None and at > lagging + self._stale_after_ms:
-                    if as_of is None:
-                        as_of = read_as_of[view] = [None] * count
-                    at = as_of[i] = lagging
-                for position, raw in zip(direct, reply, strict=False):
-                    if raw is not None:  # a double inline (most features): the call costs more than the decode
-                        columns[position][i] = (
-                            unpack_double(raw, 1)[0] if len(raw) == 9 and raw[0] == _DOUBLE_TAG else decode(raw)
-                        )
-                time_ms = times[i] = None if stamp is None else _millis(Timestamp.FromString(stamp))
-                absorbed[i] = None if positions_read is None else positions_read.decode()
-                missing = []
-                for w, (window, positions) in enumerate(plan.windows):
-                    steps = reply[stamp_at + 3 + w]
-                    if steps and window.latest_ms(steps) == time_ms:
-                        for position, value in zip(positions, window.values_at(steps, at), strict=True):
-                            if position is not None:
-                                columns[position][i] = value
-                    else:
-                        missing.append(w)
-                if missing and time_ms is not None:
-                    unstepped.append((plan, columns, i, missing))
-        if unstepped:
-            self._read_finished(unstepped, entity_rows)
-        return OnlineRead(result, row_times, row_absorbed, read_as_of)
+        for key, fields in commands:
+            pipe.hmget(key, fields)
+        return pipe.execute()
+
+    async def _hmgets_async(self, commands: list[tuple[bytes, list[bytes]]]) -> list:
+        pipe = self._async_redis().pipeline(transaction=False)
+        for key, fields in commands:
+            pipe.hmget(key, fields)
+        return await pipe.execute()
+
+    def _async_redis(self):
+        """The asyncio client, made on first use (its connections belong to the event loop that first reads)."""
+        if self._async_client is None:
+            self._async_client = redis_client(*self._redis_args[:2], cluster=self._redis_args[2], asynchronous=True)
+        return self._async_client
+
+    async def aclose(self) -> None:
+        """Close the asyncio client's connections (the blocking client's close with the process)."""
+        if self._async_client is not None:
+            await self._async_client.aclose()
+            self._async_client = None
+
+    @property
+    def states_read(self) -> ViewStates:
+        """The views' states as last read, not read again however old."""
+        return self._states
+
+    async def view_states_async(self) -> ViewStates:
+        """:meth:`view_states` on the running event loop: one refresh in flight at a time (so they land in order); the
+        other readers keep the states last read meanwhile, and before the first read wait for it."""
+        if self._states_read_at >= 0 and time.monotonic() - self._states_read_at < self._states_refresh_s:
+            return self._states
+        if self._states_refresh is not None:
+            if self._states_read_at < 0:
+                await asyncio.shield(self._states_refresh)
+                if self._states_read_at < 0:  # the first refresh failed: no states to read by
+                    raise ConnectionError("the views' serving generations could not be read from Redis")
+            return self._states
+        self._states_refresh = asyncio.get_running_loop().create_future()
+        try:
+            now = time.monotonic()
+            fields = await self._async_redis().hgetall(views_key(self._project))
+            self._states, self._states_read_at = ViewStates.parse(fields), now
+        finally:
+            refresh, self._states_refresh = self._states_refresh, None
+            refresh.set_result(None)
+        return self._states
 
     def _lagging_progress(self, plan: _ReadPlan, states: ViewStates, now_ms: int) -> int | None:
         """The progress of ``plan``'s generation where its job lags the clock by more than ``stale_after_s``; None
@@ -248,26 +251,10 @@ class OnlineReader:
         progress = states.progress.get(plan.generation.namespace)
         return progress[0] if progress is not None and now_ms > progress[0] + self._stale_after_ms else None
 
-    def _read_finished(
-        self, unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]], entity_rows: list[dict[str, str]]
-    ) -> None:
-        """Where a window had no steps of the row's own event time, its finished values: one more pipelined round trip
-        for all such rows (rows written by hand, or by a job of other views)."""
-        pipe = self._redis.pipeline(transaction=False)
-        for plan, _, i, _ in unstepped:
-            pipe.hmget(
-                self._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields
-            )
-        for (plan, columns, i, missing), reply in zip(unstepped, pipe.execute(), strict=True):
-            for w in missing:
-                for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
-                    if position is not None:
-                        columns[position][i] = None if raw is None else self._decode(raw)
-
-    def _plan(self, view: str, names: tuple[str, ...]) -> _ReadPlan:
-        """How a read of ``names`` of ``view`` goes (``_ReadPlan``) in its serving generation, computed once per view,
-        names and generation."""
-        generation = self.view_states().serving.get(view)
+    def _plan(self, view: str, names: tuple[str, ...], states: ViewStates | None = None) -> _ReadPlan:
+        """How a read of ``names`` of ``view`` goes (``_ReadPlan``) in its serving generation (of ``states``, default
+        the views' states as last read), computed once per view, names and generation."""
+        generation = (self.view_states() if states is None else states).serving.get(view)
         key = (view, names, None if generation is None else generation.namespace)
         plan = self._plans.get(key)
         if plan is None:
@@ -328,6 +315,109 @@ class OnlineReader:
         value = self._value.FromString(raw)
         kind = value.WhichOneof("val")
         return None if kind is None or kind == "null_val" else getattr(value, kind)
+
+
+class _Reading:
+    """One read in progress: the HMGETs it sends (``commands``), then what it makes of their replies; the I/O is the
+    reader's (a blocking pipeline, or an asyncio one), the rest is the same for both."""
+
+    def __init__(
+        self,
+        reader: OnlineReader,
+        features: list[str],
+        entity_rows: list[dict[str, str]],
+        at_ms: Sequence[int] | None,
+        states: ViewStates,
+    ) -> None:
+        self.reader, self.entity_rows, self.at_ms, self.states = reader, entity_rows, at_ms, states
+        self.by_view: dict[str, list[str]] = {}
+        for reference in features:
+            view, feature = reference.split(":", 1)
+            self.by_view.setdefault(view, []).append(feature)
+        self.plans = {view: reader._plan(view, tuple(names), states) for view, names in self.by_view.items()}
+        redis_key = reader._redis_key
+        self.commands = [
+            (redis_key(plan.join_keys, _join_values(row, plan.join_keys, view)), plan.fields)
+            for view, plan in self.plans.items()
+            for row in entity_rows
+        ]
+        self.values: dict[str, list] = {}
+        self.row_times: dict[str, list[int | None]] = {}
+        self.row_absorbed: dict[str, list[str | None]] = {}
+        self.read_as_of: dict[str, list[int | None]] = {}
+        self._unstepped: list[tuple[_ReadPlan, list[list], int, list[int]]] = []  # (plan, columns, row, windows)
+
+    def take(self, replies: list) -> list[tuple[bytes, list[bytes]]]:
+        """Decode the first round trip's ``replies``; the HMGETs of a second one, for the finished values of windows
+        that had no steps of their row's event time (rows written by hand, or by a job of other views): often none."""
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        reader, entity_rows, at_ms, states = self.reader, self.entity_rows, self.at_ms, self.states
+        replies = iter(replies)
+        result = self.values
+        now_ms = int(time.time() * 1000)
+        for row in entity_rows:
+            for key, value in row.items():
+                result.setdefault(key, []).append(value)
+        decode, unpack_double, count = reader._decode, _DOUBLE.unpack_from, len(entity_rows)
+        for view, names in self.by_view.items():
+            plan = self.plans[view]
+            columns = [[None] * count for _ in names]
+            for name, column in zip(names, columns, strict=True):
+                result[name] = column
+            times = self.row_times[view] = [None] * count
+            absorbed = self.row_absorbed[view] = [None] * count
+            identity = None if plan.generation is None else plan.generation.identity.encode()
+            # Without read times, as of each entity's latest event: any time before it reads as of it (the first step).
+            read_at = [0] * count if at_ms is None else at_ms
+            lagging = None if at_ms is None else reader._lagging_progress(plan, states, now_ms)
+            as_of = None
+            direct, stamp_at = plan.direct, len(plan.direct)
+            for i in range(count):
+                reply = next(replies)
+                stamp, positions_read, row_plan = reply[stamp_at], reply[stamp_at + 1], reply[stamp_at + 2]
+                if identity is not None and row_plan is not None and row_plan != identity:
+                    continue  # a row of another plan: never read as this one's
+                at = read_at[i]
+                # A row the lagging job wrote holds no event after its progress: read as of it, and say so. (A row of no
+                # plan, written by hand, is not the job's to lag.)
+                if lagging is not None and row_plan is not None and at > lagging + reader._stale_after_ms:
+                    if as_of is None:
+                        as_of = self.read_as_of[view] = [None] * count
+                    at = as_of[i] = lagging
+                for position, raw in zip(direct, reply, strict=False):
+                    if raw is not None:  # a double inline (most features): the call costs more than the decode
+                        columns[position][i] = (
+                            unpack_double(raw, 1)[0] if len(raw) == 9 and raw[0] == _DOUBLE_TAG else decode(raw)
+                        )
+                time_ms = times[i] = None if stamp is None else _millis(Timestamp.FromString(stamp))
+                absorbed[i] = None if positions_read is None else positions_read.decode()
+                missing = []
+                for w, (window, positions) in enumerate(plan.windows):
+                    steps = reply[stamp_at + 3 + w]
+                    if steps and window.latest_ms(steps) == time_ms:
+                        for position, value in zip(positions, window.values_at(steps, at), strict=True):
+                            if position is not None:
+                                columns[position][i] = value
+                    else:
+                        missing.append(w)
+                if missing and time_ms is not None:
+                    self._unstepped.append((plan, columns, i, missing))
+        return [
+            (reader._redis_key(plan.join_keys, tuple(entity_rows[i][key] for key in plan.join_keys)), plan.finished_fields)
+            for plan, _, i, _ in self._unstepped
+        ]
+
+    def take_finished(self, replies: list) -> None:
+        """Decode the second round trip's ``replies`` (the finished values :meth:`take` asked for)."""
+        for (plan, columns, i, missing), reply in zip(self._unstepped, replies, strict=True):
+            for w in missing:
+                for position, raw in zip(plan.windows[w][1], reply[plan.finished_at[w]], strict=True):
+                    if position is not None:
+                        columns[position][i] = None if raw is None else self.reader._decode(raw)
+
+    def result(self) -> OnlineRead:
+        return OnlineRead(self.values, self.row_times, self.row_absorbed, self.read_as_of)
 
 
 def _join_values(row: dict[str, str], join_keys: tuple[str, ...], view: str) -> tuple[str, ...]:

@@ -47,7 +47,9 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
         settings.feast_registry_path,
         settings.redis_connection,
         settings.repo_path,
-        timeout_s=budget_s,
+        # Past the budget the request goes on without the read (its own timeout, on the same event loop): the
+        # connection's is longer, so a read over budget is told from Redis unavailable, and a hung one still ends.
+        timeout_s=2 * budget_s,
         redis_cluster=settings.redis_cluster,
         stale_after_s=serving.stale_after_s,
     )
@@ -63,7 +65,16 @@ def build_scorer(settings: Settings, model_path: Path | None = None) -> Scorer:
             settings.redis_connection, serving.result_cache_ttl_s, timeout_s=budget_s, redis_cluster=settings.redis_cluster
         )
     model = OnnxModel(model_path, serving.model_name, serving.model_version) if model_path is not None else None
-    return Scorer(reader, budget_s, knobs, ScorerMetrics(), cache, model=model, feature_batch_size=serving.feature_batch_size)
+    return Scorer(
+        reader,
+        budget_s,
+        knobs,
+        ScorerMetrics(),
+        cache,
+        model=model,
+        feature_batch_size=serving.feature_batch_size,
+        max_in_flight=serving.max_in_flight,
+    )
 
 
 def request_tracer(settings: Settings, worker: Worker | None = None) -> RequestTracer | None:
@@ -80,6 +91,7 @@ def request_tracer(settings: Settings, worker: Worker | None = None) -> RequestT
         service=tracing.service_name,
         sample_ratio=tracing.sample_ratio,
         slow_ms=tracing.slow_ms,
+        max_tail_per_s=tracing.max_tail_per_s,
         attributes=attributes,
     )
 

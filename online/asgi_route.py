@@ -25,6 +25,8 @@ Handler = Callable[
 ]
 
 _JSON = (b"content-type", b"application/json")
+#: The seconds a client refused with 503 waits before retrying (a client library's backoff may add to it).
+_RETRY_AFTER = [(b"retry-after", b"1")]
 
 
 class ClientDisconnected(Exception):
@@ -55,7 +57,8 @@ class RouteInFront:
             status, body, answered = await self.handler(headers, lambda limit: read_body(receive, headers, limit))
         except ClientDisconnected:
             return
-        await answer(send, status, body)
+        # Every 503 of the route is "retry later" (overloaded, not ready, the log unavailable): say when, as HTTP does.
+        await answer(send, status, body, _RETRY_AFTER if status == 503 else None)
         if answered is not None:
             answered()
 

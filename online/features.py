@@ -63,7 +63,9 @@ class FeatureFetcher:
 
     Concurrent requests share Redis round trips: their reads are batched (the same dynamic
     batcher as the model's, with no added delay) into one pipelined read of up to
-    ``max_batch_size`` entities, on a thread of its own, so the event loop keeps serving.
+    ``max_batch_size`` entities, sent and answered on the event loop (redis-py's asyncio client), which serves
+    other requests meanwhile. (On a thread, the read waited for the interpreter's lock at each of its steps while
+    the loop was busy: reads ran over budget on a busy scorer, and each was two thread hand-offs.)
     The budget is judged by when the read finished: a read done in time is used even if the event
     loop, busy with other requests, picks it up a little late.
     """
@@ -92,8 +94,8 @@ class FeatureFetcher:
         self._warned_at = -_WARN_EVERY_S
         self._unwarned = 0
 
-    def _read_batch(self, reads: list[_Read]) -> list[list]:
-        found, row_times, absorbed, read_as_of = self.reader.read_with_row_times(
+    async def _read_batch(self, reads: list[_Read]) -> list[list]:
+        found, row_times, absorbed, read_as_of = await self.reader.read_with_row_times_async(
             self.features, [read.keys for read in reads], [read.at_ms for read in reads]
         )
         finished = time.perf_counter()
@@ -109,12 +111,12 @@ class FeatureFetcher:
 
     def _observe_lag(self) -> None:
         """Each view's lag behind the clock, once per reading of the views' states (not per batch)."""
-        states = self.reader.view_states()
+        states = self.reader.states_read
         if states is self._states_seen:
             return
         self._states_seen, now_ms = states, time.time() * 1000
         for view in self._views:
-            progress = self.reader.progress_ms(view)
+            progress = self.reader.progress_ms(view, states)
             if progress is not None:
                 self._view_lag.labels(view).set(max(0.0, (now_ms - progress) / 1000))
 

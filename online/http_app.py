@@ -2,7 +2,8 @@
 
 * ``POST /v1/score``: a ScoreRequest in, a PredictionRecord out. A request the scorer cannot take
   gets its ``ScoringError``'s status (``online/errors.py``): 422 names the request field at fault,
-  413 a body over the limit, 404 an unknown model, 503 overloaded or not ready (retry later),
+  413 a body over the limit, 404 an unknown model, 503 overloaded or not ready (retry later: its
+  ``Retry-After`` says when),
   401 a missing or wrong bearer token; 500 only for a fault of the scorer.
 * ``GET /v1/models/status``: the model serving under each alias. ``GET /v1/models/ready``: 200 only
   once a prod model is loaded and warm (503 before; so is a score request).

@@ -37,7 +37,10 @@ class ModelLane:
         self.fetcher = fetcher
         self._batcher: DynamicBatcher[list[float | str], float] | None = None
         if isinstance(model, OnnxModel):
-            self._batcher = DynamicBatcher(self._run_batch, on_batch=metrics.observe_batch, **asdict(knobs))
+            # On the CPU a batch runs on the event loop (the worker's core); on a GPU on a thread, so the loop serves
+            # requests while the device computes.
+            on_cpu = model.provider == "CPUExecutionProvider"
+            self._batcher = DynamicBatcher(self._run_batch, on_batch=metrics.observe_batch, on_loop=on_cpu, **asdict(knobs))
             self.infer = self._batcher.submit
         else:
             self.infer = model.infer

@@ -16,7 +16,7 @@ import numpy as np
 
 from feature_store.online_read import OnlineReader
 from online.batcher import BatchingKnobs, BatchTiming
-from online.errors import InvalidRequest, ModelNotReady, ScoringError, ScoringFailed, UnknownModel
+from online.errors import InvalidRequest, ModelNotReady, Overloaded, ScoringError, ScoringFailed, UnknownModel
 from online.features import FeatureFetcher, FetchedFeatures
 from online.metrics import ScorerMetrics
 from online.model_lane import ModelLane, ServedModel
@@ -26,6 +26,8 @@ from schemas.model_registry import CANARY_ALIAS, PROD_ALIAS, routes_to_canary
 from schemas.records import PredictionRecord, ScoreRequest
 
 log = logging.getLogger(__name__)
+#: A scorer that refused a request for want of room this recently is overloaded (see ``Scorer.score``).
+_OVERLOAD_MEMORY_S = 1.0
 #: Models take 32-bit floats: a larger magnitude would reach them as infinity.
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
@@ -47,10 +49,11 @@ class Scorer:
         cache: ResultCache | None = None,
         model: ServedModel | None = None,
         feature_batch_size: int = 64,
+        max_in_flight: int = 64,
     ) -> None:
         """``model``, when given, serves as ``prod`` from the start (else ``install`` one). Concurrent feature
         reads share pipelined Redis round trips of up to ``feature_batch_size`` entities, whatever the model's
-        batch size."""
+        batch size. At most ``max_in_flight`` requests are scored at once (admission control: :meth:`score`)."""
         self.reader = reader
         self.budget_s = budget_s
         self.knobs = knobs
@@ -61,6 +64,9 @@ class Scorer:
         self.canary_share = 0.0
         self._lanes: dict[str, ModelLane] = {}
         self._ready = asyncio.Event()
+        self.max_in_flight = max_in_flight
+        self._room = asyncio.Semaphore(max_in_flight)
+        self._full_at = -math.inf  # when a request was last refused for want of room (time.monotonic())
         if model is not None:
             self._put(PROD_ALIAS, model)
 
@@ -121,6 +127,7 @@ class Scorer:
         """Stop serving: requests in flight finish first, then every model's batching and fetching stop."""
         for alias in list(self._lanes):
             await self._lanes.pop(alias).retire()
+        await self.reader.aclose()
         if self.cache is not None:
             await self.cache.close()
 
@@ -189,13 +196,31 @@ class Scorer:
             await self.cache.put(key, score)
         return score, timing
 
-    async def score(self, request: ScoreRequest, trace: RequestTrace | None = None) -> PredictionRecord:
+    async def score(
+        self, request: ScoreRequest, trace: RequestTrace | None = None, *, wait_for_room: bool = False
+    ) -> PredictionRecord:
         """Score one request on the model its route names; its stages are recorded on ``trace`` when given.
 
+        Admission: with ``max_in_flight`` requests being scored, another is refused at once (Overloaded), or, with
+        ``wait_for_room`` (the Kafka door, whose requests wait in the log), waits for one of them to finish. Its
+        feature budget starts once it is admitted. A scorer that refused a request within the last
+        :data:`_OVERLOAD_MEMORY_S` is overloaded, and a read of one that runs over budget is a symptom of that: the
+        request is refused too (Overloaded; the Kafka door tries it again) rather than answered on defaults. (A Kafka
+        door waiting for room is pacing itself through its backlog, not overloaded: were it, a Redis slower than the
+        budget would stall it.) Defaults stay for what they are for: a missing value, Redis unavailable, or a read
+        over budget on a scorer that is not refusing work.
+
         Raises a ScoringError (``online/errors.py``): ModelNotReady before a model is loaded,
-        Overloaded when the batcher's queue is full, InvalidRequest or UnknownModel for a request the
-        model cannot score, ScoringFailed when the model gives no finite score.
+        Overloaded at the admission bound or when a batcher's queue is full, InvalidRequest or UnknownModel for a
+        request the model cannot score, ScoringFailed when the model gives no finite score.
         """
+        if self._room.locked() and not wait_for_room:
+            self._full_at = time.monotonic()
+            raise Overloaded(f"{self.max_in_flight} requests are being scored (serving.max_in_flight); retry later")
+        async with self._room:
+            return await self._score(request, trace)
+
+    async def _score(self, request: ScoreRequest, trace: RequestTrace | None) -> PredictionRecord:
         began = time.perf_counter()
         lane = self._route(request)
         request_inputs = self._request_inputs(lane.model, request)
@@ -203,6 +228,8 @@ class Scorer:
         lane.enter()
         try:
             fetched = await lane.fetcher.fetch(request.entity_keys, request.requested_at_ms)
+            if fetched.fallback == "over_budget" and time.monotonic() - self._full_at < _OVERLOAD_MEMORY_S:
+                raise Overloaded("the features' read ran over budget while the scorer is at serving.max_in_flight; retry later")
             fetched_at = time.perf_counter()
             row, used = self._vector(lane.model, request_inputs, fetched.values)
             submitted_at = time.perf_counter()

@@ -26,6 +26,12 @@ class TracingSettings(BaseModel):
         gt=0,
         description="A request slower than this (the scorer's latency objective) is traced whatever the ratio.",
     )
+    max_tail_per_s: float = Field(
+        default=20.0,
+        ge=0,
+        description="At most this many failed or slow requests a second are traced beyond the sampled ones (per "
+        "worker): an overloaded scorer's every request is slow or refused, and tracing each would cost the CPU it lacks.",
+    )
     service_name: str = Field(default="loopline-scorer", description="The scorer's service.name in its traces.")
 
 
@@ -87,6 +93,13 @@ class ServingSettings(BaseModel):
     feature_batch_size: int = Field(default=64, ge=1, description="Entities per pipelined Redis read of concurrent requests.")
     max_queue_delay_ms: float = Field(default=2.0, ge=0)
     max_queue_size: int = Field(default=1024, ge=1)
+    max_in_flight: int = Field(
+        default=64,
+        ge=1,
+        description="Requests a worker scores at once. Beyond, an HTTP request is refused with 503 and Retry-After, a "
+        "gRPC one with RESOURCE_EXHAUSTED, and the Kafka door waits before scoring more (consuming no further meanwhile): "
+        "an overloaded scorer says so rather than queue without bound and answer late on default features.",
+    )
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     result_cache_ttl_s: float | None = Field(default=None, gt=0, description="Cache scores in Redis this long; off when unset.")
     prediction_log: Literal["ack", "async", "off"] = Field(

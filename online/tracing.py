@@ -11,15 +11,17 @@ the caller's trace. The prediction record carries the trace id (``trace_id``), a
 Which traces are exported: every one the caller sampled (its ``traceparent``'s flag); without a caller, a share
 ``sample_ratio`` chosen by trace id, as OpenTelemetry's ``TraceIdRatioBased`` chooses (every service keeping the
 same share keeps the same traces); and whatever the caller said, every request that failed and every request
-slower than ``slow_ms``. Those last two are known only once the request is answered, so a request collects its
-stages as clock readings on its way, and its spans are built then: a request not exported costs a random id and
-a few clock readings, never a span.
+slower than ``slow_ms``, up to ``max_tail_per_s`` of those a second (an overloaded scorer's every request is slow,
+or refused: building and exporting each one's spans would spend the CPU it lacks). Those last two are known only once
+the request is answered, so a request collects its stages as clock readings on its way, and its spans are built then:
+a request not exported costs a random id and a few clock readings, never a span.
 """
 
 from __future__ import annotations
 
 import random
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -104,7 +106,14 @@ class RequestTracer:
     traces; ``attributes`` are added to its resource (e.g. the worker)."""
 
     def __init__(
-        self, endpoint: str, *, service: str, sample_ratio: float, slow_ms: float, attributes: dict[str, str] | None = None
+        self,
+        endpoint: str,
+        *,
+        service: str,
+        sample_ratio: float,
+        slow_ms: float,
+        max_tail_per_s: float = 20.0,
+        attributes: dict[str, str] | None = None,
     ) -> None:
         # The SDK is imported only when tracing is on.
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -116,6 +125,9 @@ class RequestTracer:
             raise ValueError(f"sample_ratio must be within [0, 1], got {sample_ratio}")
         self.endpoint = endpoint
         self.slow_s = slow_ms / 1000
+        # A token bucket for the traces kept for failing or being slow (not sampled): a second's worth at most.
+        self._tail_per_s, self._tail_tokens, self._tail_at = max_tail_per_s, max_tail_per_s, time.monotonic()
+        self._tail_lock = threading.Lock()
         #: A trace whose id's lower 64 bits are below this is in the sampled share (TraceIdRatioBased's rule).
         self._ratio_bound = round(sample_ratio * 2**64)
         self._resource = Resource.create({"service.name": service, **(attributes or {})})
@@ -125,6 +137,17 @@ class RequestTracer:
         self._processor = BatchSpanProcessor(
             OTLPSpanExporter(endpoint=endpoint, timeout=2), max_queue_size=8192, schedule_delay_millis=1000
         )
+
+    def _tail_token(self) -> bool:
+        """Whether another failed or slow request may be traced now (``max_tail_per_s``)."""
+        with self._tail_lock:
+            now = time.monotonic()
+            self._tail_tokens = min(self._tail_per_s, self._tail_tokens + (now - self._tail_at) * self._tail_per_s)
+            self._tail_at = now
+            if self._tail_tokens < 1.0:
+                return False
+            self._tail_tokens -= 1.0
+            return True
 
     def begin(self, traceparent: str | bytes | None, began: float) -> RequestTrace:
         """The trace of a request that arrived at ``began`` (perf_counter), with its caller's ``traceparent``."""
@@ -140,7 +163,7 @@ class RequestTracer:
     ) -> bool:
         """The request is answered at ``ended``: export its spans if it is kept (``error`` says why it failed).
         Whether it was. Thread-safe."""
-        if not (trace.sampled or error is not None or ended - trace.began > self.slow_s):
+        if not (trace.sampled or ((error is not None or ended - trace.began > self.slow_s) and self._tail_token())):
             return False
         from opentelemetry.sdk.trace import ReadableSpan
         from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags

@@ -289,3 +289,26 @@ def test_before_the_first_read_of_the_view_states_concurrent_readers_wait_for_it
     for thread in threads:
         thread.join(10)
     assert seen == [dict(first.serving)] * 2 and len(calls) == 1, (seen, calls)
+
+
+def test_the_asyncio_read_is_the_blocking_read(settings: Settings, written: list[str]) -> None:
+    """The scorer's read (redis-py's asyncio client, on its event loop) returns what the blocking read returns for the
+    same rows and times: the same plan and decoding, here with the second round trip for rows without steps and a
+    missing entity."""
+    import asyncio
+
+    reader = OnlineReader(settings.feast_registry_path, settings.redis_connection, settings.repo_path)
+    features = [f"{USER_VIEW}:txn_count_5m", f"{USER_VIEW}:amount_mean_24h", f"{USER_VIEW}:secs_since_prev_txn"]
+    rows = [{"user_id": key} for key in [*written[:12], "nobody"]]
+    at_ms = [int(time.time() * 1000)] * len(rows)
+
+    async def read() -> object:
+        try:
+            return await reader.read_with_row_times_async(features, rows, at_ms)
+        finally:
+            await reader.aclose()
+
+    blocking = reader.read_with_row_times(features, rows, at_ms)
+    counts = blocking.values["txn_count_5m"]
+    assert any(count is not None for count in counts[:-1]) and counts[-1] is None, counts
+    assert asyncio.run(read()) == blocking

@@ -216,6 +216,24 @@ def test_the_share_kept_by_trace_id_is_the_ratio_and_a_caller_decides_for_its_ow
         tracer.close(0.1)
 
 
+def test_failed_and_slow_requests_are_traced_up_to_their_rate_and_sampled_ones_always() -> None:
+    """Under overload every request is slow or refused: a burst of them keeps a second's worth of traces (the bucket
+    is full at the start) and then about ``max_tail_per_s`` a second; a sampled request is kept whatever the bucket
+    holds. (Nothing is exported here: the endpoint answers nobody.)"""
+    tracer = RequestTracer("http://127.0.0.1:9/v1/traces", service="t", sample_ratio=0.0, slow_ms=50, max_tail_per_s=5)
+    try:
+        began = time.perf_counter()
+        kept = sum(tracer.finish(tracer.begin(None, began), "r", "SERVER", began + 1.0) for _ in range(200))
+        assert kept == 5, kept
+        assert not tracer.finish(tracer.begin(None, began), "r", "SERVER", began + 0.001, error="503")
+        assert tracer.finish(tracer.begin(_traceparent(sampled=True)[0], began), "r", "SERVER", began + 1.0)
+        time.sleep(0.5)  # half a second refills half the rate
+        refilled = sum(tracer.finish(tracer.begin(None, began), "r", "SERVER", began, error="503") for _ in range(20))
+        assert 2 <= refilled <= 3, refilled  # 2.5 tokens, and what the calls before took
+    finally:
+        tracer.close(0.1)
+
+
 @given(st.text(max_size=80) | st.binary(max_size=80))
 def test_any_traceparent_header_parses_or_is_ignored(value: str | bytes) -> None:
     parent = parse_traceparent(value)
