@@ -128,13 +128,13 @@ class DynamicBatcher(Generic[Item, Result]):
                 self.on_batch(size, len(self._queue))
             started = time.perf_counter()
             try:
-                items = [item for item, _, _ in batch]
+                taken = [item for item, _, _ in batch]
                 if self._inline:
-                    results = self.run_batch(items)
+                    results = self.run_batch(taken)
                 elif self._awaited:
-                    results = await self.run_batch(items)
+                    results = await self.run_batch(taken)
                 else:
-                    results = await loop.run_in_executor(self._worker, self.run_batch, items)
+                    results = await loop.run_in_executor(self._worker, self.run_batch, taken)
                 if len(results) != len(batch):
                     raise RuntimeError(f"the batch of {len(batch)} requests got {len(results)} results")
             except Exception as err:  # the batch's requests fail; the batcher goes on

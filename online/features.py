@@ -42,6 +42,8 @@ class FetchedFeatures:
 
     values: dict[str, float | int | str | bool | None]
     defaulted: list[str]
+    #: Why each defaulted feature was: "missing" (the store has no value for it), or the read's ``fallback``.
+    reasons: dict[str, str] = field(default_factory=dict)
     #: Why every feature fell back to its default, if the read itself failed: "over_budget",
     #: "unavailable" (Redis down, reads queue full) or "no_entity" (the request lacks a join key).
     fallback: str | None = None
@@ -121,7 +123,7 @@ class FeatureFetcher:
                 self._view_lag.labels(view).set(max(0.0, (now_ms - progress) / 1000))
 
     def _all_defaults(self, fallback: str) -> FetchedFeatures:
-        return FetchedFeatures(dict(self.defaults), list(self.features), fallback)
+        return FetchedFeatures(dict(self.defaults), list(self.features), dict.fromkeys(self.features, fallback), fallback)
 
     async def fetch(self, entity_keys: dict[str, str], at_ms: int) -> FetchedFeatures:
         """The features for ``entity_keys`` (join key -> value), windows as of ``at_ms`` (the request's time, epoch
@@ -152,7 +154,14 @@ class FeatureFetcher:
         read_as_of = read.read_as_of or {}
         stale = [ref for ref in self.features if ref.split(":", 1)[0] in read_as_of] if read_as_of else []
         return FetchedFeatures(
-            values, defaulted, row_times_ms=row_times, row_absorbed=absorbed, stale=stale, read_as_of_ms=read_as_of, read=timing
+            values,
+            defaulted,
+            dict.fromkeys(defaulted, "missing"),
+            row_times_ms=row_times,
+            row_absorbed=absorbed,
+            stale=stale,
+            read_as_of_ms=read_as_of,
+            read=timing,
         )
 
     def _warn(self, err: Exception) -> None:

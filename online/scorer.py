@@ -268,6 +268,7 @@ class Scorer:
             entity_keys=request.entity_keys,
             features=used,
             defaulted_features=fetched.defaulted,
+            defaulted_reasons=fetched.reasons,
             model_name=lane.model.name,
             model_version=lane.model.version,
             score=score,

@@ -90,6 +90,13 @@ class PredictionRecord(Record):
         description="The exact feature vector given to the model, by feature name."
     )
     defaulted_features: list[str] = Field(default_factory=list, description="Features that fell back to their declared default.")
+    defaulted_reasons: dict[str, str] = Field(
+        default_factory=dict,
+        description="Why each defaulted feature was: missing (the store had no value for it), over_budget (the read "
+        "outlasted serving.feature_budget_ms on a scorer that was not refusing work), unavailable (the store down, or "
+        "its reads' queue full), no_entity (the request lacks the view's join key). A stale feature is not defaulted: "
+        "see stale_features.",
+    )
     model_name: str = Field(min_length=1)
     model_version: str = Field(min_length=1)
     score: float = Field(allow_inf_nan=False)

@@ -137,6 +137,7 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
             requests.post(f"{url}/v1/score", json=score_request("score-nobody", 80.0), timeout=5).content
         )
         assert sorted(unknown.defaulted_features) == sorted(DEFAULTS)
+        assert unknown.defaulted_reasons == dict.fromkeys(DEFAULTS, "missing") and known.defaulted_reasons == {}
         assert unknown.features == {**DEFAULTS, "request:amount": 80.0}
         assert unknown.score == pytest.approx(_expected_score([0, 0.0, -1.0, 80.0]), rel=1e-5)
 
@@ -192,12 +193,14 @@ def test_slow_or_stopped_redis_degrades_to_defaults_within_budget(applied: Setti
             finally:
                 os.kill(pid, signal.SIGCONT)
             assert sorted(slow.defaulted_features) == sorted(DEFAULTS)
+            assert slow.defaulted_reasons == dict.fromkeys(DEFAULTS, "over_budget"), slow.defaulted_reasons
             assert slow.stage_latency_ms["feature_fetch"] < budget_s * 1000 + 15
             assert took_s < budget_s + 0.2
 
             private.stop()
             down, took_s = score()
             assert sorted(down.defaulted_features) == sorted(DEFAULTS)
+            assert down.defaulted_reasons == dict.fromkeys(DEFAULTS, "unavailable"), down.defaulted_reasons
             assert down.features == {**DEFAULTS, "request:amount": 10.0}
             assert took_s < budget_s + 0.2
             metrics = requests.get(f"{url}/metrics", timeout=5).text
