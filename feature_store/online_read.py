@@ -218,6 +218,11 @@ class OnlineReader:
             self._async_client = None
 
     @property
+    def redis_cluster(self) -> bool:
+        """Whether the store is a Redis Cluster."""
+        return self._redis_args[2]
+
+    @property
     def states_read(self) -> ViewStates:
         """The views' states as last read, not read again however old."""
         return self._states
