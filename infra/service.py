@@ -245,8 +245,9 @@ class ManagedService(ABC):
             return
         if not wait_until(lambda: process.poll() is not None or self.ready(), self.start_timeout_s):
             self.stop()
+            last = " | ".join(line.strip() for line in tail(self.log_file, 3))
             raise StackError(
-                f"{self.name} did not answer at {self.address} within {self.start_timeout_s:.0f} s",
+                f"{self.name} did not answer at {self.address} within {self.start_timeout_s:.0f} s; its log ends: {last}",
                 f"see {self.log_file}",
             )
         if process.poll() is not None:

@@ -240,7 +240,9 @@ def front_doors(
     peers = None if worker is None else WorkerPeers(f"{serving.host}:{serving.http_port}", *worker)
     built: list[FrontDoor] = []
     if "kafka" in doors:
-        scoring = RequestScoring(scorer, SCORE_REQUESTS.name, PREDICTIONS.name, DEAD_LETTERS.name, limits, tracer=tracer)
+        scoring = RequestScoring(
+            scorer, SCORE_REQUESTS.name, PREDICTIONS.name, DEAD_LETTERS.name, limits, serving.max_in_flight, tracer=tracer
+        )
         kafka = {
             "bootstrap_servers": settings.kafka.bootstrap,
             "group_id": serving.kafka_group_id,

@@ -101,7 +101,7 @@ class RequestScoring:
                 trace.stage("receive", began, time.perf_counter())
             while True:
                 try:
-                    record = await self.scorer.score(request, trace, wait_for_room=True)
+                    record = await self.scorer.score(request, trace, paced=True)
                     break
                 except ScoringError as err:
                     if not err.retriable:

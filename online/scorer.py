@@ -196,31 +196,31 @@ class Scorer:
             await self.cache.put(key, score)
         return score, timing
 
-    async def score(
-        self, request: ScoreRequest, trace: RequestTrace | None = None, *, wait_for_room: bool = False
-    ) -> PredictionRecord:
+    async def score(self, request: ScoreRequest, trace: RequestTrace | None = None, *, paced: bool = False) -> PredictionRecord:
         """Score one request on the model its route names; its stages are recorded on ``trace`` when given.
 
-        Admission: with ``max_in_flight`` requests being scored, another is refused at once (Overloaded), or, with
-        ``wait_for_room`` (the Kafka door, whose requests wait in the log), waits for one of them to finish. Its
-        feature budget starts once it is admitted. A scorer that refused a request within the last
-        :data:`_OVERLOAD_MEMORY_S` is overloaded, and a read of one that runs over budget is a symptom of that: the
-        request is refused too (Overloaded; the Kafka door tries it again) rather than answered on defaults. (A Kafka
-        door waiting for room is pacing itself through its backlog, not overloaded: were it, a Redis slower than the
-        budget would stall it.) Defaults stay for what they are for: a missing value, Redis unavailable, or a read
-        over budget on a scorer that is not refusing work.
+        Admission: with ``max_in_flight`` requests being scored, another is refused at once (Overloaded). A
+        ``paced`` caller (the Kafka door, whose requests wait in the log and which submits a chunk of at most
+        ``max_in_flight`` at a time) is outside that bound: its chunks would otherwise take every permit and turn the
+        HTTP and gRPC doors' requests away. A scorer that refused a request within the last
+        :data:`_OVERLOAD_MEMORY_S` is overloaded, and a read of an admitted request that runs over budget is a symptom
+        of that: the request is refused too rather than answered on defaults. Defaults stay for what they are for: a
+        missing value, Redis unavailable, or a read over budget on a scorer that is not refusing work (and every
+        read of a paced caller: were its reads refused, a Redis slower than the budget would stall the door).
 
         Raises a ScoringError (``online/errors.py``): ModelNotReady before a model is loaded,
         Overloaded at the admission bound or when a batcher's queue is full, InvalidRequest or UnknownModel for a
         request the model cannot score, ScoringFailed when the model gives no finite score.
         """
-        if self._room.locked() and not wait_for_room:
+        if paced:
+            return await self._score(request, trace, refuse_over_budget=False)
+        if self._room.locked():
             self._full_at = time.monotonic()
             raise Overloaded(f"{self.max_in_flight} requests are being scored (serving.max_in_flight); retry later")
         async with self._room:
-            return await self._score(request, trace)
+            return await self._score(request, trace, refuse_over_budget=True)
 
-    async def _score(self, request: ScoreRequest, trace: RequestTrace | None) -> PredictionRecord:
+    async def _score(self, request: ScoreRequest, trace: RequestTrace | None, *, refuse_over_budget: bool) -> PredictionRecord:
         began = time.perf_counter()
         lane = self._route(request)
         request_inputs = self._request_inputs(lane.model, request)
@@ -228,7 +228,7 @@ class Scorer:
         lane.enter()
         try:
             fetched = await lane.fetcher.fetch(request.entity_keys, request.requested_at_ms)
-            if fetched.fallback == "over_budget" and time.monotonic() - self._full_at < _OVERLOAD_MEMORY_S:
+            if refuse_over_budget and fetched.fallback == "over_budget" and time.monotonic() - self._full_at < _OVERLOAD_MEMORY_S:
                 raise Overloaded("the features' read ran over budget while the scorer is at serving.max_in_flight; retry later")
             fetched_at = time.perf_counter()
             row, used = self._vector(lane.model, request_inputs, fetched.values)

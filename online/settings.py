@@ -96,9 +96,10 @@ class ServingSettings(BaseModel):
     max_in_flight: int = Field(
         default=64,
         ge=1,
-        description="Requests a worker scores at once. Beyond, an HTTP request is refused with 503 and Retry-After, a "
-        "gRPC one with RESOURCE_EXHAUSTED, and the Kafka door waits before scoring more (consuming no further meanwhile): "
-        "an overloaded scorer says so rather than queue without bound and answer late on default features.",
+        description="Requests a worker's HTTP and gRPC doors score at once. Beyond, an HTTP request is refused with 503 and "
+        "Retry-After, a gRPC one with RESOURCE_EXHAUSTED: an overloaded scorer says so rather than queue without bound and "
+        "answer late on default features. The Kafka door, outside that bound, scores what it polled this many at a time "
+        "and consumes no further until they are scored.",
     )
     preferred_batch_sizes: list[int] = Field(default_factory=list)
     result_cache_ttl_s: float | None = Field(default=None, gt=0, description="Cache scores in Redis this long; off when unset.")

@@ -283,9 +283,11 @@ def test_a_replaced_kafka_door_pod_fences_its_predecessors_open_transaction(runn
     sender.start()
     try:
         door = started_door()
-        for _ in range(3):  # until a kill finds a transaction open (between two commits none is)
+        for _ in range(8):  # until a kill finds a transaction open (between two commits none is)
             before = len(predicted())
-            door.wait_for(lambda n=before + 100: len(predicted()) >= n, "predictions for the requests it was sent", 90)
+            door.wait_for(lambda n=before + 50: len(predicted()) >= n, "predictions for the requests it was sent", 90)
+            # Kill the moment a transaction is seen open: a kill at a random moment can fall between commits each time.
+            wait_until(lambda: open_transaction_partitions(applied.kafka.bootstrap, PREDICTIONS.name), 5, 0.001)
             os.killpg(door.process.pid, signal.SIGKILL)
             door.process.wait(10)
             killed_at = time.monotonic()
@@ -293,7 +295,7 @@ def test_a_replaced_kafka_door_pod_fences_its_predecessors_open_transaction(runn
             door = started_door()
             if left_open:
                 break
-        assert left_open, "no kill of three found the door mid-transaction"
+        assert left_open, "no kill of eight found the door mid-transaction"
         up_at = time.monotonic()
         fenced = wait_until(lambda: not open_transaction_partitions(applied.kafka.bootstrap, PREDICTIONS.name), 10, 0.2)
         assert fenced and time.monotonic() - killed_at < timeout_s, (
