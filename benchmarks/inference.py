@@ -132,10 +132,11 @@ HELD_ANSWERED, HELD_FALLBACKS, HELD_P99_MS, HELD_THROUGHPUT = 0.99, 0.01, 50.0, 
 MAX_CORE_RATE = 64_000.0
 #: Entities per Redis round trip in both batching modes (the dynamic mode's batch), so only the model batch differs.
 FEATURE_BATCH = 64
-#: Serving settings per batching mode (the same model either way).
+#: Serving settings per batching mode (the same model either way). The admission bound is as wide as the queues in
+#: both, so the core's highest held rate is the batching's, not the default bound's (the doors run on defaults).
 MODES = {
-    "dynamic": {"max_batch_size": FEATURE_BATCH, "max_queue_delay_ms": 2.0, "max_queue_size": 4096},
-    "batch1": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "max_queue_size": 4096},
+    "dynamic": {"max_batch_size": FEATURE_BATCH, "max_queue_delay_ms": 2.0, "max_queue_size": 4096, "max_in_flight": 4096},
+    "batch1": {"max_batch_size": 1, "max_queue_delay_ms": 0.0, "max_queue_size": 4096, "max_in_flight": 4096},
 }
 #: The prediction-log modes measured over HTTP; the first is the default, reported as plain ``http_<rate>``.
 LOG_MODES = ("ack", "async")

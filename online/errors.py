@@ -67,7 +67,8 @@ class Unauthenticated(ScoringError):
 
 
 class Overloaded(ScoringError):
-    """The scorer's queue is full: the request is refused rather than queued without bound."""
+    """The scorer is full (``serving.max_in_flight`` requests in flight, a batcher's queue or the prediction log's
+    full): the request is refused rather than queued without bound."""
 
     http_status, grpc_code, reason, title, retriable = 503, "RESOURCE_EXHAUSTED", "overloaded", "overloaded", True
 

@@ -68,8 +68,9 @@ class FeatureFetcher:
     ``max_batch_size`` entities, sent and answered on the event loop (redis-py's asyncio client), which serves
     other requests meanwhile. (On a thread, the read waited for the interpreter's lock at each of its steps while
     the loop was busy: reads ran over budget on a busy scorer, and each was two thread hand-offs.)
-    The budget is judged by when the read finished: a read done in time is used even if the event
-    loop, busy with other requests, picks it up a little late.
+    The budget is judged by when the read's answer was decoded: on the event loop, so a loop busy with other
+    requests delays that too (on a Redis Cluster, where it is decoded on the read's thread, a read done in time
+    is used even if the loop picks it up late).
     """
 
     def __init__(

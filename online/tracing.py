@@ -125,8 +125,11 @@ class RequestTracer:
             raise ValueError(f"sample_ratio must be within [0, 1], got {sample_ratio}")
         self.endpoint = endpoint
         self.slow_s = slow_ms / 1000
-        # A token bucket for the traces kept for failing or being slow (not sampled): a second's worth at most.
-        self._tail_per_s, self._tail_tokens, self._tail_at = max_tail_per_s, max_tail_per_s, time.monotonic()
+        # A token bucket for the traces kept for failing or being slow (not sampled): a second's worth at most, and
+        # room for one whole trace however low the rate (below one a second, a bucket of a second's worth never fills).
+        self._tail_per_s = max_tail_per_s
+        self._tail_capacity = max(1.0, max_tail_per_s) if max_tail_per_s > 0 else 0.0
+        self._tail_tokens, self._tail_at = self._tail_capacity, time.monotonic()
         self._tail_lock = threading.Lock()
         #: A trace whose id's lower 64 bits are below this is in the sampled share (TraceIdRatioBased's rule).
         self._ratio_bound = round(sample_ratio * 2**64)
@@ -142,7 +145,7 @@ class RequestTracer:
         """Whether another failed or slow request may be traced now (``max_tail_per_s``)."""
         with self._tail_lock:
             now = time.monotonic()
-            self._tail_tokens = min(self._tail_per_s, self._tail_tokens + (now - self._tail_at) * self._tail_per_s)
+            self._tail_tokens = min(self._tail_capacity, self._tail_tokens + (now - self._tail_at) * self._tail_per_s)
             self._tail_at = now
             if self._tail_tokens < 1.0:
                 return False

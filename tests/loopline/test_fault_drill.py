@@ -12,16 +12,14 @@ import json
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import requests
 
-from infra.service import free_port, wait_until
+from infra.service import wait_until
 from infra.stack import LocalStack
-from loopline.job_processes import start_scorer
 from loopline.scenarios.fault_drill import FAULT_KINDS, FETCH_SLACK_MS, FaultDrill, job_restarts
 from loopline.settings import Settings
 from offline_training.onnx_models import write_linear_model
@@ -30,8 +28,7 @@ from streams.flink_job import RERUN_NOTE
 from streams.producer import EventProducer
 from streams.world import Emitted
 from tests.support.drill import TRIMMED, assert_the_drill_lost_nothing
-from tests.support.kafka_log import start_group_at_end
-from tests.support.scoring import score_request
+from tests.support.scoring import score_request, start_http_and_kafka_scorer
 from tests.support.stack import private_stack, stack_settings
 
 #: The integration tier: a stack of its own, whose parts the drill kills.
@@ -59,20 +56,10 @@ def test_sigterm_stops_the_scorer_within_its_bound_even_with_the_broker_frozen(
     applied: Settings, stack: LocalStack, tmp_path: Path
 ) -> None:
     model = write_linear_model(tmp_path / "m.onnx", ["request:amount"], np.array([0.01]), -1.0)
-    port, group = free_port(), f"frozen-{uuid.uuid4().hex[:8]}"
-    start_group_at_end(applied.kafka.bootstrap, group, SCORE_REQUESTS.name)
     log = tmp_path / "serve.log"
-    server = start_scorer(
-        applied,
-        ["--http", "--kafka"],
-        log,
-        LOOPLINE_SERVING__HTTP_PORT=str(port),
-        LOOPLINE_SERVING__MODEL_PATH=str(model),
-        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-        LOOPLINE_SERVING__STALL_AFTER_S="2",
-        LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5",
+    server, url, _ = start_http_and_kafka_scorer(
+        applied, model, log, "frozen", LOOPLINE_SERVING__STALL_AFTER_S="2", LOOPLINE_SERVING__SHUTDOWN_TIMEOUT_S="5"
     )
-    url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until(lambda: _status(f"{url}/v1/models/ready") == 200, 60, 0.1), "the scorer did not start"
         burst = [score_request(f"frozen-{n % 50}", 3.0) for n in range(20_000)]

@@ -16,8 +16,8 @@ import aiohttp
 import pytest
 
 from feature_store.online_write import FeatureRow, OnlineWriter
-from infra.service import free_port, wait_until
-from loopline.job_processes import start_scorer, stop_process_group
+from infra.service import wait_until
+from loopline.job_processes import stop_process_group
 from loopline.settings import Settings
 from offline_training.onnx_models import write_mlp_model
 from schemas.records import PredictionRecord, ScoreRequest
@@ -25,8 +25,8 @@ from schemas.topics import PREDICTIONS, SCORE_REQUESTS
 from schemas.validation import encode
 from streams.producer import EventProducer
 from streams.world import Emitted
-from tests.support.kafka_log import LogReader, start_group_at_end
-from tests.support.scoring import score_request
+from tests.support.kafka_log import LogReader
+from tests.support.scoring import score_request, start_http_and_kafka_scorer
 
 pytestmark = pytest.mark.stack
 
@@ -51,20 +51,10 @@ def scorer(applied: Settings, tmp_path_factory: pytest.TempPathFactory):
     writer.write([FeatureRow(VIEW, f"admit-{u}", now_us, {"txn_count_5m": u, "amount_sum_1h": 2.5 * u}) for u in range(USERS)])
     inputs = [f"{VIEW}:txn_count_5m", f"{VIEW}:amount_sum_1h", "request:amount"]
     model = write_mlp_model(folder / "m.onnx", inputs, HEAVY)
-    port, group = free_port(), f"admission-{uuid.uuid4().hex[:8]}"
-    start_group_at_end(applied.kafka.bootstrap, group, SCORE_REQUESTS.name)
     log = folder / "serve.log"
-    server = start_scorer(
-        applied,
-        ["--http", "--kafka"],
-        log,
-        LOOPLINE_SERVING__HTTP_PORT=str(port),
-        LOOPLINE_SERVING__MODEL_PATH=str(model),
-        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
-        LOOPLINE_SERVING__MAX_IN_FLIGHT=str(BOUND),
-        LOOPLINE_SERVING__MAX_BATCH_SIZE="1",
+    server, url, _ = start_http_and_kafka_scorer(
+        applied, model, log, "admission", LOOPLINE_SERVING__MAX_IN_FLIGHT=str(BOUND), LOOPLINE_SERVING__MAX_BATCH_SIZE="1"
     )
-    url = f"http://127.0.0.1:{port}"
     try:
         assert wait_until(lambda: _ready(url), 90, 0.2), log.read_text()[-3000:]
         yield url, log
@@ -113,6 +103,7 @@ def test_http_beyond_the_bound_is_refused_with_retry_after_and_what_it_takes_is_
 
 def test_the_kafka_door_scores_every_request_of_a_burst_once_and_leaves_http_its_room(applied: Settings, scorer) -> None:
     import requests as http
+
     url, log = scorer
     run = f"burst-{uuid.uuid4().hex[:8]}"
     reader = LogReader(applied.kafka.bootstrap, PREDICTIONS.name, from_end=True)

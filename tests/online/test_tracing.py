@@ -232,6 +232,13 @@ def test_failed_and_slow_requests_are_traced_up_to_their_rate_and_sampled_ones_a
         assert 2 <= refilled <= 3, refilled  # 2.5 tokens, and what the calls before took
     finally:
         tracer.close(0.1)
+    # Below one a second the bucket still holds one trace: the first failure is kept.
+    rare = RequestTracer("http://127.0.0.1:9/v1/traces", service="t", sample_ratio=0.0, slow_ms=50, max_tail_per_s=0.5)
+    try:
+        kept = [rare.finish(rare.begin(None, began), "r", "SERVER", began, error="503") for _ in range(3)]
+        assert kept == [True, False, False], kept
+    finally:
+        rare.close(0.1)
 
 
 @given(st.text(max_size=80) | st.binary(max_size=80))

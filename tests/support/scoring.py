@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import subprocess
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import requests
 
 from infra.service import free_port, wait_until
+from loopline.job_processes import start_scorer
 from loopline.serving import doors_in_thread
 from loopline.settings import Settings
 from online.scorer import Scorer
@@ -31,6 +34,25 @@ def score_request(user: str, amount: float) -> dict:
         request_fields={"amount": amount},
         requested_at_ms=int(time.time() * 1000),
     ).model_dump()
+
+
+def start_http_and_kafka_scorer(
+    settings: Settings, model: Path, log_file: Path, group_prefix: str, **extra_env: str
+) -> tuple[subprocess.Popen, str, str]:
+    """`loopline serve --http --kafka` on ``model``, on a free port, its Kafka door in a group of its own that starts
+    at the requests' end (so it scores only what the test sends from now on): (its process, its url, its group)."""
+    port, group = free_port(), f"{group_prefix}-{uuid.uuid4().hex[:8]}"
+    start_group_at_end(settings.kafka.bootstrap, group, SCORE_REQUESTS.name)
+    server = start_scorer(
+        settings,
+        ["--http", "--kafka"],
+        log_file,
+        LOOPLINE_SERVING__HTTP_PORT=str(port),
+        LOOPLINE_SERVING__MODEL_PATH=str(model),
+        LOOPLINE_SERVING__KAFKA_GROUP_ID=group,
+        **extra_env,
+    )
+    return server, f"http://127.0.0.1:{port}", group
 
 
 def score_requests(users: list[str], rate_per_s: float, run_id: str) -> Iterator[Emitted]:
