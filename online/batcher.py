@@ -79,6 +79,7 @@ class DynamicBatcher(Generic[Item, Result]):
         threaded = not (self._awaited or self._inline)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batch") if threaded else None
         self._loop_task: asyncio.Task | None = None
+        self._closing = False
 
     @property
     def queue_depth(self) -> int:
@@ -86,7 +87,9 @@ class DynamicBatcher(Generic[Item, Result]):
         return len(self._queue)
 
     async def submit(self, item: Item) -> tuple[Result, BatchTiming]:
-        """Queue ``item`` and wait for its result; Overloaded at once when the queue is full."""
+        """Queue ``item`` and wait for its result; Overloaded at once when the queue is full or the batcher closed."""
+        if self._closing:
+            raise Overloaded("the scorer is shutting down")
         if len(self._queue) >= self.max_queue_size:
             raise Overloaded(f"scoring queue full ({self.max_queue_size} waiting); retry later")
         if self._loop_task is None:
@@ -110,7 +113,7 @@ class DynamicBatcher(Generic[Item, Result]):
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closing:
             if not self._queue:
                 self._arrived.clear()
                 await self._arrived.wait()
@@ -151,6 +154,10 @@ class DynamicBatcher(Generic[Item, Result]):
 
     async def close(self) -> None:
         """Stop batching; queued requests fail with Overloaded."""
+        # The flag as well as the cancel: a run_batch that swallows a cancellation (redis-py's asyncio read can, when
+        # the cancel meets its own timeout) would leave the loop waiting for the next arrival, and close with it.
+        self._closing = True
+        self._arrived.set()
         if self._loop_task is not None:
             self._loop_task.cancel()
             await asyncio.gather(self._loop_task, return_exceptions=True)

@@ -79,6 +79,7 @@ def prediction_to_proto(record: PredictionRecord):
         entity_keys=record.entity_keys,
         features={name: _proto(value) for name, value in record.features.items()},
         defaulted_features=record.defaulted_features,
+        defaulted_reasons=record.defaulted_reasons,
         model_name=record.model_name,
         model_version=record.model_version,
         score=record.score,

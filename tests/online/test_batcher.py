@@ -132,3 +132,36 @@ def test_a_batch_answered_with_too_few_results_fails_its_requests_and_the_batche
     outcomes, alone = asyncio.run(run())
     assert all(isinstance(o, RuntimeError) and "got 1 results" in str(o) for o in outcomes), outcomes
     assert alone == 3
+
+
+def test_a_coroutine_batch_is_awaited_on_the_loop_and_a_swallowed_cancel_does_not_hang_close() -> None:
+    """A coroutine ``run_batch`` (the feature reads) runs on the event loop's own thread. One that turns the close's
+    cancellation into an error of its own (redis-py's asyncio read can, when the cancel meets its socket timeout)
+    still lets ``close`` return, and a request after it is refused rather than left waiting."""
+    threads: list[int] = []
+    started = asyncio.Event()
+
+    async def read(items: list[int]) -> list[int]:
+        threads.append(threading.get_ident())
+        if len(threads) == 1:
+            return items
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise TimeoutError("the read's own timeout") from None
+        return items
+
+    async def run():
+        batcher = DynamicBatcher(read, max_batch_size=4, max_queue_delay_s=0.0)
+        first, _ = await batcher.submit(1)
+        pending = asyncio.ensure_future(batcher.submit(2))
+        await started.wait()
+        await asyncio.wait_for(batcher.close(), 5)
+        with pytest.raises(Overloaded):
+            await asyncio.wait_for(batcher.submit(3), 5)
+        return first, threading.get_ident(), await asyncio.gather(pending, return_exceptions=True)
+
+    first, loop_thread, (outcome,) = asyncio.run(run())
+    assert first == 1 and set(threads) == {loop_thread}
+    assert isinstance(outcome, TimeoutError), outcome

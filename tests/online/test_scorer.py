@@ -151,6 +151,8 @@ def test_http_and_grpc_score_with_online_features_and_flag_defaults(applied: Set
         assert 'loopline_scoring_requests_total{door="http",status="200"} 2.0' in metrics
         assert 'loopline_scoring_requests_total{door="http",status="422"} 2.0' in metrics
         assert "loopline_scoring_defaulted_features_total 3.0" in metrics
+        unknown_over_grpc = _grpc_score(grpc_address, score_request("score-nobody", 80.0))
+        assert unknown_over_grpc.defaulted_reasons == unknown.defaulted_reasons, "gRPC's answer says why too"
 
     # The doors are closed: the feature + prediction log holds one record per scored request.
     def logged() -> Counter:
