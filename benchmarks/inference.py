@@ -105,6 +105,7 @@ from loopline.settings import Settings  # noqa: E402
 from offline_training.onnx_models import write_mlp_model  # noqa: E402
 from online.errors import Overloaded  # noqa: E402
 from online.scorer import Scorer  # noqa: E402
+from online.tracing import RequestTrace  # noqa: E402
 from schemas.kafka_config import consumer_settings  # noqa: E402
 from schemas.records import PredictionRecord, ScoreRequest  # noqa: E402
 from schemas.topics import PREDICTIONS, SCORE_REQUESTS  # noqa: E402
@@ -386,12 +387,6 @@ async def _served_fallbacks(session, url: str) -> float:
         return _fallbacks(text_string_to_metric_families(await response.text()))
 
 
-def _traceparent(sampled: bool) -> str:
-    """A W3C ``traceparent`` naming a fresh caller's span, sampled or not (the scorer then traces the request, or
-    does not, whatever its own sample ratio: unless it fails or is slow)."""
-    return f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-{'01' if sampled else '00'}"
-
-
 async def measure_http(
     session,
     server: subprocess.Popen,
@@ -402,7 +397,8 @@ async def measure_http(
     sampled_by_caller: bool | None = None,
 ) -> dict:
     """Open-loop HTTP load from this process against the scorer's process; figures named ``<prefix>_<rate>_...``.
-    ``sampled_by_caller``: each request carries a caller's ``traceparent``, sampled or not (None: none)."""
+    ``sampled_by_caller``: each request carries a fresh caller's ``traceparent``, sampled or not (None: none), so the
+    scorer traces it, or does not, whatever its own sample ratio (unless it fails or is slow)."""
     figures: dict = {}
     score_url = f"{url}/v1/score"
     for rate in rates:
@@ -411,7 +407,7 @@ async def measure_http(
         bodies = [_request(i).model_dump_json().encode() for i in range(total)]
         headers = [
             {"content-type": "application/json"}
-            | ({} if sampled_by_caller is None else {"traceparent": _traceparent(sampled_by_caller)})
+            | ({} if sampled_by_caller is None else {"traceparent": RequestTrace(None, 0.0, sampled_by_caller).traceparent()})
             for _ in range(total)
         ]
 
